@@ -1,0 +1,330 @@
+//! `NodeGpuState`: what a node agent publishes about its GPUs in the
+//! `tessera.dev/gpu-state` annotation, and what the controller plans against.
+//!
+//! The document is versioned. Readers ignore fields they do not know (so a newer
+//! agent can add telemetry without breaking an older controller) but refuse a
+//! version they do not speak, because a changed meaning of a known field would be
+//! silently misread otherwise.
+
+use serde::{Deserialize, Serialize};
+
+/// The only version this build writes and reads.
+pub const GPU_STATE_VERSION: &str = "v1";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGpuState {
+    pub version: String,
+    /// Which backend produced the state (`nvml`, `rocm`, `fake`, ...).
+    pub backend: String,
+    #[serde(default)]
+    pub devices: Vec<GpuDevice>,
+    /// Links between devices of this node. A pair without an entry talks over the host.
+    #[serde(default)]
+    pub links: Vec<GpuLink>,
+    /// RFC 3339 time the state was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+    /// A vendor this build does not know; such devices are never planned on.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+            Vendor::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for Vendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+    /// Written by a newer agent with a state this build does not know: treated as unhealthy.
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuDevice {
+    /// Stable identifier: the vendor UUID where one exists. Kubelet sees this ID.
+    pub id: String,
+    pub index: u32,
+    pub vendor: Vendor,
+    pub product: String,
+    pub memory_total_bytes: u64,
+    pub memory_free_bytes: u64,
+    /// Estimated dense FP16/BF16 throughput.
+    pub fp16_tflops: f64,
+    pub memory_bandwidth_gbps: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
+    pub health: Health,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_reason: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkKind {
+    Nvlink,
+    Xgmi,
+    Pcie,
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuLink {
+    /// Device IDs of both ends.
+    pub a: String,
+    pub b: String,
+    pub kind: LinkKind,
+    pub bandwidth_gbps: f64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum GpuStateError {
+    #[error("gpu-state is not valid JSON for this schema: {0}")]
+    Malformed(String),
+    #[error(
+        "gpu-state version {found:?} is not supported (this build reads {GPU_STATE_VERSION:?}); upgrade tessera or the node agent so both speak the same version"
+    )]
+    WrongVersion { found: String },
+    #[error("gpu-state is invalid: {0}")]
+    Invalid(String),
+}
+
+impl NodeGpuState {
+    /// Parses the annotation value, checking the version before the body so a
+    /// future format gets the version error rather than a confusing field error.
+    pub fn from_json(text: &str) -> Result<Self, GpuStateError> {
+        #[derive(Deserialize)]
+        struct VersionOnly {
+            version: Option<serde_json::Value>,
+        }
+        let head: VersionOnly =
+            serde_json::from_str(text).map_err(|e| GpuStateError::Malformed(e.to_string()))?;
+        match head.version {
+            Some(serde_json::Value::String(v)) if v == GPU_STATE_VERSION => {}
+            Some(other) => {
+                let found = match other {
+                    serde_json::Value::String(s) => s,
+                    v => v.to_string(),
+                };
+                return Err(GpuStateError::WrongVersion { found });
+            }
+            None => return Err(GpuStateError::Malformed("missing field `version`".into())),
+        }
+        let state: NodeGpuState =
+            serde_json::from_str(text).map_err(|e| GpuStateError::Malformed(e.to_string()))?;
+        state.validate()?;
+        Ok(state)
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serializing plain structs of strings and numbers cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Rejects states whose numbers cannot describe a real device, so the solver
+    /// never has to reason about them.
+    pub fn validate(&self) -> Result<(), GpuStateError> {
+        let mut ids = std::collections::BTreeSet::new();
+        for d in &self.devices {
+            if d.id.trim().is_empty() {
+                return Err(GpuStateError::Invalid(format!(
+                    "device {} has an empty id",
+                    d.index
+                )));
+            }
+            if !ids.insert(d.id.as_str()) {
+                return Err(GpuStateError::Invalid(format!(
+                    "device id {} appears twice",
+                    d.id
+                )));
+            }
+            if d.memory_total_bytes == 0 {
+                return Err(GpuStateError::Invalid(format!(
+                    "device {} reports zero total memory",
+                    d.id
+                )));
+            }
+            if d.memory_free_bytes > d.memory_total_bytes {
+                return Err(GpuStateError::Invalid(format!(
+                    "device {} reports more free memory ({}) than total ({})",
+                    d.id, d.memory_free_bytes, d.memory_total_bytes
+                )));
+            }
+            for (what, v) in [
+                ("fp16Tflops", d.fp16_tflops),
+                ("memoryBandwidthGbps", d.memory_bandwidth_gbps),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(GpuStateError::Invalid(format!(
+                        "device {} has {what} {v}; it must be a positive number",
+                        d.id
+                    )));
+                }
+            }
+            if let Some(t) = d.temperature_c
+                && !t.is_finite()
+            {
+                return Err(GpuStateError::Invalid(format!(
+                    "device {} has a temperature that is not a number",
+                    d.id
+                )));
+            }
+        }
+        for l in &self.links {
+            for end in [&l.a, &l.b] {
+                if !ids.contains(end.as_str()) {
+                    return Err(GpuStateError::Invalid(format!(
+                        "link {}-{} names unknown device {end}",
+                        l.a, l.b
+                    )));
+                }
+            }
+            if l.a == l.b {
+                return Err(GpuStateError::Invalid(format!(
+                    "link from {} to itself",
+                    l.a
+                )));
+            }
+            if !(l.bandwidth_gbps.is_finite() && l.bandwidth_gbps >= 0.0) {
+                return Err(GpuStateError::Invalid(format!(
+                    "link {}-{} has bandwidth {}",
+                    l.a, l.b, l.bandwidth_gbps
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> NodeGpuState {
+        NodeGpuState {
+            version: GPU_STATE_VERSION.into(),
+            backend: "fake".into(),
+            devices: vec![GpuDevice {
+                id: "GPU-a".into(),
+                index: 0,
+                vendor: Vendor::Nvidia,
+                product: "NVIDIA H100 80GB HBM3".into(),
+                memory_total_bytes: 80 << 30,
+                memory_free_bytes: 79 << 30,
+                fp16_tflops: 989.0,
+                memory_bandwidth_gbps: 3350.0,
+                temperature_c: Some(40.0),
+                power_w: None,
+                numa_node: Some(0),
+                health: Health::Healthy,
+                health_reason: None,
+            }],
+            links: vec![],
+            timestamp: None,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let s = sample();
+        assert_eq!(NodeGpuState::from_json(&s.to_json()).unwrap(), s);
+    }
+
+    #[test]
+    fn unknown_fields_and_values_are_tolerated() {
+        let mut v: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
+        v["futureField"] = serde_json::json!({"x": 1});
+        v["devices"][0]["eccErrors"] = serde_json::json!(3);
+        v["devices"][0]["vendor"] = serde_json::json!("intel");
+        v["devices"][0]["health"] = serde_json::json!("Degraded");
+        let s = NodeGpuState::from_json(&v.to_string()).unwrap();
+        assert_eq!(s.devices[0].vendor, Vendor::Unknown);
+        assert_eq!(s.devices[0].health, Health::Unknown);
+    }
+
+    #[test]
+    fn wrong_version_is_named() {
+        let text = sample().to_json().replace("\"v1\"", "\"v9\"");
+        let err = NodeGpuState::from_json(&text).unwrap_err();
+        assert_eq!(err, GpuStateError::WrongVersion { found: "v9".into() });
+        assert!(err.to_string().contains("\"v9\" is not supported"));
+        let err = NodeGpuState::from_json(r#"{"version": 2}"#).unwrap_err();
+        assert_eq!(err, GpuStateError::WrongVersion { found: "2".into() });
+    }
+
+    #[test]
+    fn malformed_is_an_error() {
+        for text in ["", "{", "[]", r#"{"backend":"x"}"#, r#"{"version":"v1"}"#] {
+            assert!(
+                matches!(
+                    NodeGpuState::from_json(text),
+                    Err(GpuStateError::Malformed(_))
+                ),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn impossible_numbers_are_refused() {
+        let cases: Vec<(fn(&mut NodeGpuState), &str)> = vec![
+            (|s| s.devices[0].memory_total_bytes = 0, "zero total"),
+            (
+                |s| s.devices[0].memory_free_bytes = 81 << 30,
+                "more free memory",
+            ),
+            (|s| s.devices[0].fp16_tflops = -1.0, "fp16Tflops"),
+            (|s| s.devices[0].id = " ".into(), "empty id"),
+            (
+                |s| s.devices.push(s.devices[0].clone()),
+                "appears twice",
+            ),
+            (
+                |s| {
+                    s.links.push(GpuLink {
+                        a: "GPU-a".into(),
+                        b: "GPU-z".into(),
+                        kind: LinkKind::Nvlink,
+                        bandwidth_gbps: 1.0,
+                    })
+                },
+                "unknown device GPU-z",
+            ),
+        ];
+        for (mutate, want) in cases {
+            let mut s = sample();
+            mutate(&mut s);
+            let err = NodeGpuState::from_json(&s.to_json()).unwrap_err();
+            assert!(err.to_string().contains(want), "{err} lacks {want}");
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! The public contract between the node agent, the controller and users: the
+//! `ModelInstance` custom resource and the `NodeGpuState` a node publishes.
+//! Types and pure validation only; nothing here does I/O.
+
+mod gpu_state;
+mod model_instance;
+
+pub use gpu_state::{
+    GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState, Vendor,
+};
+pub use model_instance::{
+    DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus,
+    ModelSpec, ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard,
+    ScoreWeights, crd_yaml,
+};
+
+/// API group of every tessera custom resource.
+pub const GROUP: &str = "tessera.dev";
+/// The one served version.
+pub const VERSION: &str = "v1alpha1";
+/// Extended resource the node agent registers with kubelet (configurable at deploy time).
+pub const DEFAULT_RESOURCE_NAME: &str = "tessera.dev/gpu";
+/// Node annotation holding the JSON `NodeGpuState`.
+pub const GPU_STATE_ANNOTATION: &str = "tessera.dev/gpu-state";
+/// Node labels the agent maintains so people and selectors can see GPU kinds at a glance.
+pub const LABEL_GPU_COUNT: &str = "tessera.dev/gpu.count";
+pub const LABEL_GPU_VENDOR: &str = "tessera.dev/gpu.vendor";
+pub const LABEL_GPU_PRODUCT: &str = "tessera.dev/gpu.product";
+pub const LABEL_GPU_MEMORY_GIB: &str = "tessera.dev/gpu.memory-gib";
+/// Pod annotation carrying the planned device IDs (comma separated).
+pub const DEVICES_ANNOTATION: &str = "tessera.dev/devices";
+/// Pod annotation carrying the shard (pipeline stage) index.
+pub const SHARD_ANNOTATION: &str = "tessera.dev/shard";
+/// `spec.schedulerName` of shard pods, so the default scheduler leaves them alone.
+pub const SCHEDULER_NAME: &str = "tessera";
+/// Well-known node labels that give a node's position in the network.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub const RACK_LABEL: &str = "topology.tessera.dev/rack";
+
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;

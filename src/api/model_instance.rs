@@ -1,0 +1,664 @@
+//! The `ModelInstance` custom resource: a model to serve, how to split it, and
+//! where it may go. The CRD schema carries every range and enum so the API server
+//! refuses bad objects at `kubectl apply`; `validate` repeats those rules for
+//! input that does not pass through an API server (the CLI, or an older CRD).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::GIB;
+
+/// A large model served as a pipeline of shards placed on exactly planned GPUs.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "ModelInstance",
+    plural = "modelinstances",
+    shortname = "mi",
+    namespaced,
+    status = "ModelInstanceStatus",
+    derive = "PartialEq",
+    doc = "A large model served as a pipeline of shards, each bound to the GPUs it was planned for.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Shards", type_ = "integer", json_path = ".status.shards"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyShards"),
+    printcolumn(
+        name = "Tokens/s",
+        type_ = "number",
+        json_path = ".status.predictedTokensPerSecond",
+        priority = 1
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new(
+    "type(self.parallelism.pipeline) == string || self.parallelism.pipeline <= self.model.layers"
+).message("parallelism.pipeline cannot exceed model.layers: every stage needs at least one layer"))]
+#[serde(rename_all = "camelCase")]
+pub struct ModelInstanceSpec {
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub parallelism: ParallelismSpec,
+    #[serde(default)]
+    pub placement: PlacementPolicy,
+    /// Pod template for every shard's runtime container(s). The controller adds the
+    /// GPU request, the device annotations and the shard environment. Required to
+    /// run the instance; `tessera place` does not need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: Option<PodTemplateSpec>,
+}
+
+/// The pod template is kept as an open object in the CRD: the full PodSpec schema
+/// would make the CRD hundreds of kilobytes, and the API server validates the
+/// shard pods themselves when the controller creates them.
+fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "A core/v1 PodTemplateSpec (metadata and spec) for the shard pods.",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Model name, for people and for the shard runtime (e.g. `meta-llama/Llama-3.1-70B`).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Parameter count in billions (70.6 for a 70B-class model).
+    #[schemars(range(min = 0.001, max = 100000.0))]
+    pub parameters_billions: f64,
+    /// Transformer layers; the unit a pipeline is split by.
+    #[schemars(range(min = 1, max = 100000))]
+    pub layers: u32,
+    /// Weight data type; sets the bytes per parameter.
+    #[serde(default)]
+    pub dtype: DType,
+    /// Hidden size, used for the activation transfer between stages. Estimated
+    /// from the parameter and layer counts when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub hidden_size: Option<u32>,
+    /// KV cache for the whole instance in GiB, split across stages with the layers.
+    #[serde(default, rename = "kvCacheGiB")]
+    #[schemars(range(min = 0.0, max = 1000000.0))]
+    pub kv_cache_gib: f64,
+    /// Memory every device needs besides weights and KV cache (runtime context,
+    /// activations, fragmentation), in GiB.
+    #[serde(default = "default_overhead_gib", rename = "overheadGiB")]
+    #[schemars(range(min = 0.0, max = 10000.0))]
+    pub overhead_gib: f64,
+}
+
+fn default_overhead_gib() -> f64 {
+    1.5
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Fp32,
+    #[default]
+    Bf16,
+    Fp16,
+    Fp8,
+    Int8,
+    Int4,
+}
+
+impl DType {
+    pub fn bytes_per_parameter(self) -> f64 {
+        match self {
+            DType::Fp32 => 4.0,
+            DType::Bf16 | DType::Fp16 => 2.0,
+            DType::Fp8 | DType::Int8 => 1.0,
+            DType::Int4 => 0.5,
+        }
+    }
+}
+
+impl ModelSpec {
+    pub fn weight_bytes(&self) -> f64 {
+        self.parameters_billions * 1e9 * self.dtype.bytes_per_parameter()
+    }
+
+    pub fn weight_bytes_per_layer(&self) -> f64 {
+        self.weight_bytes() / f64::from(self.layers.max(1))
+    }
+
+    pub fn kv_bytes_per_layer(&self) -> f64 {
+        self.kv_cache_gib * GIB / f64::from(self.layers.max(1))
+    }
+
+    /// The given hidden size, or the one a standard decoder block of this size has
+    /// (about 12·h² parameters per layer).
+    pub fn effective_hidden_size(&self) -> f64 {
+        match self.hidden_size {
+            Some(h) => f64::from(h),
+            None => (self.parameters_billions * 1e9 / (12.0 * f64::from(self.layers.max(1))))
+                .sqrt()
+                .max(1.0),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParallelismSpec {
+    /// GPUs per shard, all on one node (tensor parallelism).
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 64))]
+    pub tensor: u32,
+    /// Pipeline stages (= shards): a number, or `auto` for the fewest stages that
+    /// fit, then the best score.
+    #[serde(default)]
+    pub pipeline: PipelineStages,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Default for ParallelismSpec {
+    fn default() -> Self {
+        Self {
+            tensor: 1,
+            pipeline: PipelineStages::Auto,
+        }
+    }
+}
+
+/// `auto` or a stage count. On the wire an int-or-string, as Kubernetes users know
+/// from `maxUnavailable`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PipelineStages {
+    #[default]
+    Auto,
+    Fixed(u32),
+}
+
+impl Serialize for PipelineStages {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PipelineStages::Auto => s.serialize_str("auto"),
+            PipelineStages::Fixed(n) => s.serialize_u32(*n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PipelineStages {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = PipelineStages;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"auto\" or a number of stages from 1 to 1024")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                if v == "auto" {
+                    return Ok(PipelineStages::Auto);
+                }
+                // Quoted numbers are what YAML authors write by accident; accept them.
+                match v.parse::<i64>() {
+                    Ok(n) => self.visit_i64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "pipeline {v:?} is neither \"auto\" nor a number of stages"
+                    ))),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                match u32::try_from(v) {
+                    Ok(n) if (1..=1024).contains(&n) => Ok(PipelineStages::Fixed(n)),
+                    _ => Err(E::custom(format!(
+                        "pipeline {v} is out of range: use \"auto\" or 1 to 1024 stages"
+                    ))),
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                self.visit_i64(i64::try_from(v).unwrap_or(i64::MAX))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Err(E::custom(format!(
+                    "pipeline {v} is not a whole number of stages"
+                )))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl JsonSchema for PipelineStages {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "PipelineStages".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "\"auto\" or a number of pipeline stages from 1 to 1024.",
+            "x-kubernetes-int-or-string": true,
+            "x-kubernetes-validations": [{
+                "rule": "type(self) == string ? self == 'auto' : (self >= 1 && self <= 1024)",
+                "message": "pipeline must be \"auto\" or a number of stages from 1 to 1024",
+            }],
+        })
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementPolicy {
+    #[serde(default)]
+    pub weights: ScoreWeights,
+    /// Devices at or above this temperature are not planned on.
+    #[serde(default = "default_max_temperature")]
+    #[schemars(range(min = 1.0, max = 150.0))]
+    pub max_temperature_c: f64,
+    /// Allowed vendors (`nvidia`, `amd`); empty allows both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(v, v == 'nvidia' || v == 'amd')")
+        .message("vendors may only contain \"nvidia\" and \"amd\""))]
+    pub vendors: Vec<String>,
+    /// Allowed products, matched case-insensitively as substrings of the product
+    /// name (`H100`, `MI300X`); empty allows all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(p, size(p) > 0)")
+        .message("products may not contain empty strings"))]
+    pub products: Vec<String>,
+    /// Only nodes with all of these labels are used.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Time the solver may search for a better plan before it returns the best found.
+    #[serde(default = "default_deadline_ms")]
+    #[schemars(range(min = 1, max = 600000))]
+    pub deadline_ms: u32,
+}
+
+fn default_max_temperature() -> f64 {
+    85.0
+}
+
+fn default_deadline_ms() -> u32 {
+    2000
+}
+
+impl Default for PlacementPolicy {
+    fn default() -> Self {
+        Self {
+            weights: ScoreWeights::default(),
+            max_temperature_c: default_max_temperature(),
+            vendors: Vec::new(),
+            products: Vec::new(),
+            node_selector: BTreeMap::new(),
+            deadline_ms: default_deadline_ms(),
+        }
+    }
+}
+
+/// Weights of the five parts of a plan's score. Relative: they are normalised by
+/// their sum, so they need not add up to 1.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "self.compute + self.memory + self.network + self.thermal + self.bandwidth > 0.0"
+).message("at least one score weight must be above zero"))]
+pub struct ScoreWeights {
+    #[serde(default = "w_compute")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub compute: f64,
+    #[serde(default = "w_memory")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub memory: f64,
+    #[serde(default = "w_network")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub network: f64,
+    #[serde(default = "w_thermal")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub thermal: f64,
+    #[serde(default = "w_bandwidth")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub bandwidth: f64,
+}
+
+fn w_compute() -> f64 {
+    0.40
+}
+fn w_memory() -> f64 {
+    0.30
+}
+fn w_network() -> f64 {
+    0.15
+}
+fn w_thermal() -> f64 {
+    0.10
+}
+fn w_bandwidth() -> f64 {
+    0.05
+}
+
+impl Default for ScoreWeights {
+    fn default() -> Self {
+        Self {
+            compute: w_compute(),
+            memory: w_memory(),
+            network: w_network(),
+            thermal: w_thermal(),
+            bandwidth: w_bandwidth(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelInstanceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Planned shards in pipeline order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plan: Vec<PlannedShard>,
+    #[serde(default)]
+    pub shards: u32,
+    #[serde(default)]
+    pub ready_shards: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_tokens_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    Pending,
+    Placing,
+    Bound,
+    Running,
+    Degraded,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedShard {
+    pub shard: u32,
+    pub node: String,
+    pub devices: Vec<String>,
+    /// First layer of the stage (inclusive).
+    pub layer_start: u32,
+    /// Last layer of the stage (exclusive).
+    pub layer_end: u32,
+    /// Predicted memory use on each device of the shard, in GiB.
+    #[serde(rename = "predictedMemoryGiB")]
+    pub predicted_memory_gib: f64,
+}
+
+/// Everything wrong with a spec, each as `field: what is wrong`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid ModelInstance spec: {}", .problems.join("; "))]
+pub struct InvalidSpec {
+    pub problems: Vec<String>,
+}
+
+impl ModelInstanceSpec {
+    /// The same rules the CRD schema enforces, for input that did not come through
+    /// an API server.
+    pub fn validate(&self) -> Result<(), InvalidSpec> {
+        let mut p = Vec::new();
+        let m = &self.model;
+        if m.name.trim().is_empty() {
+            p.push("model.name: must not be empty".to_string());
+        }
+        positive(&mut p, "model.parametersBillions", m.parameters_billions);
+        if m.layers == 0 {
+            p.push("model.layers: must be at least 1".into());
+        }
+        if m.hidden_size == Some(0) {
+            p.push("model.hiddenSize: must be at least 1".into());
+        }
+        non_negative(&mut p, "model.kvCacheGiB", m.kv_cache_gib);
+        non_negative(&mut p, "model.overheadGiB", m.overhead_gib);
+
+        let par = &self.parallelism;
+        if !(1..=64).contains(&par.tensor) {
+            p.push(format!(
+                "parallelism.tensor: {} is out of range 1 to 64",
+                par.tensor
+            ));
+        }
+        if let PipelineStages::Fixed(n) = par.pipeline {
+            if !(1..=1024).contains(&n) {
+                p.push(format!(
+                    "parallelism.pipeline: {n} is out of range 1 to 1024"
+                ));
+            } else if m.layers > 0 && n > m.layers {
+                p.push(format!(
+                    "parallelism.pipeline: {n} stages for {} layers; every stage needs at least one layer",
+                    m.layers
+                ));
+            }
+        }
+
+        let pl = &self.placement;
+        let w = &pl.weights;
+        let parts = [
+            ("compute", w.compute),
+            ("memory", w.memory),
+            ("network", w.network),
+            ("thermal", w.thermal),
+            ("bandwidth", w.bandwidth),
+        ];
+        for (name, v) in parts {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                p.push(format!(
+                    "placement.weights.{name}: {v} is outside 0 to 1"
+                ));
+            }
+        }
+        if parts.iter().map(|(_, v)| v.max(0.0)).sum::<f64>() <= 0.0 {
+            p.push("placement.weights: at least one weight must be above zero".into());
+        }
+        if !(pl.max_temperature_c.is_finite() && (1.0..=150.0).contains(&pl.max_temperature_c)) {
+            p.push(format!(
+                "placement.maxTemperatureC: {} is outside 1 to 150",
+                pl.max_temperature_c
+            ));
+        }
+        for v in &pl.vendors {
+            if v != "nvidia" && v != "amd" {
+                p.push(format!(
+                    "placement.vendors: {v:?} is not one of \"nvidia\", \"amd\""
+                ));
+            }
+        }
+        if pl.products.iter().any(|s| s.trim().is_empty()) {
+            p.push("placement.products: must not contain empty strings".into());
+        }
+        if !(1..=600_000).contains(&pl.deadline_ms) {
+            p.push(format!(
+                "placement.deadlineMs: {} is outside 1 to 600000",
+                pl.deadline_ms
+            ));
+        }
+        if let Some(t) = &self.template {
+            let containers = t.spec.as_ref().map_or(0, |s| s.containers.len());
+            if containers == 0 {
+                p.push("template.spec.containers: the shard pod template has no containers".into());
+            }
+        }
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(InvalidSpec { problems: p })
+        }
+    }
+}
+
+fn positive(p: &mut Vec<String>, field: &str, v: f64) {
+    if !(v.is_finite() && v > 0.0) {
+        p.push(format!("{field}: {v} must be a positive number"));
+    }
+}
+
+fn non_negative(p: &mut Vec<String>, field: &str, v: f64) {
+    if !(v.is_finite() && v >= 0.0) {
+        p.push(format!("{field}: {v} must be zero or more"));
+    }
+}
+
+/// The CRD as YAML, exactly as committed under `crds/`.
+pub fn crd_yaml() -> String {
+    let crd = ModelInstance::crd();
+    // The CRD is built from our own static types; serializing it cannot fail.
+    serde_saphyr::to_string(&crd).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "
+model:
+  name: m
+  parametersBillions: 7
+  layers: 32
+";
+
+    fn parse(yaml: &str) -> Result<ModelInstanceSpec, String> {
+        serde_saphyr::from_str::<ModelInstanceSpec>(yaml).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_fill_the_optional_parts() {
+        let s = parse(MINIMAL).unwrap();
+        assert_eq!(s.model.dtype, DType::Bf16);
+        assert_eq!(s.parallelism, ParallelismSpec::default());
+        assert_eq!(s.placement, PlacementPolicy::default());
+        assert_eq!(s.model.overhead_gib, 1.5);
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn pipeline_accepts_auto_and_numbers_only() {
+        for (text, want) in [
+            ("auto", Ok(PipelineStages::Auto)),
+            ("4", Ok(PipelineStages::Fixed(4))),
+            ("\"8\"", Ok(PipelineStages::Fixed(8))),
+            ("0", Err("out of range")),
+            ("-3", Err("out of range")),
+            ("2000", Err("out of range")),
+            ("1.5", Err("whole number")),
+            ("many", Err("neither")),
+        ] {
+            let got = parse(&format!("{MINIMAL}parallelism:\n  pipeline: {text}\n"))
+                .map(|s| s.parallelism.pipeline);
+            match want {
+                Ok(v) => assert_eq!(got, Ok(v), "{text}"),
+                Err(frag) => {
+                    let e = got.unwrap_err();
+                    assert!(e.contains(frag), "{text}: {e}");
+                }
+            }
+        }
+        let json = serde_json::to_string(&PipelineStages::Fixed(3)).unwrap();
+        assert_eq!(json, "3");
+        assert_eq!(serde_json::to_string(&PipelineStages::Auto).unwrap(), "\"auto\"");
+    }
+
+    #[test]
+    fn malformed_fields_are_parse_errors() {
+        for (extra, frag) in [
+            ("  layers: -1\n", "layers"),
+            ("  dtype: fp7\n", "fp7"),
+        ] {
+            let yaml = MINIMAL.replace("  layers: 32\n", "") + extra;
+            let e = parse(&yaml).unwrap_err();
+            assert!(e.contains(frag), "{e}");
+        }
+        assert!(parse("model: 3").is_err());
+        assert!(parse("parallelism: {tensor: 2}").unwrap_err().contains("model"));
+    }
+
+    #[test]
+    fn validate_names_every_problem() {
+        let mut s = parse(MINIMAL).unwrap();
+        s.model.name = " ".into();
+        s.model.parameters_billions = -7.0;
+        s.model.kv_cache_gib = f64::NAN;
+        s.parallelism.tensor = 0;
+        s.parallelism.pipeline = PipelineStages::Fixed(40);
+        s.placement.weights.compute = 1.5;
+        s.placement.max_temperature_c = 0.0;
+        s.placement.vendors = vec!["intel".into()];
+        s.placement.products = vec!["".into()];
+        s.placement.deadline_ms = 0;
+        s.template = Some(PodTemplateSpec::default());
+        let err = s.validate().unwrap_err();
+        for frag in [
+            "model.name",
+            "model.parametersBillions",
+            "model.kvCacheGiB",
+            "parallelism.tensor",
+            "40 stages for 32 layers",
+            "weights.compute",
+            "maxTemperatureC",
+            "\"intel\"",
+            "placement.products",
+            "deadlineMs",
+            "no containers",
+        ] {
+            assert!(err.to_string().contains(frag), "{err} lacks {frag}");
+        }
+        assert_eq!(err.problems.len(), 11);
+    }
+
+    #[test]
+    fn all_zero_weights_are_refused() {
+        let mut s = parse(MINIMAL).unwrap();
+        s.placement.weights = ScoreWeights {
+            compute: 0.0,
+            memory: 0.0,
+            network: 0.0,
+            thermal: 0.0,
+            bandwidth: 0.0,
+        };
+        assert!(s.validate().unwrap_err().to_string().contains("above zero"));
+    }
+
+    #[test]
+    fn model_sizes() {
+        let s = parse(MINIMAL).unwrap();
+        assert_eq!(s.model.weight_bytes(), 14e9);
+        assert_eq!(s.model.weight_bytes_per_layer(), 14e9 / 32.0);
+        let h = s.model.effective_hidden_size();
+        assert!((4000.0..5000.0).contains(&h), "{h}");
+        assert_eq!(DType::Int4.bytes_per_parameter(), 0.5);
+    }
+
+    #[test]
+    fn crd_has_the_public_names_and_rules() {
+        let crd = ModelInstance::crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("modelinstances.tessera.dev"));
+        assert_eq!(crd.spec.names.short_names, Some(vec!["mi".to_string()]));
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let yaml = crd_yaml();
+        for frag in [
+            "x-kubernetes-int-or-string: true",
+            "x-kubernetes-validations",
+            "self.all(v, v == 'nvidia' || v == 'amd')",
+            "x-kubernetes-preserve-unknown-fields: true",
+            "status: {}",
+        ] {
+            assert!(yaml.contains(frag), "CRD lacks {frag}");
+        }
+    }
+}
