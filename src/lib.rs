@@ -1,1 +1,5 @@
+//! tessera: places large models across the GPUs of a Kubernetes cluster and binds
+//! every shard to the devices it was planned for.
+
 pub mod api;
+pub mod placement;

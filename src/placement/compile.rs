@@ -1,0 +1,350 @@
+//! Preparing a problem for search: eligible devices, classes of interchangeable
+//! devices and nodes, the candidate groups of each node, and the stage count.
+//!
+//! Symmetry: two devices of a node are *twins* when they look the same to the
+//! objective (same product, memory, throughput, temperature) and have the same
+//! link to every other eligible device of the node. Swapping twins changes no
+//! score, so a group only says how many devices it takes from each twin class and
+//! the search always uses the lowest-indexed unused ones. Likewise *twin nodes*
+//! (same position, same classes, same links) are used in order. Both rules prune
+//! only plans that have an equally scored twin still searched, so the optimum is
+//! kept (the property tests check this against plain enumeration).
+
+use std::collections::HashMap;
+
+use super::evaluate::Context;
+use super::explain;
+use super::plan::Unsatisfiable;
+use super::problem::Problem;
+
+pub(crate) struct CNode {
+    /// Index into `Problem::nodes`.
+    pub src: usize,
+    /// Twin classes; each lists device indices in index order.
+    pub classes: Vec<Vec<usize>>,
+    /// The previous node (in `Compiled::nodes`) this node is a twin of.
+    pub twin_prev: Option<usize>,
+}
+
+/// A candidate stage: how many devices it takes from each twin class of a node.
+pub(crate) struct Group {
+    /// Index into `Compiled::nodes`.
+    pub node: usize,
+    pub counts: Vec<(usize, u32)>,
+    /// Layers the group can hold.
+    pub cap: u32,
+    /// Weighted compute + thermal + bandwidth parts (before dividing by stage count).
+    pub additive: f64,
+    /// Free bytes over the group's devices.
+    pub free: f64,
+    /// Worst tensor link cost inside the group.
+    pub intra_cost: f64,
+}
+
+pub(crate) struct Compiled<'p> {
+    pub ctx: Context<'p>,
+    /// Nodes that can hold at least one group, in network order.
+    pub nodes: Vec<CNode>,
+    /// Candidate groups, most promising first.
+    pub groups: Vec<Group>,
+    /// Stage count to plan.
+    pub stages: u32,
+    /// The disjoint groups with the most capacity, largest first: the proof that
+    /// `stages` groups can hold the model, and a plan of its own.
+    pub capacity_plan: Vec<(usize, Vec<usize>)>,
+}
+
+impl<'p> Compiled<'p> {
+    pub(crate) fn new(p: &'p Problem) -> Result<Self, Unsatisfiable> {
+        explain::check_shape(p)?;
+        let ctx = Context::new(p);
+        let t = p.tensor as usize;
+
+        let mut nodes = Vec::new();
+        let mut by_signature: HashMap<String, usize> = HashMap::new();
+        for &src in &ctx.node_order {
+            let mut eligible: Vec<usize> = (0..p.nodes[src].devices.len())
+                .filter(|&d| ctx.eligible(src, d))
+                .collect();
+            if eligible.len() < t {
+                continue;
+            }
+            eligible.sort_by_key(|&d| (p.nodes[src].devices[d].index, d));
+            let classes = twin_classes(&ctx, src, &eligible);
+            let signature = node_signature(&ctx, src, &classes);
+            let idx = nodes.len();
+            let twin_prev = by_signature.insert(signature, idx);
+            nodes.push(CNode {
+                src,
+                classes,
+                twin_prev,
+            });
+        }
+
+        let capacity_chunks = capacity_chunks(&ctx, &nodes, t);
+        let stages = explain::stage_count(&ctx, &nodes, &capacity_chunks)?;
+        let capacity_plan = capacity_chunks
+            .into_iter()
+            .take(stages as usize)
+            .map(|(_, node, devs)| (node, devs))
+            .collect();
+
+        let mut groups = Vec::new();
+        for (ni, n) in nodes.iter().enumerate() {
+            let mut counts = Vec::new();
+            enumerate_counts(&n.classes, 0, p.tensor, &mut counts, &mut |counts| {
+                if let Some(g) = make_group(&ctx, ni, n, counts) {
+                    groups.push(g);
+                }
+            });
+        }
+        let max_free = groups.iter().map(|g| g.free).fold(0.0, f64::max);
+        let w = ctx.w;
+        let key = |g: &Group| {
+            let free = if max_free > 0.0 { g.free / max_free } else { 0.0 };
+            g.additive + w.memory * free - w.network * g.intra_cost
+        };
+        groups.sort_by(|a, b| {
+            key(b)
+                .total_cmp(&key(a))
+                .then(a.node.cmp(&b.node))
+                .then_with(|| a.counts.cmp(&b.counts))
+        });
+        Ok(Self {
+            ctx,
+            nodes,
+            groups,
+            stages,
+            capacity_plan,
+        })
+    }
+}
+
+fn same_bits(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits()
+}
+
+fn twins(ctx: &Context, node: usize, eligible: &[usize], a: usize, b: usize) -> bool {
+    let (x, y) = (ctx.device(node, a), ctx.device(node, b));
+    let same = x.vendor == y.vendor
+        && x.product == y.product
+        && x.memory_total_bytes == y.memory_total_bytes
+        && x.memory_free_bytes == y.memory_free_bytes
+        && same_bits(x.fp16_tflops, y.fp16_tflops)
+        && same_bits(x.memory_bandwidth_gbps, y.memory_bandwidth_gbps)
+        && x.temperature_c.map(f64::to_bits) == y.temperature_c.map(f64::to_bits);
+    same && eligible.iter().all(|&o| {
+        o == a || o == b || {
+            let (la, lb) = (ctx.links[node].get(a, o), ctx.links[node].get(b, o));
+            la.map(|(k, g)| (k, g.to_bits())) == lb.map(|(k, g)| (k, g.to_bits()))
+        }
+    })
+}
+
+fn twin_classes(ctx: &Context, node: usize, eligible: &[usize]) -> Vec<Vec<usize>> {
+    let mut classes: Vec<Vec<usize>> = Vec::new();
+    for &d in eligible {
+        match classes
+            .iter_mut()
+            .find(|c| twins(ctx, node, eligible, c[0], d))
+        {
+            Some(c) => c.push(d),
+            None => classes.push(vec![d]),
+        }
+    }
+    classes
+}
+
+/// Everything that makes two nodes interchangeable, as a comparable key.
+fn node_signature(ctx: &Context, node: usize, classes: &[Vec<usize>]) -> String {
+    use std::fmt::Write;
+    let n = &ctx.p.nodes[node];
+    let mut s = format!("{:?}|{:?}|", n.zone, n.rack);
+    for c in classes {
+        let d = ctx.device(node, c[0]);
+        let _ = write!(
+            s,
+            "[{}x{}/{}/{}/{}/{:x}/{:x}/{:?}]",
+            c.len(),
+            d.vendor,
+            d.product,
+            d.memory_total_bytes,
+            d.memory_free_bytes,
+            d.fp16_tflops.to_bits(),
+            d.memory_bandwidth_gbps.to_bits(),
+            d.temperature_c.map(f64::to_bits)
+        );
+    }
+    for (i, a) in classes.iter().enumerate() {
+        for (j, b) in classes.iter().enumerate().skip(i) {
+            let link = if i == j {
+                a.get(1).and_then(|&x| ctx.links[node].get(a[0], x))
+            } else {
+                ctx.links[node].get(a[0], b[0])
+            };
+            let _ = write!(s, "{i}-{j}:{:?};", link.map(|(k, g)| (k, g.to_bits())));
+        }
+    }
+    s
+}
+
+fn enumerate_counts(
+    classes: &[Vec<usize>],
+    class: usize,
+    left: u32,
+    counts: &mut Vec<(usize, u32)>,
+    emit: &mut dyn FnMut(&[(usize, u32)]),
+) {
+    if left == 0 {
+        emit(counts);
+        return;
+    }
+    if class == classes.len() {
+        return;
+    }
+    let most = left.min(classes[class].len() as u32);
+    for take in (0..=most).rev() {
+        if take > 0 {
+            counts.push((class, take));
+        }
+        enumerate_counts(classes, class + 1, left - take, counts, emit);
+        if take > 0 {
+            counts.pop();
+        }
+    }
+}
+
+fn make_group(ctx: &Context, ni: usize, n: &CNode, counts: &[(usize, u32)]) -> Option<Group> {
+    let devices: Vec<usize> = counts
+        .iter()
+        .flat_map(|&(c, k)| n.classes[c][..k as usize].iter().copied())
+        .collect();
+    let (mut c, mut t, mut b) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    let mut free = 0.0;
+    let mut min_free = f64::INFINITY;
+    for &d in &devices {
+        let dev = ctx.device(n.src, d);
+        let (dc, dt, db) = ctx.device_parts(dev);
+        c = c.min(dc);
+        t = t.min(dt);
+        b = b.min(db);
+        free += dev.memory_free_bytes as f64;
+        min_free = min_free.min(dev.memory_free_bytes as f64);
+    }
+    let cap = ctx.capacity(min_free);
+    if cap == 0 {
+        return None;
+    }
+    let w = &ctx.w;
+    Some(Group {
+        node: ni,
+        counts: counts.to_vec(),
+        cap,
+        additive: w.compute * c + w.thermal * t + w.bandwidth * b,
+        free,
+        intra_cost: ctx.intra_cost(n.src, &devices),
+    })
+}
+
+/// Disjoint groups of largest capacity, largest first, as `(capacity, node, devices)`.
+/// A group's capacity is set by its tightest device, so on each node the best
+/// groups are consecutive runs of devices sorted by free memory; merging the
+/// nodes' runs by capacity gives the most capacity any `j` groups can have.
+fn capacity_chunks(ctx: &Context, nodes: &[CNode], t: usize) -> Vec<(u32, usize, Vec<usize>)> {
+    let mut chunks = Vec::new();
+    for n in nodes {
+        let mut devs: Vec<usize> = n.classes.iter().flatten().copied().collect();
+        devs.sort_by_key(|&d| {
+            (
+                std::cmp::Reverse(ctx.device(n.src, d).memory_free_bytes),
+                ctx.device(n.src, d).index,
+            )
+        });
+        for chunk in devs.chunks_exact(t) {
+            let min_free = chunk
+                .iter()
+                .map(|&d| ctx.device(n.src, d).memory_free_bytes as f64)
+                .fold(f64::INFINITY, f64::min);
+            let cap = ctx.capacity(min_free);
+            if cap > 0 {
+                chunks.push((cap, n.src, chunk.to_vec()));
+            }
+        }
+    }
+    chunks.sort_by(|a, b| b.0.cmp(&a.0).then(ctx.rank_of_node[a.1].cmp(&ctx.rank_of_node[b.1])));
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::problem::{Link, LinkKind, Stages};
+    use super::super::testutil::*;
+    use super::*;
+
+    #[test]
+    fn identical_devices_form_one_class_and_links_split_classes() {
+        let mut p = problem(vec![node("a", 4, RTX4090)], 8, 1, Stages::Fixed(1));
+        let c = Compiled::new(&p).unwrap();
+        assert_eq!(c.nodes[0].classes, vec![vec![0, 1, 2, 3]]);
+        // One class, tensor 1: a single candidate group.
+        assert_eq!(c.groups.len(), 1);
+
+        // NVLink between 0-1 only: 0 and 1 are twins, 2 and 3 are twins.
+        p.nodes[0].links.push(Link {
+            a: "a-0".into(),
+            b: "a-1".into(),
+            kind: LinkKind::NvLink,
+            bandwidth_gbps: 600.0,
+        });
+        p.nodes[0].links.push(Link {
+            a: "a-2".into(),
+            b: "a-3".into(),
+            kind: LinkKind::NvLink,
+            bandwidth_gbps: 600.0,
+        });
+        p.tensor = 2;
+        let c = Compiled::new(&p).unwrap();
+        assert_eq!(c.nodes[0].classes, vec![vec![0, 1], vec![2, 3]]);
+        // {2 of A}, {1 A + 1 B}, {2 of B}; the NVLink pairs rank first.
+        assert_eq!(c.groups.len(), 3);
+        assert_eq!(c.groups[0].intra_cost, 0.0);
+        assert_eq!(c.groups[2].intra_cost, 0.6);
+    }
+
+    #[test]
+    fn a_different_temperature_breaks_twins() {
+        let mut p = problem(vec![node("a", 3, H100)], 8, 1, Stages::Fixed(1));
+        p.nodes[0].devices[1].temperature_c = Some(70.0);
+        let c = Compiled::new(&p).unwrap();
+        assert_eq!(c.nodes[0].classes, vec![vec![0, 2], vec![1]]);
+    }
+
+    #[test]
+    fn identical_nodes_are_twins_in_order() {
+        let p = problem(
+            vec![node("a", 2, H100), node("b", 2, H100), node("c", 2, RTX4090)],
+            8,
+            1,
+            Stages::Fixed(1),
+        );
+        let c = Compiled::new(&p).unwrap();
+        assert_eq!(c.nodes[0].twin_prev, None);
+        assert_eq!(c.nodes[1].twin_prev, Some(0));
+        assert_eq!(c.nodes[2].twin_prev, None);
+    }
+
+    #[test]
+    fn capacity_plan_takes_the_largest_groups() {
+        let p = problem(
+            vec![node("small", 4, RTX4090), node("big", 2, MI300X)],
+            70,
+            1,
+            Stages::Auto,
+        );
+        let c = Compiled::new(&p).unwrap();
+        // 70B bf16 fits on one MI300X.
+        assert_eq!(c.stages, 1);
+        assert_eq!(c.capacity_plan.len(), 1);
+        assert_eq!(p.nodes[c.capacity_plan[0].0].name, "big");
+    }
+}

@@ -1,0 +1,584 @@
+//! Turning a chosen set of device groups into a plan: pipeline order, layer
+//! split, score and predicted speed. The search, the exhaustive reference and
+//! callers checking an existing plan all go through `Context::evaluate`, so they
+//! agree on what a plan is worth.
+
+use std::collections::HashMap;
+
+use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
+use super::problem::{Device, LinkKind, NodeState, Problem, Weights};
+
+/// Why a device cannot take part in any plan.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Exclusion {
+    Unhealthy(Option<String>),
+    TooHot(f64),
+    BadTelemetry,
+    Vendor,
+    Product,
+    NodeSelector,
+    /// Free bytes vs. bytes one layer (plus overhead) needs on one device.
+    TooLittleMemory { free: f64, need: f64 },
+}
+
+/// A stage given by names, as a caller outside the solver knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageChoice {
+    pub node: String,
+    pub devices: Vec<String>,
+}
+
+/// Hop costs by where the next stage is. Inside a node any path is cheap for the
+/// few kilobytes one token's activations take; across nodes the network decides.
+pub(crate) const HOP_SAME_NODE: f64 = 0.05;
+pub(crate) const HOP_SAME_RACK: f64 = 0.4;
+pub(crate) const HOP_SAME_ZONE: f64 = 0.7;
+pub(crate) const HOP_CROSS_ZONE: f64 = 1.0;
+
+/// Tensor-parallel groups all-reduce on every layer, so the slowest link of the
+/// group matters far more than for pipeline hops.
+pub(crate) fn tensor_link_cost(kind: Option<LinkKind>) -> f64 {
+    match kind {
+        Some(LinkKind::NvLink | LinkKind::Xgmi) => 0.0,
+        Some(LinkKind::Pcie) => 0.5,
+        None => 0.6,
+    }
+}
+
+/// Efficiency assumed against the datasheet numbers for single-stream decode.
+const COMPUTE_EFFICIENCY: f64 = 0.5;
+const MEMORY_EFFICIENCY: f64 = 0.6;
+
+/// Bandwidth (bytes/s) and latency (s) of a pipeline hop by distance class.
+fn hop_transfer(cost: f64) -> (f64, f64) {
+    if cost <= HOP_SAME_NODE {
+        (32e9, 10e-6)
+    } else if cost <= HOP_SAME_RACK {
+        (25e9, 20e-6)
+    } else if cost <= HOP_SAME_ZONE {
+        (12.5e9, 50e-6)
+    } else {
+        (5e9, 500e-6)
+    }
+}
+
+/// Links of one node, by device index pair.
+#[derive(Default)]
+pub(crate) struct NodeLinks {
+    by_pair: HashMap<(usize, usize), (LinkKind, f64)>,
+}
+
+impl NodeLinks {
+    fn new(node: &NodeState) -> Self {
+        let pos: HashMap<&str, usize> = node
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.id.as_str(), i))
+            .collect();
+        let mut by_pair = HashMap::new();
+        for l in &node.links {
+            if let (Some(&a), Some(&b)) = (pos.get(l.a.as_str()), pos.get(l.b.as_str())) {
+                // Keep the best link when a pair is listed twice (e.g. once per direction).
+                let entry = by_pair.entry(pair(a, b)).or_insert((l.kind, l.bandwidth_gbps));
+                if l.kind < entry.0 || (l.kind == entry.0 && l.bandwidth_gbps > entry.1) {
+                    *entry = (l.kind, l.bandwidth_gbps);
+                }
+            }
+        }
+        Self { by_pair }
+    }
+
+    pub(crate) fn get(&self, a: usize, b: usize) -> Option<(LinkKind, f64)> {
+        self.by_pair.get(&pair(a, b)).copied()
+    }
+}
+
+fn pair(a: usize, b: usize) -> (usize, usize) {
+    (a.min(b), a.max(b))
+}
+
+/// Everything about a problem that does not depend on the choice of groups.
+pub(crate) struct Context<'p> {
+    pub p: &'p Problem,
+    pub w: Weights,
+    /// Bytes one layer occupies (weights + KV cache), across a whole group.
+    pub layer_bytes: f64,
+    pub max_tflops: f64,
+    pub max_bandwidth: f64,
+    pub links: Vec<NodeLinks>,
+    /// `exclusions[node][device]`: `None` when the device is eligible.
+    pub exclusions: Vec<Vec<Option<Exclusion>>>,
+    /// Node indices sorted by network position: the pipeline order of nodes.
+    pub node_order: Vec<usize>,
+    pub rank_of_node: Vec<usize>,
+}
+
+impl<'p> Context<'p> {
+    pub(crate) fn new(p: &'p Problem) -> Self {
+        let layer_bytes = p.model.weight_bytes_per_layer + p.model.kv_bytes_per_layer;
+        let tensor = f64::from(p.tensor.max(1));
+        let need_one_layer = p.model.overhead_bytes_per_device + layer_bytes / tensor;
+        let exclusions: Vec<Vec<Option<Exclusion>>> = p
+            .nodes
+            .iter()
+            .map(|n| {
+                let node_ok = p
+                    .selector
+                    .node_labels
+                    .iter()
+                    .all(|(k, v)| n.labels.get(k) == Some(v));
+                n.devices
+                    .iter()
+                    .map(|d| exclusion(p, node_ok, d, need_one_layer))
+                    .collect()
+            })
+            .collect();
+        let mut max_tflops: f64 = 0.0;
+        let mut max_bandwidth: f64 = 0.0;
+        for (n, ex) in p.nodes.iter().zip(&exclusions) {
+            for (d, e) in n.devices.iter().zip(ex) {
+                if e.is_none() {
+                    max_tflops = max_tflops.max(d.fp16_tflops);
+                    max_bandwidth = max_bandwidth.max(d.memory_bandwidth_gbps);
+                }
+            }
+        }
+        let mut node_order: Vec<usize> = (0..p.nodes.len()).collect();
+        node_order.sort_by(|&a, &b| {
+            let (x, y) = (&p.nodes[a], &p.nodes[b]);
+            (&x.zone, &x.rack, &x.name, a).cmp(&(&y.zone, &y.rack, &y.name, b))
+        });
+        let mut rank_of_node = vec![0; p.nodes.len()];
+        for (rank, &n) in node_order.iter().enumerate() {
+            rank_of_node[n] = rank;
+        }
+        Self {
+            p,
+            w: p.weights.normalized(),
+            layer_bytes,
+            max_tflops,
+            max_bandwidth,
+            links: p.nodes.iter().map(NodeLinks::new).collect(),
+            exclusions,
+            node_order,
+            rank_of_node,
+        }
+    }
+
+    pub(crate) fn eligible(&self, node: usize, device: usize) -> bool {
+        self.exclusions[node][device].is_none()
+    }
+
+    pub(crate) fn device(&self, node: usize, device: usize) -> &Device {
+        &self.p.nodes[node].devices[device]
+    }
+
+    /// Cost of a pipeline hop between two different nodes.
+    pub(crate) fn node_distance(&self, a: usize, b: usize) -> f64 {
+        let (x, y) = (&self.p.nodes[a], &self.p.nodes[b]);
+        let same_zone = x.zone.is_some() && x.zone == y.zone;
+        if same_zone && x.rack.is_some() && x.rack == y.rack {
+            HOP_SAME_RACK
+        } else if same_zone {
+            HOP_SAME_ZONE
+        } else {
+            HOP_CROSS_ZONE
+        }
+    }
+
+    /// Normalised compute, thermal and bandwidth parts of a device.
+    pub(crate) fn device_parts(&self, d: &Device) -> (f64, f64, f64) {
+        let compute = ratio(d.fp16_tflops, self.max_tflops);
+        let bandwidth = ratio(d.memory_bandwidth_gbps, self.max_bandwidth);
+        let limit = self.p.max_temperature_c;
+        let thermal = match d.temperature_c {
+            Some(t) if limit > 0.0 => ((limit - t) / limit).clamp(0.0, 1.0),
+            _ => 0.5,
+        };
+        (compute, thermal, bandwidth)
+    }
+
+    /// Layers a group of devices can hold: every device carries the overhead plus
+    /// its `1/tensor` share of each layer, so the tightest device decides.
+    pub(crate) fn capacity(&self, min_free: f64) -> u32 {
+        let per_device = self.layer_bytes / f64::from(self.p.tensor.max(1));
+        let room = min_free - self.p.model.overhead_bytes_per_device;
+        if room < per_device || per_device <= 0.0 {
+            return if room >= 0.0 && per_device <= 0.0 {
+                self.p.model.layers
+            } else {
+                0
+            };
+        }
+        let layers = (room / per_device).floor();
+        if layers >= f64::from(self.p.model.layers) {
+            self.p.model.layers
+        } else {
+            layers as u32
+        }
+    }
+
+    /// Worst link cost inside a tensor group (0 for a single device).
+    pub(crate) fn intra_cost(&self, node: usize, devices: &[usize]) -> f64 {
+        let mut worst: f64 = 0.0;
+        for (i, &a) in devices.iter().enumerate() {
+            for &b in &devices[i + 1..] {
+                worst = worst.max(tensor_link_cost(
+                    self.links[node].get(a, b).map(|(k, _)| k),
+                ));
+            }
+        }
+        worst
+    }
+
+    /// Normaliser of the network part: pipeline hops plus one term per tensor group.
+    pub(crate) fn network_terms(&self, stages: u32) -> f64 {
+        let hops = f64::from(stages.saturating_sub(1));
+        let groups = if self.p.tensor > 1 {
+            f64::from(stages)
+        } else {
+            0.0
+        };
+        hops + groups
+    }
+
+    /// Bytes the whole plan needs across its devices.
+    pub(crate) fn demand(&self, stages: u32) -> f64 {
+        f64::from(self.p.model.layers) * self.layer_bytes
+            + f64::from(stages * self.p.tensor) * self.p.model.overhead_bytes_per_device
+    }
+
+    /// Time one layer takes for one token on a group, in seconds.
+    fn layer_seconds(&self, node: usize, devices: &[usize]) -> f64 {
+        let t = f64::from(self.p.tensor.max(1));
+        let m = &self.p.model;
+        let mut tflops = f64::INFINITY;
+        let mut bw = f64::INFINITY;
+        for &d in devices {
+            let dev = self.device(node, d);
+            tflops = tflops.min(dev.fp16_tflops);
+            bw = bw.min(dev.memory_bandwidth_gbps);
+        }
+        let compute = m.flops_per_layer_token / (t * tflops * 1e12 * COMPUTE_EFFICIENCY);
+        let memory = m.weight_bytes_per_layer / (t * bw * 1e9 * MEMORY_EFFICIENCY);
+        let mut seconds = compute.max(memory);
+        if devices.len() > 1 {
+            let mut link_bw = f64::INFINITY;
+            let mut latency: f64 = 0.0;
+            for (i, &a) in devices.iter().enumerate() {
+                for &b in &devices[i + 1..] {
+                    let (kind, gbps) = match self.links[node].get(a, b) {
+                        Some((k, g)) if g > 0.0 => (Some(k), g),
+                        Some((k, _)) => (Some(k), 16.0),
+                        None => (None, 16.0),
+                    };
+                    link_bw = link_bw.min(gbps);
+                    latency = latency.max(match kind {
+                        Some(LinkKind::NvLink | LinkKind::Xgmi) => 5e-6,
+                        Some(LinkKind::Pcie) => 10e-6,
+                        None => 15e-6,
+                    });
+                }
+            }
+            // Two ring all-reduces of the activations per layer.
+            let ring = 2.0 * (t - 1.0) / t * m.activation_bytes_per_token / (link_bw * 1e9);
+            seconds += 2.0 * (ring + latency);
+        }
+        seconds
+    }
+
+    /// Scores the groups as a plan. `groups` are `(node, device indices)`; their
+    /// order does not matter. Fails with a sentence when the groups are not a
+    /// valid plan for this problem.
+    pub(crate) fn evaluate(&self, groups: &[(usize, Vec<usize>)]) -> Result<Plan, String> {
+        let p = self.p;
+        let k = u32::try_from(groups.len()).map_err(|_| "too many stages".to_string())?;
+        if k == 0 {
+            return Err("a plan needs at least one stage".into());
+        }
+        if k > p.model.layers {
+            return Err(format!(
+                "{k} stages for {} layers: every stage needs a layer",
+                p.model.layers
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (node, devs) in groups {
+            if devs.len() != p.tensor as usize {
+                return Err(format!(
+                    "a stage on {} has {} devices; tensor is {}",
+                    p.nodes[*node].name,
+                    devs.len(),
+                    p.tensor
+                ));
+            }
+            for &d in devs {
+                if !seen.insert((*node, d)) {
+                    return Err(format!(
+                        "device {} on {} is used twice",
+                        self.device(*node, d).id,
+                        p.nodes[*node].name
+                    ));
+                }
+                if let Some(e) = &self.exclusions[*node][d] {
+                    return Err(format!(
+                        "device {} on {} is not eligible: {}",
+                        self.device(*node, d).id,
+                        p.nodes[*node].name,
+                        super::explain::exclusion_text(e, p)
+                    ));
+                }
+            }
+        }
+
+        // Pipeline order: by network position, then by first device.
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        let first = |g: &(usize, Vec<usize>)| g.1.iter().copied().min().unwrap_or(0);
+        order.sort_by_key(|&i| (self.rank_of_node[groups[i].0], first(&groups[i])));
+        let ordered: Vec<&(usize, Vec<usize>)> = order.iter().map(|&i| &groups[i]).collect();
+
+        let min_free: Vec<f64> = ordered
+            .iter()
+            .map(|(n, ds)| {
+                ds.iter()
+                    .map(|&d| self.device(*n, d).memory_free_bytes as f64)
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
+        let caps: Vec<u32> = min_free.iter().map(|&f| self.capacity(f)).collect();
+        let total_cap: u64 = caps.iter().map(|&c| u64::from(c)).sum();
+        if caps.contains(&0) || total_cap < u64::from(p.model.layers) {
+            return Err(format!(
+                "the stages hold {total_cap} of {} layers",
+                p.model.layers
+            ));
+        }
+        let per_layer: Vec<f64> = ordered
+            .iter()
+            .map(|(n, ds)| self.layer_seconds(*n, ds))
+            .collect();
+        let layers = split_layers(p.model.layers, &caps, &per_layer);
+
+        let tensor = f64::from(p.tensor.max(1));
+        let mut stages = Vec::with_capacity(groups.len());
+        let (mut compute, mut thermal, mut bandwidth) = (0.0, 0.0, 0.0);
+        let mut free_total = 0.0;
+        let mut network_cost = 0.0;
+        let mut transfer_ms = Vec::new();
+        let mut start = 0;
+        for (i, (node, devs)) in ordered.iter().enumerate() {
+            let (mut c, mut t, mut b) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+            for &d in devs.iter() {
+                let dev = self.device(*node, d);
+                let (dc, dt, db) = self.device_parts(dev);
+                c = c.min(dc);
+                t = t.min(dt);
+                b = b.min(db);
+                free_total += dev.memory_free_bytes as f64;
+            }
+            compute += c;
+            thermal += t;
+            bandwidth += b;
+            let intra = self.intra_cost(*node, devs);
+            network_cost += intra;
+            let next_hop_cost = match ordered.get(i + 1) {
+                Some((next, _)) if next == node => HOP_SAME_NODE,
+                Some((next, _)) => self.node_distance(*node, *next),
+                None => 0.0,
+            };
+            if i + 1 < ordered.len() {
+                network_cost += next_hop_cost;
+                let (bytes_per_s, latency) = hop_transfer(next_hop_cost);
+                transfer_ms.push(
+                    (p.model.activation_bytes_per_token / bytes_per_s + latency) * 1e3,
+                );
+            }
+            let memory = p.model.overhead_bytes_per_device
+                + f64::from(layers[i]) * self.layer_bytes / tensor;
+            let mut sorted = devs.clone();
+            sorted.sort_unstable();
+            stages.push(StagePlan {
+                node: p.nodes[*node].name.clone(),
+                devices: sorted
+                    .iter()
+                    .map(|&d| self.device(*node, d).id.clone())
+                    .collect(),
+                device_indices: sorted.iter().map(|&d| self.device(*node, d).index).collect(),
+                layer_start: start,
+                layer_end: start + layers[i],
+                memory_per_device_bytes: memory,
+                parts: StageParts {
+                    compute: c,
+                    memory: (1.0 - memory / min_free[i]).clamp(0.0, 1.0),
+                    thermal: t,
+                    bandwidth: b,
+                    next_hop_cost,
+                },
+            });
+            start += layers[i];
+        }
+        let kf = f64::from(k);
+        let terms = self.network_terms(k);
+        let network = if terms > 0.0 {
+            (1.0 - network_cost / terms).clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let memory = memory_part(self.demand(k), free_total);
+        let score = self.score(compute / kf, memory, network, thermal / kf, bandwidth / kf);
+        let stage_ms: Vec<f64> = per_layer
+            .iter()
+            .zip(&layers)
+            .map(|(s, &l)| s * f64::from(l) * 1e3)
+            .collect();
+        let token_ms: f64 = stage_ms.iter().sum::<f64>() + transfer_ms.iter().sum::<f64>();
+        Ok(Plan {
+            stages,
+            score,
+            optimal: false,
+            steps: 0,
+            performance: Performance {
+                tokens_per_second: if token_ms > 0.0 { 1e3 / token_ms } else { 0.0 },
+                stage_ms,
+                transfer_ms,
+            },
+        })
+    }
+
+    pub(crate) fn score(
+        &self,
+        compute: f64,
+        memory: f64,
+        network: f64,
+        thermal: f64,
+        bandwidth: f64,
+    ) -> Score {
+        let w = &self.w;
+        Score {
+            total: w.compute * compute
+                + w.memory * memory
+                + w.network * network
+                + w.thermal * thermal
+                + w.bandwidth * bandwidth,
+            compute,
+            memory,
+            network,
+            thermal,
+            bandwidth,
+        }
+    }
+}
+
+/// Share of the planned devices' free memory left once the model is loaded.
+pub(crate) fn memory_part(demand: f64, free: f64) -> f64 {
+    if free <= 0.0 {
+        0.0
+    } else {
+        (1.0 - demand / free).clamp(0.0, 1.0)
+    }
+}
+
+fn ratio(v: f64, max: f64) -> f64 {
+    if max > 0.0 {
+        (v / max).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+fn exclusion(p: &Problem, node_ok: bool, d: &Device, need_one_layer: f64) -> Option<Exclusion> {
+    if !d.healthy {
+        return Some(Exclusion::Unhealthy(d.health_reason.clone()));
+    }
+    if !(d.fp16_tflops.is_finite()
+        && d.fp16_tflops > 0.0
+        && d.memory_bandwidth_gbps.is_finite()
+        && d.memory_bandwidth_gbps > 0.0)
+    {
+        return Some(Exclusion::BadTelemetry);
+    }
+    if let Some(t) = d.temperature_c
+        && (!t.is_finite() || t >= p.max_temperature_c)
+    {
+        return Some(Exclusion::TooHot(t));
+    }
+    if !p.selector.vendors.is_empty() && !p.selector.vendors.iter().any(|v| *v == d.vendor) {
+        return Some(Exclusion::Vendor);
+    }
+    if !p.selector.products.is_empty() {
+        let product = d.product.to_lowercase();
+        if !p
+            .selector
+            .products
+            .iter()
+            .any(|s| product.contains(&s.to_lowercase()))
+        {
+            return Some(Exclusion::Product);
+        }
+    }
+    if !node_ok {
+        return Some(Exclusion::NodeSelector);
+    }
+    let free = d.memory_free_bytes as f64;
+    if free < need_one_layer {
+        return Some(Exclusion::TooLittleMemory {
+            free,
+            need: need_one_layer,
+        });
+    }
+    None
+}
+
+/// Splits `layers` over stages so the slowest stage is as fast as it can be: each
+/// stage gets one layer, then each further layer goes to the stage that would
+/// finish it soonest and still has room. Faster and larger stages get more.
+pub(crate) fn split_layers(layers: u32, caps: &[u32], seconds_per_layer: &[f64]) -> Vec<u32> {
+    let mut given = vec![1u32; caps.len()];
+    let mut left = layers.saturating_sub(caps.len() as u32);
+    // Few stages and few layers: a scan per layer is cheaper than a heap.
+    while left > 0 {
+        let mut best: Option<(f64, usize)> = None;
+        for (i, (&g, &cap)) in given.iter().zip(caps).enumerate() {
+            if g < cap {
+                let finish = f64::from(g + 1) * seconds_per_layer[i];
+                if best.is_none_or(|(f, _)| finish < f) {
+                    best = Some((finish, i));
+                }
+            }
+        }
+        match best {
+            Some((_, i)) => given[i] += 1,
+            None => break,
+        }
+        left -= 1;
+    }
+    given
+}
+
+/// Scores a plan given by names. Used to check that an existing plan is still
+/// valid and to compare plans from elsewhere (e.g. a baseline) on our objective.
+pub fn evaluate(problem: &Problem, stages: &[StageChoice]) -> Result<Plan, String> {
+    let ctx = Context::new(problem);
+    let mut groups = Vec::with_capacity(stages.len());
+    for s in stages {
+        let node = problem
+            .nodes
+            .iter()
+            .position(|n| n.name == s.node)
+            .ok_or_else(|| format!("node {} is not in the problem", s.node))?;
+        let devs = s
+            .devices
+            .iter()
+            .map(|id| {
+                problem.nodes[node]
+                    .devices
+                    .iter()
+                    .position(|d| d.id == *id)
+                    .ok_or_else(|| format!("device {id} is not on node {}", s.node))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        groups.push((node, devs));
+    }
+    ctx.evaluate(&groups)
+}

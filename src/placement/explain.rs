@@ -1,0 +1,368 @@
+//! Deciding the stage count, and saying in words why there is no plan: which
+//! shard, how much memory, the best device there is, and what excluded the rest.
+
+use super::compile::CNode;
+use super::evaluate::{Context, Exclusion};
+use super::plan::Unsatisfiable;
+use super::problem::{Problem, Stages};
+use crate::api::GIB;
+
+fn gib(bytes: f64) -> String {
+    format!("{:.1} GiB", bytes / GIB)
+}
+
+fn unsat(reason: String, details: Vec<String>) -> Unsatisfiable {
+    Unsatisfiable { reason, details }
+}
+
+pub(crate) fn exclusion_text(e: &Exclusion, p: &Problem) -> String {
+    match e {
+        Exclusion::Unhealthy(Some(r)) => format!("unhealthy ({r})"),
+        Exclusion::Unhealthy(None) => "unhealthy".into(),
+        Exclusion::TooHot(t) => format!(
+            "at {t:.0} °C, not below the {:.0} °C limit",
+            p.max_temperature_c
+        ),
+        Exclusion::BadTelemetry => "reports no usable throughput or bandwidth".into(),
+        Exclusion::Vendor => format!("vendor not in {:?}", p.selector.vendors),
+        Exclusion::Product => format!("product not matching {:?}", p.selector.products),
+        Exclusion::NodeSelector => "node does not match the node selector".into(),
+        Exclusion::TooLittleMemory { free, need } => format!(
+            "{} free, one layer needs {}",
+            gib(*free),
+            gib(*need)
+        ),
+    }
+}
+
+/// Problems no cluster could satisfy, caught before looking at devices.
+pub(crate) fn check_shape(p: &Problem) -> Result<(), Unsatisfiable> {
+    let m = &p.model;
+    let numbers_ok = [
+        m.weight_bytes_per_layer,
+        m.kv_bytes_per_layer,
+        m.overhead_bytes_per_device,
+        m.activation_bytes_per_token,
+        m.flops_per_layer_token,
+    ]
+    .iter()
+    .all(|v| v.is_finite() && *v >= 0.0)
+        && m.weight_bytes_per_layer > 0.0;
+    if !numbers_ok || m.layers == 0 || p.tensor == 0 {
+        return Err(unsat(
+            "the model needs a positive size, at least one layer and a tensor size of at least 1"
+                .into(),
+            vec![],
+        ));
+    }
+    if let Stages::Fixed(k) = p.stages {
+        if k == 0 {
+            return Err(unsat("pipeline needs at least one stage".into(), vec![]));
+        }
+        if k > m.layers {
+            return Err(unsat(
+                format!(
+                    "pipeline={k} stages for {} layers: every stage needs at least one layer",
+                    m.layers
+                ),
+                vec![],
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One line per reason devices were excluded, with a few examples each.
+fn exclusion_details(ctx: &Context) -> Vec<String> {
+    let p = ctx.p;
+    let kinds = [
+        "unhealthy",
+        "too hot",
+        "bad telemetry",
+        "vendor",
+        "product",
+        "node selector",
+        "too little free memory",
+    ];
+    let mut seen: Vec<Vec<String>> = vec![Vec::new(); kinds.len()];
+    for (n, ex) in p.nodes.iter().zip(&ctx.exclusions) {
+        for (d, e) in n.devices.iter().zip(ex) {
+            let Some(e) = e else { continue };
+            let slot = match e {
+                Exclusion::Unhealthy(_) => 0,
+                Exclusion::TooHot(_) => 1,
+                Exclusion::BadTelemetry => 2,
+                Exclusion::Vendor => 3,
+                Exclusion::Product => 4,
+                Exclusion::NodeSelector => 5,
+                Exclusion::TooLittleMemory { .. } => 6,
+            };
+            seen[slot].push(format!("{}/{}: {}", n.name, d.id, exclusion_text(e, p)));
+        }
+    }
+    kinds
+        .iter()
+        .zip(seen)
+        .filter(|(_, s)| !s.is_empty())
+        .map(|(kind, s)| {
+            let more = if s.len() > 3 {
+                format!(" and {} more", s.len() - 3)
+            } else {
+                String::new()
+            };
+            format!(
+                "{} device(s) excluded ({kind}): {}{more}",
+                s.len(),
+                s[..s.len().min(3)].join("; ")
+            )
+        })
+        .collect()
+}
+
+fn device_total(p: &Problem) -> usize {
+    p.nodes.iter().map(|n| n.devices.len()).sum()
+}
+
+/// The largest free device among the healthy, allowed ones (ignoring memory),
+/// which is what a person compares a shard's need with.
+fn largest_free_device(ctx: &Context) -> Option<(f64, String, String)> {
+    let mut best: Option<(f64, String, String)> = None;
+    for (ni, n) in ctx.p.nodes.iter().enumerate() {
+        for (di, d) in n.devices.iter().enumerate() {
+            let usable = matches!(
+                ctx.exclusions[ni][di],
+                None | Some(Exclusion::TooLittleMemory { .. })
+            );
+            let free = d.memory_free_bytes as f64;
+            if usable && best.as_ref().is_none_or(|b| free > b.0) {
+                best = Some((free, n.name.clone(), d.id.clone()));
+            }
+        }
+    }
+    best
+}
+
+/// Decides how many stages to plan, or why no count works.
+/// `chunks` are the disjoint groups of largest capacity, largest first.
+pub(crate) fn stage_count(
+    ctx: &Context,
+    nodes: &[CNode],
+    chunks: &[(u32, usize, Vec<usize>)],
+) -> Result<u32, Unsatisfiable> {
+    let p = ctx.p;
+    let m = &p.model;
+    let t = p.tensor;
+    let details = exclusion_details(ctx);
+    let total = device_total(p);
+    if total == 0 {
+        return Err(unsat(
+            "the cluster has no GPUs: no node reports any device".into(),
+            vec![],
+        ));
+    }
+    let eligible: usize = ctx.exclusions.iter().flatten().filter(|e| e.is_none()).count();
+    if eligible == 0 {
+        let reason = match largest_free_device(ctx) {
+            Some((free, node, id)) if details.iter().all(|d| d.contains("too little free memory")) => {
+                format!(
+                    "no GPU can hold even one layer: one layer needs {} per GPU (with tensor={t}), the largest free GPU has {} ({node}/{id})",
+                    gib(m.overhead_bytes_per_device
+                        + (m.weight_bytes_per_layer + m.kv_bytes_per_layer) / f64::from(t)),
+                    gib(free)
+                )
+            }
+            _ => format!("none of the cluster's {total} GPUs can take a shard"),
+        };
+        return Err(unsat(reason, details));
+    }
+    if nodes.is_empty() {
+        let (most, node) = ctx
+            .p
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(ni, n)| {
+                let count = ctx.exclusions[ni].iter().filter(|e| e.is_none()).count();
+                (count, n.name.as_str())
+            })
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)))
+            .unwrap_or((0, ""));
+        return Err(unsat(
+            format!(
+                "tensor={t} needs {t} eligible GPUs on one node; the most any node has is {most} ({node})"
+            ),
+            details,
+        ));
+    }
+    let layers = u64::from(m.layers);
+    let need_bytes =
+        f64::from(m.layers) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer);
+    let prefix = |k: usize| -> u64 { chunks.iter().take(k).map(|c| u64::from(c.0)).sum() };
+    let groups_word = if t == 1 {
+        "GPUs".to_string()
+    } else {
+        format!("groups of {t} GPUs")
+    };
+    match p.stages {
+        Stages::Fixed(k) => {
+            if (k as usize) > chunks.len() {
+                return Err(unsat(
+                    format!(
+                        "pipeline={k} × tensor={t} needs {k} separate {groups_word} on one node each; the eligible GPUs make only {}",
+                        chunks.len()
+                    ),
+                    details,
+                ));
+            }
+            let held = prefix(k as usize);
+            if held < layers {
+                let per_shard = m.layers.div_ceil(k);
+                let shard_need = m.overhead_bytes_per_device
+                    + f64::from(per_shard) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer)
+                        / f64::from(t);
+                let largest = largest_free_device(ctx)
+                    .map(|(f, node, id)| format!("; the largest free GPU has {} ({node}/{id})", gib(f)))
+                    .unwrap_or_default();
+                let mut d = vec![format!(
+                    "the model needs {} for {} layers plus {} per GPU; the {k} largest {groups_word} hold {held} layers",
+                    gib(need_bytes),
+                    m.layers,
+                    gib(m.overhead_bytes_per_device)
+                )];
+                d.extend(details);
+                return Err(unsat(
+                    format!(
+                        "pipeline={k} × tensor={t} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. Use more stages, a larger tensor size or a smaller dtype",
+                        gib(shard_need)
+                    ),
+                    d,
+                ));
+            }
+            Ok(k)
+        }
+        Stages::Auto => {
+            let mut sum = 0u64;
+            for (i, c) in chunks.iter().enumerate() {
+                sum += u64::from(c.0);
+                if sum >= layers {
+                    return Ok(u32::try_from(i + 1).unwrap_or(u32::MAX).min(m.layers));
+                }
+            }
+            let mut d = vec![format!(
+                "all {} eligible {groups_word} together hold {sum} of {} layers",
+                chunks.len(),
+                m.layers
+            )];
+            d.extend(details);
+            Err(unsat(
+                format!(
+                    "the model needs {} for {} layers plus {} per GPU; the whole cluster's eligible GPUs hold only {sum} of its {} layers",
+                    gib(need_bytes),
+                    m.layers,
+                    gib(m.overhead_bytes_per_device),
+                    m.layers
+                ),
+                d,
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::super::{SolveOptions, solve};
+    use super::*;
+
+    fn reason(p: &Problem) -> Unsatisfiable {
+        solve(p, &SolveOptions::default()).unwrap_err()
+    }
+
+    #[test]
+    fn empty_cluster() {
+        let p = problem(vec![], 7, 1, Stages::Auto);
+        assert_eq!(reason(&p).reason, "the cluster has no GPUs: no node reports any device");
+    }
+
+    #[test]
+    fn every_device_excluded_lists_why() {
+        let mut p = problem(vec![node("a", 3, H100)], 7, 1, Stages::Auto);
+        p.nodes[0].devices[0].healthy = false;
+        p.nodes[0].devices[0].health_reason = Some("Xid 79".into());
+        p.nodes[0].devices[1].temperature_c = Some(95.0);
+        p.selector.vendors = vec!["amd".into()];
+        let u = reason(&p);
+        assert!(u.reason.contains("none of the cluster's 3 GPUs"), "{}", u.reason);
+        let all = u.details.join("\n");
+        assert!(all.contains("unhealthy (Xid 79)"), "{all}");
+        assert!(all.contains("95 °C"), "{all}");
+        assert!(all.contains("vendor not in [\"amd\"]"), "{all}");
+    }
+
+    #[test]
+    fn product_and_node_selector_exclusions() {
+        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
+        p.selector.products = vec!["MI300".into()];
+        assert!(reason(&p).details[0].contains("product not matching"));
+        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
+        p.selector.node_labels.insert("pool".into(), "inference".into());
+        assert!(reason(&p).details[0].contains("node selector"));
+    }
+
+    #[test]
+    fn no_device_holds_a_layer() {
+        let mut p = problem(vec![node("a", 2, RTX4090)], 7, 1, Stages::Auto);
+        p.model.overhead_bytes_per_device = 30.0 * GIB;
+        let u = reason(&p);
+        assert!(u.reason.starts_with("no GPU can hold even one layer"), "{}", u.reason);
+        assert!(u.reason.contains("24.0 GiB (a/a-0)"), "{}", u.reason);
+    }
+
+    #[test]
+    fn tensor_larger_than_any_node() {
+        let p = problem(
+            vec![node("a", 4, H100), node("b", 2, H100)],
+            7,
+            8,
+            Stages::Auto,
+        );
+        assert_eq!(
+            reason(&p).reason,
+            "tensor=8 needs 8 eligible GPUs on one node; the most any node has is 4 (a)"
+        );
+    }
+
+    #[test]
+    fn too_many_stages_for_the_groups() {
+        let p = problem(vec![node("a", 4, H100)], 7, 2, Stages::Fixed(3));
+        assert!(
+            reason(&p)
+                .reason
+                .contains("needs 3 separate groups of 2 GPUs on one node each; the eligible GPUs make only 2"),
+        );
+    }
+
+    #[test]
+    fn fixed_pipeline_too_small_names_shard_need_and_largest_device() {
+        // 70B bf16 over two 24 GiB cards cannot work.
+        let p = problem(vec![node("b", 2, RTX4090)], 70, 1, Stages::Fixed(2));
+        let u = reason(&p);
+        assert!(u.reason.contains("each shard needs"), "{}", u.reason);
+        assert!(u.reason.contains("the largest free GPU has 24.0 GiB (b/b-0)"), "{}", u.reason);
+        assert!(u.details[0].contains("hold"), "{:?}", u.details);
+    }
+
+    #[test]
+    fn model_larger_than_cluster() {
+        let p = problem(vec![node("b", 2, RTX4090)], 405, 1, Stages::Auto);
+        let u = reason(&p);
+        assert!(u.reason.contains("hold only"), "{}", u.reason);
+    }
+
+    #[test]
+    fn more_stages_than_layers() {
+        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Fixed(40));
+        p.model.layers = 32;
+        assert!(reason(&p).reason.contains("every stage needs at least one layer"));
+    }
+}

@@ -1,0 +1,43 @@
+//! The placement solver: `Problem -> Result<Plan, Unsatisfiable>`.
+//!
+//! Pure and deterministic: no Kubernetes types, no async, no clock except the
+//! deadline the caller injects. The same problem with the same step budget always
+//! gives the same plan.
+//!
+//! The search works on *groups*: `tensor` eligible devices on one node that can
+//! hold at least one layer. A plan is a set of `k` disjoint groups (one per
+//! pipeline stage); stages are put in pipeline order afterwards (by network
+//! position), so the order in which the search picks groups carries no meaning
+//! and the search only enumerates sets. See `search` for the algorithm.
+
+mod compile;
+mod evaluate;
+mod exhaustive;
+mod explain;
+mod plan;
+mod problem;
+mod search;
+
+pub use evaluate::{StageChoice, evaluate};
+pub use exhaustive::best_by_enumeration;
+pub use plan::{Performance, Plan, Score, StageParts, StagePlan, Unsatisfiable};
+pub use problem::{
+    Deadline, Device, Link, LinkKind, ModelShape, NodeState, Problem, Selector, SolveOptions,
+    Stages, Weights,
+};
+
+/// Finds the best plan within the options' budget.
+pub fn solve(problem: &Problem, options: &SolveOptions) -> Result<Plan, Unsatisfiable> {
+    let c = compile::Compiled::new(problem)?;
+    search::run(&c, options)
+}
+
+/// The greedy answer alone: what `solve` falls back to when the deadline hits
+/// before the search has found anything better.
+pub fn solve_greedy(problem: &Problem) -> Result<Plan, Unsatisfiable> {
+    let c = compile::Compiled::new(problem)?;
+    search::greedy(&c)
+}
+
+#[cfg(test)]
+mod testutil;

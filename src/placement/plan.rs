@@ -1,0 +1,82 @@
+//! What the solver answers: a plan (or the reason there is none).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Stages in pipeline order; shard `i` is `stages[i]`.
+    pub stages: Vec<StagePlan>,
+    pub score: Score,
+    /// True when the search finished: no plan for this problem scores higher.
+    /// False when the step budget or the deadline stopped it first.
+    pub optimal: bool,
+    /// Search steps spent (candidate groups tried).
+    pub steps: u64,
+    pub performance: Performance,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StagePlan {
+    pub node: String,
+    pub devices: Vec<String>,
+    pub device_indices: Vec<u32>,
+    /// Layers `layer_start..layer_end` run on this stage.
+    pub layer_start: u32,
+    pub layer_end: u32,
+    /// Predicted memory on each device of the stage.
+    pub memory_per_device_bytes: f64,
+    pub parts: StageParts,
+}
+
+impl StagePlan {
+    pub fn layers(&self) -> u32 {
+        self.layer_end - self.layer_start
+    }
+}
+
+/// One stage's share of the score parts, each in 0..=1 (higher is better).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageParts {
+    pub compute: f64,
+    /// Free memory left on the tightest device of the stage, as a fraction.
+    pub memory: f64,
+    pub thermal: f64,
+    pub bandwidth: f64,
+    /// Cost of the hop to the next stage (0 = same node over NVLink/xGMI, 1 = across zones).
+    pub next_hop_cost: f64,
+}
+
+/// The objective. Every part is in 0..=1; `total` is their weighted sum with the
+/// weights normalised to add up to one.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Score {
+    pub total: f64,
+    pub compute: f64,
+    pub memory: f64,
+    pub network: f64,
+    pub thermal: f64,
+    pub bandwidth: f64,
+}
+
+/// Predicted single-stream decode speed of a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Performance {
+    pub tokens_per_second: f64,
+    /// Time each stage spends on one token, in milliseconds.
+    pub stage_ms: Vec<f64>,
+    /// Time each hop to the next stage spends on one token's activations.
+    pub transfer_ms: Vec<f64>,
+}
+
+/// No plan exists. `reason` is one sentence a person can act on; `details` list
+/// what excluded the rest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("{reason}")]
+pub struct Unsatisfiable {
+    pub reason: String,
+    pub details: Vec<String>,
+}

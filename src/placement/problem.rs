@@ -1,0 +1,168 @@
+//! What the solver is asked: devices grouped by node, where the nodes sit in the
+//! network, and what the model needs. Built by the controller (or the CLI) from
+//! Kubernetes objects; the solver never sees those.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    pub nodes: Vec<NodeState>,
+    pub model: ModelShape,
+    /// Devices per shard, all on one node.
+    pub tensor: u32,
+    pub stages: Stages,
+    pub weights: Weights,
+    /// Devices at or above this temperature are excluded.
+    pub max_temperature_c: f64,
+    pub selector: Selector,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stages {
+    /// The fewest stages that hold the model, then the best score.
+    Auto,
+    Fixed(u32),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeState {
+    pub name: String,
+    /// Network position: nodes sharing a rack are closer than nodes sharing only
+    /// a zone, which are closer than nodes in different zones.
+    pub zone: Option<String>,
+    pub rack: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub devices: Vec<Device>,
+    pub links: Vec<Link>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Device {
+    pub id: String,
+    pub index: u32,
+    /// Lower-case vendor name (`nvidia`, `amd`).
+    pub vendor: String,
+    pub product: String,
+    pub memory_total_bytes: u64,
+    pub memory_free_bytes: u64,
+    pub fp16_tflops: f64,
+    pub memory_bandwidth_gbps: f64,
+    pub temperature_c: Option<f64>,
+    pub healthy: bool,
+    pub health_reason: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum LinkKind {
+    NvLink,
+    Xgmi,
+    Pcie,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    pub a: String,
+    pub b: String,
+    pub kind: LinkKind,
+    pub bandwidth_gbps: f64,
+}
+
+/// The model as the solver sees it: bytes and FLOPs per layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelShape {
+    pub layers: u32,
+    pub weight_bytes_per_layer: f64,
+    pub kv_bytes_per_layer: f64,
+    /// Needed on every device regardless of its share of layers.
+    pub overhead_bytes_per_device: f64,
+    /// Bytes of activations one token carries from one stage to the next.
+    pub activation_bytes_per_token: f64,
+    /// Floating-point operations one layer spends on one decoded token.
+    pub flops_per_layer_token: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Selector {
+    /// Allowed vendors; empty allows all.
+    pub vendors: Vec<String>,
+    /// Allowed products as case-insensitive substrings; empty allows all.
+    pub products: Vec<String>,
+    /// Labels a node must carry.
+    pub node_labels: BTreeMap<String, String>,
+}
+
+/// Relative weights of the score parts; normalised by their sum when scoring.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Weights {
+    pub compute: f64,
+    pub memory: f64,
+    pub network: f64,
+    pub thermal: f64,
+    pub bandwidth: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Self {
+            compute: 0.40,
+            memory: 0.30,
+            network: 0.15,
+            thermal: 0.10,
+            bandwidth: 0.05,
+        }
+    }
+}
+
+impl Weights {
+    /// The weights scaled to sum to one (all-zero weights count parts equally).
+    pub fn normalized(self) -> Weights {
+        let parts = [
+            self.compute,
+            self.memory,
+            self.network,
+            self.thermal,
+            self.bandwidth,
+        ]
+        .map(|w| if w.is_finite() { w.max(0.0) } else { 0.0 });
+        let sum: f64 = parts.iter().sum();
+        if sum <= 0.0 {
+            return Weights {
+                compute: 0.2,
+                memory: 0.2,
+                network: 0.2,
+                thermal: 0.2,
+                bandwidth: 0.2,
+            };
+        }
+        Weights {
+            compute: parts[0] / sum,
+            memory: parts[1] / sum,
+            network: parts[2] / sum,
+            thermal: parts[3] / sum,
+            bandwidth: parts[4] / sum,
+        }
+    }
+}
+
+/// The only clock the solver knows: whoever calls it decides what "too late" is.
+pub trait Deadline {
+    fn expired(&self) -> bool;
+}
+
+/// How long the solver may search. `max_steps` bounds the search deterministically
+/// (the same input always stops at the same point); the deadline bounds wall time.
+pub struct SolveOptions<'a> {
+    pub deadline: Option<&'a dyn Deadline>,
+    pub max_steps: u64,
+}
+
+impl Default for SolveOptions<'_> {
+    fn default() -> Self {
+        Self {
+            deadline: None,
+            max_steps: 2_000_000,
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Properties of the solver on random small clusters: plans obey every hard
+//! constraint, branch-and-bound finds the same optimum as plain enumeration, and
+//! the same input gives the same plan.
+
+use std::collections::{BTreeMap, HashSet};
+
+use proptest::prelude::*;
+use tessera::placement::{
+    Device, Link, LinkKind, ModelShape, NodeState, Plan, Problem, Selector, SolveOptions, Stages,
+    Weights, best_by_enumeration, solve,
+};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// (product, memory GiB, TFLOPS, GB/s)
+const KINDS: [(&str, f64, f64, f64); 4] = [
+    ("H100", 80.0, 989.0, 3350.0),
+    ("A100", 40.0, 312.0, 1555.0),
+    ("MI300X", 192.0, 1307.0, 5300.0),
+    ("RTX4090", 24.0, 165.0, 1008.0),
+];
+
+#[derive(Clone, Debug)]
+struct DeviceSpec {
+    kind: usize,
+    used_eighths: u8,
+    temperature: u8,
+    healthy: bool,
+}
+
+#[derive(Clone, Debug)]
+struct NodeSpec {
+    devices: Vec<DeviceSpec>,
+    zone: u8,
+    rack: u8,
+    nvlink: bool,
+}
+
+fn device_spec() -> impl Strategy<Value = DeviceSpec> {
+    (0..4usize, 0..6u8, 0..4u8, proptest::bool::weighted(0.9)).prop_map(
+        |(kind, used_eighths, temperature, healthy)| DeviceSpec {
+            kind,
+            used_eighths,
+            temperature,
+            healthy,
+        },
+    )
+}
+
+fn node_spec() -> impl Strategy<Value = NodeSpec> {
+    (
+        // Nodes of one kind are the common case and exercise twin symmetry.
+        prop_oneof![
+            (0..4usize, 1..7usize, 0..2u8).prop_map(|(kind, n, temp)| vec![
+                DeviceSpec {
+                    kind,
+                    used_eighths: 0,
+                    temperature: temp,
+                    healthy: true
+                };
+                n
+            ]),
+            proptest::collection::vec(device_spec(), 1..7),
+        ],
+        0..2u8,
+        0..2u8,
+        any::<bool>(),
+    )
+        .prop_map(|(devices, zone, rack, nvlink)| NodeSpec {
+            devices,
+            zone,
+            rack,
+            nvlink,
+        })
+}
+
+fn build(
+    nodes: &[NodeSpec],
+    billions: f64,
+    tensor: u32,
+    stages: Stages,
+    weights: Weights,
+) -> Problem {
+    let layers = 24u32;
+    let params = billions * 1e9;
+    let mut out = Vec::new();
+    let mut total = 0;
+    for (ni, spec) in nodes.iter().enumerate() {
+        let name = format!("n{ni}");
+        let mut devices = Vec::new();
+        for (di, d) in spec.devices.iter().enumerate() {
+            if total == 14 {
+                break;
+            }
+            total += 1;
+            let (product, gib, tflops, bw) = KINDS[d.kind];
+            let bytes = (gib * GIB) as u64;
+            devices.push(Device {
+                id: format!("{name}-{di}"),
+                index: di as u32,
+                vendor: if product == "MI300X" { "amd" } else { "nvidia" }.into(),
+                product: product.into(),
+                memory_total_bytes: bytes,
+                memory_free_bytes: bytes - bytes / 8 * u64::from(d.used_eighths),
+                fp16_tflops: tflops,
+                memory_bandwidth_gbps: bw,
+                temperature_c: Some([40.0, 55.0, 70.0, 90.0][d.temperature as usize]),
+                healthy: d.healthy,
+                health_reason: (!d.healthy).then(|| "Xid 79".to_string()),
+            });
+        }
+        let mut links = Vec::new();
+        for a in 0..devices.len() {
+            for b in a + 1..devices.len() {
+                // NVLink nodes pair even devices with the next odd one; the rest is PCIe.
+                let fast = spec.nvlink && a % 2 == 0 && b == a + 1;
+                links.push(Link {
+                    a: devices[a].id.clone(),
+                    b: devices[b].id.clone(),
+                    kind: if fast { LinkKind::NvLink } else { LinkKind::Pcie },
+                    bandwidth_gbps: if fast { 600.0 } else { 32.0 },
+                });
+            }
+        }
+        out.push(NodeState {
+            name,
+            zone: Some(format!("z{}", spec.zone)),
+            rack: Some(format!("r{}", spec.rack)),
+            labels: BTreeMap::new(),
+            devices,
+            links,
+        });
+    }
+    Problem {
+        nodes: out,
+        model: ModelShape {
+            layers,
+            weight_bytes_per_layer: params * 2.0 / f64::from(layers),
+            kv_bytes_per_layer: 0.1 * GIB,
+            overhead_bytes_per_device: GIB,
+            activation_bytes_per_token: 8192.0,
+            flops_per_layer_token: 2.0 * params / f64::from(layers),
+        },
+        tensor,
+        stages,
+        weights,
+        max_temperature_c: 85.0,
+        selector: Selector::default(),
+    }
+}
+
+fn problem_strategy() -> impl Strategy<Value = Problem> {
+    (
+        proptest::collection::vec(node_spec(), 1..6),
+        prop_oneof![Just(7.0), Just(13.0), Just(34.0), Just(70.0), Just(180.0)],
+        prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
+        prop_oneof![Just(Stages::Auto), (1..=6u32).prop_map(Stages::Fixed)],
+        prop_oneof![
+            3 => Just(Weights::default()),
+            1 => (0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64).prop_map(
+                |(compute, memory, network, thermal, bandwidth)| Weights {
+                    compute,
+                    memory,
+                    network,
+                    thermal,
+                    bandwidth
+                }
+            ),
+        ],
+    )
+        .prop_map(|(nodes, billions, tensor, stages, weights)| {
+            build(&nodes, billions, tensor, stages, weights)
+        })
+}
+
+fn check_hard_constraints(p: &Problem, plan: &Plan) -> Result<(), TestCaseError> {
+    let mut used = HashSet::new();
+    let mut next_layer = 0;
+    if let Stages::Fixed(k) = p.stages {
+        prop_assert_eq!(plan.stages.len(), k as usize);
+    }
+    for s in &plan.stages {
+        let node = p.nodes.iter().find(|n| n.name == s.node);
+        prop_assert!(node.is_some(), "unknown node {}", s.node);
+        let node = node.unwrap();
+        prop_assert_eq!(s.devices.len(), p.tensor as usize, "tensor group size");
+        prop_assert_eq!(s.layer_start, next_layer, "layers are contiguous");
+        prop_assert!(s.layer_end > s.layer_start, "every stage has a layer");
+        next_layer = s.layer_end;
+        for id in &s.devices {
+            prop_assert!(used.insert((s.node.clone(), id.clone())), "{} used twice", id);
+            let d = node.devices.iter().find(|d| &d.id == id);
+            prop_assert!(d.is_some(), "device {} is on the stage's node", id);
+            let d = d.unwrap();
+            prop_assert!(d.healthy, "{} is unhealthy", id);
+            prop_assert!(d.temperature_c.unwrap_or(0.0) < p.max_temperature_c);
+            prop_assert!(
+                s.memory_per_device_bytes <= d.memory_free_bytes as f64 + 1.0,
+                "{} needs {} but has {}",
+                id,
+                s.memory_per_device_bytes,
+                d.memory_free_bytes
+            );
+        }
+    }
+    prop_assert_eq!(next_layer, p.model.layers, "all layers placed");
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn search_matches_enumeration_and_obeys_constraints(p in problem_strategy()) {
+        let solved = solve(&p, &SolveOptions::default());
+        let reference = best_by_enumeration(&p);
+        match (&solved, &reference) {
+            (Ok(plan), Some(best)) => {
+                check_hard_constraints(&p, plan)?;
+                prop_assert!(plan.optimal, "the search finished within its budget");
+                prop_assert!(
+                    (plan.score.total - best.score.total).abs() < 1e-9,
+                    "search {} vs enumeration {}", plan.score.total, best.score.total
+                );
+                prop_assert_eq!(plan.stages.len(), best.stages.len());
+            }
+            (Err(_), None) => {}
+            (Ok(plan), None) => prop_assert!(false, "search found a plan enumeration did not: {:?}", plan),
+            (Err(u), Some(_)) => prop_assert!(false, "search says unsatisfiable ({}) but a plan exists", u),
+        }
+    }
+
+    #[test]
+    fn same_input_same_plan(p in problem_strategy()) {
+        let a = solve(&p, &SolveOptions::default());
+        let b = solve(&p, &SolveOptions::default());
+        prop_assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_tiny_step_budget_still_answers_with_a_valid_plan(p in problem_strategy()) {
+        let opts = SolveOptions { deadline: None, max_steps: 1 };
+        if let Ok(plan) = solve(&p, &opts) {
+            check_hard_constraints(&p, &plan)?;
+        }
+    }
+}
+
