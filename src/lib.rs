@@ -2,4 +2,6 @@
 //! every shard to the devices it was planned for.
 
 pub mod api;
+pub mod cli;
+pub mod controller;
 pub mod placement;

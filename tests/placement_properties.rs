@@ -107,6 +107,7 @@ fn build(
                 temperature_c: Some([40.0, 55.0, 70.0, 90.0][d.temperature as usize]),
                 healthy: d.healthy,
                 health_reason: (!d.healthy).then(|| "Xid 79".to_string()),
+                allocated_to: None,
             });
         }
         let mut links = Vec::new();
@@ -117,7 +118,11 @@ fn build(
                 links.push(Link {
                     a: devices[a].id.clone(),
                     b: devices[b].id.clone(),
-                    kind: if fast { LinkKind::NvLink } else { LinkKind::Pcie },
+                    kind: if fast {
+                        LinkKind::NvLink
+                    } else {
+                        LinkKind::Pcie
+                    },
                     bandwidth_gbps: if fast { 600.0 } else { 32.0 },
                 });
             }
@@ -188,7 +193,11 @@ fn check_hard_constraints(p: &Problem, plan: &Plan) -> Result<(), TestCaseError>
         prop_assert!(s.layer_end > s.layer_start, "every stage has a layer");
         next_layer = s.layer_end;
         for id in &s.devices {
-            prop_assert!(used.insert((s.node.clone(), id.clone())), "{} used twice", id);
+            prop_assert!(
+                used.insert((s.node.clone(), id.clone())),
+                "{} used twice",
+                id
+            );
             let d = node.devices.iter().find(|d| &d.id == id);
             prop_assert!(d.is_some(), "device {} is on the stage's node", id);
             let d = d.unwrap();
@@ -245,4 +254,3 @@ proptest! {
         }
     }
 }
-

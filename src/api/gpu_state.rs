@@ -304,10 +304,7 @@ mod tests {
             ),
             (|s| s.devices[0].fp16_tflops = -1.0, "fp16Tflops"),
             (|s| s.devices[0].id = " ".into(), "empty id"),
-            (
-                |s| s.devices.push(s.devices[0].clone()),
-                "appears twice",
-            ),
+            (|s| s.devices.push(s.devices[0].clone()), "appears twice"),
             (
                 |s| {
                     s.links.push(GpuLink {

@@ -9,9 +9,8 @@ pub use gpu_state::{
     GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState, Vendor,
 };
 pub use model_instance::{
-    DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus,
-    ModelSpec, ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard,
-    ScoreWeights, crd_yaml,
+    DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec,
+    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ScoreWeights, crd_yaml,
 };
 
 /// API group of every tessera custom resource.

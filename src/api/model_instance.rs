@@ -34,7 +34,11 @@ use super::GIB;
         json_path = ".status.predictedTokensPerSecond",
         priority = 1
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(validation = Rule::new(
     "type(self.parallelism.pipeline) == string || self.parallelism.pipeline <= self.model.layers"
@@ -459,9 +463,7 @@ impl ModelInstanceSpec {
         ];
         for (name, v) in parts {
             if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                p.push(format!(
-                    "placement.weights.{name}: {v} is outside 0 to 1"
-                ));
+                p.push(format!("placement.weights.{name}: {v} is outside 0 to 1"));
             }
         }
         if parts.iter().map(|(_, v)| v.max(0.0)).sum::<f64>() <= 0.0 {
@@ -571,21 +573,25 @@ model:
         }
         let json = serde_json::to_string(&PipelineStages::Fixed(3)).unwrap();
         assert_eq!(json, "3");
-        assert_eq!(serde_json::to_string(&PipelineStages::Auto).unwrap(), "\"auto\"");
+        assert_eq!(
+            serde_json::to_string(&PipelineStages::Auto).unwrap(),
+            "\"auto\""
+        );
     }
 
     #[test]
     fn malformed_fields_are_parse_errors() {
-        for (extra, frag) in [
-            ("  layers: -1\n", "layers"),
-            ("  dtype: fp7\n", "fp7"),
-        ] {
+        for (extra, frag) in [("  layers: -1\n", "layers"), ("  dtype: fp7\n", "fp7")] {
             let yaml = MINIMAL.replace("  layers: 32\n", "") + extra;
             let e = parse(&yaml).unwrap_err();
             assert!(e.contains(frag), "{e}");
         }
         assert!(parse("model: 3").is_err());
-        assert!(parse("parallelism: {tensor: 2}").unwrap_err().contains("model"));
+        assert!(
+            parse("parallelism: {tensor: 2}")
+                .unwrap_err()
+                .contains("model")
+        );
     }
 
     #[test]
@@ -647,7 +653,10 @@ model:
     #[test]
     fn crd_has_the_public_names_and_rules() {
         let crd = ModelInstance::crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("modelinstances.tessera.dev"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("modelinstances.tessera.dev")
+        );
         assert_eq!(crd.spec.names.short_names, Some(vec!["mi".to_string()]));
         assert_eq!(crd.spec.scope, "Namespaced");
         let yaml = crd_yaml();

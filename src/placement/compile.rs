@@ -101,7 +101,11 @@ impl<'p> Compiled<'p> {
         let max_free = groups.iter().map(|g| g.free).fold(0.0, f64::max);
         let w = ctx.w;
         let key = |g: &Group| {
-            let free = if max_free > 0.0 { g.free / max_free } else { 0.0 };
+            let free = if max_free > 0.0 {
+                g.free / max_free
+            } else {
+                0.0
+            };
             g.additive + w.memory * free - w.network * g.intra_cost
         };
         groups.sort_by(|a, b| {
@@ -271,7 +275,10 @@ fn capacity_chunks(ctx: &Context, nodes: &[CNode], t: usize) -> Vec<(u32, usize,
             }
         }
     }
-    chunks.sort_by(|a, b| b.0.cmp(&a.0).then(ctx.rank_of_node[a.1].cmp(&ctx.rank_of_node[b.1])));
+    chunks.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then(ctx.rank_of_node[a.1].cmp(&ctx.rank_of_node[b.1]))
+    });
     chunks
 }
 
@@ -322,7 +329,11 @@ mod tests {
     #[test]
     fn identical_nodes_are_twins_in_order() {
         let p = problem(
-            vec![node("a", 2, H100), node("b", 2, H100), node("c", 2, RTX4090)],
+            vec![
+                node("a", 2, H100),
+                node("b", 2, H100),
+                node("c", 2, RTX4090),
+            ],
             8,
             1,
             Stages::Fixed(1),

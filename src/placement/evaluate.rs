@@ -11,6 +11,7 @@ use super::problem::{Device, LinkKind, NodeState, Problem, Weights};
 /// Why a device cannot take part in any plan.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Exclusion {
+    Allocated(String),
     Unhealthy(Option<String>),
     TooHot(f64),
     BadTelemetry,
@@ -18,7 +19,10 @@ pub(crate) enum Exclusion {
     Product,
     NodeSelector,
     /// Free bytes vs. bytes one layer (plus overhead) needs on one device.
-    TooLittleMemory { free: f64, need: f64 },
+    TooLittleMemory {
+        free: f64,
+        need: f64,
+    },
 }
 
 /// A stage given by names, as a caller outside the solver knows it.
@@ -80,7 +84,9 @@ impl NodeLinks {
         for l in &node.links {
             if let (Some(&a), Some(&b)) = (pos.get(l.a.as_str()), pos.get(l.b.as_str())) {
                 // Keep the best link when a pair is listed twice (e.g. once per direction).
-                let entry = by_pair.entry(pair(a, b)).or_insert((l.kind, l.bandwidth_gbps));
+                let entry = by_pair
+                    .entry(pair(a, b))
+                    .or_insert((l.kind, l.bandwidth_gbps));
                 if l.kind < entry.0 || (l.kind == entry.0 && l.bandwidth_gbps > entry.1) {
                     *entry = (l.kind, l.bandwidth_gbps);
                 }
@@ -224,9 +230,7 @@ impl<'p> Context<'p> {
         let mut worst: f64 = 0.0;
         for (i, &a) in devices.iter().enumerate() {
             for &b in &devices[i + 1..] {
-                worst = worst.max(tensor_link_cost(
-                    self.links[node].get(a, b).map(|(k, _)| k),
-                ));
+                worst = worst.max(tensor_link_cost(self.links[node].get(a, b).map(|(k, _)| k)));
             }
         }
         worst
@@ -390,9 +394,8 @@ impl<'p> Context<'p> {
             if i + 1 < ordered.len() {
                 network_cost += next_hop_cost;
                 let (bytes_per_s, latency) = hop_transfer(next_hop_cost);
-                transfer_ms.push(
-                    (p.model.activation_bytes_per_token / bytes_per_s + latency) * 1e3,
-                );
+                transfer_ms
+                    .push((p.model.activation_bytes_per_token / bytes_per_s + latency) * 1e3);
             }
             let memory = p.model.overhead_bytes_per_device
                 + f64::from(layers[i]) * self.layer_bytes / tensor;
@@ -404,7 +407,10 @@ impl<'p> Context<'p> {
                     .iter()
                     .map(|&d| self.device(*node, d).id.clone())
                     .collect(),
-                device_indices: sorted.iter().map(|&d| self.device(*node, d).index).collect(),
+                device_indices: sorted
+                    .iter()
+                    .map(|&d| self.device(*node, d).index)
+                    .collect(),
                 layer_start: start,
                 layer_end: start + layers[i],
                 memory_per_device_bytes: memory,
@@ -488,6 +494,9 @@ fn ratio(v: f64, max: f64) -> f64 {
 }
 
 fn exclusion(p: &Problem, node_ok: bool, d: &Device, need_one_layer: f64) -> Option<Exclusion> {
+    if let Some(holder) = &d.allocated_to {
+        return Some(Exclusion::Allocated(holder.clone()));
+    }
     if !d.healthy {
         return Some(Exclusion::Unhealthy(d.health_reason.clone()));
     }

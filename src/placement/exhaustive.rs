@@ -68,7 +68,13 @@ fn pick(
 }
 
 fn combinations(items: &[usize], k: usize, emit: &mut dyn FnMut(&[usize])) {
-    fn go(items: &[usize], k: usize, start: usize, cur: &mut Vec<usize>, emit: &mut dyn FnMut(&[usize])) {
+    fn go(
+        items: &[usize],
+        k: usize,
+        start: usize,
+        cur: &mut Vec<usize>,
+        emit: &mut dyn FnMut(&[usize]),
+    ) {
         if cur.len() == k {
             emit(cur);
             return;

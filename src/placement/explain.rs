@@ -17,6 +17,7 @@ fn unsat(reason: String, details: Vec<String>) -> Unsatisfiable {
 
 pub(crate) fn exclusion_text(e: &Exclusion, p: &Problem) -> String {
     match e {
+        Exclusion::Allocated(holder) => format!("allocated to {holder}"),
         Exclusion::Unhealthy(Some(r)) => format!("unhealthy ({r})"),
         Exclusion::Unhealthy(None) => "unhealthy".into(),
         Exclusion::TooHot(t) => format!(
@@ -27,11 +28,9 @@ pub(crate) fn exclusion_text(e: &Exclusion, p: &Problem) -> String {
         Exclusion::Vendor => format!("vendor not in {:?}", p.selector.vendors),
         Exclusion::Product => format!("product not matching {:?}", p.selector.products),
         Exclusion::NodeSelector => "node does not match the node selector".into(),
-        Exclusion::TooLittleMemory { free, need } => format!(
-            "{} free, one layer needs {}",
-            gib(*free),
-            gib(*need)
-        ),
+        Exclusion::TooLittleMemory { free, need } => {
+            format!("{} free, one layer needs {}", gib(*free), gib(*need))
+        }
     }
 }
 
@@ -76,6 +75,7 @@ pub(crate) fn check_shape(p: &Problem) -> Result<(), Unsatisfiable> {
 fn exclusion_details(ctx: &Context) -> Vec<String> {
     let p = ctx.p;
     let kinds = [
+        "allocated",
         "unhealthy",
         "too hot",
         "bad telemetry",
@@ -89,13 +89,14 @@ fn exclusion_details(ctx: &Context) -> Vec<String> {
         for (d, e) in n.devices.iter().zip(ex) {
             let Some(e) = e else { continue };
             let slot = match e {
-                Exclusion::Unhealthy(_) => 0,
-                Exclusion::TooHot(_) => 1,
-                Exclusion::BadTelemetry => 2,
-                Exclusion::Vendor => 3,
-                Exclusion::Product => 4,
-                Exclusion::NodeSelector => 5,
-                Exclusion::TooLittleMemory { .. } => 6,
+                Exclusion::Allocated(_) => 0,
+                Exclusion::Unhealthy(_) => 1,
+                Exclusion::TooHot(_) => 2,
+                Exclusion::BadTelemetry => 3,
+                Exclusion::Vendor => 4,
+                Exclusion::Product => 5,
+                Exclusion::NodeSelector => 6,
+                Exclusion::TooLittleMemory { .. } => 7,
             };
             seen[slot].push(format!("{}/{}: {}", n.name, d.id, exclusion_text(e, p)));
         }
@@ -160,10 +161,17 @@ pub(crate) fn stage_count(
             vec![],
         ));
     }
-    let eligible: usize = ctx.exclusions.iter().flatten().filter(|e| e.is_none()).count();
+    let eligible: usize = ctx
+        .exclusions
+        .iter()
+        .flatten()
+        .filter(|e| e.is_none())
+        .count();
     if eligible == 0 {
         let reason = match largest_free_device(ctx) {
-            Some((free, node, id)) if details.iter().all(|d| d.contains("too little free memory")) => {
+            Some((free, node, id))
+                if details.iter().all(|d| d.contains("too little free memory")) =>
+            {
                 format!(
                     "no GPU can hold even one layer: one layer needs {} per GPU (with tensor={t}), the largest free GPU has {} ({node}/{id})",
                     gib(m.overhead_bytes_per_device
@@ -195,8 +203,7 @@ pub(crate) fn stage_count(
         ));
     }
     let layers = u64::from(m.layers);
-    let need_bytes =
-        f64::from(m.layers) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer);
+    let need_bytes = f64::from(m.layers) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer);
     let prefix = |k: usize| -> u64 { chunks.iter().take(k).map(|c| u64::from(c.0)).sum() };
     let groups_word = if t == 1 {
         "GPUs".to_string()
@@ -221,7 +228,9 @@ pub(crate) fn stage_count(
                     + f64::from(per_shard) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer)
                         / f64::from(t);
                 let largest = largest_free_device(ctx)
-                    .map(|(f, node, id)| format!("; the largest free GPU has {} ({node}/{id})", gib(f)))
+                    .map(|(f, node, id)| {
+                        format!("; the largest free GPU has {} ({node}/{id})", gib(f))
+                    })
                     .unwrap_or_default();
                 let mut d = vec![format!(
                     "the model needs {} for {} layers plus {} per GPU; the {k} largest {groups_word} hold {held} layers",
@@ -281,7 +290,10 @@ mod tests {
     #[test]
     fn empty_cluster() {
         let p = problem(vec![], 7, 1, Stages::Auto);
-        assert_eq!(reason(&p).reason, "the cluster has no GPUs: no node reports any device");
+        assert_eq!(
+            reason(&p).reason,
+            "the cluster has no GPUs: no node reports any device"
+        );
     }
 
     #[test]
@@ -292,7 +304,11 @@ mod tests {
         p.nodes[0].devices[1].temperature_c = Some(95.0);
         p.selector.vendors = vec!["amd".into()];
         let u = reason(&p);
-        assert!(u.reason.contains("none of the cluster's 3 GPUs"), "{}", u.reason);
+        assert!(
+            u.reason.contains("none of the cluster's 3 GPUs"),
+            "{}",
+            u.reason
+        );
         let all = u.details.join("\n");
         assert!(all.contains("unhealthy (Xid 79)"), "{all}");
         assert!(all.contains("95 °C"), "{all}");
@@ -305,7 +321,9 @@ mod tests {
         p.selector.products = vec!["MI300".into()];
         assert!(reason(&p).details[0].contains("product not matching"));
         let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
-        p.selector.node_labels.insert("pool".into(), "inference".into());
+        p.selector
+            .node_labels
+            .insert("pool".into(), "inference".into());
         assert!(reason(&p).details[0].contains("node selector"));
     }
 
@@ -314,7 +332,11 @@ mod tests {
         let mut p = problem(vec![node("a", 2, RTX4090)], 7, 1, Stages::Auto);
         p.model.overhead_bytes_per_device = 30.0 * GIB;
         let u = reason(&p);
-        assert!(u.reason.starts_with("no GPU can hold even one layer"), "{}", u.reason);
+        assert!(
+            u.reason.starts_with("no GPU can hold even one layer"),
+            "{}",
+            u.reason
+        );
         assert!(u.reason.contains("24.0 GiB (a/a-0)"), "{}", u.reason);
     }
 
@@ -335,11 +357,9 @@ mod tests {
     #[test]
     fn too_many_stages_for_the_groups() {
         let p = problem(vec![node("a", 4, H100)], 7, 2, Stages::Fixed(3));
-        assert!(
-            reason(&p)
-                .reason
-                .contains("needs 3 separate groups of 2 GPUs on one node each; the eligible GPUs make only 2"),
-        );
+        assert!(reason(&p).reason.contains(
+            "needs 3 separate groups of 2 GPUs on one node each; the eligible GPUs make only 2"
+        ),);
     }
 
     #[test]
@@ -348,7 +368,12 @@ mod tests {
         let p = problem(vec![node("b", 2, RTX4090)], 70, 1, Stages::Fixed(2));
         let u = reason(&p);
         assert!(u.reason.contains("each shard needs"), "{}", u.reason);
-        assert!(u.reason.contains("the largest free GPU has 24.0 GiB (b/b-0)"), "{}", u.reason);
+        assert!(
+            u.reason
+                .contains("the largest free GPU has 24.0 GiB (b/b-0)"),
+            "{}",
+            u.reason
+        );
         assert!(u.details[0].contains("hold"), "{:?}", u.details);
     }
 
@@ -363,6 +388,10 @@ mod tests {
     fn more_stages_than_layers() {
         let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Fixed(40));
         p.model.layers = 32;
-        assert!(reason(&p).reason.contains("every stage needs at least one layer"));
+        assert!(
+            reason(&p)
+                .reason
+                .contains("every stage needs at least one layer")
+        );
     }
 }

@@ -52,6 +52,8 @@ pub struct Device {
     pub temperature_c: Option<f64>,
     pub healthy: bool,
     pub health_reason: Option<String>,
+    /// Set when another workload holds the device (e.g. `team-a/llama-70b`).
+    pub allocated_to: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -20,6 +20,7 @@ pub(crate) const H100: Kind = Kind {
     bandwidth: 3350.0,
     link: Some(LinkKind::NvLink),
 };
+#[allow(dead_code)]
 pub(crate) const A100: Kind = Kind {
     product: "NVIDIA A100-PCIE-40GB",
     vendor: "nvidia",
@@ -59,6 +60,7 @@ pub(crate) fn node(name: &str, count: u32, kind: Kind) -> NodeState {
             temperature_c: Some(40.0),
             healthy: true,
             health_reason: None,
+            allocated_to: None,
         })
         .collect();
     let mut links = Vec::new();
@@ -85,7 +87,12 @@ pub(crate) fn node(name: &str, count: u32, kind: Kind) -> NodeState {
 }
 
 /// A bf16 decoder of `billions` parameters with a realistic layer count.
-pub(crate) fn problem(nodes: Vec<NodeState>, billions: u32, tensor: u32, stages: Stages) -> Problem {
+pub(crate) fn problem(
+    nodes: Vec<NodeState>,
+    billions: u32,
+    tensor: u32,
+    stages: Stages,
+) -> Problem {
     let billions = f64::from(billions);
     let layers: u32 = if billions >= 300.0 {
         126

@@ -1,0 +1,281 @@
+//! Reading the files `tessera place` takes: ModelInstance manifests and cluster
+//! descriptions. Every problem comes back as one line naming the file and field.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::InputError;
+use crate::api::{GROUP, ModelInstance, NodeGpuState, VERSION};
+use crate::controller::problem::ClusterNode;
+
+/// Parses YAML into a type, refusing unknown fields (as `kubectl apply` does with
+/// strict field validation) and naming the path of whatever does not fit.
+fn strict<T: DeserializeOwned>(value: serde_json::Value, origin: &str) -> Result<T, InputError> {
+    let mut unknown = Vec::new();
+    let mut track = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let de = serde_ignored::Deserializer::new(value, &mut track);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(de);
+    let parsed = parsed.map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            InputError(format!("{origin}: {inner}"))
+        } else {
+            InputError(format!("{origin}: {path}: {inner}"))
+        }
+    })?;
+    // The derived custom resource reads `apiVersion` and `kind` through its own
+    // check (done by the caller), so they look unused here.
+    unknown.retain(|f| f != "apiVersion" && f != "kind");
+    if let Some(field) = unknown.first() {
+        return Err(InputError(format!("{origin}: unknown field {field}")));
+    }
+    Ok(parsed)
+}
+
+fn yaml_documents(text: &str, origin: &str) -> Result<Vec<serde_json::Value>, InputError> {
+    // YAML 1.2 booleans only: a label value such as `no` or `y` stays a string.
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    options.with_snippet = false;
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options)
+        .map_err(|e| {
+            let first = e.to_string();
+            let line = first.lines().next().unwrap_or("malformed YAML").to_string();
+            InputError(format!("{origin}: not valid YAML: {line}"))
+        })?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// All ModelInstances in a YAML file (several documents allowed), validated.
+pub fn parse_instances(text: &str, origin: &str) -> Result<Vec<ModelInstance>, InputError> {
+    let docs = yaml_documents(text, origin)?;
+    if docs.is_empty() {
+        return Err(InputError(format!(
+            "{origin}: no ModelInstance in the file"
+        )));
+    }
+    let want_api = format!("{GROUP}/{VERSION}");
+    let mut out = Vec::new();
+    for doc in docs {
+        let api = doc.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+        let kind = doc.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+        if api != want_api || kind != "ModelInstance" {
+            return Err(InputError(format!(
+                "{origin}: expected apiVersion {want_api} and kind ModelInstance, found {:?} and {:?}",
+                api, kind
+            )));
+        }
+        let mi: ModelInstance = strict(doc, origin)?;
+        let name = mi.metadata.name.clone().unwrap_or_default();
+        if name.is_empty() {
+            return Err(InputError(format!("{origin}: metadata.name is missing")));
+        }
+        mi.spec
+            .validate()
+            .map_err(|e| InputError(format!("{origin}: {name}: {e}")))?;
+        out.push(mi);
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    nodes: Vec<ClusterFileNode>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ClusterFileNode {
+    name: String,
+    #[serde(default)]
+    labels: std::collections::BTreeMap<String, String>,
+    gpu_state: serde_json::Value,
+}
+
+/// A cluster description: either our own `nodes:` list, or what
+/// `kubectl get nodes -o yaml` prints (nodes without GPU state are skipped).
+pub fn parse_cluster(text: &str, origin: &str) -> Result<Vec<ClusterNode>, InputError> {
+    let mut docs = yaml_documents(text, origin)?;
+    if docs.len() != 1 {
+        return Err(InputError(format!(
+            "{origin}: expected one YAML document with the cluster, found {}",
+            docs.len()
+        )));
+    }
+    let doc = docs.remove(0);
+    let kind = doc.get("kind").and_then(|v| v.as_str()).map(str::to_string);
+    let nodes = match kind.as_deref() {
+        None if doc.get("nodes").is_some() => {
+            let file: ClusterFile = strict(doc, origin)?;
+            file.nodes
+                .into_iter()
+                .map(|n| {
+                    let gpu_state = NodeGpuState::from_json(&n.gpu_state.to_string())
+                        .map_err(|e| InputError(format!("{origin}: node {}: {e}", n.name)))?;
+                    if n.name.trim().is_empty() {
+                        return Err(InputError(format!("{origin}: a node has an empty name")));
+                    }
+                    Ok(ClusterNode {
+                        name: n.name,
+                        labels: n.labels,
+                        gpu_state,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        Some("List" | "NodeList") => {
+            let items = match doc.get("items") {
+                Some(serde_json::Value::Array(items)) => items.clone(),
+                None | Some(serde_json::Value::Null) => Vec::new(),
+                Some(_) => return Err(InputError(format!("{origin}: items must be a list"))),
+            };
+            let mut nodes = Vec::new();
+            for item in items {
+                if let Some(n) = read_node(item, origin)? {
+                    nodes.push(n);
+                }
+            }
+            nodes
+        }
+        Some("Node") => read_node(doc, origin)?.into_iter().collect(),
+        _ => {
+            return Err(InputError(format!(
+                "{origin}: expected a cluster description (a `nodes:` list) or `kubectl get nodes -o yaml` output"
+            )));
+        }
+    };
+    let mut names = BTreeSet::new();
+    for n in &nodes {
+        if !names.insert(n.name.as_str()) {
+            return Err(InputError(format!(
+                "{origin}: node {} appears twice",
+                n.name
+            )));
+        }
+    }
+    Ok(nodes)
+}
+
+fn read_node(item: serde_json::Value, origin: &str) -> Result<Option<ClusterNode>, InputError> {
+    let kind = item.get("kind").and_then(|v| v.as_str()).unwrap_or("Node");
+    if kind != "Node" {
+        return Err(InputError(format!(
+            "{origin}: the list holds a {kind}, not a Node"
+        )));
+    }
+    let node: Node = serde_json::from_value(item)
+        .map_err(|e| InputError(format!("{origin}: not a valid Node: {e}")))?;
+    let name = node.metadata.name.clone().unwrap_or_default();
+    ClusterNode::from_node(&node).map_err(|e| InputError(format!("{origin}: node {name}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI: &str = "apiVersion: tessera.dev/v1alpha1
+kind: ModelInstance
+metadata: {name: m}
+spec:
+  model: {name: m, parametersBillions: 7, layers: 32}
+";
+
+    #[test]
+    fn instances_parse_and_multi_document_files_work() {
+        let two = format!("{MI}---\n{}", MI.replace("name: m}", "name: n}"));
+        let got = parse_instances(&two, "f").unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].metadata.name.as_deref(), Some("n"));
+    }
+
+    #[test]
+    fn instance_errors_name_file_and_field() {
+        for (text, want) in [
+            (String::new(), "f: no ModelInstance in the file"),
+            ("a: [".to_string(), "f: not valid YAML"),
+            (
+                MI.replace("kind: ModelInstance", "kind: Pod"),
+                "expected apiVersion",
+            ),
+            (
+                MI.replace("layers: 32", "layers: -1"),
+                "f: spec.model.layers: invalid value",
+            ),
+            (
+                MI.replace("layers: 32", "layers: 32, colour: red"),
+                "f: unknown field spec.model.colour",
+            ),
+            (
+                MI.replace("metadata: {name: m}", "metadata: {}"),
+                "metadata.name is missing",
+            ),
+            (
+                MI.replace("parametersBillions: 7", "parametersBillions: 0"),
+                "must be a positive number",
+            ),
+        ] {
+            let err = parse_instances(&text, "f").unwrap_err().0;
+            assert!(err.contains(want), "{err:?} lacks {want:?}");
+            assert!(!err.contains('\n'), "one line: {err:?}");
+        }
+    }
+
+    fn state_json(version: &str) -> String {
+        format!(
+            r#"{{"version":"{version}","backend":"fake","devices":[{{"id":"g0","index":0,"vendor":"nvidia","product":"X","memoryTotalBytes":100,"memoryFreeBytes":50,"fp16Tflops":1.0,"memoryBandwidthGbps":1.0,"health":"Healthy"}}]}}"#
+        )
+    }
+
+    #[test]
+    fn cluster_files_in_both_formats() {
+        let ours = format!(
+            "nodes:\n- name: a\n  labels: {{x: y}}\n  gpuState: {}\n",
+            state_json("v1")
+        );
+        let nodes = parse_cluster(&ours, "c").unwrap();
+        assert_eq!(nodes[0].labels["x"], "y");
+
+        let kubectl = format!(
+            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata:\n    name: a\n    annotations:\n      tessera.dev/gpu-state: '{}'\n- apiVersion: v1\n  kind: Node\n  metadata: {{name: cpu}}\n",
+            state_json("v1")
+        );
+        let nodes = parse_cluster(&kubectl, "c").unwrap();
+        assert_eq!(nodes.len(), 1, "the CPU node is skipped");
+        assert_eq!(parse_cluster("nodes: []", "c").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn cluster_errors() {
+        let wrong_version = format!("nodes:\n- name: a\n  gpuState: {}\n", state_json("v7"));
+        let dup = format!(
+            "nodes:\n- name: a\n  gpuState: {s}\n- name: a\n  gpuState: {s}\n",
+            s = state_json("v1")
+        );
+        for (text, want) in [
+            (
+                wrong_version.as_str(),
+                "node a: gpu-state version \"v7\" is not supported",
+            ),
+            (dup.as_str(), "node a appears twice"),
+            ("nodes:\n- name: a\n  gpuStat: {}\n", "unknown field"),
+            ("kind: Deployment", "expected a cluster description"),
+            (
+                "apiVersion: v1\nkind: List\nitems: 3",
+                "items must be a list",
+            ),
+            (
+                "apiVersion: v1\nkind: List\nitems: [{kind: Pod}]",
+                "holds a Pod",
+            ),
+            ("nodes: [1, 2", "not valid YAML"),
+        ] {
+            let err = parse_cluster(text, "c").unwrap_err().0;
+            assert!(err.contains(want), "{err:?} lacks {want:?}");
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! `tessera place`: plan ModelInstances on a cluster description, no cluster
+//! needed. Instances are placed in the order given; each one's devices are taken
+//! before the next is planned, as the controller does with running instances.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::InputError;
+use super::input::{parse_cluster, parse_instances};
+use super::render;
+use crate::api::{ModelInstance, PlannedShard};
+use crate::controller::problem::{ClusterNode, WallDeadline, build_problem, planned_shards};
+use crate::placement::{Plan, SolveOptions, Unsatisfiable, solve};
+
+/// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
+/// and three model sizes, compiled in so `tessera place` works anywhere.
+pub const SAMPLE_CLUSTER: (&str, &str) = (
+    "examples/cluster-mixed.yaml",
+    include_str!("../../examples/cluster-mixed.yaml"),
+);
+pub const SAMPLE_INSTANCES: [(&str, &str); 3] = [
+    (
+        "examples/llama-7b.yaml",
+        include_str!("../../examples/llama-7b.yaml"),
+    ),
+    (
+        "examples/llama-70b.yaml",
+        include_str!("../../examples/llama-70b.yaml"),
+    ),
+    (
+        "examples/llama-405b.yaml",
+        include_str!("../../examples/llama-405b.yaml"),
+    ),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+pub struct PlaceArgs {
+    /// ModelInstance files (`-` for stdin); empty uses the built-in samples.
+    pub instances: Vec<PathBuf>,
+    /// Cluster description; `None` uses the built-in sample cluster.
+    pub cluster: Option<PathBuf>,
+    pub output: Output,
+    /// Overrides the solver's step budget.
+    pub max_steps: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    pub name: String,
+    pub model: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// The plan as the controller writes it into `status.plan`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub status_plan: Vec<PlannedShard>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsatisfiable: Option<Unsatisfiable>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub cluster: String,
+    pub placements: Vec<Placement>,
+}
+
+impl Report {
+    pub fn all_placed(&self) -> bool {
+        self.placements.iter().all(|p| p.plan.is_some())
+    }
+
+    pub fn render(&self, output: Output) -> String {
+        match output {
+            Output::Table => render::table(self),
+            // Both serializers only see our own plain structs here.
+            Output::Json => serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
+            Output::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
+        }
+    }
+}
+
+fn read(path: &PathBuf) -> Result<String, InputError> {
+    if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| InputError(format!("stdin: {e}")))?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(path).map_err(|e| InputError(format!("{}: {e}", path.display())))
+}
+
+/// Reads the inputs and plans every instance.
+pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
+    let (cluster_origin, nodes) = match &args.cluster {
+        Some(path) => {
+            let origin = path.display().to_string();
+            let nodes = parse_cluster(&read(path)?, &origin)?;
+            (origin, nodes)
+        }
+        None => (
+            SAMPLE_CLUSTER.0.to_string(),
+            parse_cluster(SAMPLE_CLUSTER.1, SAMPLE_CLUSTER.0)?,
+        ),
+    };
+    let mut instances = Vec::new();
+    if args.instances.is_empty() {
+        for (origin, text) in SAMPLE_INSTANCES {
+            instances.extend(parse_instances(text, origin)?);
+        }
+    } else {
+        for path in &args.instances {
+            instances.extend(parse_instances(&read(path)?, &path.display().to_string())?);
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for mi in &instances {
+        let key = (mi.metadata.namespace.clone(), mi.metadata.name.clone());
+        if !names.insert(key) {
+            return Err(InputError(format!(
+                "ModelInstance {} is given twice",
+                mi.metadata.name.clone().unwrap_or_default()
+            )));
+        }
+    }
+    Ok(Report {
+        cluster: cluster_origin,
+        placements: place_all(&instances, &nodes, args.max_steps),
+    })
+}
+
+fn place_all(
+    instances: &[ModelInstance],
+    nodes: &[ClusterNode],
+    max_steps: Option<u64>,
+) -> Vec<Placement> {
+    let mut allocated: HashMap<(String, String), String> = HashMap::new();
+    let mut out = Vec::new();
+    for mi in instances {
+        let name = match &mi.metadata.namespace {
+            Some(ns) => format!("{ns}/{}", mi.metadata.name.clone().unwrap_or_default()),
+            None => mi.metadata.name.clone().unwrap_or_default(),
+        };
+        let problem = build_problem(&mi.spec, nodes, &allocated);
+        let deadline = WallDeadline::after(Duration::from_millis(u64::from(
+            mi.spec.placement.deadline_ms,
+        )));
+        let mut opts = SolveOptions {
+            deadline: Some(&deadline),
+            ..SolveOptions::default()
+        };
+        if let Some(steps) = max_steps {
+            opts.max_steps = steps;
+        }
+        let result = solve(&problem, &opts);
+        tracing::info!(instance = %name, placed = result.is_ok(), "planned");
+        let placement = match result {
+            Ok(plan) => {
+                for s in &plan.stages {
+                    for d in &s.devices {
+                        allocated.insert((s.node.clone(), d.clone()), name.clone());
+                    }
+                }
+                Placement {
+                    name,
+                    model: mi.spec.model.name.clone(),
+                    status_plan: planned_shards(&plan),
+                    plan: Some(plan),
+                    unsatisfiable: None,
+                }
+            }
+            Err(u) => Placement {
+                name,
+                model: mi.spec.model.name.clone(),
+                plan: None,
+                status_plan: Vec::new(),
+                unsatisfiable: Some(u),
+            },
+        };
+        out.push(placement);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_sample_places_every_instance_on_distinct_devices() {
+        let report = run(&PlaceArgs {
+            instances: vec![],
+            cluster: None,
+            output: Output::Table,
+            max_steps: Some(20_000),
+        })
+        .unwrap();
+        assert_eq!(report.placements.len(), 3);
+        assert!(report.all_placed(), "{}", report.render(Output::Table));
+        let mut seen = std::collections::HashSet::new();
+        for p in &report.placements {
+            for s in &p.plan.as_ref().unwrap().stages {
+                for d in &s.devices {
+                    assert!(
+                        seen.insert((s.node.clone(), d.clone())),
+                        "{d} planned twice"
+                    );
+                }
+            }
+        }
+    }
+}

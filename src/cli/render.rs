@@ -1,0 +1,100 @@
+//! The human-readable form of a placement report.
+
+use std::fmt::Write;
+
+use super::place::Report;
+use crate::api::GIB;
+use crate::placement::Score;
+
+fn score_line(score: &Score) -> String {
+    format!(
+        "score {:.3} = compute {:.2} · memory {:.2} · network {:.2} · thermal {:.2} · bandwidth {:.2} (parts in 0..1, weighted)",
+        score.total, score.compute, score.memory, score.network, score.thermal, score.bandwidth
+    )
+}
+
+pub(super) fn table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "cluster: {}", report.cluster);
+    for p in &report.placements {
+        let _ = writeln!(out);
+        match (&p.plan, &p.unsatisfiable) {
+            (Some(plan), _) => {
+                let shards = plan.stages.len();
+                let _ = writeln!(
+                    out,
+                    "{} ({}): {shards} shard{}, {:.1} tokens/s predicted, {}",
+                    p.name,
+                    p.model,
+                    if shards == 1 { "" } else { "s" },
+                    plan.performance.tokens_per_second,
+                    if plan.optimal {
+                        format!("optimal ({} search steps)", plan.steps)
+                    } else {
+                        format!(
+                            "best found in {} search steps (budget or deadline reached)",
+                            plan.steps
+                        )
+                    }
+                );
+                let header = [
+                    "SHARD",
+                    "NODE",
+                    "DEVICES",
+                    "LAYERS",
+                    "MEM/GPU",
+                    "COMPUTE",
+                    "MEMORY",
+                    "THERMAL",
+                    "BANDWIDTH",
+                    "NEXT-HOP",
+                ];
+                let mut rows = vec![header.map(String::from).to_vec()];
+                for (i, s) in plan.stages.iter().enumerate() {
+                    let devices: Vec<String> =
+                        s.device_indices.iter().map(|d| d.to_string()).collect();
+                    rows.push(vec![
+                        i.to_string(),
+                        s.node.clone(),
+                        devices.join(","),
+                        format!("{}-{}", s.layer_start, s.layer_end.saturating_sub(1)),
+                        format!("{:.1} GiB", s.memory_per_device_bytes / GIB),
+                        format!("{:.2}", s.parts.compute),
+                        format!("{:.2}", s.parts.memory),
+                        format!("{:.2}", s.parts.thermal),
+                        format!("{:.2}", s.parts.bandwidth),
+                        if i + 1 == shards {
+                            "-".into()
+                        } else {
+                            format!("{:.2}", s.parts.next_hop_cost)
+                        },
+                    ]);
+                }
+                write_rows(&mut out, &rows);
+                let _ = writeln!(out, "  {}", score_line(&plan.score));
+            }
+            (None, Some(u)) => {
+                let _ = writeln!(out, "{} ({}): UNSATISFIABLE: {}", p.name, p.model, u.reason);
+                for d in &u.details {
+                    let _ = writeln!(out, "  - {d}");
+                }
+            }
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+fn write_rows(out: &mut String, rows: &[Vec<String>]) {
+    let cols = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let mut line = String::from("  ");
+        for (c, cell) in r.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}

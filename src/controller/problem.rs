@@ -1,0 +1,294 @@
+//! Translation between Kubernetes and the solver: Nodes with their published GPU
+//! state plus a ModelInstance become a `placement::Problem`; a `Plan` becomes the
+//! instance's status plan. Pure: callers fetch the objects.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::api::{
+    GIB, GPU_STATE_ANNOTATION, GpuStateError, Health, LinkKind as ApiLinkKind, ModelInstanceSpec,
+    NodeGpuState, PipelineStages, PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
+};
+use crate::placement::{
+    Deadline, Device, Link, LinkKind, ModelShape, NodeState, Plan, Problem, Selector, Stages,
+    Weights,
+};
+
+/// A node as the planner needs it: name, labels and published GPU state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub gpu_state: NodeGpuState,
+}
+
+impl ClusterNode {
+    /// Reads a Node object. `Ok(None)` when the node publishes no GPU state (a
+    /// CPU node, or one whose agent has not started yet).
+    pub fn from_node(node: &Node) -> Result<Option<Self>, GpuStateError> {
+        let meta = &node.metadata;
+        let Some(text) = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(GPU_STATE_ANNOTATION))
+        else {
+            return Ok(None);
+        };
+        let gpu_state = NodeGpuState::from_json(text)?;
+        Ok(Some(Self {
+            name: meta.name.clone().unwrap_or_default(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            gpu_state,
+        }))
+    }
+}
+
+/// Telemetry is rounded before planning so that drift (a few MiB of free memory,
+/// a degree of temperature) neither changes plans nor hides identical devices
+/// from the solver's symmetry breaking.
+const FREE_MEMORY_STEP: u64 = 256 << 20;
+
+fn rounded_free(bytes: u64) -> u64 {
+    bytes / FREE_MEMORY_STEP * FREE_MEMORY_STEP
+}
+
+/// Builds the solver's problem. `allocated` maps `(node, device id)` to the
+/// workload holding that device; those devices are not free.
+pub fn build_problem(
+    spec: &ModelInstanceSpec,
+    nodes: &[ClusterNode],
+    allocated: &HashMap<(String, String), String>,
+) -> Problem {
+    let mut states: Vec<NodeState> = nodes.iter().map(|n| node_state(n, allocated)).collect();
+    states.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let m = &spec.model;
+    let layers = m.layers;
+    let hidden = m.effective_hidden_size();
+    let p = &spec.placement;
+    Problem {
+        nodes: states,
+        model: ModelShape {
+            layers,
+            weight_bytes_per_layer: m.weight_bytes_per_layer(),
+            kv_bytes_per_layer: m.kv_bytes_per_layer(),
+            overhead_bytes_per_device: m.overhead_gib * GIB,
+            // Activations cross stages in 16-bit precision whatever the weight dtype.
+            activation_bytes_per_token: hidden * 2.0,
+            flops_per_layer_token: 2.0 * m.parameters_billions * 1e9 / f64::from(layers.max(1)),
+        },
+        tensor: spec.parallelism.tensor,
+        stages: match spec.parallelism.pipeline {
+            PipelineStages::Auto => Stages::Auto,
+            PipelineStages::Fixed(n) => Stages::Fixed(n),
+        },
+        weights: Weights {
+            compute: p.weights.compute,
+            memory: p.weights.memory,
+            network: p.weights.network,
+            thermal: p.weights.thermal,
+            bandwidth: p.weights.bandwidth,
+        },
+        max_temperature_c: p.max_temperature_c,
+        selector: Selector {
+            vendors: p.vendors.clone(),
+            products: p.products.clone(),
+            node_labels: p.node_selector.clone(),
+        },
+    }
+}
+
+fn node_state(n: &ClusterNode, allocated: &HashMap<(String, String), String>) -> NodeState {
+    let devices = n
+        .gpu_state
+        .devices
+        .iter()
+        .map(|d| Device {
+            id: d.id.clone(),
+            index: d.index,
+            vendor: d.vendor.as_str().to_string(),
+            product: d.product.clone(),
+            memory_total_bytes: d.memory_total_bytes,
+            memory_free_bytes: rounded_free(d.memory_free_bytes),
+            fp16_tflops: d.fp16_tflops,
+            memory_bandwidth_gbps: d.memory_bandwidth_gbps,
+            temperature_c: d.temperature_c.map(f64::round),
+            // A vendor this build does not know has no runtime we can hand out.
+            healthy: d.health == Health::Healthy && d.vendor != Vendor::Unknown,
+            health_reason: match (d.health, d.vendor) {
+                (_, Vendor::Unknown) => Some("vendor unknown to this tessera build".into()),
+                (Health::Unknown, _) => Some("health state unknown to this tessera build".into()),
+                _ => d.health_reason.clone(),
+            },
+            allocated_to: allocated.get(&(n.name.clone(), d.id.clone())).cloned(),
+        })
+        .collect();
+    let links = n
+        .gpu_state
+        .links
+        .iter()
+        .filter_map(|l| {
+            let kind = match l.kind {
+                ApiLinkKind::Nvlink => LinkKind::NvLink,
+                ApiLinkKind::Xgmi => LinkKind::Xgmi,
+                ApiLinkKind::Pcie => LinkKind::Pcie,
+                ApiLinkKind::Unknown => return None,
+            };
+            Some(Link {
+                a: l.a.clone(),
+                b: l.b.clone(),
+                kind,
+                bandwidth_gbps: l.bandwidth_gbps,
+            })
+        })
+        .collect();
+    NodeState {
+        name: n.name.clone(),
+        zone: n.labels.get(ZONE_LABEL).cloned(),
+        rack: n.labels.get(RACK_LABEL).cloned(),
+        labels: n.labels.clone(),
+        devices,
+        links,
+    }
+}
+
+/// The plan as it is written into `status.plan`.
+pub fn planned_shards(plan: &Plan) -> Vec<PlannedShard> {
+    plan.stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| PlannedShard {
+            shard: i as u32,
+            node: s.node.clone(),
+            devices: s.devices.clone(),
+            layer_start: s.layer_start,
+            layer_end: s.layer_end,
+            predicted_memory_gib: (s.memory_per_device_bytes / GIB * 100.0).round() / 100.0,
+        })
+        .collect()
+}
+
+/// A wall-clock deadline for the solver.
+pub struct WallDeadline(Instant);
+
+impl WallDeadline {
+    pub fn after(d: Duration) -> Self {
+        Self(Instant::now() + d)
+    }
+}
+
+impl Deadline for WallDeadline {
+    fn expired(&self) -> bool {
+        Instant::now() >= self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{GPU_STATE_VERSION, GpuDevice, GpuLink};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn state() -> NodeGpuState {
+        let dev = |i: u32, vendor: Vendor, health: Health| GpuDevice {
+            id: format!("g{i}"),
+            index: i,
+            vendor,
+            product: "X".into(),
+            memory_total_bytes: 80 << 30,
+            memory_free_bytes: (79 << 30) + 12345,
+            fp16_tflops: 100.0,
+            memory_bandwidth_gbps: 1000.0,
+            temperature_c: Some(41.4),
+            power_w: None,
+            numa_node: None,
+            health,
+            health_reason: None,
+        };
+        NodeGpuState {
+            version: GPU_STATE_VERSION.into(),
+            backend: "fake".into(),
+            devices: vec![
+                dev(0, Vendor::Nvidia, Health::Healthy),
+                dev(1, Vendor::Unknown, Health::Healthy),
+                dev(2, Vendor::Amd, Health::Unknown),
+            ],
+            links: vec![
+                GpuLink {
+                    a: "g0".into(),
+                    b: "g2".into(),
+                    kind: ApiLinkKind::Nvlink,
+                    bandwidth_gbps: 900.0,
+                },
+                GpuLink {
+                    a: "g0".into(),
+                    b: "g1".into(),
+                    kind: ApiLinkKind::Unknown,
+                    bandwidth_gbps: 1.0,
+                },
+            ],
+            timestamp: None,
+        }
+    }
+
+    fn spec() -> ModelInstanceSpec {
+        serde_saphyr::from_str(
+            "model: {name: m, parametersBillions: 7, layers: 32, kvCacheGiB: 4}\nplacement: {vendors: [nvidia]}",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn reads_nodes_with_and_without_state() {
+        let mut node = Node {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(ClusterNode::from_node(&node), Ok(None));
+        node.metadata.annotations = Some(
+            [(GPU_STATE_ANNOTATION.to_string(), state().to_json())]
+                .into_iter()
+                .collect(),
+        );
+        let c = ClusterNode::from_node(&node).unwrap().unwrap();
+        assert_eq!(c.name, "a");
+        assert_eq!(c.gpu_state.devices.len(), 3);
+        node.metadata.annotations = Some(
+            [(GPU_STATE_ANNOTATION.to_string(), "{not json".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        assert!(ClusterNode::from_node(&node).is_err());
+    }
+
+    #[test]
+    fn problem_carries_spec_and_rounded_telemetry() {
+        let mut labels = BTreeMap::new();
+        labels.insert(ZONE_LABEL.to_string(), "z1".to_string());
+        let nodes = vec![ClusterNode {
+            name: "a".into(),
+            labels,
+            gpu_state: state(),
+        }];
+        let mut allocated = HashMap::new();
+        allocated.insert(("a".to_string(), "g0".to_string()), "ns/other".to_string());
+        let p = build_problem(&spec(), &nodes, &allocated);
+        assert_eq!(p.nodes[0].zone.as_deref(), Some("z1"));
+        assert_eq!(p.nodes[0].rack, None);
+        let d = &p.nodes[0].devices;
+        assert_eq!(d[0].memory_free_bytes, 79 << 30);
+        assert_eq!(d[0].temperature_c, Some(41.0));
+        assert_eq!(d[0].allocated_to.as_deref(), Some("ns/other"));
+        assert!(!d[1].healthy, "unknown vendor is never planned on");
+        assert!(!d[2].healthy, "unknown health is never planned on");
+        assert_eq!(p.nodes[0].links.len(), 1, "unknown link kinds are dropped");
+        assert_eq!(p.model.kv_bytes_per_layer, 4.0 * GIB / 32.0);
+        assert_eq!(p.selector.vendors, vec!["nvidia".to_string()]);
+        assert_eq!(p.stages, Stages::Auto);
+    }
+}
