@@ -296,7 +296,8 @@ mod tests {
 
     #[test]
     fn impossible_numbers_are_refused() {
-        let cases: Vec<(fn(&mut NodeGpuState), &str)> = vec![
+        type Mutation = fn(&mut NodeGpuState);
+        let cases: Vec<(Mutation, &str)> = vec![
             (|s| s.devices[0].memory_total_bytes = 0, "zero total"),
             (
                 |s| s.devices[0].memory_free_bytes = 81 << 30,

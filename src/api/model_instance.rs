@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::GIB;
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
+// Two printer columns share `type_ = "integer"`, which clippy mistakes for a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "tessera.dev",

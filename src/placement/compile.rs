@@ -192,12 +192,15 @@ fn node_signature(ctx: &Context, node: usize, classes: &[Vec<usize>]) -> String 
     s
 }
 
+/// How many devices a group takes from each twin class: `(class, count)`.
+type Counts = [(usize, u32)];
+
 fn enumerate_counts(
     classes: &[Vec<usize>],
     class: usize,
     left: u32,
     counts: &mut Vec<(usize, u32)>,
-    emit: &mut dyn FnMut(&[(usize, u32)]),
+    emit: &mut dyn FnMut(&Counts),
 ) {
     if left == 0 {
         emit(counts);

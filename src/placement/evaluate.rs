@@ -512,7 +512,7 @@ fn exclusion(p: &Problem, node_ok: bool, d: &Device, need_one_layer: f64) -> Opt
     {
         return Some(Exclusion::TooHot(t));
     }
-    if !p.selector.vendors.is_empty() && !p.selector.vendors.iter().any(|v| *v == d.vendor) {
+    if !p.selector.vendors.is_empty() && !p.selector.vendors.contains(&d.vendor) {
         return Some(Exclusion::Vendor);
     }
     if !p.selector.products.is_empty() {
@@ -590,4 +590,160 @@ pub fn evaluate(problem: &Problem, stages: &[StageChoice]) -> Result<Plan, Strin
         groups.push((node, devs));
     }
     ctx.evaluate(&groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::problem::{Link, Stages};
+    use super::super::testutil::*;
+    use super::*;
+    use crate::api::GIB;
+
+    fn choice(node: &str, devices: &[usize]) -> StageChoice {
+        StageChoice {
+            node: node.into(),
+            devices: devices.iter().map(|d| format!("{node}-{d}")).collect(),
+        }
+    }
+
+    #[test]
+    fn compute_and_bandwidth_are_relative_to_the_best_eligible_device() {
+        let p = problem(
+            vec![node("h", 1, H100), node("m", 1, MI300X)],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        let h = evaluate(&p, &[choice("h", &[0])]).unwrap();
+        let m = evaluate(&p, &[choice("m", &[0])]).unwrap();
+        assert_eq!(m.score.compute, 1.0);
+        assert_eq!(m.score.bandwidth, 1.0);
+        assert!((h.score.compute - 989.0 / 1307.0).abs() < 1e-12);
+        assert!((h.score.bandwidth - 3350.0 / 5300.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn memory_part_is_the_share_left_free() {
+        let p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+        let plan = evaluate(&p, &[choice("h", &[0])]).unwrap();
+        let demand = 7e9 * 2.0 + GIB;
+        let want = 1.0 - demand / (80.0 * GIB);
+        assert!((plan.score.memory - want).abs() < 1e-9);
+        assert!((plan.stages[0].memory_per_device_bytes - demand).abs() < 1.0);
+    }
+
+    #[test]
+    fn thermal_part_falls_with_temperature_and_unknown_is_neutral() {
+        let mut p = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
+        p.nodes[0].devices[1].temperature_c = Some(80.0);
+        p.nodes[0].devices[2].temperature_c = None;
+        let t = |d| evaluate(&p, &[choice("h", &[d])]).unwrap().score.thermal;
+        assert!((t(0) - 45.0 / 85.0).abs() < 1e-12);
+        assert!((t(1) - 5.0 / 85.0).abs() < 1e-12);
+        assert_eq!(t(2), 0.5);
+    }
+
+    #[test]
+    fn network_part_charges_hops_by_distance_and_tensor_links_by_kind() {
+        let mut p = problem(
+            vec![
+                node("a", 2, H100),
+                node("b", 2, H100),
+                node("c", 2, H100),
+                node("d", 2, H100),
+            ],
+            7,
+            1,
+            Stages::Fixed(2),
+        );
+        for (n, zone, rack) in [
+            (0, "z1", "r1"),
+            (1, "z1", "r1"),
+            (2, "z1", "r2"),
+            (3, "z2", "r3"),
+        ] {
+            p.nodes[n].zone = Some(zone.into());
+            p.nodes[n].rack = Some(rack.into());
+        }
+        let net = |a: StageChoice, b: StageChoice| evaluate(&p, &[a, b]).unwrap().score.network;
+        assert!((net(choice("a", &[0]), choice("a", &[1])) - (1.0 - HOP_SAME_NODE)).abs() < 1e-12);
+        assert!((net(choice("a", &[0]), choice("b", &[0])) - (1.0 - HOP_SAME_RACK)).abs() < 1e-12);
+        assert!((net(choice("a", &[0]), choice("c", &[0])) - (1.0 - HOP_SAME_ZONE)).abs() < 1e-12);
+        assert!(net(choice("a", &[0]), choice("d", &[0])).abs() < 1e-12);
+
+        // Tensor groups: NVLink is free, PCIe costs, no link costs most.
+        let mut p = problem(vec![node("x", 4, RTX4090)], 7, 2, Stages::Fixed(1));
+        for (a, b, kind) in [(0, 1, LinkKind::NvLink), (2, 3, LinkKind::Pcie)] {
+            p.nodes[0].links.push(Link {
+                a: format!("x-{a}"),
+                b: format!("x-{b}"),
+                kind,
+                bandwidth_gbps: 100.0,
+            });
+        }
+        let net = |d: &[usize]| evaluate(&p, &[choice("x", d)]).unwrap().score.network;
+        assert_eq!(net(&[0, 1]), 1.0);
+        assert_eq!(net(&[2, 3]), 0.5);
+        assert!((net(&[0, 2]) - 0.4).abs() < 1e-12);
+    }
+
+    #[test]
+    fn layers_follow_speed_and_room() {
+        // Twice the speed per layer gets about twice the layers.
+        assert_eq!(split_layers(30, &[30, 30], &[1.0, 2.0]), vec![20, 10]);
+        // A stage that is full passes the rest on.
+        assert_eq!(split_layers(30, &[5, 30], &[1.0, 2.0]), vec![5, 25]);
+        // Every stage gets at least one layer however slow.
+        assert_eq!(split_layers(10, &[10, 10], &[1.0, 1000.0]), vec![9, 1]);
+    }
+
+    #[test]
+    fn heterogeneous_stages_get_unequal_ranges() {
+        let p = problem(
+            vec![node("h", 1, H100), node("r", 1, RTX4090)],
+            13,
+            1,
+            Stages::Fixed(2),
+        );
+        let plan = evaluate(&p, &[choice("h", &[0]), choice("r", &[0])]).unwrap();
+        let layers: Vec<u32> = plan.stages.iter().map(|s| s.layers()).collect();
+        assert_eq!(layers.iter().sum::<u32>(), 32);
+        assert!(layers[0] > 2 * layers[1], "{layers:?}");
+        for s in &plan.stages {
+            let free = if s.node == "h" { 80.0 } else { 24.0 } * GIB;
+            assert!(s.memory_per_device_bytes <= free);
+        }
+        assert!(plan.performance.tokens_per_second > 0.0);
+        assert_eq!(plan.performance.stage_ms.len(), 2);
+        assert_eq!(plan.performance.transfer_ms.len(), 1);
+    }
+
+    #[test]
+    fn invalid_plans_are_refused_with_a_reason() {
+        let mut p = problem(
+            vec![node("h", 2, H100), node("r", 2, RTX4090)],
+            70,
+            1,
+            Stages::Fixed(1),
+        );
+        p.nodes[0].devices[1].healthy = false;
+        let err = |c: &[StageChoice]| evaluate(&p, c).unwrap_err();
+        assert!(err(&[choice("h", &[0]), choice("h", &[0])]).contains("used twice"));
+        assert!(err(&[choice("h", &[1])]).contains("not eligible: unhealthy"));
+        assert!(err(&[choice("r", &[0])]).contains("hold"));
+        assert!(err(&[choice("h", &[0, 1])]).contains("tensor is 1"));
+        assert!(err(&[choice("zz", &[0])]).contains("node zz"));
+        assert!(err(&[]).contains("at least one stage"));
+    }
+
+    #[test]
+    fn allocated_devices_are_not_eligible() {
+        let mut p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+        p.nodes[0].devices[0].allocated_to = Some("ns/other".into());
+        assert!(
+            evaluate(&p, &[choice("h", &[0])])
+                .unwrap_err()
+                .contains("allocated to ns/other")
+        );
+    }
 }

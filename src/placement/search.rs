@@ -223,11 +223,9 @@ pub(crate) fn run(c: &Compiled, opts: &SolveOptions) -> Result<Plan, Unsatisfiab
 impl Search<'_, '_> {
     fn out_of_budget(&mut self) -> bool {
         self.steps += 1;
-        if self.steps > self.opts.max_steps {
-            self.stopped = true;
-        } else if self.steps.is_multiple_of(DEADLINE_EVERY)
-            && self.opts.deadline.is_some_and(|d| d.expired())
-        {
+        let deadline_hit = self.steps.is_multiple_of(DEADLINE_EVERY)
+            && self.opts.deadline.is_some_and(|d| d.expired());
+        if self.steps > self.opts.max_steps || deadline_hit {
             self.stopped = true;
         }
         self.stopped
@@ -335,5 +333,148 @@ impl Search<'_, '_> {
         {
             self.best = plan;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::problem::{Deadline, Stages, Weights};
+    use super::super::testutil::*;
+    use super::super::{SolveOptions, solve};
+    use crate::api::GIB;
+
+    fn best(p: &super::super::Problem) -> super::super::Plan {
+        solve(p, &SolveOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn auto_takes_the_fewest_stages() {
+        let p = problem(vec![node("r", 8, RTX4090)], 70, 1, Stages::Auto);
+        // 80 layers of 1.63 GiB; a 24 GiB card keeps 1 GiB overhead and holds 14.
+        assert_eq!(best(&p).stages.len(), 6);
+    }
+
+    #[test]
+    fn the_score_prefers_faster_cooler_devices() {
+        let mut p = problem(
+            vec![node("r", 2, RTX4090), node("h", 2, H100)],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        assert_eq!(best(&p).stages[0].node, "h");
+        p.nodes[1].devices[0].temperature_c = Some(80.0);
+        let plan = best(&p);
+        assert_eq!(plan.stages[0].devices, vec!["h-1".to_string()]);
+        assert!(plan.optimal);
+    }
+
+    #[test]
+    fn weights_steer_the_choice() {
+        let mut p = problem(
+            vec![node("r", 1, RTX4090), node("h", 1, H100)],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        p.nodes[1].devices[0].temperature_c = Some(84.0);
+        p.weights = Weights {
+            compute: 0.0,
+            memory: 0.0,
+            network: 0.0,
+            thermal: 1.0,
+            bandwidth: 0.0,
+        };
+        assert_eq!(best(&p).stages[0].node, "r");
+    }
+
+    #[test]
+    fn hot_unhealthy_and_filtered_devices_are_never_used() {
+        let mut p = problem(vec![node("h", 4, H100)], 7, 1, Stages::Fixed(1));
+        p.nodes[0].devices[0].healthy = false;
+        p.nodes[0].devices[1].temperature_c = Some(85.0);
+        p.nodes[0].devices[2].product = "NVIDIA H200".into();
+        p.selector.products = vec!["h100".into()];
+        assert_eq!(best(&p).stages[0].devices, vec!["h-3".to_string()]);
+    }
+
+    #[test]
+    fn tensor_groups_stay_on_one_node_and_prefer_nvlink() {
+        let mut a = node("a", 4, RTX4090);
+        a.links.push(super::super::problem::Link {
+            a: "a-2".into(),
+            b: "a-3".into(),
+            kind: super::super::problem::LinkKind::NvLink,
+            bandwidth_gbps: 100.0,
+        });
+        let p = problem(vec![a, node("b", 1, RTX4090)], 7, 2, Stages::Fixed(1));
+        let plan = best(&p);
+        assert_eq!(plan.stages[0].node, "a");
+        assert_eq!(
+            plan.stages[0].devices,
+            vec!["a-2".to_string(), "a-3".to_string()]
+        );
+    }
+
+    #[test]
+    fn stages_pack_onto_one_node_before_crossing_the_network() {
+        let p = problem(
+            vec![node("a", 4, H100), node("b", 4, H100)],
+            70,
+            1,
+            Stages::Fixed(3),
+        );
+        let plan = best(&p);
+        assert!(plan.stages.iter().all(|s| s.node == plan.stages[0].node));
+    }
+
+    #[test]
+    fn memory_is_respected_on_every_device() {
+        let mut p = problem(
+            vec![node("m", 2, MI300X), node("r", 4, RTX4090)],
+            70,
+            1,
+            Stages::Fixed(3),
+        );
+        p.nodes[0].devices[0].memory_free_bytes = (100.0 * GIB) as u64;
+        let plan = best(&p);
+        for s in &plan.stages {
+            let d = p.nodes.iter().find(|n| n.name == s.node).unwrap();
+            for id in &s.devices {
+                let dev = d.devices.iter().find(|x| &x.id == id).unwrap();
+                assert!(s.memory_per_device_bytes <= dev.memory_free_bytes as f64);
+            }
+        }
+    }
+
+    struct Expired;
+    impl Deadline for Expired {
+        fn expired(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn an_expired_deadline_returns_the_greedy_plan_marked_not_optimal() {
+        let nodes = (0..40)
+            .map(|i| node(&format!("n{i:02}"), 8, H100))
+            .collect();
+        let mut p = problem(nodes, 405, 1, Stages::Fixed(12));
+        for (i, n) in p.nodes.iter_mut().enumerate() {
+            n.devices[0].temperature_c = Some(30.0 + i as f64);
+        }
+        let plan = solve(
+            &p,
+            &SolveOptions {
+                deadline: Some(&Expired),
+                max_steps: u64::MAX,
+            },
+        )
+        .unwrap();
+        assert!(!plan.optimal);
+        assert!(plan.steps <= super::DEADLINE_EVERY);
+        assert_eq!(plan.stages.len(), 12);
+        let greedy = super::super::solve_greedy(&p).unwrap();
+        assert!(plan.score.total >= greedy.score.total);
     }
 }
