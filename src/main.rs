@@ -49,14 +49,19 @@ enum Command {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        // Help and version are not errors; every other parse problem is bad input,
+        // reported like all bad input: one line, exit code 1.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            // Help and version are not errors; every other parse problem is bad input.
-            return if e.use_stderr() {
-                ExitCode::from(1)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.render().to_string();
+            match text.lines().find(|l| l.starts_with("error:")) {
+                Some(line) => eprintln!("{line} (see --help)"),
+                None => eprintln!("error: a subcommand is required: place or crd (see --help)"),
+            }
+            return ExitCode::from(1);
         }
     };
     init_logging(cli.log_format);

@@ -1,17 +1,18 @@
 //! Branch-and-bound over sets of groups.
 //!
-//! Variables are the shards. Stages are interchangeable until they are put in
-//! pipeline order, so the search assigns groups to shards in candidate order
-//! (shard `i+1` takes a candidate at or after shard `i`'s): every set is visited
-//! once instead of `k!` times. Among the unassigned shards the next one taken is
-//! the one with the fewest live candidates (MRV); since all unassigned shards
-//! share the same candidate suffix this is the next shard in order, and the count
-//! doubles as the forward check: when fewer live candidates remain than shards,
-//! the branch is dead. Forward checking also drops candidates whose devices are
-//! taken and branches whose remaining capacity cannot reach the layer count.
-//! Branch-and-bound prunes a candidate when an optimistic bound on the final
-//! score cannot beat the best plan found; the first incumbent is the best of
-//! three greedy plans, so a deadline always has an answer.
+//! Variables are the shards, values the candidate groups (see `compile`).
+//! Shards are interchangeable until they are put in pipeline order, so every
+//! unassigned shard has the same domain: MRV's "most constrained shard first" is
+//! always a tie, broken by taking shards in order. Symmetry breaking makes shard
+//! `i+1` take a candidate at or after shard `i`'s, so each set of groups is
+//! visited once instead of `k!` times, and twin devices and nodes are taken in
+//! order (see `compile`). Forward checking: a candidate whose devices are taken
+//! is out of every remaining domain (`Usage::fits`), and a branch ends as soon as
+//! the remaining domain cannot supply the layer capacity still missing.
+//! Branch-and-bound skips a candidate when an optimistic bound on the final
+//! score cannot beat the best plan so far. The first incumbent is the best of
+//! three greedy plans, so a deadline or an exhausted step budget always has an
+//! answer.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,0 +1,384 @@
+//! End-to-end tests of the `tessera` binary: exit codes, what goes to stdout and
+//! stderr, and the plans `tessera place` prints.
+//!
+//! Contract: exit 0 when every instance has a plan, 2 when one is unsatisfiable
+//! (explained on stdout), 1 for bad input (one `error: ...` line on stderr and
+//! nothing on stdout). Never a panic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+/// Runs the built binary; returns (exit code, stdout, stderr).
+fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(args)
+        .env_remove("RUST_LOG")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start the tessera binary");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(text.as_bytes()).expect("write stdin");
+    }
+    let out = child.wait_with_output().expect("wait for tessera");
+    let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
+    let stderr = String::from_utf8(out.stderr).expect("stderr is UTF-8");
+    assert!(
+        !stdout.contains("panicked") && !stderr.contains("panicked"),
+        "tessera {args:?} panicked:\n{stderr}"
+    );
+    let code = out.status.code().expect("tessera exited, not killed");
+    (code, stdout, stderr)
+}
+
+/// A scratch directory under the system temp dir, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("tessera-cli-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    /// Writes a fixture file and returns its path as a string for the command line.
+    fn file(&self, name: &str, text: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("write fixture");
+        path.display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn repo_file(rel: &str) -> String {
+    std::fs::read_to_string(repo_path(rel)).expect("read a committed file")
+}
+
+/// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
+fn assert_bad_input(args: &[&str], stdin: Option<&str>, needles: &[&str]) {
+    let (code, stdout, stderr) = run(args, stdin);
+    assert_eq!(code, 1, "tessera {args:?}: exit code\nstderr: {stderr}");
+    assert!(
+        stdout.is_empty(),
+        "tessera {args:?}: stdout not empty:\n{stdout}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("error: "),
+        "tessera {args:?}: stderr is not one `error: ` line:\n{stderr}"
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "tessera {args:?}: {stderr:?} lacks {needle:?}"
+        );
+    }
+}
+
+/// A minimal valid ModelInstance; `extra_spec` lines go under `spec:`.
+fn instance(model: &str, extra_spec: &str) -> String {
+    format!(
+        "apiVersion: tessera.dev/v1alpha1\nkind: ModelInstance\nmetadata: {{name: m}}\nspec:\n  model: {{{model}}}\n{extra_spec}"
+    )
+}
+
+const SMALL_MODEL: &str = "name: m, parametersBillions: 7, layers: 32";
+
+/// Layer counts of the sample instances, by instance name.
+fn sample_layers() -> BTreeMap<String, u64> {
+    ["llama-7b", "llama-70b", "llama-405b"]
+        .iter()
+        .map(|name| {
+            let doc: Value = serde_saphyr::from_str(&repo_file(&format!("examples/{name}.yaml")))
+                .expect("sample instance parses");
+            let layers = doc["spec"]["model"]["layers"].as_u64().expect("layers");
+            (name.to_string(), layers)
+        })
+        .collect()
+}
+
+fn json_report(args: &[&str]) -> Value {
+    let (code, stdout, stderr) = run(args, None);
+    assert_eq!(
+        code, 0,
+        "tessera {args:?}\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    serde_json::from_str(&stdout).expect("JSON output parses")
+}
+
+#[test]
+fn sample_run_places_all_three_instances() {
+    let report = json_report(&["place", "-o", "json"]);
+    let placements = report["placements"].as_array().expect("placements");
+    assert_eq!(placements.len(), 3);
+    let layers = sample_layers();
+    let mut devices = BTreeSet::new();
+    let mut nodes = BTreeSet::new();
+    for p in placements {
+        let name = p["name"].as_str().expect("name");
+        let stages = p["plan"]["stages"].as_array().expect("a plan with stages");
+        assert!(!stages.is_empty(), "{name}: no stages");
+        let mut next = 0;
+        for s in stages {
+            assert_eq!(
+                s["layerStart"].as_u64(),
+                Some(next),
+                "{name}: gap or overlap"
+            );
+            let end = s["layerEnd"].as_u64().expect("layerEnd");
+            assert!(end > next, "{name}: empty stage");
+            next = end;
+            let node = s["node"].as_str().expect("node").to_string();
+            for d in s["devices"].as_array().expect("devices") {
+                let d = d.as_str().expect("device id").to_string();
+                assert!(
+                    devices.insert((node.clone(), d.clone())),
+                    "{node}/{d} planned twice"
+                );
+            }
+            nodes.insert(node);
+        }
+        assert_eq!(
+            Some(&next),
+            layers.get(name),
+            "{name}: stages do not cover all layers"
+        );
+    }
+
+    let (code, table, stderr) = run(&["place"], None);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    for name in layers.keys().chain(nodes.iter()) {
+        assert!(
+            table.contains(name.as_str()),
+            "table lacks {name}:\n{table}"
+        );
+    }
+    assert!(!table.contains("UNSATISFIABLE"), "{table}");
+
+    let (code, yaml, stderr) = run(&["place", "-o", "yaml"], None);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let from_yaml: Value = serde_saphyr::from_str(&yaml).expect("YAML output parses");
+    assert_eq!(from_yaml["placements"].as_array().map(Vec::len), Some(3));
+}
+
+#[test]
+fn kubectl_cluster_gives_the_same_plans_as_the_sample_cluster() {
+    let kubectl = repo_path("examples/cluster-mixed.kubectl.yaml");
+    let mut from_kubectl = json_report(&["place", "-o", "json", "-c", kubectl.to_str().unwrap()]);
+    let mut from_sample = json_report(&["place", "-o", "json"]);
+    assert_eq!(
+        from_kubectl["cluster"].as_str(),
+        kubectl.to_str(),
+        "the report names the cluster file"
+    );
+    from_kubectl["cluster"] = Value::Null;
+    from_sample["cluster"] = Value::Null;
+    assert_eq!(from_kubectl, from_sample);
+}
+
+#[test]
+fn malformed_yaml_is_bad_input() {
+    let dir = Scratch::new("malformed_yaml");
+    let path = dir.file("broken.yaml", "apiVersion: [tessera.dev/v1alpha1\n");
+    assert_bad_input(&["place", "-f", &path], None, &[&path, "not valid YAML"]);
+}
+
+#[test]
+fn unknown_field_is_bad_input() {
+    let dir = Scratch::new("unknown_field");
+    let path = dir.file(
+        "colour.yaml",
+        &instance(&format!("{SMALL_MODEL}, colour: red"), ""),
+    );
+    assert_bad_input(
+        &["place", "-f", &path],
+        None,
+        &[&path, "unknown field", "spec.model.colour"],
+    );
+}
+
+#[test]
+fn out_of_range_model_numbers_are_bad_input() {
+    let dir = Scratch::new("model_numbers");
+    for (name, model, needles) in [
+        (
+            "negative-layers.yaml",
+            "name: m, parametersBillions: 7, layers: -4",
+            &["spec.model.layers", "-4"][..],
+        ),
+        (
+            "zero-parameters.yaml",
+            "name: m, parametersBillions: 0, layers: 32",
+            &["parametersBillions", "positive"][..],
+        ),
+        (
+            "negative-kv-cache.yaml",
+            "name: m, parametersBillions: 7, layers: 32, kvCacheGiB: -1",
+            &["kvCacheGiB", "-1"][..],
+        ),
+    ] {
+        let path = dir.file(name, &instance(model, ""));
+        let mut all = vec![path.as_str()];
+        all.extend_from_slice(needles);
+        assert_bad_input(&["place", "-f", &path], None, &all);
+    }
+}
+
+#[test]
+fn model_larger_than_the_cluster_is_unsatisfiable() {
+    let dir = Scratch::new("too_large");
+    let path = dir.file(
+        "huge.yaml",
+        &instance(
+            "name: huge, parametersBillions: 5000, layers: 200",
+            "  parallelism: {pipeline: auto}\n",
+        ),
+    );
+    let (code, stdout, stderr) = run(&["place", "-f", &path], None);
+    assert_eq!(code, 2, "stdout: {stdout}\nstderr: {stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("UNSATISFIABLE"))
+        .unwrap_or_else(|| panic!("no UNSATISFIABLE line:\n{stdout}"));
+    assert!(line.contains("GiB"), "the reason gives sizes: {line}");
+    assert!(!stderr.contains("error:"), "{stderr}");
+
+    let (code, stdout, _) = run(&["place", "-o", "json", "-f", &path], None);
+    assert_eq!(code, 2);
+    let report: Value = serde_json::from_str(&stdout).expect("JSON output parses");
+    let p = &report["placements"][0];
+    assert!(p.get("plan").is_none(), "{p}");
+    let reason = p["unsatisfiable"]["reason"].as_str().expect("a reason");
+    assert!(reason.contains("GiB"), "{reason}");
+}
+
+#[test]
+fn empty_cluster_is_unsatisfiable() {
+    let dir = Scratch::new("empty_cluster");
+    let mi = dir.file("mi.yaml", &instance(SMALL_MODEL, ""));
+    let cluster = dir.file("cluster.yaml", "nodes: []\n");
+    let (code, stdout, stderr) = run(&["place", "-f", &mi, "-c", &cluster], None);
+    assert_eq!(code, 2, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("UNSATISFIABLE"), "{stdout}");
+    assert!(stdout.contains("no GPUs"), "{stdout}");
+}
+
+#[test]
+fn unsupported_gpu_state_version_is_bad_input_in_both_cluster_formats() {
+    let dir = Scratch::new("state_version");
+    let mi = dir.file("mi.yaml", &instance(SMALL_MODEL, ""));
+    // The first node in both sample files is h100-0.
+    for (name, rel, from, to) in [
+        (
+            "nodes.yaml",
+            "examples/cluster-mixed.yaml",
+            "version: v1",
+            "version: v2",
+        ),
+        (
+            "kubectl.yaml",
+            "examples/cluster-mixed.kubectl.yaml",
+            r#""version":"v1""#,
+            r#""version":"v2""#,
+        ),
+    ] {
+        let original = repo_file(rel);
+        let text = original.replacen(from, to, 1);
+        assert_ne!(text, original, "{rel} has no {from}");
+        let cluster = dir.file(name, &text);
+        assert_bad_input(
+            &["place", "-f", &mi, "-c", &cluster],
+            None,
+            &[&cluster, "version", "v2", "h100-0"],
+        );
+    }
+}
+
+#[test]
+fn missing_files_are_bad_input() {
+    let dir = Scratch::new("missing_file");
+    let missing = dir.0.join("does-not-exist.yaml").display().to_string();
+    assert_bad_input(&["place", "-f", &missing], None, &[&missing]);
+    let mi = dir.file("mi.yaml", &instance(SMALL_MODEL, ""));
+    assert_bad_input(&["place", "-f", &mi, "-c", &missing], None, &[&missing]);
+}
+
+#[test]
+fn unknown_flag_is_bad_input() {
+    assert_bad_input(&["place", "--bogus"], None, &["--bogus"]);
+}
+
+#[test]
+fn zero_max_steps_is_bad_input() {
+    assert_bad_input(&["place", "--max-steps", "0"], None, &["--max-steps"]);
+}
+
+#[test]
+fn help_succeeds() {
+    let (code, stdout, stderr) = run(&["place", "--help"], None);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(stdout.contains("Usage"), "{stdout}");
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
+#[test]
+fn crd_prints_the_committed_crd() {
+    let (code, stdout, stderr) = run(&["crd"], None);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(
+        stdout == repo_file("crds/modelinstance.yaml"),
+        "`tessera crd` differs from crds/modelinstance.yaml"
+    );
+}
+
+#[test]
+fn instance_from_stdin() {
+    let text = instance("name: from-stdin, parametersBillions: 7, layers: 32", "");
+    let (code, stdout, stderr) = run(&["place", "-o", "json", "-f", "-"], Some(&text));
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("JSON output parses");
+    let placements = report["placements"].as_array().expect("placements");
+    assert_eq!(placements.len(), 1);
+    assert_eq!(placements[0]["model"], "from-stdin");
+    assert!(placements[0]["plan"]["stages"].is_array(), "{report}");
+
+    assert_bad_input(&["place", "-f", "-"], Some(""), &["no ModelInstance"]);
+}
+
+#[test]
+fn impossible_parallelism_is_bad_input() {
+    let dir = Scratch::new("parallelism");
+    let path = dir.file(
+        "pipeline.yaml",
+        &instance(SMALL_MODEL, "  parallelism: {pipeline: 40}\n"),
+    );
+    assert_bad_input(
+        &["place", "-f", &path],
+        None,
+        &[&path, "pipeline", "at least one layer"],
+    );
+    let path = dir.file(
+        "tensor.yaml",
+        &instance(SMALL_MODEL, "  parallelism: {tensor: 0}\n"),
+    );
+    assert_bad_input(&["place", "-f", &path], None, &[&path, "tensor"]);
+}
