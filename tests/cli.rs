@@ -382,3 +382,23 @@ fn impossible_parallelism_is_bad_input() {
     );
     assert_bad_input(&["place", "-f", &path], None, &[&path, "tensor"]);
 }
+
+#[test]
+fn log_format_json_writes_json_lines_at_the_requested_level() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["place", "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run tessera");
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8(out.stderr).expect("stderr is UTF-8");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(!lines.is_empty(), "info logs expected on stderr");
+    for line in lines {
+        let v: Value = serde_json::from_str(line).expect("every log line is JSON");
+        assert_eq!(v["level"], "INFO");
+    }
+    // Without RUST_LOG the default level (warn) keeps stderr quiet.
+    let (_, _, quiet) = run(&["place"], None);
+    assert!(quiet.is_empty(), "{quiet}");
+}
