@@ -1,1 +1,95 @@
-fn main() {}
+//! Placement solver benchmarks on generated mixed-GPU clusters.
+//!
+//! - `solve/8x2_over_64x8`: 8 stages × tensor 2 of a 405B model over 64 nodes × 8 GPUs.
+//! - `solve/64_stages_over_1000x8`: 64 stages × tensor 1 of a 1.8T model over 1,000 × 8 GPUs.
+//! - `greedy/8000_devices`: `solve_greedy` on the 1,000 × 8 problem.
+//!
+//! Each scenario's plan is checked for validity and compared with a first-fit
+//! baseline once, outside the timed code; the comparison goes to stderr as a
+//! line starting with `REPORT`.
+
+mod support;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use tessera::placement::{Problem, SolveOptions, solve, solve_greedy};
+
+use support::{ModelSpec, assert_valid, cluster, describe, problem, report};
+
+const SEED: u64 = 0x7e55_e7a0_5eed_0001;
+
+/// A 405B-class dense decoder (Llama 3.1 405B shape) with a 40 GiB KV cache.
+const MODEL_405B: ModelSpec = ModelSpec {
+    parameters: 405e9,
+    layers: 126,
+    hidden: 16384,
+    kv_cache_gib: 40.0,
+    overhead_gib: 2.0,
+};
+
+/// A 1.8-trillion-parameter dense decoder: 3.6 TB of bf16 weights, about
+/// 28.7 GB per layer with its KV share. One GPU holds 7 layers on an MI300X,
+/// 2 on an H100, 1 on an A100 and none on an RTX 4090: 64 single-GPU stages are
+/// feasible (64 H100s exactly fit 128 layers), 64 A100s are not, and the fewest
+/// stages that fit are 19 MI300X (`Stages::Auto` would pick those).
+const MODEL_1_8T: ModelSpec = ModelSpec {
+    parameters: 1.8e12,
+    layers: 128,
+    hidden: 25600,
+    kv_cache_gib: 64.0,
+    overhead_gib: 2.0,
+};
+
+fn small_problem() -> Problem {
+    problem(cluster(64, SEED), &MODEL_405B, 2, 8)
+}
+
+fn large_problem() -> Problem {
+    problem(cluster(1000, SEED), &MODEL_1_8T, 1, 64)
+}
+
+fn solve_benches(c: &mut Criterion) {
+    let scenarios = [
+        ("8x2_over_64x8", small_problem(), 8),
+        ("64_stages_over_1000x8", large_problem(), 64),
+    ];
+    let mut group = c.benchmark_group("solve");
+    // A solve can take tens of milliseconds: flat sampling keeps the run short.
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for (id, p, stages) in &scenarios {
+        let scenario = format!("solve/{id}");
+        eprintln!("CLUSTER {scenario}: {}", describe(&p.nodes));
+        let plan = solve(p, &SolveOptions::default()).expect("the scenario has a plan");
+        assert_valid(p, &plan, *stages);
+        eprintln!("{}", report(&scenario, p, &plan));
+        group.bench_function(*id, |b| {
+            b.iter(|| solve(black_box(p), &SolveOptions::default()))
+        });
+    }
+    group.finish();
+}
+
+fn greedy_benches(c: &mut Criterion) {
+    let p = large_problem();
+    let scenario = "greedy/8000_devices";
+    eprintln!("CLUSTER {scenario}: {}", describe(&p.nodes));
+    let plan = solve_greedy(&p).expect("the scenario has a plan");
+    assert_valid(&p, &plan, 64);
+    eprintln!("{}", report(scenario, &p, &plan));
+    let mut group = c.benchmark_group("greedy");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    group.bench_function("8000_devices", |b| b.iter(|| solve_greedy(black_box(&p))));
+    group.finish();
+}
+
+criterion_group!(benches, solve_benches, greedy_benches);
+criterion_main!(benches);
