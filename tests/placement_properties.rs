@@ -217,8 +217,7 @@ fn check_hard_constraints(p: &Problem, plan: &Plan) -> Result<(), TestCaseError>
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
-
+    // 256 cases by default; PROPTEST_CASES=5000 for a deeper run.
     #[test]
     fn search_matches_enumeration_and_obeys_constraints(p in problem_strategy()) {
         let solved = solve(&p, &SolveOptions::default());

@@ -13,9 +13,7 @@
 use std::collections::HashMap;
 
 use super::evaluate::Context;
-use super::explain;
-use super::plan::Unsatisfiable;
-use super::problem::Problem;
+use super::problem::LinkKind;
 
 pub(crate) struct CNode {
     /// Index into `Problem::nodes`.
@@ -39,6 +37,8 @@ pub(crate) struct Group {
     pub free: f64,
     /// Worst tensor link cost inside the group.
     pub intra_cost: f64,
+    /// How often the group fits in its node at most.
+    pub multiplicity: u32,
 }
 
 pub(crate) struct Compiled<'p> {
@@ -49,20 +49,19 @@ pub(crate) struct Compiled<'p> {
     pub groups: Vec<Group>,
     /// Stage count to plan.
     pub stages: u32,
-    /// The disjoint groups with the most capacity, largest first: the proof that
-    /// `stages` groups can hold the model, and a plan of its own.
-    pub capacity_plan: Vec<(usize, Vec<usize>)>,
 }
 
 impl<'p> Compiled<'p> {
-    pub(crate) fn new(p: &'p Problem) -> Result<Self, Unsatisfiable> {
-        explain::check_shape(p)?;
-        let ctx = Context::new(p);
+    /// `stages` is the resolved stage count (see `greedy::start`).
+    pub(crate) fn new(ctx: Context<'p>, stages: u32) -> Self {
+        let p = ctx.p;
         let t = p.tensor as usize;
+        let mut order: Vec<usize> = (0..p.nodes.len()).collect();
+        order.sort_by(|&a, &b| ctx.position_cmp(a, b));
 
         let mut nodes = Vec::new();
-        let mut by_signature: HashMap<String, usize> = HashMap::new();
-        for &src in &ctx.node_order {
+        let mut previous_twin: HashMap<NodeKey, usize> = HashMap::new();
+        for src in order {
             let mut eligible: Vec<usize> = (0..p.nodes[src].devices.len())
                 .filter(|&d| ctx.eligible(src, d))
                 .collect();
@@ -71,23 +70,13 @@ impl<'p> Compiled<'p> {
             }
             eligible.sort_by_key(|&d| (p.nodes[src].devices[d].index, d));
             let classes = twin_classes(&ctx, src, &eligible);
-            let signature = node_signature(&ctx, src, &classes);
-            let idx = nodes.len();
-            let twin_prev = by_signature.insert(signature, idx);
+            let twin_prev = previous_twin.insert(node_key(&ctx, src, &classes), nodes.len());
             nodes.push(CNode {
                 src,
                 classes,
                 twin_prev,
             });
         }
-
-        let capacity_chunks = capacity_chunks(&ctx, &nodes, t);
-        let stages = explain::stage_count(&ctx, &nodes, &capacity_chunks)?;
-        let capacity_plan = capacity_chunks
-            .into_iter()
-            .take(stages as usize)
-            .map(|(_, node, devs)| (node, devs))
-            .collect();
 
         let mut groups = Vec::new();
         for (ni, n) in nodes.iter().enumerate() {
@@ -114,13 +103,12 @@ impl<'p> Compiled<'p> {
                 .then(a.node.cmp(&b.node))
                 .then_with(|| a.counts.cmp(&b.counts))
         });
-        Ok(Self {
+        Self {
             ctx,
             nodes,
             groups,
             stages,
-            capacity_plan,
-        })
+        }
     }
 }
 
@@ -139,7 +127,7 @@ fn twins(ctx: &Context, node: usize, eligible: &[usize], a: usize, b: usize) -> 
         && x.temperature_c.map(f64::to_bits) == y.temperature_c.map(f64::to_bits);
     same && eligible.iter().all(|&o| {
         o == a || o == b || {
-            let (la, lb) = (ctx.links[node].get(a, o), ctx.links[node].get(b, o));
+            let (la, lb) = (ctx.links(node).get(a, o), ctx.links(node).get(b, o));
             la.map(|(k, g)| (k, g.to_bits())) == lb.map(|(k, g)| (k, g.to_bits()))
         }
     })
@@ -159,37 +147,53 @@ fn twin_classes(ctx: &Context, node: usize, eligible: &[usize]) -> Vec<Vec<usize
     classes
 }
 
-/// Everything that makes two nodes interchangeable, as a comparable key.
-fn node_signature(ctx: &Context, node: usize, classes: &[Vec<usize>]) -> String {
-    use std::fmt::Write;
+/// Everything that makes two nodes interchangeable.
+#[derive(PartialEq, Eq, Hash)]
+struct NodeKey<'a> {
+    zone: Option<&'a str>,
+    rack: Option<&'a str>,
+    /// Per class: size, vendor, product and the numbers the score reads.
+    classes: Vec<(usize, &'a str, &'a str, [u64; 4], Option<u64>)>,
+    /// Link between every pair of classes (and inside each class).
+    links: Vec<Option<(LinkKind, u64)>>,
+}
+
+fn node_key<'a>(ctx: &'a Context, node: usize, classes: &[Vec<usize>]) -> NodeKey<'a> {
     let n = &ctx.p.nodes[node];
-    let mut s = format!("{:?}|{:?}|", n.zone, n.rack);
-    for c in classes {
-        let d = ctx.device(node, c[0]);
-        let _ = write!(
-            s,
-            "[{}x{}/{}/{}/{}/{:x}/{:x}/{:?}]",
-            c.len(),
-            d.vendor,
-            d.product,
-            d.memory_total_bytes,
-            d.memory_free_bytes,
-            d.fp16_tflops.to_bits(),
-            d.memory_bandwidth_gbps.to_bits(),
-            d.temperature_c.map(f64::to_bits)
-        );
-    }
+    let link = |a: usize, b: usize| ctx.links(node).get(a, b).map(|(k, g)| (k, g.to_bits()));
+    let mut links = Vec::new();
     for (i, a) in classes.iter().enumerate() {
-        for (j, b) in classes.iter().enumerate().skip(i) {
-            let link = if i == j {
-                a.get(1).and_then(|&x| ctx.links[node].get(a[0], x))
+        for b in &classes[i..] {
+            links.push(if std::ptr::eq(a, b) {
+                a.get(1).and_then(|&x| link(a[0], x))
             } else {
-                ctx.links[node].get(a[0], b[0])
-            };
-            let _ = write!(s, "{i}-{j}:{:?};", link.map(|(k, g)| (k, g.to_bits())));
+                link(a[0], b[0])
+            });
         }
     }
-    s
+    NodeKey {
+        zone: n.zone.as_deref(),
+        rack: n.rack.as_deref(),
+        classes: classes
+            .iter()
+            .map(|c| {
+                let d = ctx.device(node, c[0]);
+                (
+                    c.len(),
+                    d.vendor.as_str(),
+                    d.product.as_str(),
+                    [
+                        d.memory_total_bytes,
+                        d.memory_free_bytes,
+                        d.fp16_tflops.to_bits(),
+                        d.memory_bandwidth_gbps.to_bits(),
+                    ],
+                    d.temperature_c.map(f64::to_bits),
+                )
+            })
+            .collect(),
+        links,
+    }
 }
 
 /// How many devices a group takes from each twin class: `(class, count)`.
@@ -250,51 +254,28 @@ fn make_group(ctx: &Context, ni: usize, n: &CNode, counts: &[(usize, u32)]) -> O
         additive: w.compute * c + w.thermal * t + w.bandwidth * b,
         free,
         intra_cost: ctx.intra_cost(n.src, &devices),
+        multiplicity: counts
+            .iter()
+            .map(|&(c, k)| n.classes[c].len() as u32 / k)
+            .min()
+            .unwrap_or(0),
     })
-}
-
-/// Disjoint groups of largest capacity, largest first, as `(capacity, node, devices)`.
-/// A group's capacity is set by its tightest device, so on each node the best
-/// groups are consecutive runs of devices sorted by free memory; merging the
-/// nodes' runs by capacity gives the most capacity any `j` groups can have.
-fn capacity_chunks(ctx: &Context, nodes: &[CNode], t: usize) -> Vec<(u32, usize, Vec<usize>)> {
-    let mut chunks = Vec::new();
-    for n in nodes {
-        let mut devs: Vec<usize> = n.classes.iter().flatten().copied().collect();
-        devs.sort_by_key(|&d| {
-            (
-                std::cmp::Reverse(ctx.device(n.src, d).memory_free_bytes),
-                ctx.device(n.src, d).index,
-            )
-        });
-        for chunk in devs.chunks_exact(t) {
-            let min_free = chunk
-                .iter()
-                .map(|&d| ctx.device(n.src, d).memory_free_bytes as f64)
-                .fold(f64::INFINITY, f64::min);
-            let cap = ctx.capacity(min_free);
-            if cap > 0 {
-                chunks.push((cap, n.src, chunk.to_vec()));
-            }
-        }
-    }
-    chunks.sort_by(|a, b| {
-        b.0.cmp(&a.0)
-            .then(ctx.rank_of_node[a.1].cmp(&ctx.rank_of_node[b.1]))
-    });
-    chunks
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::problem::{Link, LinkKind, Stages};
+    use super::super::problem::{Link, Problem, Stages};
     use super::super::testutil::*;
     use super::*;
+
+    fn compiled(p: &Problem) -> Compiled<'_> {
+        Compiled::new(Context::new(p), 1)
+    }
 
     #[test]
     fn identical_devices_form_one_class_and_links_split_classes() {
         let mut p = problem(vec![node("a", 4, RTX4090)], 8, 1, Stages::Fixed(1));
-        let c = Compiled::new(&p).unwrap();
+        let c = compiled(&p);
         assert_eq!(c.nodes[0].classes, vec![vec![0, 1, 2, 3]]);
         // One class, tensor 1: a single candidate group.
         assert_eq!(c.groups.len(), 1);
@@ -313,7 +294,7 @@ mod tests {
             bandwidth_gbps: 600.0,
         });
         p.tensor = 2;
-        let c = Compiled::new(&p).unwrap();
+        let c = compiled(&p);
         assert_eq!(c.nodes[0].classes, vec![vec![0, 1], vec![2, 3]]);
         // {2 of A}, {1 A + 1 B}, {2 of B}; the NVLink pairs rank first.
         assert_eq!(c.groups.len(), 3);
@@ -325,7 +306,7 @@ mod tests {
     fn a_different_temperature_breaks_twins() {
         let mut p = problem(vec![node("a", 3, H100)], 8, 1, Stages::Fixed(1));
         p.nodes[0].devices[1].temperature_c = Some(70.0);
-        let c = Compiled::new(&p).unwrap();
+        let c = compiled(&p);
         assert_eq!(c.nodes[0].classes, vec![vec![0, 2], vec![1]]);
     }
 
@@ -341,24 +322,9 @@ mod tests {
             1,
             Stages::Fixed(1),
         );
-        let c = Compiled::new(&p).unwrap();
+        let c = compiled(&p);
         assert_eq!(c.nodes[0].twin_prev, None);
         assert_eq!(c.nodes[1].twin_prev, Some(0));
         assert_eq!(c.nodes[2].twin_prev, None);
-    }
-
-    #[test]
-    fn capacity_plan_takes_the_largest_groups() {
-        let p = problem(
-            vec![node("small", 4, RTX4090), node("big", 2, MI300X)],
-            70,
-            1,
-            Stages::Auto,
-        );
-        let c = Compiled::new(&p).unwrap();
-        // 70B bf16 fits on one MI300X.
-        assert_eq!(c.stages, 1);
-        assert_eq!(c.capacity_plan.len(), 1);
-        assert_eq!(p.nodes[c.capacity_plan[0].0].name, "big");
     }
 }

@@ -3,6 +3,7 @@
 //! callers checking an existing plan all go through `Context::evaluate`, so they
 //! agree on what a plan is worth.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
@@ -66,42 +67,42 @@ fn hop_transfer(cost: f64) -> (f64, f64) {
     }
 }
 
-/// Links of one node, by device index pair.
-#[derive(Default)]
+/// Links of one node as a device-by-device matrix (nodes have a handful of GPUs).
 pub(crate) struct NodeLinks {
-    by_pair: HashMap<(usize, usize), (LinkKind, f64)>,
+    devices: usize,
+    matrix: Vec<Option<(LinkKind, f64)>>,
 }
 
 impl NodeLinks {
     fn new(node: &NodeState) -> Self {
+        let n = node.devices.len();
         let pos: HashMap<&str, usize> = node
             .devices
             .iter()
             .enumerate()
             .map(|(i, d)| (d.id.as_str(), i))
             .collect();
-        let mut by_pair = HashMap::new();
+        let mut matrix = vec![None; n * n];
         for l in &node.links {
             if let (Some(&a), Some(&b)) = (pos.get(l.a.as_str()), pos.get(l.b.as_str())) {
-                // Keep the best link when a pair is listed twice (e.g. once per direction).
-                let entry = by_pair
-                    .entry(pair(a, b))
-                    .or_insert((l.kind, l.bandwidth_gbps));
-                if l.kind < entry.0 || (l.kind == entry.0 && l.bandwidth_gbps > entry.1) {
-                    *entry = (l.kind, l.bandwidth_gbps);
+                for (x, y) in [(a, b), (b, a)] {
+                    let slot = &mut matrix[x * n + y];
+                    // Keep the best link when a pair is listed twice (e.g. once per direction).
+                    let better = slot.is_none_or(|(kind, gbps): (LinkKind, f64)| {
+                        l.kind < kind || (l.kind == kind && l.bandwidth_gbps > gbps)
+                    });
+                    if better {
+                        *slot = Some((l.kind, l.bandwidth_gbps));
+                    }
                 }
             }
         }
-        Self { by_pair }
+        Self { devices: n, matrix }
     }
 
     pub(crate) fn get(&self, a: usize, b: usize) -> Option<(LinkKind, f64)> {
-        self.by_pair.get(&pair(a, b)).copied()
+        self.matrix[a * self.devices + b]
     }
-}
-
-fn pair(a: usize, b: usize) -> (usize, usize) {
-    (a.min(b), a.max(b))
 }
 
 /// Everything about a problem that does not depend on the choice of groups.
@@ -112,12 +113,10 @@ pub(crate) struct Context<'p> {
     pub layer_bytes: f64,
     pub max_tflops: f64,
     pub max_bandwidth: f64,
-    pub links: Vec<NodeLinks>,
+    /// Built on first use: a greedy plan only needs the links of the nodes it uses.
+    links: Vec<OnceCell<NodeLinks>>,
     /// `exclusions[node][device]`: `None` when the device is eligible.
     pub exclusions: Vec<Vec<Option<Exclusion>>>,
-    /// Node indices sorted by network position: the pipeline order of nodes.
-    pub node_order: Vec<usize>,
-    pub rank_of_node: Vec<usize>,
 }
 
 impl<'p> Context<'p> {
@@ -150,26 +149,26 @@ impl<'p> Context<'p> {
                 }
             }
         }
-        let mut node_order: Vec<usize> = (0..p.nodes.len()).collect();
-        node_order.sort_by(|&a, &b| {
-            let (x, y) = (&p.nodes[a], &p.nodes[b]);
-            (&x.zone, &x.rack, &x.name, a).cmp(&(&y.zone, &y.rack, &y.name, b))
-        });
-        let mut rank_of_node = vec![0; p.nodes.len()];
-        for (rank, &n) in node_order.iter().enumerate() {
-            rank_of_node[n] = rank;
-        }
         Self {
             p,
             w: p.weights.normalized(),
             layer_bytes,
             max_tflops,
             max_bandwidth,
-            links: p.nodes.iter().map(NodeLinks::new).collect(),
+            links: p.nodes.iter().map(|_| OnceCell::new()).collect(),
             exclusions,
-            node_order,
-            rank_of_node,
         }
+    }
+
+    pub(crate) fn links(&self, node: usize) -> &NodeLinks {
+        self.links[node].get_or_init(|| NodeLinks::new(&self.p.nodes[node]))
+    }
+
+    /// Network position of a node: pipelines visit nodes in this order, so stages
+    /// in one rack, then one zone, are neighbours.
+    pub(crate) fn position_cmp(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        let (x, y) = (&self.p.nodes[a], &self.p.nodes[b]);
+        (&x.zone, &x.rack, &x.name, a).cmp(&(&y.zone, &y.rack, &y.name, b))
     }
 
     pub(crate) fn eligible(&self, node: usize, device: usize) -> bool {
@@ -230,7 +229,7 @@ impl<'p> Context<'p> {
         let mut worst: f64 = 0.0;
         for (i, &a) in devices.iter().enumerate() {
             for &b in &devices[i + 1..] {
-                worst = worst.max(tensor_link_cost(self.links[node].get(a, b).map(|(k, _)| k)));
+                worst = worst.max(tensor_link_cost(self.links(node).get(a, b).map(|(k, _)| k)));
             }
         }
         worst
@@ -272,7 +271,7 @@ impl<'p> Context<'p> {
             let mut latency: f64 = 0.0;
             for (i, &a) in devices.iter().enumerate() {
                 for &b in &devices[i + 1..] {
-                    let (kind, gbps) = match self.links[node].get(a, b) {
+                    let (kind, gbps) = match self.links(node).get(a, b) {
                         Some((k, g)) if g > 0.0 => (Some(k), g),
                         Some((k, _)) => (Some(k), 16.0),
                         None => (None, 16.0),
@@ -339,7 +338,10 @@ impl<'p> Context<'p> {
         // Pipeline order: by network position, then by first device.
         let mut order: Vec<usize> = (0..groups.len()).collect();
         let first = |g: &(usize, Vec<usize>)| g.1.iter().copied().min().unwrap_or(0);
-        order.sort_by_key(|&i| (self.rank_of_node[groups[i].0], first(&groups[i])));
+        order.sort_by(|&a, &b| {
+            self.position_cmp(groups[a].0, groups[b].0)
+                .then(first(&groups[a]).cmp(&first(&groups[b])))
+        });
         let ordered: Vec<&(usize, Vec<usize>)> = order.iter().map(|&i| &groups[i]).collect();
 
         let min_free: Vec<f64> = ordered

@@ -1,7 +1,6 @@
 //! Deciding the stage count, and saying in words why there is no plan: which
 //! shard, how much memory, the best device there is, and what excluded the rest.
 
-use super::compile::CNode;
 use super::evaluate::{Context, Exclusion};
 use super::plan::Unsatisfiable;
 use super::problem::{Problem, Stages};
@@ -143,17 +142,17 @@ fn largest_free_device(ctx: &Context) -> Option<(f64, String, String)> {
     best
 }
 
-/// Decides how many stages to plan, or why no count works.
-/// `chunks` are the disjoint groups of largest capacity, largest first.
+/// Decides how many stages to plan, or why no count works. `caps` are the
+/// layer capacities of the disjoint groups with the most room, largest first.
+/// Explanations are only built on the way out: a solvable problem pays nothing.
 pub(crate) fn stage_count(
     ctx: &Context,
-    nodes: &[CNode],
-    chunks: &[(u32, usize, Vec<usize>)],
+    caps: &[u32],
+    any_node_fits_tensor: bool,
 ) -> Result<u32, Unsatisfiable> {
     let p = ctx.p;
     let m = &p.model;
     let t = p.tensor;
-    let details = exclusion_details(ctx);
     let total = device_total(p);
     if total == 0 {
         return Err(unsat(
@@ -168,6 +167,7 @@ pub(crate) fn stage_count(
         .filter(|e| e.is_none())
         .count();
     if eligible == 0 {
+        let details = exclusion_details(ctx);
         let reason = match largest_free_device(ctx) {
             Some((free, node, id))
                 if details.iter().all(|d| d.contains("too little free memory")) =>
@@ -183,7 +183,7 @@ pub(crate) fn stage_count(
         };
         return Err(unsat(reason, details));
     }
-    if nodes.is_empty() {
+    if !any_node_fits_tensor {
         let (most, node) = ctx
             .p
             .nodes
@@ -199,12 +199,12 @@ pub(crate) fn stage_count(
             format!(
                 "tensor={t} needs {t} eligible GPUs on one node; the most any node has is {most} ({node})"
             ),
-            details,
+            exclusion_details(ctx),
         ));
     }
     let layers = u64::from(m.layers);
     let need_bytes = f64::from(m.layers) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer);
-    let prefix = |k: usize| -> u64 { chunks.iter().take(k).map(|c| u64::from(c.0)).sum() };
+    let prefix = |k: usize| -> u64 { caps.iter().take(k).map(|&c| u64::from(c)).sum() };
     let groups_word = if t == 1 {
         "GPUs".to_string()
     } else {
@@ -212,13 +212,13 @@ pub(crate) fn stage_count(
     };
     match p.stages {
         Stages::Fixed(k) => {
-            if (k as usize) > chunks.len() {
+            if (k as usize) > caps.len() {
                 return Err(unsat(
                     format!(
                         "pipeline={k} × tensor={t} needs {k} separate {groups_word} on one node each; the eligible GPUs make only {}",
-                        chunks.len()
+                        caps.len()
                     ),
-                    details,
+                    exclusion_details(ctx),
                 ));
             }
             let held = prefix(k as usize);
@@ -238,7 +238,7 @@ pub(crate) fn stage_count(
                     m.layers,
                     gib(m.overhead_bytes_per_device)
                 )];
-                d.extend(details);
+                d.extend(exclusion_details(ctx));
                 return Err(unsat(
                     format!(
                         "pipeline={k} × tensor={t} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. Use more stages, a larger tensor size or a smaller dtype",
@@ -251,18 +251,18 @@ pub(crate) fn stage_count(
         }
         Stages::Auto => {
             let mut sum = 0u64;
-            for (i, c) in chunks.iter().enumerate() {
-                sum += u64::from(c.0);
+            for (i, &c) in caps.iter().enumerate() {
+                sum += u64::from(c);
                 if sum >= layers {
                     return Ok(u32::try_from(i + 1).unwrap_or(u32::MAX).min(m.layers));
                 }
             }
             let mut d = vec![format!(
                 "all {} eligible {groups_word} together hold {sum} of {} layers",
-                chunks.len(),
+                caps.len(),
                 m.layers
             )];
-            d.extend(details);
+            d.extend(exclusion_details(ctx));
             Err(unsat(
                 format!(
                     "the model needs {} for {} layers plus {} per GPU; the whole cluster's eligible GPUs hold only {sum} of its {} layers",

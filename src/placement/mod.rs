@@ -14,6 +14,7 @@ mod compile;
 mod evaluate;
 mod exhaustive;
 mod explain;
+mod greedy;
 mod plan;
 mod problem;
 mod search;
@@ -28,15 +29,19 @@ pub use problem::{
 
 /// Finds the best plan within the options' budget.
 pub fn solve(problem: &Problem, options: &SolveOptions) -> Result<Plan, Unsatisfiable> {
-    let c = compile::Compiled::new(problem)?;
-    search::run(&c, options)
+    explain::check_shape(problem)?;
+    let ctx = evaluate::Context::new(problem);
+    let start = greedy::start(&ctx)?;
+    let compiled = compile::Compiled::new(ctx, start.stages);
+    Ok(search::run(&compiled, options, start.plan))
 }
 
-/// The greedy answer alone: what `solve` falls back to when the deadline hits
-/// before the search has found anything better.
+/// The greedy answer alone: what `solve` starts from, and what it returns when
+/// the deadline hits before the search has found anything better.
 pub fn solve_greedy(problem: &Problem) -> Result<Plan, Unsatisfiable> {
-    let c = compile::Compiled::new(problem)?;
-    search::greedy(&c)
+    explain::check_shape(problem)?;
+    let ctx = evaluate::Context::new(problem);
+    Ok(greedy::start(&ctx)?.plan)
 }
 
 #[cfg(test)]

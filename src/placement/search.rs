@@ -14,11 +14,11 @@
 //! three greedy plans, so a deadline or an exhausted step budget always has an
 //! answer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::compile::{Compiled, Group};
-use super::evaluate::{HOP_SAME_NODE, memory_part};
-use super::plan::{Plan, Unsatisfiable};
+use super::evaluate::{HOP_SAME_NODE, HOP_SAME_RACK, memory_part};
+use super::plan::Plan;
 use super::problem::SolveOptions;
 
 /// Scores closer than this count as equal, so ties keep the earlier plan.
@@ -28,18 +28,30 @@ const DEADLINE_EVERY: u64 = 1024;
 
 /// Devices taken so far, per node and twin class.
 struct Usage {
+    tensor: u32,
     used: Vec<Vec<u32>>,
     groups_on: Vec<u32>,
+    /// Eligible devices not yet taken, per node.
+    free_devices: Vec<u32>,
     /// Nodes with at least one group, by index (= network order).
     nodes_in_use: BTreeSet<usize>,
+    /// Groups the nodes in use could still take.
+    slots_in_use: u64,
 }
 
 impl Usage {
     fn new(c: &Compiled) -> Self {
         Self {
+            tensor: c.ctx.p.tensor,
             used: c.nodes.iter().map(|n| vec![0; n.classes.len()]).collect(),
             groups_on: vec![0; c.nodes.len()],
+            free_devices: c
+                .nodes
+                .iter()
+                .map(|n| n.classes.iter().map(|cl| cl.len() as u32).sum())
+                .collect(),
             nodes_in_use: BTreeSet::new(),
+            slots_in_use: 0,
         }
     }
 
@@ -59,21 +71,40 @@ impl Usage {
                 .is_none_or(|prev| self.groups_on[prev] > 0)
     }
 
+    /// Groups the nodes in use could still take after `g` is added.
+    fn slots_after(&self, g: &Group) -> u64 {
+        let t = self.tensor;
+        let left = u64::from((self.free_devices[g.node] - t) / t);
+        if self.groups_on[g.node] == 0 {
+            self.slots_in_use + left
+        } else {
+            self.slots_in_use - 1
+        }
+    }
+
     fn take(&mut self, g: &Group) {
+        self.slots_in_use = self.slots_after(g);
         for &(cl, k) in &g.counts {
             self.used[g.node][cl] += k;
         }
+        self.free_devices[g.node] -= self.tensor;
         self.groups_on[g.node] += 1;
         self.nodes_in_use.insert(g.node);
     }
 
     fn give_back(&mut self, g: &Group) {
+        let t = self.tensor;
         for &(cl, k) in &g.counts {
             self.used[g.node][cl] -= k;
         }
         self.groups_on[g.node] -= 1;
+        let left = u64::from(self.free_devices[g.node] / t);
+        self.free_devices[g.node] += t;
         if self.groups_on[g.node] == 0 {
+            self.slots_in_use -= left;
             self.nodes_in_use.remove(&g.node);
+        } else {
+            self.slots_in_use += 1;
         }
     }
 }
@@ -97,64 +128,42 @@ fn materialize(c: &Compiled, chosen: &[usize]) -> Vec<(usize, Vec<usize>)> {
         .collect()
 }
 
-fn evaluated(c: &Compiled, groups: &[(usize, Vec<usize>)]) -> Option<Plan> {
-    c.ctx.evaluate(groups).ok()
+/// Sum of the `r` largest values, each available `multiplicity` times: an
+/// upper bound on what `r` more groups can add, whatever else is taken.
+struct TopSums {
+    /// Values sorted high to low, with running count and sum.
+    values: Vec<f64>,
+    count: Vec<u64>,
+    sum: Vec<f64>,
 }
 
-/// Groups in candidate order, repeating a group while its devices last.
-fn fill_in_order(c: &Compiled, order: impl Iterator<Item = usize>) -> Vec<usize> {
-    let k = c.stages as usize;
-    let mut usage = Usage::new(c);
-    let mut chosen = Vec::with_capacity(k);
-    for gi in order {
-        while chosen.len() < k && usage.fits(c, &c.groups[gi]) {
-            usage.take(&c.groups[gi]);
-            chosen.push(gi);
+impl TopSums {
+    fn new(mut entries: Vec<(f64, u32)>) -> Self {
+        entries.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let (mut values, mut count, mut sum) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut n, mut s) = (0u64, 0.0);
+        for (v, m) in entries {
+            n += u64::from(m);
+            s += v * f64::from(m);
+            values.push(v);
+            count.push(n);
+            sum.push(s);
         }
-        if chosen.len() == k {
-            break;
-        }
+        Self { values, count, sum }
     }
-    chosen
-}
 
-/// The best of three quick plans: the most promising groups; the most promising
-/// groups packed node by node (few network hops); the largest groups (always
-/// holds the model when anything does).
-pub(crate) fn greedy(c: &Compiled) -> Result<Plan, Unsatisfiable> {
-    let mut candidates = Vec::new();
-    let by_value = fill_in_order(c, 0..c.groups.len());
-    if by_value.len() == c.stages as usize {
-        candidates.push(materialize(c, &by_value));
-    }
-    // Nodes ranked by their best group; all of a node's groups before the next node.
-    let mut node_rank: BTreeMap<usize, usize> = BTreeMap::new();
-    for (gi, g) in c.groups.iter().enumerate() {
-        node_rank.entry(g.node).or_insert(gi);
-    }
-    let mut packed: Vec<usize> = (0..c.groups.len()).collect();
-    packed.sort_by_key(|&gi| (node_rank[&c.groups[gi].node], gi));
-    let by_node = fill_in_order(c, packed.into_iter());
-    if by_node.len() == c.stages as usize {
-        candidates.push(materialize(c, &by_node));
-    }
-    candidates.push(c.capacity_plan.clone());
-
-    let mut best: Option<Plan> = None;
-    for groups in &candidates {
-        if let Some(plan) = evaluated(c, groups)
-            && best
-                .as_ref()
-                .is_none_or(|b| plan.score.total > b.score.total + EPS)
-        {
-            best = Some(plan);
+    fn top(&self, r: u64) -> f64 {
+        let i = self.count.partition_point(|&c| c < r);
+        if i == self.values.len() {
+            return self.sum.last().copied().unwrap_or(0.0);
         }
+        let (before_count, before_sum) = if i == 0 {
+            (0, 0.0)
+        } else {
+            (self.count[i - 1], self.sum[i - 1])
+        };
+        before_sum + (r - before_count) as f64 * self.values[i]
     }
-    best.ok_or_else(|| Unsatisfiable {
-        // `stage_count` proved the capacity plan holds the model, so this is a bug.
-        reason: "internal error: the capacity plan did not evaluate".into(),
-        details: vec![],
-    })
 }
 
 struct Search<'c, 'o> {
@@ -175,13 +184,17 @@ struct Search<'c, 'o> {
     suffix_max_additive: Vec<f64>,
     suffix_max_free: Vec<f64>,
     suffix_max_cap: Vec<u32>,
+    top_additive: TopSums,
+    top_free: TopSums,
+    /// Most groups any one node can take.
+    max_slots: u64,
     best: Plan,
     steps: u64,
     stopped: bool,
 }
 
-pub(crate) fn run(c: &Compiled, opts: &SolveOptions) -> Result<Plan, Unsatisfiable> {
-    let incumbent = greedy(c)?;
+/// Searches from `incumbent` (a valid plan for `c.stages` stages).
+pub(crate) fn run(c: &Compiled, opts: &SolveOptions, incumbent: Plan) -> Plan {
     let n = c.groups.len();
     let mut suffix_max_additive = vec![f64::NEG_INFINITY; n + 1];
     let mut suffix_max_free = vec![0.0; n + 1];
@@ -193,6 +206,14 @@ pub(crate) fn run(c: &Compiled, opts: &SolveOptions) -> Result<Plan, Unsatisfiab
         suffix_max_cap[i] = suffix_max_cap[i + 1].max(g.cap);
     }
     let k = c.stages;
+    let t = c.ctx.p.tensor;
+    let max_slots = c
+        .nodes
+        .iter()
+        .map(|n| n.classes.iter().map(|cl| cl.len() as u64).sum::<u64>() / u64::from(t))
+        .max()
+        .unwrap_or(1)
+        .max(1);
     let mut s = Search {
         c,
         opts,
@@ -210,6 +231,14 @@ pub(crate) fn run(c: &Compiled, opts: &SolveOptions) -> Result<Plan, Unsatisfiab
         suffix_max_additive,
         suffix_max_free,
         suffix_max_cap,
+        top_additive: TopSums::new(
+            c.groups
+                .iter()
+                .map(|g| (g.additive, g.multiplicity))
+                .collect(),
+        ),
+        top_free: TopSums::new(c.groups.iter().map(|g| (g.free, g.multiplicity)).collect()),
+        max_slots,
         best: incumbent,
         steps: 0,
         stopped: false,
@@ -218,16 +247,20 @@ pub(crate) fn run(c: &Compiled, opts: &SolveOptions) -> Result<Plan, Unsatisfiab
     let mut plan = s.best;
     plan.optimal = !s.stopped;
     plan.steps = s.steps;
-    Ok(plan)
+    plan
 }
 
 impl Search<'_, '_> {
     fn out_of_budget(&mut self) -> bool {
-        self.steps += 1;
-        let deadline_hit = self.steps.is_multiple_of(DEADLINE_EVERY)
-            && self.opts.deadline.is_some_and(|d| d.expired());
-        if self.steps > self.opts.max_steps || deadline_hit {
+        if self.steps >= self.opts.max_steps {
             self.stopped = true;
+        } else {
+            self.steps += 1;
+            if self.steps.is_multiple_of(DEADLINE_EVERY)
+                && self.opts.deadline.is_some_and(|d| d.expired())
+            {
+                self.stopped = true;
+            }
         }
         self.stopped
     }
@@ -252,23 +285,29 @@ impl Search<'_, '_> {
         }
     }
 
-    /// Optimistic score of any completion after adding candidate `gi`.
+    /// Optimistic score of any completion after adding candidate `gi`: every
+    /// part takes the best the remaining groups could offer, ignoring conflicts.
     fn upper_bound(&self, gi: usize, path_delta: f64, new_node: bool) -> f64 {
         let c = self.c;
         let w = &c.ctx.w;
         let g = &c.groups[gi];
-        let rest = (self.k - self.chosen.len() - 1) as f64;
-        let additive =
-            (self.additive_sum + g.additive + rest * self.suffix_max_additive[gi]) / self.k as f64;
-        let memory = w.memory
-            * memory_part(
-                self.demand,
-                self.free_sum + g.free + rest * self.suffix_max_free[gi],
-            );
-        // More nodes only lengthen the inter-node path, and each costs more than
-        // the same-node hop it replaces, so today's nodes bound the hop cost.
-        let nodes = self.usage.nodes_in_use.len() + usize::from(new_node);
-        let hops = self.path_cost + path_delta + HOP_SAME_NODE * (self.k - nodes) as f64;
+        let rest = (self.k - self.chosen.len() - 1) as u64;
+        let rest_f = rest as f64;
+        let more_additive =
+            (rest_f * self.suffix_max_additive[gi]).min(self.top_additive.top(rest));
+        let additive = (self.additive_sum + g.additive + more_additive) / self.k as f64;
+        let more_free = (rest_f * self.suffix_max_free[gi]).min(self.top_free.top(rest));
+        let memory = w.memory * memory_part(self.demand, self.free_sum + g.free + more_free);
+        // Groups that do not fit on the nodes in use need new nodes. A new node
+        // lengthens the inter-node path by at least a same-rack hop and saves
+        // one same-node hop; more nodes than that only cost more.
+        let slots = self.usage.slots_after(g);
+        let new_nodes = rest.saturating_sub(slots).div_ceil(self.max_slots);
+        let nodes = (self.usage.nodes_in_use.len() + usize::from(new_node)) as u64 + new_nodes;
+        let hops = self.path_cost
+            + path_delta
+            + new_nodes as f64 * HOP_SAME_RACK
+            + HOP_SAME_NODE * (self.k as u64).saturating_sub(nodes) as f64;
         let network = if self.terms > 0.0 {
             w.network * (1.0 - (hops + self.intra_sum + g.intra_cost) / self.terms).clamp(0.0, 1.0)
         } else {
@@ -329,7 +368,7 @@ impl Search<'_, '_> {
             return;
         }
         let groups = materialize(self.c, &self.chosen);
-        if let Some(plan) = evaluated(self.c, &groups)
+        if let Ok(plan) = self.c.ctx.evaluate(&groups)
             && plan.score.total > self.best.score.total + EPS
         {
             self.best = plan;
