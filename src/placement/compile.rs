@@ -147,13 +147,16 @@ fn twin_classes(ctx: &Context, node: usize, eligible: &[usize]) -> Vec<Vec<usize
     classes
 }
 
+/// A twin class as a comparable value: size, vendor, product, and the numbers
+/// the score reads (memory, throughput, bandwidth bits; temperature bits).
+type ClassKey<'a> = (usize, &'a str, &'a str, [u64; 4], Option<u64>);
+
 /// Everything that makes two nodes interchangeable.
 #[derive(PartialEq, Eq, Hash)]
 struct NodeKey<'a> {
     zone: Option<&'a str>,
     rack: Option<&'a str>,
-    /// Per class: size, vendor, product and the numbers the score reads.
-    classes: Vec<(usize, &'a str, &'a str, [u64; 4], Option<u64>)>,
+    classes: Vec<ClassKey<'a>>,
     /// Link between every pair of classes (and inside each class).
     links: Vec<Option<(LinkKind, u64)>>,
 }
