@@ -8,10 +8,10 @@ use super::evaluate::Context;
 use super::explain;
 use super::plan::{Plan, Unsatisfiable};
 
-/// `tensor` devices of one node.
+/// `tensor` devices of one node: `order[at..at + tensor]` of the list it was cut from.
 struct Chunk {
     node: usize,
-    devices: Vec<usize>,
+    at: usize,
     cap: u32,
     value: f64,
 }
@@ -25,18 +25,26 @@ pub(crate) struct Start {
 pub(crate) fn start(ctx: &Context) -> Result<Start, Unsatisfiable> {
     let p = ctx.p;
     let t = p.tensor as usize;
-    let mut max_free: f64 = 0.0;
-    let mut eligible: Vec<Vec<usize>> = Vec::with_capacity(p.nodes.len());
-    for (ni, n) in p.nodes.iter().enumerate() {
-        let devs: Vec<usize> = (0..n.devices.len())
-            .filter(|&d| ctx.eligible(ni, d))
-            .collect();
-        for &d in &devs {
-            max_free = max_free.max(n.devices[d].memory_free_bytes as f64);
-        }
-        eligible.push(devs);
-    }
     let w = ctx.w;
+
+    // Eligible devices of all nodes in one list, a node's devices contiguous.
+    let mut by_free: Vec<usize> = Vec::new();
+    let mut spans: Vec<(usize, usize, usize)> = Vec::new();
+    let mut max_free: f64 = 0.0;
+    for (ni, n) in p.nodes.iter().enumerate() {
+        let start = by_free.len();
+        for d in 0..n.devices.len() {
+            if ctx.eligible(ni, d) {
+                by_free.push(d);
+                max_free = max_free.max(n.devices[d].memory_free_bytes as f64);
+            }
+        }
+        if by_free.len() - start >= t {
+            spans.push((ni, start, by_free.len()));
+        } else {
+            by_free.truncate(start);
+        }
+    }
     // What a device is worth on its own: every score part but the network.
     let value = |ni: usize, d: usize| {
         let dev = ctx.device(ni, d);
@@ -46,80 +54,91 @@ pub(crate) fn start(ctx: &Context) -> Result<Start, Unsatisfiable> {
             + w.bandwidth * b
             + w.memory * dev.memory_free_bytes as f64 / max_free.max(1.0)
     };
-    let min_free = |ni: usize, devs: &[usize]| {
-        devs.iter()
-            .map(|&d| ctx.device(ni, d).memory_free_bytes as f64)
-            .fold(f64::INFINITY, f64::min)
-    };
+    let values: Vec<f64> = spans
+        .iter()
+        .flat_map(|&(ni, a, b)| by_free[a..b].iter().map(move |&d| (ni, d)))
+        .map(|(ni, d)| value(ni, d))
+        .collect();
+    let mut by_value: Vec<(f64, usize)> = values
+        .iter()
+        .copied()
+        .zip(by_free.iter().copied())
+        .collect();
 
     let mut by_capacity = Vec::new();
-    let mut by_value = Vec::new();
-    let mut any_node_fits_tensor = false;
-    for (ni, devs) in eligible.iter_mut().enumerate() {
-        if devs.len() < t {
-            continue;
-        }
-        any_node_fits_tensor = true;
+    let mut valued = Vec::new();
+    for &(ni, a, b) in &spans {
         // A group's room is set by its tightest device, so runs of devices
         // sorted by free memory are the groups with the most room.
-        devs.sort_by_key(|&d| {
+        by_free[a..b].sort_unstable_by_key(|&d| {
             let dev = ctx.device(ni, d);
             (Reverse(dev.memory_free_bytes), dev.index)
         });
-        for chunk in devs.chunks_exact(t) {
-            let cap = ctx.capacity(min_free(ni, chunk));
+        by_value[a..b].sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+        for at in (a..b - (b - a) % t).step_by(t) {
+            let room = ctx.device(ni, by_free[at + t - 1]).memory_free_bytes as f64;
+            let cap = ctx.capacity(room);
             if cap > 0 {
                 by_capacity.push(Chunk {
                     node: ni,
-                    devices: chunk.to_vec(),
+                    at,
                     cap,
                     value: 0.0,
                 });
             }
-        }
-        devs.sort_by(|&a, &b| value(ni, b).total_cmp(&value(ni, a)).then(a.cmp(&b)));
-        for chunk in devs.chunks_exact(t) {
-            let cap = ctx.capacity(min_free(ni, chunk));
+            let group = &by_value[at..at + t];
+            let room = group
+                .iter()
+                .map(|&(_, d)| ctx.device(ni, d).memory_free_bytes as f64)
+                .fold(f64::INFINITY, f64::min);
+            let cap = ctx.capacity(room);
             if cap > 0 {
-                let v = chunk.iter().map(|&d| value(ni, d)).sum::<f64>() / t as f64;
-                by_value.push(Chunk {
+                let v = group.iter().map(|&(v, _)| v).sum::<f64>() / t as f64;
+                valued.push(Chunk {
                     node: ni,
-                    devices: chunk.to_vec(),
+                    at,
                     cap,
                     value: v,
                 });
             }
         }
     }
-    by_capacity.sort_by_key(|c| (Reverse(c.cap), c.node, c.devices[0]));
+    by_capacity.sort_unstable_by_key(|c| (Reverse(c.cap), c.node, c.at));
     let caps: Vec<u32> = by_capacity.iter().map(|c| c.cap).collect();
-    let k = explain::stage_count(ctx, &caps, any_node_fits_tensor)? as usize;
+    let k = explain::stage_count(ctx, &caps, !spans.is_empty())? as usize;
 
-    let as_groups = |chunks: &[&Chunk]| -> Vec<(usize, Vec<usize>)> {
-        chunks.iter().map(|c| (c.node, c.devices.clone())).collect()
+    let from_free = |chunks: &[&Chunk]| -> Vec<(usize, Vec<usize>)> {
+        chunks
+            .iter()
+            .map(|c| (c.node, by_free[c.at..c.at + t].to_vec()))
+            .collect()
     };
-    let mut candidates = vec![as_groups(&by_capacity.iter().take(k).collect::<Vec<_>>())];
+    let from_value = |chunks: &[&Chunk]| -> Vec<(usize, Vec<usize>)> {
+        chunks
+            .iter()
+            .map(|c| {
+                (
+                    c.node,
+                    by_value[c.at..c.at + t].iter().map(|&(_, d)| d).collect(),
+                )
+            })
+            .collect()
+    };
+    let mut candidates = vec![from_free(&by_capacity.iter().take(k).collect::<Vec<_>>())];
 
     // The most valuable groups, nodes packed: all of a node's groups (best
     // first) before the next node, nodes ranked by their best group.
-    let mut node_best: Vec<(f64, usize)> = Vec::new();
-    for c in &by_value {
+    let mut node_best: Vec<(f64, usize, usize)> = Vec::new();
+    for (i, c) in valued.iter().enumerate() {
         match node_best.last_mut() {
-            Some((best, node)) if *node == c.node => *best = best.max(c.value),
-            _ => node_best.push((c.value, c.node)),
+            Some((best, node, _)) if *node == c.node => *best = best.max(c.value),
+            _ => node_best.push((c.value, c.node, i)),
         }
     }
-    node_best.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut start_of = vec![usize::MAX; p.nodes.len()];
-    for (i, c) in by_value.iter().enumerate().rev() {
-        start_of[c.node] = i;
-    }
+    node_best.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut packed: Vec<&Chunk> = Vec::with_capacity(k);
-    'nodes: for &(_, node) in &node_best {
-        for c in by_value[start_of[node]..]
-            .iter()
-            .take_while(|c| c.node == node)
-        {
+    'nodes: for &(_, node, first) in &node_best {
+        for c in valued[first..].iter().take_while(|c| c.node == node) {
             if packed.len() == k {
                 break 'nodes;
             }
@@ -127,24 +146,24 @@ pub(crate) fn start(ctx: &Context) -> Result<Start, Unsatisfiable> {
         }
     }
     if packed.len() == k {
-        candidates.push(as_groups(&packed));
+        candidates.push(from_value(&packed));
     }
 
     // The most valuable groups wherever they are.
-    let mut ranked: Vec<&Chunk> = by_value.iter().collect();
+    let mut ranked: Vec<&Chunk> = valued.iter().collect();
     let order = |a: &&Chunk, b: &&Chunk| {
         b.value
             .total_cmp(&a.value)
             .then(a.node.cmp(&b.node))
-            .then(a.devices[0].cmp(&b.devices[0]))
+            .then(a.at.cmp(&b.at))
     };
     if ranked.len() > k {
         ranked.select_nth_unstable_by(k, order);
         ranked.truncate(k);
     }
-    ranked.sort_by(order);
+    ranked.sort_unstable_by(order);
     if ranked.len() == k {
-        candidates.push(as_groups(&ranked));
+        candidates.push(from_value(&ranked));
     }
 
     let mut best: Option<Plan> = None;

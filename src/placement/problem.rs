@@ -164,7 +164,7 @@ impl Default for SolveOptions<'_> {
     fn default() -> Self {
         Self {
             deadline: None,
-            max_steps: 2_000_000,
+            max_steps: 250_000,
         }
     }
 }

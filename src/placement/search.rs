@@ -128,6 +128,12 @@ fn materialize(c: &Compiled, chosen: &[usize]) -> Vec<(usize, Vec<usize>)> {
         .collect()
 }
 
+struct LevelBounds {
+    network: f64,
+    top_additive: f64,
+    top_free: f64,
+}
+
 /// Sum of the `r` largest values, each available `multiplicity` times: an
 /// upper bound on what `r` more groups can add, whatever else is taken.
 struct TopSums {
@@ -316,18 +322,65 @@ impl Search<'_, '_> {
         additive + memory + network
     }
 
+    /// The parts of `suffix_bound` that do not depend on the candidate index.
+    fn level_bounds(&self, rest: u64) -> LevelBounds {
+        let c = self.c;
+        let w = &c.ctx.w;
+        let in_use = self.usage.nodes_in_use.len() as u64;
+        let new_nodes = rest
+            .saturating_sub(self.usage.slots_in_use)
+            .div_ceil(self.max_slots);
+        // The first node of a plan costs no hop.
+        let extra_hops = if in_use == 0 {
+            new_nodes.saturating_sub(1)
+        } else {
+            new_nodes
+        };
+        let nodes = in_use + new_nodes;
+        let hops = self.path_cost
+            + extra_hops as f64 * HOP_SAME_RACK
+            + HOP_SAME_NODE * (self.k as u64).saturating_sub(nodes) as f64;
+        let network = if self.terms > 0.0 {
+            w.network * (1.0 - (hops + self.intra_sum) / self.terms).clamp(0.0, 1.0)
+        } else {
+            w.network
+        };
+        LevelBounds {
+            network,
+            top_additive: self.top_additive.top(rest),
+            top_free: self.top_free.top(rest),
+        }
+    }
+
+    /// Optimistic score of any completion whose next group is at index `gi` or later.
+    fn suffix_bound(&self, gi: usize, rest: u64, level: &LevelBounds) -> f64 {
+        let w = &self.c.ctx.w;
+        let rest_f = rest as f64;
+        let additive = (self.additive_sum
+            + (rest_f * self.suffix_max_additive[gi]).min(level.top_additive))
+            / self.k as f64;
+        let free = self.free_sum + (rest_f * self.suffix_max_free[gi]).min(level.top_free);
+        additive + w.memory * memory_part(self.demand, free) + level.network
+    }
+
     fn descend(&mut self, start: usize) {
         if self.chosen.len() == self.k {
             self.leaf();
             return;
         }
         let rest = (self.k - self.chosen.len()) as u64;
+        let level = self.level_bounds(rest);
         for gi in start..self.c.groups.len() {
             if self.out_of_budget() {
                 return;
             }
             // Forward check: capacity still reachable from here on?
             if self.cap_sum + rest * u64::from(self.suffix_max_cap[gi]) < self.layers {
+                return;
+            }
+            // No candidate from here on can lead past the best plan: the bound
+            // only falls as the suffix maxima fall.
+            if self.suffix_bound(gi, rest, &level) <= self.best.score.total + EPS {
                 return;
             }
             let g = &self.c.groups[gi];
