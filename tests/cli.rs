@@ -328,6 +328,23 @@ fn unknown_flag_is_bad_input() {
 }
 
 #[test]
+fn malformed_flag_values_are_bad_input() {
+    assert_bad_input(&["place", "-o", "xml"], None, &["xml", "--output"]);
+    assert_bad_input(
+        &["--log-format", "xml", "place"],
+        None,
+        &["xml", "--log-format"],
+    );
+    assert_bad_input(
+        &["place", "--max-steps", "many"],
+        None,
+        &["many", "--max-steps"],
+    );
+    assert_bad_input(&["place", "-f"], None, &["--instance"]);
+    assert_bad_input(&[], None, &["subcommand"]);
+}
+
+#[test]
 fn zero_max_steps_is_bad_input() {
     assert_bad_input(&["place", "--max-steps", "0"], None, &["--max-steps"]);
 }
