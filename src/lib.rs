@@ -2,6 +2,7 @@
 //! every shard to the devices it was planned for.
 
 pub mod api;
+pub mod backend;
 pub mod cli;
 pub mod controller;
 pub mod placement;

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tessera::backend::detect::{BackendChoice, DetectOptions};
+use tessera::cli::discover::{DiscoverArgs, Output as DiscoverOutput};
 use tessera::cli::place::{Output, PlaceArgs};
 use tessera::cli::{LogFormat, init_logging};
 
@@ -44,6 +46,43 @@ enum Command {
     },
     /// Print the ModelInstance CustomResourceDefinition as YAML.
     Crd,
+    /// List this node's GPUs as the node agent sees them, or summarise the GPU
+    /// states of a whole cluster (`--summary`).
+    Discover {
+        /// Which GPU backend to use; `auto` tries NVIDIA, then AMD, then fake
+        /// devices if configured, and merges NVIDIA + AMD on mixed nodes.
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+        /// Fake devices: a spec such as `4xH100-80GiB,2xMI300X-192GiB` or a YAML file.
+        #[arg(long, env = "TESSERA_FAKE_GPUS", value_name = "SPEC|FILE")]
+        fake: Option<String>,
+        /// NVML library to load [default: libnvidia-ml.so.1].
+        #[arg(long, value_name = "PATH")]
+        nvml_library: Option<PathBuf>,
+        /// Root of the sysfs tree the AMD backend reads.
+        #[arg(long, value_name = "DIR", default_value = "/sys")]
+        sysfs_root: PathBuf,
+        /// Device registry to read and update (keeps device IDs and probe results
+        /// across runs); the agent uses /var/lib/tessera/registry.json.
+        #[arg(long, value_name = "FILE")]
+        registry: Option<PathBuf>,
+        /// Also verify each device with CUDA and measure P2P access and bandwidth.
+        #[arg(long)]
+        probe: bool,
+        /// `table`, or `json`: the exact NodeGpuState the agent publishes.
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: DiscoverOutput,
+        /// Refresh until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes with --watch.
+        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        interval: u64,
+        /// Summarise these GPU states instead of this node: cluster descriptions,
+        /// `kubectl get nodes -o yaml` output or `discover -o json` files.
+        #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["probe", "watch", "backend", "fake"])]
+        summary: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -59,7 +98,9 @@ fn main() -> ExitCode {
             let text = e.render().to_string();
             match text.lines().find(|l| l.starts_with("error:")) {
                 Some(line) => eprintln!("{line} (see --help)"),
-                None => eprintln!("error: a subcommand is required: place or crd (see --help)"),
+                None => eprintln!(
+                    "error: a subcommand is required: place, discover or crd (see --help)"
+                ),
             }
             return ExitCode::from(1);
         }
@@ -69,6 +110,48 @@ fn main() -> ExitCode {
         Command::Crd => {
             print!("{}", tessera::api::crd_yaml());
             ExitCode::SUCCESS
+        }
+        Command::Discover {
+            backend,
+            fake,
+            nvml_library,
+            sysfs_root,
+            registry,
+            probe,
+            output,
+            watch,
+            interval,
+            summary,
+        } => {
+            use tessera::cli::discover;
+            let result = if summary.is_empty() {
+                let args = DiscoverArgs {
+                    detect: DetectOptions {
+                        choice: backend,
+                        nvml_library: nvml_library.map(PathBuf::into_os_string),
+                        sysfs_root,
+                        fake,
+                    },
+                    registry,
+                    probe,
+                    output,
+                };
+                discover::run(
+                    &args,
+                    watch.then(|| std::time::Duration::from_secs(interval)),
+                )
+            } else {
+                discover::read_states(&summary).map(|nodes| {
+                    print!("{}", discover::render_summary(&discover::summarize(&nodes)))
+                })
+            };
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            }
         }
         Command::Place {
             instances,

@@ -103,6 +103,8 @@ pub struct GpuLink {
     pub a: String,
     pub b: String,
     pub kind: LinkKind,
+    /// Both directions together, the way NVLink (900 GB/s on H100) and xGMI are
+    /// quoted; PCIe Gen4 x16 is about 64.
     pub bandwidth_gbps: f64,
 }
 

@@ -1,6 +1,7 @@
 //! The library side of the `tessera` subcommands: reading input files, running
 //! the library, rendering results. `main.rs` only parses flags and calls these.
 
+pub mod discover;
 pub mod input;
 pub mod place;
 mod render;

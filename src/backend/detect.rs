@@ -1,0 +1,192 @@
+//! Choosing the backend(s) of a node. `auto` tries NVIDIA, then AMD, then the
+//! fake backend if one is configured; a node with both NVIDIA and AMD GPUs gets
+//! both, merged into one list. An explicit choice uses that backend or fails
+//! with its reason.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use super::amd::{AmdBackend, DEFAULT_SYSFS_ROOT};
+use super::fake::FakeBackend;
+use super::nvml::NvmlBackend;
+use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Nvidia,
+    Amd,
+    Fake,
+}
+
+#[derive(Clone, Debug)]
+pub struct DetectOptions {
+    pub choice: BackendChoice,
+    /// NVML library to load instead of `libnvidia-ml.so.1`.
+    pub nvml_library: Option<OsString>,
+    /// Root of the sysfs tree the AMD backend reads.
+    pub sysfs_root: PathBuf,
+    /// Fake devices: a spec like `4xH100-80GiB` or a YAML file path.
+    pub fake: Option<String>,
+}
+
+impl Default for DetectOptions {
+    fn default() -> Self {
+        Self {
+            choice: BackendChoice::Auto,
+            nvml_library: None,
+            sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
+            fake: None,
+        }
+    }
+}
+
+fn nvidia(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    Ok(Box::new(NvmlBackend::new(o.nvml_library.as_deref())?))
+}
+
+fn amd(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    let backend = AmdBackend::new(o.sysfs_root.clone())?;
+    // ROCm SMI only adds telemetry sysfs lacks; without it the sysfs view stands.
+    #[cfg(feature = "rocm-smi")]
+    let backend = {
+        let root = o.sysfs_root.clone();
+        backend.with_rocm_smi().or_else(|e| {
+            tracing::warn!(error = %e, "ROCm SMI unavailable; using sysfs telemetry only");
+            AmdBackend::new(root)
+        })?
+    };
+    Ok(Box::new(backend))
+}
+
+fn fake(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    match &o.fake {
+        Some(spec) => Ok(Box::new(FakeBackend::new(spec)?)),
+        None => Err(BackendError::Unavailable(format!(
+            "no fake devices configured (set {} or --fake, e.g. \"4xH100-80GiB\")",
+            super::fake::ENV_VAR
+        ))),
+    }
+}
+
+/// The backend for the node: one vendor's, or several merged.
+pub fn detect(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    match o.choice {
+        BackendChoice::Nvidia => nvidia(o),
+        BackendChoice::Amd => amd(o),
+        BackendChoice::Fake => fake(o),
+        BackendChoice::Auto => {
+            let mut found: Vec<Box<dyn GpuBackend>> = Vec::new();
+            let mut skipped = Vec::new();
+            for (name, make) in [("nvidia", nvidia as fn(&DetectOptions) -> _), ("amd", amd)] {
+                match make(o).and_then(|mut b| match b.devices() {
+                    Ok(d) if d.is_empty() => Err(BackendError::Unavailable(format!(
+                        "{name}: the library loaded but reports no devices"
+                    ))),
+                    Ok(_) => Ok(b),
+                    Err(e) => Err(e),
+                }) {
+                    Ok(b) => found.push(b),
+                    // A vendor library that is there but broken is worth a warning;
+                    // one that is simply absent is the normal case on other nodes.
+                    Err(BackendError::Failed(e)) => {
+                        tracing::warn!(backend = name, error = %e, "backend failed");
+                        skipped.push(format!("{name}: {e}"));
+                    }
+                    Err(BackendError::Unavailable(e)) => skipped.push(format!("{name}: {e}")),
+                }
+            }
+            if found.is_empty() && o.fake.is_some() {
+                return fake(o);
+            }
+            match found.len() {
+                0 => Err(BackendError::Unavailable(format!(
+                    "no GPU backend applies to this node. {}",
+                    skipped.join(" | ")
+                ))),
+                1 => Ok(found.remove(0)),
+                _ => Ok(Box::new(Merged::new(found))),
+            }
+        }
+    }
+}
+
+/// Several backends as one: devices of the first come first, indices are
+/// renumbered, and devices of different backends meet over PCIe (no entry).
+pub struct Merged {
+    name: String,
+    backends: Vec<Box<dyn GpuBackend>>,
+    /// Merged device ID → (backend, the device as that backend knows it).
+    owner: HashMap<String, (usize, DeviceInfo)>,
+}
+
+impl Merged {
+    pub fn new(backends: Vec<Box<dyn GpuBackend>>) -> Self {
+        let name = backends
+            .iter()
+            .map(|b| b.name())
+            .collect::<Vec<_>>()
+            .join("+");
+        Self {
+            name,
+            backends,
+            owner: HashMap::new(),
+        }
+    }
+
+    fn owned(&self, device: &DeviceInfo) -> Result<(usize, DeviceInfo), BackendError> {
+        self.owner.get(&device.id).cloned().ok_or_else(|| {
+            BackendError::Failed(format!("device {} is not known to any backend", device.id))
+        })
+    }
+}
+
+impl GpuBackend for Merged {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
+        let mut out = Vec::new();
+        self.owner.clear();
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            for d in b.devices()? {
+                let mut merged = d.clone();
+                merged.index = out.len() as u32;
+                self.owner.insert(d.id.clone(), (i, d));
+                out.push(merged);
+            }
+        }
+        Ok(out)
+    }
+
+    fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError> {
+        let (i, own) = self.owned(device)?;
+        self.backends[i].telemetry(&own)
+    }
+
+    fn health(&mut self, device: &DeviceInfo) -> Result<RawHealth, BackendError> {
+        let (i, own) = self.owned(device)?;
+        self.backends[i].health(&own)
+    }
+
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError> {
+        let mut links = Vec::new();
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            let own: Vec<DeviceInfo> = devices
+                .iter()
+                .filter_map(|d| {
+                    self.owner
+                        .get(&d.id)
+                        .filter(|(o, _)| *o == i)
+                        .map(|(_, d)| d.clone())
+                })
+                .collect();
+            if !own.is_empty() {
+                links.extend(b.links(&own)?);
+            }
+        }
+        Ok(links)
+    }
+}

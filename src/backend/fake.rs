@@ -1,0 +1,574 @@
+//! Fake GPUs for kind clusters, demos and tests: devices, telemetry and links
+//! from a short spec (`4xH100-80GiB,2xMI300X-192GiB`) or a YAML file. Everything
+//! is deterministic. A file is re-read on every call, so faults can be injected
+//! and cleared while the agent runs:
+//!
+//! ```yaml
+//! gpus:
+//!   - {profile: H100-80GiB, count: 4}
+//! faults:
+//!   - {device: 1, unhealthy: "Xid 79: GPU has fallen off the bus"}
+//!   - {device: 2, temperatureC: 96}
+//!   - {device: 3, vanish: true}
+//!   - {device: 0, memoryUsedGiB: 30}
+//! ```
+//! Removing a fault line recovers the device.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+use crate::api::{GIB, LinkKind, Vendor};
+
+/// Environment variable naming the fake devices: a spec or a file path.
+pub const ENV_VAR: &str = "TESSERA_FAKE_GPUS";
+
+/// A GPU model the fake backend can pretend to be (datasheet numbers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Profile {
+    pub name: &'static str,
+    pub vendor: Vendor,
+    pub product: &'static str,
+    pub memory_gib: f64,
+    pub architecture: &'static str,
+    pub compute_units: u32,
+    pub fp16_tflops: f64,
+    pub memory_bandwidth_gbps: f64,
+    pub idle_power_w: f64,
+    /// Link between two devices of this kind in one node.
+    pub link: LinkKind,
+    pub link_gbps: f64,
+}
+
+pub const PROFILES: &[Profile] = &[
+    Profile {
+        name: "H100-80GiB",
+        vendor: Vendor::Nvidia,
+        product: "NVIDIA H100 80GB HBM3",
+        memory_gib: 80.0,
+        architecture: "9.0",
+        compute_units: 132,
+        fp16_tflops: 989.0,
+        memory_bandwidth_gbps: 3350.0,
+        idle_power_w: 115.0,
+        link: LinkKind::Nvlink,
+        link_gbps: 900.0,
+    },
+    Profile {
+        name: "A100-80GiB",
+        vendor: Vendor::Nvidia,
+        product: "NVIDIA A100-SXM4-80GB",
+        memory_gib: 80.0,
+        architecture: "8.0",
+        compute_units: 108,
+        fp16_tflops: 312.0,
+        memory_bandwidth_gbps: 2039.0,
+        idle_power_w: 60.0,
+        link: LinkKind::Nvlink,
+        link_gbps: 600.0,
+    },
+    Profile {
+        name: "A100-40GiB",
+        vendor: Vendor::Nvidia,
+        product: "NVIDIA A100-PCIE-40GB",
+        memory_gib: 40.0,
+        architecture: "8.0",
+        compute_units: 108,
+        fp16_tflops: 312.0,
+        memory_bandwidth_gbps: 1555.0,
+        idle_power_w: 38.0,
+        link: LinkKind::Pcie,
+        link_gbps: 64.0,
+    },
+    Profile {
+        name: "L4-24GiB",
+        vendor: Vendor::Nvidia,
+        product: "NVIDIA L4",
+        memory_gib: 24.0,
+        architecture: "8.9",
+        compute_units: 58,
+        fp16_tflops: 121.0,
+        memory_bandwidth_gbps: 300.0,
+        idle_power_w: 16.0,
+        link: LinkKind::Pcie,
+        link_gbps: 64.0,
+    },
+    Profile {
+        name: "RTX4090-24GiB",
+        vendor: Vendor::Nvidia,
+        product: "NVIDIA GeForce RTX 4090",
+        memory_gib: 24.0,
+        architecture: "8.9",
+        compute_units: 128,
+        fp16_tflops: 165.0,
+        memory_bandwidth_gbps: 1008.0,
+        idle_power_w: 22.0,
+        link: LinkKind::Pcie,
+        link_gbps: 64.0,
+    },
+    Profile {
+        name: "MI300X-192GiB",
+        vendor: Vendor::Amd,
+        product: "AMD Instinct MI300X",
+        memory_gib: 192.0,
+        architecture: "gfx942",
+        compute_units: 304,
+        fp16_tflops: 1307.0,
+        memory_bandwidth_gbps: 5300.0,
+        idle_power_w: 150.0,
+        link: LinkKind::Xgmi,
+        link_gbps: 128.0,
+    },
+    Profile {
+        name: "MI210-64GiB",
+        vendor: Vendor::Amd,
+        product: "AMD Instinct MI210",
+        memory_gib: 64.0,
+        architecture: "gfx90a",
+        compute_units: 104,
+        fp16_tflops: 181.0,
+        memory_bandwidth_gbps: 1638.0,
+        idle_power_w: 40.0,
+        link: LinkKind::Pcie,
+        link_gbps: 64.0,
+    },
+];
+
+/// Memory a fresh device shows as used (driver and context reserve).
+const RESERVED_BYTES: u64 = 512 << 20;
+
+pub fn profile(name: &str) -> Option<&'static Profile> {
+    PROFILES.iter().find(|p| p.name.eq_ignore_ascii_case(name))
+}
+
+fn profile_names() -> String {
+    PROFILES
+        .iter()
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct FakeFile {
+    gpus: Vec<GpuGroup>,
+    #[serde(default)]
+    faults: Vec<Fault>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct GpuGroup {
+    profile: String,
+    #[serde(default = "one")]
+    count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Fault {
+    device: u32,
+    #[serde(default)]
+    unhealthy: Option<String>,
+    #[serde(default)]
+    temperature_c: Option<f64>,
+    #[serde(default)]
+    vanish: bool,
+    #[serde(default, rename = "memoryUsedGiB")]
+    memory_used_gib: Option<f64>,
+}
+
+/// Parses `4xH100-80GiB,2xMI300X-192GiB` (count defaults to 1).
+fn parse_spec(spec: &str) -> Result<FakeFile, BackendError> {
+    let mut gpus = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (count, name) = match part.split_once(['x', 'X']) {
+            Some((n, name)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => {
+                let count = n.parse::<u32>().map_err(|_| {
+                    BackendError::Failed(format!(
+                        "fake GPUs: {part:?} has a count that is too large"
+                    ))
+                })?;
+                (count, name)
+            }
+            _ => (1, part),
+        };
+        gpus.push(GpuGroup {
+            profile: name.to_string(),
+            count,
+        });
+    }
+    let file = FakeFile {
+        gpus,
+        faults: Vec::new(),
+    };
+    check(&file, spec)?;
+    Ok(file)
+}
+
+fn check(file: &FakeFile, origin: &str) -> Result<(), BackendError> {
+    if file.gpus.is_empty() {
+        return Err(BackendError::Failed(format!(
+            "fake GPUs {origin:?}: no GPUs given (e.g. \"4xH100-80GiB\")"
+        )));
+    }
+    let mut total: u64 = 0;
+    for g in &file.gpus {
+        if profile(&g.profile).is_none() {
+            return Err(BackendError::Failed(format!(
+                "fake GPUs {origin:?}: unknown profile {:?}; known profiles: {}",
+                g.profile,
+                profile_names()
+            )));
+        }
+        if g.count == 0 {
+            return Err(BackendError::Failed(format!(
+                "fake GPUs {origin:?}: count for {} must be at least 1",
+                g.profile
+            )));
+        }
+        total += u64::from(g.count);
+    }
+    if total > 256 {
+        return Err(BackendError::Failed(format!(
+            "fake GPUs {origin:?}: {total} devices on one node is more than 256"
+        )));
+    }
+    for f in &file.faults {
+        if u64::from(f.device) >= total {
+            return Err(BackendError::Failed(format!(
+                "fake GPUs {origin:?}: a fault names device {} but there are {total}",
+                f.device
+            )));
+        }
+        if let Some(t) = f.temperature_c
+            && !t.is_finite()
+        {
+            return Err(BackendError::Failed(format!(
+                "fake GPUs {origin:?}: temperature of device {} is not a number",
+                f.device
+            )));
+        }
+        if let Some(m) = f.memory_used_gib
+            && !(m.is_finite() && m >= 0.0)
+        {
+            return Err(BackendError::Failed(format!(
+                "fake GPUs {origin:?}: memoryUsedGiB of device {} must be zero or more",
+                f.device
+            )));
+        }
+    }
+    Ok(())
+}
+
+enum Source {
+    Spec(FakeFile),
+    File(PathBuf),
+}
+
+pub struct FakeBackend {
+    source: Source,
+    /// The last good description, kept when a file edit is malformed mid-way.
+    current: FakeFile,
+}
+
+impl FakeBackend {
+    /// From a spec (`4xH100-80GiB`) or, if it names an existing file or ends in
+    /// `.yaml`/`.yml`, from that file.
+    pub fn new(spec_or_path: &str) -> Result<Self, BackendError> {
+        let looks_like_file = spec_or_path.ends_with(".yaml")
+            || spec_or_path.ends_with(".yml")
+            || spec_or_path.contains('/')
+            || Path::new(spec_or_path).is_file();
+        if looks_like_file {
+            let path = PathBuf::from(spec_or_path);
+            let current = read_file(&path)?;
+            Ok(Self {
+                source: Source::File(path),
+                current,
+            })
+        } else {
+            let current = parse_spec(spec_or_path)?;
+            Ok(Self {
+                source: Source::Spec(current.clone()),
+                current,
+            })
+        }
+    }
+
+    /// From `TESSERA_FAKE_GPUS`, if set.
+    pub fn from_env() -> Option<Result<Self, BackendError>> {
+        let value = std::env::var(ENV_VAR).ok()?;
+        if value.trim().is_empty() {
+            return None;
+        }
+        Some(Self::new(value.trim()))
+    }
+
+    /// Re-reads a file source. A file that is briefly missing or half-written
+    /// keeps the last good state (with a warning) instead of dropping devices.
+    fn refresh(&mut self) {
+        match &self.source {
+            Source::Spec(f) => self.current = f.clone(),
+            Source::File(path) => match read_file(path) {
+                Ok(f) => self.current = f,
+                Err(e) => {
+                    tracing::warn!(error = %e, "fake GPU file unreadable; keeping the last state")
+                }
+            },
+        }
+    }
+
+    fn expanded(&self) -> Vec<(u32, &'static Profile)> {
+        let mut out = Vec::new();
+        for g in &self.current.gpus {
+            if let Some(p) = profile(&g.profile) {
+                for _ in 0..g.count {
+                    out.push((out.len() as u32, p));
+                }
+            }
+        }
+        out
+    }
+
+    fn fault(&self, index: u32) -> Option<&Fault> {
+        self.current.faults.iter().find(|f| f.device == index)
+    }
+
+    /// The original position of a device (its fault key) from its id.
+    fn position(id: &str) -> Option<u32> {
+        id.rsplit('-').next()?.parse().ok()
+    }
+}
+
+fn read_file(path: &Path) -> Result<FakeFile, BackendError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| BackendError::Failed(format!("fake GPUs {origin}: {e}")))?;
+    let file: FakeFile = serde_saphyr::from_str(&text).map_err(|e| {
+        let first = e.to_string();
+        BackendError::Failed(format!(
+            "fake GPUs {origin}: {}",
+            first.lines().next().unwrap_or("malformed YAML")
+        ))
+    })?;
+    check(&file, &origin)?;
+    Ok(file)
+}
+
+fn device_id(p: &Profile, position: u32) -> String {
+    format!("fake-{}-{position}", p.name.to_ascii_lowercase())
+}
+
+impl GpuBackend for FakeBackend {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
+        self.refresh();
+        let mut out = Vec::new();
+        for (position, p) in self.expanded() {
+            if self.fault(position).is_some_and(|f| f.vanish) {
+                continue;
+            }
+            // Index is the position among present devices, as a driver numbers them.
+            let index = out.len() as u32;
+            out.push(DeviceInfo {
+                id: device_id(p, position),
+                index,
+                vendor: p.vendor,
+                product: p.product.to_string(),
+                memory_total_bytes: (p.memory_gib * GIB) as u64,
+                architecture: p.architecture.to_string(),
+                compute_units: p.compute_units,
+                fp16_tflops: p.fp16_tflops,
+                memory_bandwidth_gbps: p.memory_bandwidth_gbps,
+                pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + position),
+                numa_node: Some(i32::from(position >= 4)),
+            });
+        }
+        Ok(out)
+    }
+
+    fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError> {
+        let position = Self::position(&device.id)
+            .ok_or_else(|| BackendError::Failed(format!("{} is not a fake device", device.id)))?;
+        let fault = self.fault(position);
+        let idle_power = profile_of(device).map_or(50.0, |p| p.idle_power_w);
+        let used = match fault.and_then(|f| f.memory_used_gib) {
+            Some(gib) => ((gib * GIB) as u64).min(device.memory_total_bytes),
+            None => RESERVED_BYTES.min(device.memory_total_bytes),
+        };
+        Ok(Telemetry {
+            temperature_c: Some(
+                fault
+                    .and_then(|f| f.temperature_c)
+                    .unwrap_or(34.0 + f64::from(position % 8)),
+            ),
+            power_w: Some(idle_power),
+            graphics_clock_mhz: Some(1410),
+            memory_clock_mhz: Some(1593),
+            utilization_percent: Some(0),
+            memory_used_bytes: used,
+            memory_free_bytes: device.memory_total_bytes - used,
+        })
+    }
+
+    fn health(&mut self, device: &DeviceInfo) -> Result<RawHealth, BackendError> {
+        let reason = Self::position(&device.id)
+            .and_then(|p| self.fault(p))
+            .and_then(|f| f.unhealthy.clone());
+        Ok(match reason {
+            Some(r) => RawHealth::Unhealthy(r),
+            None => RawHealth::Healthy,
+        })
+    }
+
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError> {
+        let mut links = Vec::new();
+        for (i, a) in devices.iter().enumerate() {
+            for b in &devices[i + 1..] {
+                let (pa, pb) = (profile_of(a), profile_of(b));
+                // Fast links only join devices of the same kind; anything else meets over PCIe.
+                let (kind, gbps) = match (pa, pb) {
+                    (Some(x), Some(y)) if x.name == y.name => (x.link, x.link_gbps),
+                    _ => (LinkKind::Pcie, 64.0),
+                };
+                links.push(Link {
+                    a: a.id.clone(),
+                    b: b.id.clone(),
+                    kind,
+                    bandwidth_gbps: gbps,
+                    p2p: true,
+                });
+            }
+        }
+        Ok(links)
+    }
+}
+
+fn profile_of(d: &DeviceInfo) -> Option<&'static Profile> {
+    PROFILES.iter().find(|p| {
+        d.id.starts_with(&format!("fake-{}-", p.name.to_ascii_lowercase()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::snapshot;
+    use super::*;
+
+    #[test]
+    fn spec_makes_deterministic_devices_and_links() {
+        let mut b = FakeBackend::new("2xH100-80GiB, 1xmi300x-192gib").unwrap();
+        let s = snapshot(&mut b).unwrap();
+        assert_eq!(s.devices.len(), 3);
+        assert_eq!(s.devices[0].info.id, "fake-h100-80gib-0");
+        assert_eq!(s.devices[2].info.vendor, Vendor::Amd);
+        assert_eq!(s.links.len(), 3);
+        assert_eq!(s.links[0].kind, LinkKind::Nvlink);
+        assert_eq!(
+            s.links[1].kind,
+            LinkKind::Pcie,
+            "H100 to MI300X goes over PCIe"
+        );
+        assert_eq!(snapshot(&mut b).unwrap(), s, "same input, same state");
+        s.to_gpu_state(None).validate().unwrap();
+    }
+
+    #[test]
+    fn bad_specs_are_clear_errors() {
+        for (spec, want) in [
+            (
+                "4xB300-288GiB",
+                "unknown profile \"B300-288GiB\"; known profiles: H100-80GiB",
+            ),
+            ("0xH100-80GiB", "at least 1"),
+            ("", "no GPUs given"),
+            ("99999999999xH100-80GiB", "too large"),
+            ("300xL4-24GiB", "more than 256"),
+        ] {
+            let err = FakeBackend::new(spec).err().unwrap().to_string();
+            assert!(err.contains(want), "{spec}: {err}");
+        }
+    }
+
+    #[test]
+    fn faults_in_a_file_apply_and_clear_while_running() {
+        let dir = std::env::temp_dir().join(format!("tessera-fake-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gpus.yaml");
+        let write = |faults: &str| {
+            std::fs::write(
+                &path,
+                format!("gpus:\n  - {{profile: H100-80GiB, count: 4}}\nfaults:\n{faults}"),
+            )
+            .unwrap()
+        };
+        write(
+            "  - {device: 1, unhealthy: \"Xid 79\"}\n  - {device: 2, temperatureC: 97}\n  - {device: 3, vanish: true}\n  - {device: 0, memoryUsedGiB: 30}\n",
+        );
+        let mut b = FakeBackend::new(path.to_str().unwrap()).unwrap();
+        let s = snapshot(&mut b).unwrap();
+        assert_eq!(s.devices.len(), 3, "device 3 vanished");
+        assert_eq!(s.devices[1].health, RawHealth::Unhealthy("Xid 79".into()));
+        assert_eq!(s.devices[2].telemetry.temperature_c, Some(97.0));
+        assert_eq!(s.devices[0].telemetry.memory_used_bytes, 30 << 30);
+
+        // A half-written file keeps the last good state.
+        std::fs::write(&path, "gpus: [").unwrap();
+        assert_eq!(snapshot(&mut b).unwrap().devices.len(), 3);
+
+        write("  []\n");
+        let s = snapshot(&mut b).unwrap();
+        assert_eq!(s.devices.len(), 4, "device 3 is back");
+        assert!(s.devices.iter().all(|d| d.health == RawHealth::Healthy));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn malformed_files_are_clear_errors() {
+        let dir = std::env::temp_dir().join(format!("tessera-fake-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, (text, want)) in [
+            ("gpus: [", "malformed"),
+            ("gpus: []", "no GPUs given"),
+            (
+                "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 4, vanish: true}]",
+                "names device 4 but there are 1",
+            ),
+            ("gpus: [{profile: H100-80GiB, colour: red}]", "colour"),
+            (
+                "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, memoryUsedGiB: -1}]",
+                "zero or more",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let path = dir.join(format!("f{i}.yaml"));
+            std::fs::write(&path, text).unwrap();
+            let err = FakeBackend::new(path.to_str().unwrap())
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains(want) || (want == "malformed" && err.contains(path.to_str().unwrap())),
+                "{text}: {err}"
+            );
+        }
+        let err = FakeBackend::new("/nonexistent/gpus.yaml")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("/nonexistent/gpus.yaml"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,172 @@
+//! Health with recovery. Backends report what they see right now; this turns
+//! that into the health the node publishes and kubelet acts on:
+//!
+//! - a fault makes a device unhealthy at once; it is healthy again only after
+//!   the backend has reported it healthy for `recovery` without interruption
+//!   (a device that flaps stays out; a device whose fault cleared comes back —
+//!   "unhealthy forever until the plugin restarts" is what users hate most);
+//! - temperature has hysteresis: a device is too hot at or above the limit and
+//!   cool again only below `limit - margin`, so it does not flap at the edge.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::{RawHealth, Snapshot};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HealthPolicy {
+    pub recovery: Duration,
+    pub max_temperature_c: f64,
+    pub thermal_margin_c: f64,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            recovery: Duration::from_secs(60),
+            max_temperature_c: 90.0,
+            thermal_margin_c: 5.0,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Record {
+    /// The last fault and when the backend last reported it.
+    fault: Option<(String, Instant)>,
+    hot: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct HealthTracker {
+    policy: HealthPolicy,
+    devices: HashMap<String, Record>,
+}
+
+impl HealthTracker {
+    pub fn new(policy: HealthPolicy) -> Self {
+        Self {
+            policy,
+            devices: HashMap::new(),
+        }
+    }
+
+    /// The health to publish for a device, given what the backend says now.
+    pub fn observe(
+        &mut self,
+        id: &str,
+        raw: &RawHealth,
+        temperature_c: Option<f64>,
+        now: Instant,
+    ) -> RawHealth {
+        let p = self.policy;
+        let r = self.devices.entry(id.to_string()).or_default();
+        if let RawHealth::Unhealthy(reason) = raw {
+            r.fault = Some((reason.clone(), now));
+        }
+        if let Some(t) = temperature_c {
+            if t >= p.max_temperature_c {
+                r.hot = true;
+            } else if t < p.max_temperature_c - p.thermal_margin_c {
+                r.hot = false;
+            }
+        }
+        if let RawHealth::Unhealthy(reason) = raw {
+            return RawHealth::Unhealthy(reason.clone());
+        }
+        if let Some((reason, last)) = &r.fault {
+            let quiet = now.saturating_duration_since(*last);
+            if quiet < p.recovery {
+                return RawHealth::Unhealthy(format!(
+                    "recovering from {reason}: healthy for {}s of {}s",
+                    quiet.as_secs(),
+                    p.recovery.as_secs()
+                ));
+            }
+            r.fault = None;
+        }
+        if r.hot {
+            let t = temperature_c.unwrap_or(p.max_temperature_c);
+            return RawHealth::Unhealthy(format!(
+                "too hot: {t:.0} °C (limit {:.0} °C; healthy again below {:.0} °C)",
+                p.max_temperature_c,
+                p.max_temperature_c - p.thermal_margin_c
+            ));
+        }
+        RawHealth::Healthy
+    }
+
+    /// Replaces every device's raw health in the snapshot with the tracked one.
+    pub fn apply(&mut self, snapshot: &mut Snapshot, now: Instant) {
+        for d in &mut snapshot.devices {
+            d.health = self.observe(&d.info.id, &d.health, d.telemetry.temperature_c, now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracker() -> HealthTracker {
+        HealthTracker::new(HealthPolicy {
+            recovery: Duration::from_secs(30),
+            max_temperature_c: 90.0,
+            thermal_margin_c: 5.0,
+        })
+    }
+
+    #[test]
+    fn a_fault_recovers_only_after_a_quiet_period() {
+        let mut t = tracker();
+        let t0 = Instant::now();
+        let bad = RawHealth::Unhealthy("Xid 79".into());
+        assert_eq!(t.observe("g", &bad, None, t0), bad);
+        let h = t.observe("g", &RawHealth::Healthy, None, t0 + Duration::from_secs(10));
+        assert!(
+            matches!(&h, RawHealth::Unhealthy(r) if r.contains("recovering from Xid 79: healthy for 10s of 30s")),
+            "{h:?}"
+        );
+        // A new fault restarts the clock.
+        t.observe("g", &bad, None, t0 + Duration::from_secs(20));
+        let h = t.observe("g", &RawHealth::Healthy, None, t0 + Duration::from_secs(40));
+        assert!(matches!(h, RawHealth::Unhealthy(_)));
+        let h = t.observe("g", &RawHealth::Healthy, None, t0 + Duration::from_secs(50));
+        assert_eq!(h, RawHealth::Healthy);
+        // Other devices are independent.
+        assert_eq!(
+            t.observe("h", &RawHealth::Healthy, None, t0),
+            RawHealth::Healthy
+        );
+    }
+
+    #[test]
+    fn temperature_has_hysteresis() {
+        let mut t = tracker();
+        let now = Instant::now();
+        let ok = RawHealth::Healthy;
+        assert_eq!(t.observe("g", &ok, Some(89.0), now), ok);
+        let hot = t.observe("g", &ok, Some(90.0), now);
+        assert!(
+            matches!(&hot, RawHealth::Unhealthy(r) if r.starts_with("too hot: 90 °C")),
+            "{hot:?}"
+        );
+        assert!(
+            matches!(
+                t.observe("g", &ok, Some(86.0), now),
+                RawHealth::Unhealthy(_)
+            ),
+            "still hot above 85"
+        );
+        assert_eq!(t.observe("g", &ok, Some(84.9), now), ok);
+        assert_eq!(
+            t.observe("g", &ok, Some(88.0), now),
+            ok,
+            "cool until the limit again"
+        );
+        assert!(
+            matches!(t.observe("g", &ok, None, now), RawHealth::Healthy),
+            "no reading keeps the state"
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! How a node learns what GPUs it has, their live state and how they are
+//! connected. One trait, one implementation per vendor library (NVML, AMD sysfs)
+//! plus a fake for clusters and tests without GPUs; `detect` picks and merges.
+//! The result is a `Snapshot`, which becomes the published `NodeGpuState`.
+
+pub mod amd;
+pub mod cuda_probe;
+pub mod detect;
+pub mod fake;
+pub mod health;
+pub mod nvml;
+pub mod registry;
+#[cfg(feature = "rocm-smi")]
+pub mod rocm_smi;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, NodeGpuState, Vendor};
+
+/// What a backend reports about one device that does not change while it runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceInfo {
+    /// Stable identifier: the vendor UUID where one exists.
+    pub id: String,
+    pub index: u32,
+    pub vendor: Vendor,
+    pub product: String,
+    pub memory_total_bytes: u64,
+    /// CUDA compute capability (`9.0`) or AMD GFX target (`gfx942`).
+    pub architecture: String,
+    /// Streaming multiprocessors (NVIDIA) or compute units (AMD).
+    pub compute_units: u32,
+    /// Estimated dense FP16/BF16 throughput.
+    pub fp16_tflops: f64,
+    pub memory_bandwidth_gbps: f64,
+    /// PCI bus ID, `0000:17:00.0`.
+    pub pci_bus_id: String,
+    pub numa_node: Option<i32>,
+}
+
+/// Live readings of one device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Telemetry {
+    pub temperature_c: Option<f64>,
+    pub power_w: Option<f64>,
+    pub graphics_clock_mhz: Option<u32>,
+    pub memory_clock_mhz: Option<u32>,
+    pub utilization_percent: Option<u32>,
+    pub memory_used_bytes: u64,
+    pub memory_free_bytes: u64,
+}
+
+/// What the backend says about a device's health right now, before hysteresis.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RawHealth {
+    Healthy,
+    Unhealthy(String),
+}
+
+/// A connection between two devices of the node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Link {
+    pub a: String,
+    pub b: String,
+    pub kind: LinkKind,
+    pub bandwidth_gbps: f64,
+    /// Whether the two devices can access each other's memory directly.
+    pub p2p: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The vendor library or driver interface is not there: the backend does not
+    /// apply to this node (detection moves on).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The backend applies but failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// One vendor's view of the node's GPUs.
+pub trait GpuBackend: Send {
+    /// `nvml`, `amd`, `fake` (`nvml+amd` when merged).
+    fn name(&self) -> &str;
+    /// The devices present now. A device that disappeared is simply absent.
+    fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError>;
+    fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError>;
+    /// Current health, including faults reported by events since the last call.
+    fn health(&mut self, device: &DeviceInfo) -> Result<RawHealth, BackendError>;
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError>;
+}
+
+/// One device with everything read about it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceState {
+    pub info: DeviceInfo,
+    pub telemetry: Telemetry,
+    pub health: RawHealth,
+}
+
+/// Everything a backend knows about the node at one moment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub backend: String,
+    pub devices: Vec<DeviceState>,
+    pub links: Vec<Link>,
+}
+
+/// Reads a full snapshot. A device whose telemetry cannot be read is reported
+/// unhealthy with the reason rather than dropped, so it never silently vanishes.
+pub fn snapshot(backend: &mut dyn GpuBackend) -> Result<Snapshot, BackendError> {
+    let infos = backend.devices()?;
+    let mut devices = Vec::with_capacity(infos.len());
+    for info in infos {
+        let (telemetry, health) = match backend.telemetry(&info) {
+            Ok(t) => (t, backend.health(&info)?),
+            Err(e) => (
+                Telemetry {
+                    memory_free_bytes: 0,
+                    ..Telemetry::default()
+                },
+                RawHealth::Unhealthy(format!("telemetry unreadable: {e}")),
+            ),
+        };
+        devices.push(DeviceState {
+            info,
+            telemetry,
+            health,
+        });
+    }
+    let infos: Vec<DeviceInfo> = devices.iter().map(|d| d.info.clone()).collect();
+    let links = backend.links(&infos)?;
+    Ok(Snapshot {
+        backend: backend.name().to_string(),
+        devices,
+        links,
+    })
+}
+
+impl Snapshot {
+    /// The state the agent publishes; `timestamp` is RFC 3339.
+    pub fn to_gpu_state(&self, timestamp: Option<String>) -> NodeGpuState {
+        NodeGpuState {
+            version: GPU_STATE_VERSION.to_string(),
+            backend: self.backend.clone(),
+            devices: self
+                .devices
+                .iter()
+                .map(|d| GpuDevice {
+                    id: d.info.id.clone(),
+                    index: d.info.index,
+                    vendor: d.info.vendor,
+                    product: d.info.product.clone(),
+                    memory_total_bytes: d.info.memory_total_bytes,
+                    memory_free_bytes: d.telemetry.memory_free_bytes.min(d.info.memory_total_bytes),
+                    fp16_tflops: d.info.fp16_tflops,
+                    memory_bandwidth_gbps: d.info.memory_bandwidth_gbps,
+                    temperature_c: d.telemetry.temperature_c,
+                    power_w: d.telemetry.power_w,
+                    numa_node: d.info.numa_node,
+                    health: match d.health {
+                        RawHealth::Healthy => Health::Healthy,
+                        RawHealth::Unhealthy(_) => Health::Unhealthy,
+                    },
+                    health_reason: match &d.health {
+                        RawHealth::Healthy => None,
+                        RawHealth::Unhealthy(r) => Some(r.clone()),
+                    },
+                })
+                .collect(),
+            links: self
+                .links
+                .iter()
+                .map(|l| GpuLink {
+                    a: l.a.clone(),
+                    b: l.b.clone(),
+                    kind: l.kind,
+                    bandwidth_gbps: l.bandwidth_gbps,
+                })
+                .collect(),
+            timestamp,
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The node's device registry: the last discovery (and probe results) kept on
+//! disk, so a restarted agent keeps every device's ID — even for a device that
+//! can no longer tell its UUID — and does not repeat a slow probe for devices it
+//! has measured before. A corrupt or unreadable registry is ignored with a
+//! warning: it is a cache, never a reason not to start.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::DeviceInfo;
+
+pub const DEFAULT_PATH: &str = "/var/lib/tessera/registry.json";
+const VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Registry {
+    pub version: u32,
+    pub devices: Vec<DeviceInfo>,
+    /// The last probe results (see `cuda_probe`), as written by the prober.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<serde_json::Value>,
+    /// IDs of the devices the probe measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probed_devices: Vec<String>,
+}
+
+impl Registry {
+    pub fn new(devices: Vec<DeviceInfo>) -> Self {
+        Self {
+            version: VERSION,
+            devices,
+            probe: None,
+            probed_devices: Vec::new(),
+        }
+    }
+
+    /// Reads the registry; any problem gives `None` and a warning.
+    pub fn load(path: &Path) -> Option<Self> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "device registry unreadable; ignoring it");
+                return None;
+            }
+        };
+        match serde_json::from_str::<Registry>(&text) {
+            Ok(r) if r.version == VERSION => Some(r),
+            Ok(r) => {
+                tracing::warn!(path = %path.display(), version = r.version, "device registry has another version; ignoring it");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "device registry is corrupt; ignoring it");
+                None
+            }
+        }
+    }
+
+    /// Writes atomically (temp file + rename) so a crash never leaves half a file.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Gives devices the IDs they had before when they are found again at the
+    /// same PCI address but now report no proper ID (a backend falls back to a
+    /// positional ID when a lost GPU cannot tell its UUID).
+    pub fn stabilize_ids(&self, devices: &mut [DeviceInfo], is_fallback_id: impl Fn(&str) -> bool) {
+        for d in devices.iter_mut() {
+            if !is_fallback_id(&d.id) {
+                continue;
+            }
+            if let Some(known) = self
+                .devices
+                .iter()
+                .find(|k| k.pci_bus_id == d.pci_bus_id && !d.pci_bus_id.is_empty())
+            {
+                d.id = known.id.clone();
+            }
+        }
+    }
+
+    /// The cached probe results when they cover exactly these devices.
+    pub fn probe_for(&self, devices: &[DeviceInfo]) -> Option<&serde_json::Value> {
+        let mut want: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+        let mut have: Vec<&str> = self.probed_devices.iter().map(String::as_str).collect();
+        want.sort_unstable();
+        have.sort_unstable();
+        (want == have).then_some(self.probe.as_ref()).flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{GpuBackend, fake::FakeBackend};
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("tessera-registry-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn devices() -> Vec<DeviceInfo> {
+        FakeBackend::new("2xH100-80GiB").unwrap().devices().unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_probe_cache() {
+        let d = dir("rt");
+        let path = d.join("sub/registry.json");
+        let mut r = Registry::new(devices());
+        r.probe = Some(serde_json::json!({"p2p": true}));
+        r.probed_devices = r.devices.iter().map(|d| d.id.clone()).collect();
+        r.save(&path).unwrap();
+        let back = Registry::load(&path).unwrap();
+        assert_eq!(back, r);
+        assert!(back.probe_for(&devices()).is_some());
+        assert!(
+            back.probe_for(&devices()[..1]).is_none(),
+            "different devices: probe again"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn corrupt_or_foreign_registries_are_ignored() {
+        let d = dir("bad");
+        std::fs::create_dir_all(&d).unwrap();
+        for (i, text) in ["{", "[]", "{\"version\": 9, \"devices\": []}", ""]
+            .iter()
+            .enumerate()
+        {
+            let p = d.join(format!("r{i}.json"));
+            std::fs::write(&p, text).unwrap();
+            assert_eq!(Registry::load(&p), None, "{text}");
+        }
+        assert_eq!(Registry::load(&d.join("missing.json")), None);
+        // A directory where the file should be: unreadable, still not fatal.
+        assert_eq!(Registry::load(&d), None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn lost_devices_keep_their_ids() {
+        let r = Registry::new(devices());
+        let mut now = devices();
+        now[1].id = "index-1".into();
+        r.stabilize_ids(&mut now, |id| id.starts_with("index-"));
+        assert_eq!(now[1].id, r.devices[1].id);
+    }
+}

@@ -1,0 +1,470 @@
+//! `tessera discover`: the node's GPUs as the agent sees them, and a summary of
+//! a whole cluster's published GPU states.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::InputError;
+use super::input::parse_cluster;
+use crate::api::{GIB, Health, LinkKind, NodeGpuState};
+use crate::backend::cuda_probe::{self, ProbeReport};
+use crate::backend::detect::{DetectOptions, detect};
+use crate::backend::health::{HealthPolicy, HealthTracker};
+use crate::backend::registry::Registry;
+use crate::backend::{GpuBackend, Snapshot, nvml, snapshot};
+use crate::controller::problem::ClusterNode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+pub struct DiscoverArgs {
+    pub detect: DetectOptions,
+    /// Registry file; `None` neither reads nor writes one.
+    pub registry: Option<PathBuf>,
+    pub probe: bool,
+    pub output: Output,
+}
+
+/// One discovery: backend state with the registry's stable IDs, and probe
+/// results when asked for (reused from the registry when they cover the same
+/// devices).
+pub struct Discovery {
+    pub snapshot: Snapshot,
+    pub probe: Option<Result<ProbeReport, String>>,
+}
+
+pub struct Discoverer {
+    backend: Box<dyn GpuBackend>,
+    tracker: HealthTracker,
+    registry: Option<(PathBuf, Registry)>,
+    probe: bool,
+}
+
+impl Discoverer {
+    pub fn new(args: &DiscoverArgs) -> Result<Self, InputError> {
+        let backend = detect(&args.detect).map_err(|e| InputError(e.to_string()))?;
+        let registry = args.registry.as_ref().map(|p| {
+            let r = Registry::load(p).unwrap_or_else(|| Registry::new(Vec::new()));
+            (p.clone(), r)
+        });
+        Ok(Self {
+            backend,
+            tracker: HealthTracker::new(HealthPolicy::default()),
+            registry,
+            probe: args.probe,
+        })
+    }
+
+    pub fn discover(&mut self) -> Result<Discovery, InputError> {
+        let mut snap = snapshot(self.backend.as_mut()).map_err(|e| InputError(e.to_string()))?;
+        if let Some((_, r)) = &self.registry {
+            let mut infos: Vec<_> = snap.devices.iter().map(|d| d.info.clone()).collect();
+            r.stabilize_ids(&mut infos, nvml::is_fallback_id);
+            for (d, info) in snap.devices.iter_mut().zip(infos) {
+                d.info = info;
+            }
+        }
+        self.tracker.apply(&mut snap, Instant::now());
+        let infos: Vec<_> = snap.devices.iter().map(|d| d.info.clone()).collect();
+        let mut probe = None;
+        if self.probe {
+            let cached = self
+                .registry
+                .as_ref()
+                .and_then(|(_, r)| r.probe_for(&infos))
+                .and_then(|v| serde_json::from_value::<ProbeReport>(v.clone()).ok());
+            let result = match cached {
+                Some(report) => Ok(report),
+                None => cuda_probe::probe(&infos).map_err(|e| e.to_string()),
+            };
+            if let Ok(report) = &result {
+                report.apply(&mut snap.links);
+                if let Some((_, r)) = &mut self.registry {
+                    r.probe = serde_json::to_value(report).ok();
+                    r.probed_devices = infos.iter().map(|d| d.id.clone()).collect();
+                }
+            }
+            probe = Some(result);
+        }
+        if let Some((path, r)) = &mut self.registry {
+            r.devices = infos;
+            if let Err(e) = r.save(path) {
+                tracing::warn!(path = %path.display(), error = %e, "could not write the device registry");
+            }
+        }
+        Ok(Discovery {
+            snapshot: snap,
+            probe,
+        })
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+pub fn render(d: &Discovery, output: Output) -> String {
+    let state = d.snapshot.to_gpu_state(Some(now_rfc3339()));
+    match output {
+        Output::Json => serde_json::to_string_pretty(&state).unwrap_or_default() + "\n",
+        Output::Table => table(&state, d.probe.as_ref()),
+    }
+}
+
+fn short(kind: LinkKind) -> &'static str {
+    match kind {
+        LinkKind::Nvlink => "NV",
+        LinkKind::Xgmi => "XG",
+        LinkKind::Pcie => "PCI",
+        LinkKind::Unknown => "?",
+    }
+}
+
+fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "backend {}: {} GPU{}",
+        state.backend,
+        state.devices.len(),
+        if state.devices.len() == 1 { "" } else { "s" }
+    );
+    let mut rows = vec![
+        [
+            "IDX",
+            "ID",
+            "PRODUCT",
+            "MEMORY FREE/TOTAL",
+            "TEMP",
+            "POWER",
+            "HEALTH",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for d in &state.devices {
+        rows.push(vec![
+            d.index.to_string(),
+            d.id.clone(),
+            d.product.clone(),
+            format!(
+                "{:.1}/{:.1} GiB",
+                d.memory_free_bytes as f64 / GIB,
+                d.memory_total_bytes as f64 / GIB
+            ),
+            d.temperature_c.map_or("-".into(), |t| format!("{t:.0} °C")),
+            d.power_w.map_or("-".into(), |p| format!("{p:.0} W")),
+            match (&d.health, &d.health_reason) {
+                (Health::Healthy, _) => "Healthy".into(),
+                (_, Some(r)) => format!("Unhealthy: {r}"),
+                (_, None) => "Unhealthy".into(),
+            },
+        ]);
+    }
+    write_rows(&mut out, &rows);
+    if state.devices.len() > 1 {
+        let _ = writeln!(
+            out,
+            "\nlinks (NV = NVLink, XG = xGMI, PCI = PCIe, GB/s; - = through the host):"
+        );
+        let pos: BTreeMap<&str, usize> = state
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.id.as_str(), i))
+            .collect();
+        let n = state.devices.len();
+        let mut m = vec![vec!["-".to_string(); n]; n];
+        for (i, row) in m.iter_mut().enumerate() {
+            row[i] = "X".into();
+        }
+        for l in &state.links {
+            if let (Some(&a), Some(&b)) = (pos.get(l.a.as_str()), pos.get(l.b.as_str())) {
+                let cell = format!("{}{:.0}", short(l.kind), l.bandwidth_gbps);
+                m[a][b] = cell.clone();
+                m[b][a] = cell;
+            }
+        }
+        let mut rows = vec![
+            std::iter::once(String::new())
+                .chain(state.devices.iter().map(|d| format!("GPU{}", d.index)))
+                .collect::<Vec<_>>(),
+        ];
+        for (i, d) in state.devices.iter().enumerate() {
+            rows.push(
+                std::iter::once(format!("GPU{}", d.index))
+                    .chain(m[i].iter().cloned())
+                    .collect(),
+            );
+        }
+        write_rows(&mut out, &rows);
+    }
+    match probe {
+        None => {}
+        Some(Err(e)) => {
+            let _ = writeln!(out, "\nprobe: not run: {e}");
+        }
+        Some(Ok(report)) => {
+            let _ = writeln!(out, "\nprobe (CUDA):");
+            let mut rows = vec![
+                ["ID", "VERIFIED", "HOST→GPU", "GPU→GPU", "NOTES"]
+                    .map(String::from)
+                    .to_vec(),
+            ];
+            let gbps = |v: Option<f64>| v.map_or("-".to_string(), |g| format!("{g:.1} GB/s"));
+            for d in &report.devices {
+                rows.push(vec![
+                    d.id.clone(),
+                    if d.verified {
+                        "yes".into()
+                    } else {
+                        format!("no: {}", d.error.clone().unwrap_or_default())
+                    },
+                    gbps(d.host_to_device_gbps),
+                    gbps(d.device_to_device_gbps),
+                    d.notes.join("; "),
+                ]);
+            }
+            write_rows(&mut out, &rows);
+        }
+    }
+    out
+}
+
+fn write_rows(out: &mut String, rows: &[Vec<String>]) {
+    let cols = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let mut line = String::from("  ");
+        for (c, cell) in r.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+/// Runs one discovery, or refreshes every `interval` until interrupted.
+pub fn run(args: &DiscoverArgs, watch: Option<Duration>) -> Result<(), InputError> {
+    let mut d = Discoverer::new(args)?;
+    loop {
+        let found = d.discover()?;
+        if watch.is_some() && args.output == Output::Table {
+            // Clear the screen and home the cursor, like `watch`.
+            print!("\x1b[2J\x1b[H{}\n\n", now_rfc3339());
+        }
+        print!("{}", render(&found, args.output));
+        match watch {
+            Some(interval) => std::thread::sleep(interval),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Totals over many nodes' published states.
+#[derive(Debug, PartialEq)]
+pub struct ClusterSummary {
+    pub nodes: usize,
+    pub devices: usize,
+    pub healthy: usize,
+    pub memory_bytes: u64,
+    pub free_bytes: u64,
+    pub by_vendor: BTreeMap<String, usize>,
+    pub by_product: BTreeMap<String, usize>,
+    /// Fastest over slowest healthy device by FP16 throughput (1 = homogeneous).
+    pub compute_ratio: f64,
+    /// Largest over smallest device memory.
+    pub memory_ratio: f64,
+    /// The slowest GPU-to-GPU connection inside any multi-GPU node.
+    pub bottleneck: Option<String>,
+}
+
+pub fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {
+    let mut s = ClusterSummary {
+        nodes: nodes.len(),
+        devices: 0,
+        healthy: 0,
+        memory_bytes: 0,
+        free_bytes: 0,
+        by_vendor: BTreeMap::new(),
+        by_product: BTreeMap::new(),
+        compute_ratio: 1.0,
+        memory_ratio: 1.0,
+        bottleneck: None,
+    };
+    let (mut tf_min, mut tf_max) = (f64::INFINITY, 0.0f64);
+    let (mut mem_min, mut mem_max) = (u64::MAX, 0u64);
+    let mut slowest: Option<(f64, String)> = None;
+    for n in nodes {
+        let st = &n.gpu_state;
+        for d in &st.devices {
+            s.devices += 1;
+            s.memory_bytes += d.memory_total_bytes;
+            s.free_bytes += d.memory_free_bytes;
+            *s.by_vendor.entry(d.vendor.to_string()).or_default() += 1;
+            *s.by_product.entry(d.product.clone()).or_default() += 1;
+            mem_min = mem_min.min(d.memory_total_bytes);
+            mem_max = mem_max.max(d.memory_total_bytes);
+            if d.health == Health::Healthy {
+                s.healthy += 1;
+                tf_min = tf_min.min(d.fp16_tflops);
+                tf_max = tf_max.max(d.fp16_tflops);
+            }
+        }
+        let ids: Vec<&str> = st.devices.iter().map(|d| d.id.as_str()).collect();
+        for (i, a) in ids.iter().enumerate() {
+            for b in &ids[i + 1..] {
+                let link = st
+                    .links
+                    .iter()
+                    .find(|l| (l.a == *a && l.b == *b) || (l.a == *b && l.b == *a));
+                let (gbps, what) = match link {
+                    Some(l) => (
+                        l.bandwidth_gbps,
+                        format!(
+                            "{} {:.0} GB/s",
+                            format!("{:?}", l.kind).to_lowercase(),
+                            l.bandwidth_gbps
+                        ),
+                    ),
+                    None => (0.0, "no direct link (through the host)".to_string()),
+                };
+                if slowest.as_ref().is_none_or(|(g, _)| gbps < *g) {
+                    slowest = Some((gbps, format!("{what} on {}", n.name)));
+                }
+            }
+        }
+    }
+    if tf_max > 0.0 && tf_min.is_finite() && tf_min > 0.0 {
+        s.compute_ratio = tf_max / tf_min;
+    }
+    if mem_min > 0 && mem_max > 0 && mem_min != u64::MAX {
+        s.memory_ratio = mem_max as f64 / mem_min as f64;
+    }
+    s.bottleneck = slowest.map(|(_, w)| w);
+    s
+}
+
+pub fn render_summary(s: &ClusterSummary) -> String {
+    let mut out = String::new();
+    let list = |m: &BTreeMap<String, usize>| {
+        m.iter()
+            .map(|(k, v)| format!("{v}× {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(out, "nodes:          {}", s.nodes);
+    let _ = writeln!(out, "devices:        {} ({} healthy)", s.devices, s.healthy);
+    let _ = writeln!(
+        out,
+        "memory:         {:.1} GiB total, {:.1} GiB free",
+        s.memory_bytes as f64 / GIB,
+        s.free_bytes as f64 / GIB
+    );
+    let _ = writeln!(out, "vendors:        {}", list(&s.by_vendor));
+    let _ = writeln!(out, "products:       {}", list(&s.by_product));
+    let _ = writeln!(
+        out,
+        "heterogeneity:  {:.1}× compute (fastest/slowest healthy GPU), {:.1}× memory (largest/smallest)",
+        s.compute_ratio, s.memory_ratio
+    );
+    let _ = writeln!(
+        out,
+        "bottleneck:     {}",
+        s.bottleneck.as_deref().unwrap_or("no multi-GPU node")
+    );
+    out
+}
+
+/// Reads states for the summary: cluster descriptions, `kubectl get nodes -o
+/// yaml` output, or single NodeGpuState JSON files (named after the file).
+pub fn read_states(paths: &[PathBuf]) -> Result<Vec<ClusterNode>, InputError> {
+    let mut nodes = Vec::new();
+    for p in paths {
+        let origin = p.display().to_string();
+        let text = std::fs::read_to_string(p).map_err(|e| InputError(format!("{origin}: {e}")))?;
+        let single = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .filter(|v| v.get("version").is_some() && v.get("devices").is_some());
+        if single.is_some() {
+            let gpu_state =
+                NodeGpuState::from_json(&text).map_err(|e| InputError(format!("{origin}: {e}")))?;
+            nodes.push(ClusterNode {
+                name: node_name(p),
+                labels: BTreeMap::new(),
+                gpu_state,
+            });
+        } else {
+            nodes.extend(parse_cluster(&text, &origin)?);
+        }
+    }
+    Ok(nodes)
+}
+
+fn node_name(p: &Path) -> String {
+    p.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::detect::BackendChoice;
+
+    fn fake_args(spec: &str) -> DiscoverArgs {
+        DiscoverArgs {
+            detect: DetectOptions {
+                choice: BackendChoice::Fake,
+                fake: Some(spec.into()),
+                ..DetectOptions::default()
+            },
+            registry: None,
+            probe: false,
+            output: Output::Table,
+        }
+    }
+
+    #[test]
+    fn table_lists_devices_and_the_link_matrix() {
+        let mut d = Discoverer::new(&fake_args("2xH100-80GiB,1xRTX4090-24GiB")).unwrap();
+        let text = render(&d.discover().unwrap(), Output::Table);
+        assert!(text.starts_with("backend fake: 3 GPUs"), "{text}");
+        assert!(text.contains("NVIDIA H100 80GB HBM3"), "{text}");
+        assert!(text.contains("79.5/80.0 GiB"), "{text}");
+        assert!(text.contains("NV900"), "{text}");
+        assert!(text.contains("PCI64"), "{text}");
+    }
+
+    #[test]
+    fn json_is_the_published_state() {
+        let mut d = Discoverer::new(&fake_args("2xMI300X-192GiB")).unwrap();
+        let text = render(&d.discover().unwrap(), Output::Json);
+        let state = NodeGpuState::from_json(&text).unwrap();
+        assert_eq!(state.devices.len(), 2);
+        assert!(state.timestamp.is_some());
+    }
+
+    #[test]
+    fn summary_of_the_sample_cluster() {
+        let nodes = read_states(&[PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/cluster-mixed.yaml"
+        ))])
+        .unwrap();
+        let s = summarize(&nodes);
+        assert_eq!((s.nodes, s.devices, s.healthy), (4, 28, 27));
+        assert_eq!(s.by_vendor["amd"], 8);
+        assert!((s.compute_ratio - 1307.0 / 165.0).abs() < 1e-9);
+        assert!((s.memory_ratio - 8.0).abs() < 1e-9);
+        assert_eq!(s.bottleneck.as_deref(), Some("pcie 64 GB/s on a100-0"));
+        let text = render_summary(&s);
+        assert!(text.contains("28 (27 healthy)"), "{text}");
+    }
+}

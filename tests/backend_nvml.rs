@@ -1,0 +1,472 @@
+//! The NVML backend end to end, against the mock NVML library built from
+//! `tests/fixtures/mock-nvml` (`libtessera_mock_nvml.so`, built by `cargo test`
+//! from the workspace root).
+//!
+//! The mock's profile and control file come from environment variables read
+//! when it initialises, and its state is process-global, so every test that
+//! loads it holds `LOCK` for its whole run: it sets the variables, creates the
+//! backend, and drops the backend (shutting the mock down) before releasing
+//! the lock. Faults are injected by rewriting the control file.
+//!
+//! Real-hardware tests are `#[ignore]`d. On a node with the NVIDIA driver run
+//! `cargo test --test backend_nvml -- --ignored`.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tessera::api::{LinkKind, Vendor};
+use tessera::backend::nvml::{self, NvmlBackend};
+use tessera::backend::{BackendError, DeviceInfo, GpuBackend, RawHealth, snapshot};
+
+mod common;
+use common::mock_library;
+
+const PROFILE_ENV: &str = "TESSERA_MOCK_NVML_PROFILE";
+const CONTROL_ENV: &str = "TESSERA_MOCK_NVML_CONTROL";
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// One test's mock setup; holds the lock until dropped.
+struct Scenario {
+    dir: PathBuf,
+    control: PathBuf,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Scenario {
+    fn new(profile: &str, name: &str) -> Self {
+        let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!(
+            "tessera-backend-nvml-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let control = dir.join("control");
+        std::fs::write(&control, "").unwrap();
+        // SAFETY: every test that touches these variables (or loads the mock,
+        // which reads them) holds LOCK.
+        unsafe {
+            std::env::set_var(PROFILE_ENV, profile);
+            std::env::set_var(CONTROL_ENV, &control);
+        }
+        Self {
+            dir,
+            control,
+            _lock: lock,
+        }
+    }
+
+    /// A sysfs tree giving the first half of the bus ids NUMA node 0, the rest 1.
+    fn sysfs(&self, bus_ids: &[&str]) -> PathBuf {
+        let root = self.dir.join("sys");
+        for (i, bus) in bus_ids.iter().enumerate() {
+            let d = root.join("bus/pci/devices").join(bus);
+            std::fs::create_dir_all(&d).unwrap();
+            let node = if i < bus_ids.len() / 2 { "0\n" } else { "1\n" };
+            std::fs::write(d.join("numa_node"), node).unwrap();
+        }
+        root
+    }
+
+    fn backend(&self) -> NvmlBackend {
+        NvmlBackend::new(Some(mock_library().as_os_str()))
+            .unwrap()
+            .with_sysfs_root(self.dir.join("sys"))
+    }
+
+    fn inject(&self, directives: &str) {
+        std::fs::write(&self.control, directives).unwrap();
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const H100_BUSES: [&str; 8] = [
+    "0000:18:00.0",
+    "0000:2a:00.0",
+    "0000:3a:00.0",
+    "0000:5d:00.0",
+    "0000:9a:00.0",
+    "0000:ab:00.0",
+    "0000:ba:00.0",
+    "0000:db:00.0",
+];
+
+fn unhealthy_reason(h: &RawHealth) -> &str {
+    match h {
+        RawHealth::Unhealthy(r) => r,
+        RawHealth::Healthy => panic!("expected unhealthy, got healthy"),
+    }
+}
+
+#[test]
+fn h100_hgx_devices_and_nvlink() {
+    let s = Scenario::new("h100-sxm-8", "h100");
+    s.sysfs(&H100_BUSES);
+    let mut b = s.backend();
+    assert_eq!(b.name(), "nvml");
+    let devices = b.devices().unwrap();
+    assert_eq!(devices.len(), 8);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d.index, i as u32);
+        assert!(d.id.starts_with("GPU-"), "{}", d.id);
+        assert_eq!(d.vendor, Vendor::Nvidia);
+        assert_eq!(d.product, "NVIDIA H100 80GB HBM3");
+        assert_eq!(d.memory_total_bytes, 81559 << 20);
+        assert_eq!(d.architecture, "9.0");
+        assert_eq!(d.compute_units, 132, "SMs from 16896 CUDA cores / 128");
+        assert!((d.fp16_tflops - 989.4).abs() < 1.0, "{}", d.fp16_tflops);
+        assert!(
+            (d.memory_bandwidth_gbps - 3352.3).abs() < 1.0,
+            "{}",
+            d.memory_bandwidth_gbps
+        );
+        assert_eq!(d.pci_bus_id, H100_BUSES[i]);
+        assert_eq!(d.numa_node, Some(if i < 4 { 0 } else { 1 }));
+    }
+    let ids: std::collections::HashSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids.len(), 8, "ids are unique");
+    assert_eq!(b.event_registered_devices().len(), 8);
+
+    let links = b.links(&devices).unwrap();
+    assert_eq!(links.len(), 28, "every pair once");
+    for l in &links {
+        assert_eq!(l.kind, LinkKind::Nvlink, "{l:?}");
+        assert_eq!(l.bandwidth_gbps, 900.0, "{l:?}");
+        assert!(l.p2p);
+        let ia = devices.iter().find(|d| d.id == l.a).unwrap().index;
+        let ib = devices.iter().find(|d| d.id == l.b).unwrap().index;
+        assert!(ia < ib, "{l:?}");
+    }
+}
+
+#[test]
+fn a100_pcie_devices_and_links() {
+    let s = Scenario::new("a100-pcie-4", "a100");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    assert_eq!(devices.len(), 4);
+    for d in &devices {
+        assert_eq!(d.product, "NVIDIA A100-PCIE-40GB");
+        assert_eq!(d.memory_total_bytes, 40 << 30);
+        assert_eq!(d.architecture, "8.0");
+        assert_eq!(d.compute_units, 108, "SMs from the product table");
+        assert!((d.fp16_tflops - 311.9).abs() < 1.0, "{}", d.fp16_tflops);
+        assert!(
+            (d.memory_bandwidth_gbps - 1555.2).abs() < 1.0,
+            "{}",
+            d.memory_bandwidth_gbps
+        );
+        assert_eq!(d.numa_node, None, "no sysfs entry");
+    }
+    assert_eq!(devices[0].pci_bus_id, "0000:17:00.0");
+    assert_eq!(devices[2].pci_bus_id, "0000:b1:00.0");
+    let links = b.links(&devices).unwrap();
+    assert_eq!(links.len(), 6);
+    for l in &links {
+        assert_eq!(l.kind, LinkKind::Pcie, "{l:?}");
+        // Gen4 x16 (the maximum; the idle card's current generation is 1).
+        assert!((l.bandwidth_gbps - 63.0).abs() < 0.1, "{l:?}");
+        assert!(l.p2p, "{l:?}");
+    }
+}
+
+#[test]
+fn telemetry_readings() {
+    let s = Scenario::new("h100-sxm-8", "telemetry");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    let t = b.telemetry(&devices[2]).unwrap();
+    assert_eq!(t.temperature_c, Some(33.0));
+    assert_eq!(t.power_w, Some(74.0));
+    assert_eq!(t.graphics_clock_mhz, Some(1755));
+    assert_eq!(t.memory_clock_mhz, Some(2619));
+    assert_eq!(t.utilization_percent, Some(20));
+    assert_eq!(t.memory_used_bytes, 3 << 30);
+    assert_eq!(
+        t.memory_free_bytes,
+        devices[2].memory_total_bytes - (584 << 20) - (3 << 30)
+    );
+    s.inject("temp 2 91\n");
+    assert_eq!(b.telemetry(&devices[2]).unwrap().temperature_c, Some(91.0));
+}
+
+#[test]
+fn unsupported_readings_are_none() {
+    let s = Scenario::new("a100-pcie-4", "unsupported");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    s.inject(
+        "unsupported 1 temperature\nunsupported 1 power\nunsupported 1 utilization\n\
+         unsupported 1 clocks\nunsupported 1 ecc\n",
+    );
+    let t = b.telemetry(&devices[1]).unwrap();
+    assert_eq!(t.temperature_c, None);
+    assert_eq!(t.power_w, None);
+    assert_eq!(t.utilization_percent, None);
+    assert_eq!(t.graphics_clock_mhz, None);
+    assert_eq!(t.memory_clock_mhz, None);
+    assert_eq!(t.memory_used_bytes, 2 << 30, "memory is still read");
+    // No ECC counters: health falls back to checking the GPU answers.
+    assert_eq!(b.health(&devices[1]).unwrap(), RawHealth::Healthy);
+    let full = b.telemetry(&devices[0]).unwrap();
+    assert_eq!(full.temperature_c, Some(38.0));
+    assert_eq!(full.power_w, Some(36.0));
+}
+
+#[test]
+fn critical_xid_makes_a_device_unhealthy_until_the_hold_passes() {
+    let s = Scenario::new("h100-sxm-8", "xid");
+    let mut b = s.backend().with_fault_hold(Duration::from_millis(250));
+    let devices = b.devices().unwrap();
+    for d in &devices {
+        assert_eq!(b.health(d).unwrap(), RawHealth::Healthy);
+    }
+    s.inject("xid 1 79\n");
+    let h = b.health(&devices[1]).unwrap();
+    assert_eq!(unhealthy_reason(&h), "Xid 79: GPU has fallen off the bus");
+    // The event was consumed but the fault is held.
+    assert!(matches!(
+        b.health(&devices[1]).unwrap(),
+        RawHealth::Unhealthy(_)
+    ));
+    assert_eq!(b.health(&devices[0]).unwrap(), RawHealth::Healthy);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        b.health(&devices[1]).unwrap(),
+        RawHealth::Healthy,
+        "the fault clears when no new event came within the hold"
+    );
+    // A new event on the same line position counts again.
+    s.inject("xid 1 79\nxid 1 48\n");
+    let h = b.health(&devices[1]).unwrap();
+    assert_eq!(unhealthy_reason(&h), "Xid 48: double-bit ECC error");
+    let h = b.health(&devices[1]).unwrap();
+    assert!(unhealthy_reason(&h).starts_with("Xid 48"));
+}
+
+#[test]
+fn application_xids_are_ignored() {
+    let s = Scenario::new("h100-sxm-8", "xid13");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    s.inject("xid 3 13\nxid 3 31\nxid 3 43\n");
+    assert_eq!(b.health(&devices[3]).unwrap(), RawHealth::Healthy);
+    s.inject("xid 3 13\nxid 3 31\nxid 3 43\nxid 3 4242\n");
+    let h = b.health(&devices[3]).unwrap();
+    assert_eq!(
+        unhealthy_reason(&h),
+        "Xid 4242",
+        "unknown codes are critical"
+    );
+}
+
+#[test]
+fn uncorrected_ecc_errors_make_a_device_unhealthy() {
+    let s = Scenario::new("a100-pcie-4", "ecc");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    s.inject("ecc 2 3\n");
+    let h = b.health(&devices[2]).unwrap();
+    assert!(
+        unhealthy_reason(&h).contains("3 uncorrectable (double-bit) ECC error"),
+        "{h:?}"
+    );
+    assert_eq!(b.health(&devices[1]).unwrap(), RawHealth::Healthy);
+    s.inject("");
+    assert_eq!(b.health(&devices[2]).unwrap(), RawHealth::Healthy);
+}
+
+#[test]
+fn a_vanished_device_is_no_longer_listed() {
+    let s = Scenario::new("h100-sxm-8", "vanish");
+    let mut b = s.backend();
+    let before = b.devices().unwrap();
+    s.inject("vanish 3\n");
+    let after = b.devices().unwrap();
+    assert_eq!(after.len(), 7);
+    assert!(after.iter().all(|d| d.id != before[3].id));
+    assert_eq!(
+        after[3].id, before[4].id,
+        "later devices move down one index"
+    );
+    assert_eq!(after[3].index, 3);
+    let h = b.health(&before[3]).unwrap();
+    assert!(unhealthy_reason(&h).contains("no longer present"), "{h:?}");
+    let links = b.links(&after).unwrap();
+    assert_eq!(links.len(), 21);
+}
+
+#[test]
+fn a_lost_device_stays_listed_and_is_unhealthy() {
+    let s = Scenario::new("h100-sxm-8", "lost");
+    let mut b = s.backend();
+    let before = b.devices().unwrap();
+    s.inject("lost 5\n");
+    let after = b.devices().unwrap();
+    assert_eq!(after.len(), 8);
+    assert_eq!(after[5], before[5], "the last good reading, same UUID");
+    let h = b.health(&after[5]).unwrap();
+    assert!(unhealthy_reason(&h).contains("GPU is lost"), "{h:?}");
+    assert!(matches!(
+        b.telemetry(&after[5]),
+        Err(BackendError::Failed(m)) if m.contains("GPU is lost")
+    ));
+    assert_eq!(b.health(&after[4]).unwrap(), RawHealth::Healthy);
+    let links = b.links(&after).unwrap();
+    assert_eq!(links.len(), 21, "no links for the lost GPU");
+    assert!(
+        links
+            .iter()
+            .all(|l| l.a != after[5].id && l.b != after[5].id)
+    );
+
+    let snap = snapshot(&mut b).unwrap();
+    assert!(
+        matches!(&snap.devices[5].health, RawHealth::Unhealthy(r) if r.contains("GPU is lost"))
+    );
+    snap.to_gpu_state(None).validate().unwrap();
+
+    s.inject("");
+    assert_eq!(b.health(&after[5]).unwrap(), RawHealth::Healthy);
+}
+
+#[test]
+fn a_device_lost_before_it_was_ever_read_gets_a_placeholder() {
+    let s = Scenario::new("h100-sxm-8", "lost-early");
+    s.inject("lost 2\n");
+    let mut b = s.backend();
+    assert_eq!(b.event_registered_devices().len(), 7);
+    let devices = b.devices().unwrap();
+    assert_eq!(devices.len(), 8);
+    let lost = &devices[2];
+    assert!(nvml::is_fallback_id(&lost.id), "{}", lost.id);
+    assert_eq!(lost.index, 2);
+    let h = b.health(lost).unwrap();
+    assert!(unhealthy_reason(&h).contains("GPU is lost"), "{h:?}");
+    let snap = snapshot(&mut b).unwrap();
+    let state = snap.to_gpu_state(None);
+    state.validate().unwrap();
+    assert_eq!(state.devices[2].health, tessera::api::Health::Unhealthy);
+}
+
+#[test]
+fn snapshot_of_the_mock_is_a_valid_gpu_state() {
+    let s = Scenario::new("h100-sxm-8", "snapshot");
+    s.sysfs(&H100_BUSES);
+    let mut b = s.backend();
+    let snap = snapshot(&mut b).unwrap();
+    assert_eq!(snap.backend, "nvml");
+    assert_eq!(snap.devices.len(), 8);
+    assert!(snap.devices.iter().all(|d| d.health == RawHealth::Healthy));
+    assert_eq!(snap.links.len(), 28);
+    let state = snap.to_gpu_state(Some("2025-01-01T00:00:00Z".into()));
+    state.validate().unwrap();
+    assert_eq!(state.devices[0].temperature_c, Some(31.0));
+    assert_eq!(state.devices[7].numa_node, Some(1));
+    let again = tessera::api::NodeGpuState::from_json(&state.to_json()).unwrap();
+    assert_eq!(again, state);
+}
+
+#[test]
+fn a100_snapshot_is_valid() {
+    let s = Scenario::new("a100-pcie-4", "a100-snapshot");
+    let mut b = s.backend();
+    let snap = snapshot(&mut b).unwrap();
+    assert_eq!(snap.links.len(), 6);
+    snap.to_gpu_state(None).validate().unwrap();
+}
+
+#[test]
+fn missing_library_is_unavailable_with_advice() {
+    // No lock: nothing of the mock is touched.
+    let path = "/nonexistent/libnvidia-ml.so.1";
+    let err = match NvmlBackend::new(Some(OsStr::new(path))) {
+        Err(e) => e,
+        Ok(_) => panic!("loading {path} cannot succeed"),
+    };
+    let BackendError::Unavailable(msg) = &err else {
+        panic!("expected Unavailable, got {err:?}");
+    };
+    assert!(msg.contains(path), "{msg}");
+    assert!(msg.contains("runtimeClassName: nvidia"), "{msg}");
+    assert!(msg.contains("driver is not installed"), "{msg}");
+    assert!(msg.contains("version mismatch"), "{msg}");
+    assert!(msg.contains("No such file"), "the loader's error: {msg}");
+}
+
+#[test]
+fn default_library_name() {
+    assert_eq!(nvml::DEFAULT_LIBRARY, "libnvidia-ml.so.1");
+}
+
+// ---------------------------------------------------------------------------
+// Real hardware: `cargo test --test backend_nvml -- --ignored` on a node with
+// the NVIDIA driver.
+
+fn real_backend() -> NvmlBackend {
+    match NvmlBackend::new(None) {
+        Ok(b) => b,
+        Err(e) => panic!("this test needs the NVIDIA driver: {e}"),
+    }
+}
+
+fn check_real_device(d: &DeviceInfo) {
+    assert!(d.id.starts_with("GPU-"), "{d:?}");
+    assert_eq!(d.vendor, Vendor::Nvidia);
+    assert!(d.memory_total_bytes > 1 << 30, "{d:?}");
+    assert!(
+        d.compute_units > 0,
+        "SM count unknown for {}: extend the table",
+        d.product
+    );
+    assert!(d.fp16_tflops > 1.0 && d.fp16_tflops < 20_000.0, "{d:?}");
+    assert!(
+        d.memory_bandwidth_gbps > 50.0 && d.memory_bandwidth_gbps < 20_000.0,
+        "{d:?}"
+    );
+    assert_eq!(d.pci_bus_id.len(), 12, "{d:?}");
+    assert!(d.architecture.contains('.'), "{d:?}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver"]
+fn real_nvml_lists_devices() {
+    let mut b = real_backend();
+    let devices = b.devices().unwrap();
+    assert!(!devices.is_empty(), "NVML lists no GPU");
+    for d in &devices {
+        println!("{d:?}");
+        check_real_device(d);
+    }
+    let links = b.links(&devices).unwrap();
+    assert_eq!(links.len(), devices.len() * (devices.len() - 1) / 2);
+    for l in &links {
+        println!("{l:?}");
+        assert!(l.bandwidth_gbps > 0.0, "{l:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver"]
+fn real_nvml_telemetry_and_health() {
+    let mut b = real_backend();
+    let devices = b.devices().unwrap();
+    for d in &devices {
+        let t = b.telemetry(d).unwrap();
+        println!("{} {t:?}", d.id);
+        let temp = t.temperature_c.expect("GPU temperature");
+        assert!((5.0..110.0).contains(&temp), "{temp}");
+        assert!(t.memory_used_bytes + t.memory_free_bytes <= d.memory_total_bytes);
+        println!("{} {:?}", d.id, b.health(d).unwrap());
+    }
+    let snap = snapshot(&mut b).unwrap();
+    snap.to_gpu_state(None).validate().unwrap();
+}
