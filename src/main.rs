@@ -80,7 +80,7 @@ enum Command {
         interval: u64,
         /// Summarise these GPU states instead of this node: cluster descriptions,
         /// `kubectl get nodes -o yaml` output or `discover -o json` files.
-        #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["probe", "watch", "backend", "fake"])]
+        #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["probe", "watch", "backend"])]
         summary: Vec<PathBuf>,
     },
 }
@@ -130,7 +130,8 @@ fn main() -> ExitCode {
                         choice: backend,
                         nvml_library: nvml_library.map(PathBuf::into_os_string),
                         sysfs_root,
-                        fake,
+                        // An empty TESSERA_FAKE_GPUS means "no fake devices".
+                        fake: fake.filter(|s| !s.trim().is_empty()),
                     },
                     registry,
                     probe,

@@ -302,15 +302,6 @@ impl FakeBackend {
         }
     }
 
-    /// From `TESSERA_FAKE_GPUS`, if set.
-    pub fn from_env() -> Option<Result<Self, BackendError>> {
-        let value = std::env::var(ENV_VAR).ok()?;
-        if value.trim().is_empty() {
-            return None;
-        }
-        Some(Self::new(value.trim()))
-    }
-
     /// Re-reads a file source. A file that is briefly missing or half-written
     /// keeps the last good state (with a warning) instead of dropping devices.
     fn refresh(&mut self) {
@@ -352,10 +343,9 @@ fn read_file(path: &Path) -> Result<FakeFile, BackendError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| BackendError::Failed(format!("fake GPUs {origin}: {e}")))?;
     let file: FakeFile = serde_saphyr::from_str(&text).map_err(|e| {
-        let first = e.to_string();
         BackendError::Failed(format!(
             "fake GPUs {origin}: {}",
-            first.lines().next().unwrap_or("malformed YAML")
+            crate::api::yaml_error_line(&e)
         ))
     })?;
     check(&file, &origin)?;

@@ -141,6 +141,38 @@ mod tests {
     }
 
     #[test]
+    fn an_injected_fault_reaches_health_and_recovers_after_the_period() {
+        use super::super::{fake::FakeBackend, snapshot};
+        let dir = std::env::temp_dir().join(format!("tessera-health-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gpus.yaml");
+        let gpus = "gpus: [{profile: H100-80GiB, count: 2}]\n";
+        std::fs::write(
+            &path,
+            format!("{gpus}faults: [{{device: 1, unhealthy: \"Xid 79\"}}]\n"),
+        )
+        .unwrap();
+        let mut backend = FakeBackend::new(path.to_str().unwrap()).unwrap();
+        let mut t = tracker();
+        let t0 = Instant::now();
+        let state = |backend: &mut FakeBackend, t: &mut HealthTracker, at: u64| {
+            let mut s = snapshot(backend).unwrap();
+            t.apply(&mut s, t0 + Duration::from_secs(at));
+            s.devices[1].health.clone()
+        };
+        assert_eq!(
+            state(&mut backend, &mut t, 0),
+            RawHealth::Unhealthy("Xid 79".into())
+        );
+        std::fs::write(&path, gpus).unwrap();
+        assert!(
+            matches!(state(&mut backend, &mut t, 29), RawHealth::Unhealthy(r) if r.starts_with("recovering"))
+        );
+        assert_eq!(state(&mut backend, &mut t, 30), RawHealth::Healthy);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn temperature_has_hysteresis() {
         let mut t = tracker();
         let now = Instant::now();

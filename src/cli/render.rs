@@ -28,13 +28,17 @@ pub(super) fn table(report: &Report) -> String {
                     p.model,
                     if shards == 1 { "" } else { "s" },
                     plan.performance.tokens_per_second,
-                    if plan.optimal {
-                        format!("optimal ({} search steps)", plan.steps)
-                    } else {
-                        format!(
-                            "best found in {} search steps (budget or deadline reached)",
-                            plan.steps
-                        )
+                    {
+                        let steps = format!(
+                            "{} search step{}",
+                            plan.steps,
+                            if plan.steps == 1 { "" } else { "s" }
+                        );
+                        if plan.optimal {
+                            format!("optimal ({steps})")
+                        } else {
+                            format!("best found in {steps} (budget or deadline reached)")
+                        }
                     }
                 );
                 let header = [

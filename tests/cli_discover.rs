@@ -1,0 +1,695 @@
+//! End-to-end tests of `tessera discover`: the node's GPUs (fake devices here,
+//! so no test depends on the machine having GPUs), the registry, the cluster
+//! summary, `--watch`, and bad input.
+//!
+//! Contract: exit 0 on success; 1 on any error (bad flag, no backend,
+//! unreadable or malformed file) with exactly one `error: ...` line on stderr
+//! and nothing on stdout. Never a panic.
+//!
+//! Every run points NVML at a library that does not exist and the AMD backend
+//! at an empty sysfs tree, and removes `TESSERA_FAKE_GPUS` and `RUST_LOG` from
+//! the child's environment unless a test sets them.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tessera::api::{Health, NodeGpuState};
+
+const NO_NVML: &str = "/nonexistent/libnvidia-ml.so.1";
+const MIXED: &str = "4xH100-80GiB,2xMI300X-192GiB";
+
+/// A scratch directory under the system temp dir, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tessera-cli-discover-{test}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    /// Writes a fixture file and returns its path as a string for the command line.
+    fn file(&self, name: &str, text: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("write fixture");
+        path.display().to_string()
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+
+    /// An empty directory to use as `--sysfs-root` (no AMD GPUs in it).
+    fn empty_sysfs(&self) -> String {
+        let dir = self.0.join("sysfs");
+        std::fs::create_dir_all(&dir).expect("create empty sysfs root");
+        dir.display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn repo_path(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+/// The binary with a clean environment: no fake devices, no log level.
+fn tessera(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(args)
+        .env_remove("TESSERA_FAKE_GPUS")
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs the built binary; returns (exit code, stdout, stderr).
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = tessera(args, env).output().expect("run the tessera binary");
+    let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
+    let stderr = String::from_utf8(out.stderr).expect("stderr is UTF-8");
+    assert!(
+        !stdout.contains("panicked") && !stderr.contains("panicked"),
+        "tessera {args:?} panicked:\n{stderr}"
+    );
+    let code = out.status.code().expect("tessera exited, not killed");
+    (code, stdout, stderr)
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    run_env(args, &[])
+}
+
+/// Success: exit 0; returns stdout.
+fn ok(args: &[&str]) -> String {
+    let (code, stdout, stderr) = run(args);
+    assert_eq!(
+        code, 0,
+        "tessera {args:?}: exit code\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    stdout
+}
+
+/// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
+fn assert_bad_input_env(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let (code, stdout, stderr) = run_env(args, env);
+    assert_eq!(code, 1, "tessera {args:?}: exit code\nstderr: {stderr}");
+    assert!(
+        stdout.is_empty(),
+        "tessera {args:?}: stdout not empty:\n{stdout}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("error: "),
+        "tessera {args:?}: stderr is not one `error: ` line:\n{stderr}"
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "tessera {args:?}: {stderr:?} lacks {needle:?}"
+        );
+    }
+}
+
+fn assert_bad_input(args: &[&str], needles: &[&str]) {
+    assert_bad_input_env(args, &[], needles);
+}
+
+/// `discover` with no real backend available, plus `extra` flags.
+fn discover_args<'a>(sysfs: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["discover", "--nvml-library", NO_NVML, "--sysfs-root", sysfs];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// The device rows of a discover table (lines starting with an index).
+fn device_rows(table: &str) -> Vec<&str> {
+    table
+        .lines()
+        .take_while(|l| !l.starts_with("links"))
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.chars().all(|c| c.is_ascii_digit()))
+        })
+        .collect()
+}
+
+fn row_of<'a>(table: &'a str, id: &str) -> &'a str {
+    device_rows(table)
+        .into_iter()
+        .find(|r| r.split_whitespace().nth(1) == Some(id))
+        .unwrap_or_else(|| panic!("no row for {id}:\n{table}"))
+}
+
+fn ids(state: &Value) -> Vec<&str> {
+    state["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|d| d["id"].as_str().expect("id"))
+        .collect()
+}
+
+const FAULTS: &str = "gpus:
+  - {profile: H100-80GiB, count: 4}
+faults:
+  - {device: 1, unhealthy: \"Xid 79\"}
+  - {device: 2, temperatureC: 97}
+  - {device: 3, vanish: true}
+";
+
+#[test]
+fn fake_devices_table_shows_devices_products_and_links() {
+    let dir = Scratch::new("table");
+    let sysfs = dir.empty_sysfs();
+    let table = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", MIXED],
+    ));
+    assert!(table.starts_with("backend fake: 6 GPUs"), "{table}");
+    let rows = device_rows(&table);
+    assert_eq!(rows.len(), 6, "{table}");
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.contains("NVIDIA H100 80GB HBM3"))
+            .count(),
+        4,
+        "{table}"
+    );
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.contains("AMD Instinct MI300X"))
+            .count(),
+        2,
+        "{table}"
+    );
+    assert!(rows.iter().all(|r| r.ends_with("  Healthy")), "{table}");
+    let (_, links) = table.split_once("\nlinks").expect("a link matrix");
+    assert!(links.contains("NV900"), "{table}");
+    assert!(links.contains("XG128"), "{table}");
+    assert!(links.contains("PCI64"), "H100 to MI300X is PCIe:\n{table}");
+    for i in 0..6 {
+        assert!(links.contains(&format!("GPU{i}")), "{table}");
+    }
+}
+
+#[test]
+fn fake_devices_json_is_the_published_state() {
+    let dir = Scratch::new("json");
+    let sysfs = dir.empty_sysfs();
+    let text = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", MIXED, "-o", "json"],
+    ));
+    let v: Value = serde_json::from_str(&text).expect("JSON output parses");
+    assert_eq!(v["version"], "v1");
+    assert_eq!(v["backend"], "fake");
+    assert_eq!(
+        ids(&v),
+        [
+            "fake-h100-80gib-0",
+            "fake-h100-80gib-1",
+            "fake-h100-80gib-2",
+            "fake-h100-80gib-3",
+            "fake-mi300x-192gib-4",
+            "fake-mi300x-192gib-5",
+        ]
+    );
+    let timestamp = v["timestamp"].as_str().expect("a timestamp");
+    assert!(
+        timestamp.parse::<k8s_openapi::jiff::Timestamp>().is_ok(),
+        "not RFC 3339: {timestamp}"
+    );
+    let links = v["links"].as_array().expect("links");
+    assert_eq!(links.len(), 15, "every pair of six devices: {links:?}");
+    let kind = |a: &str, b: &str| {
+        links
+            .iter()
+            .find(|l| (l["a"] == a && l["b"] == b) || (l["a"] == b && l["b"] == a))
+            .map(|l| {
+                (
+                    l["kind"].as_str().unwrap(),
+                    l["bandwidthGbps"].as_f64().unwrap(),
+                )
+            })
+            .unwrap_or_else(|| panic!("no link {a}-{b}"))
+    };
+    assert_eq!(
+        kind("fake-h100-80gib-0", "fake-h100-80gib-3"),
+        ("nvlink", 900.0)
+    );
+    assert_eq!(
+        kind("fake-mi300x-192gib-4", "fake-mi300x-192gib-5"),
+        ("xgmi", 128.0)
+    );
+    assert_eq!(
+        kind("fake-h100-80gib-1", "fake-mi300x-192gib-5"),
+        ("pcie", 64.0)
+    );
+
+    let state = NodeGpuState::from_json(&text).expect("the library reads what discover prints");
+    assert_eq!(state.devices.len(), 6);
+    assert_eq!(state.links.len(), 15);
+    assert!(state.devices.iter().all(|d| d.health == Health::Healthy));
+}
+
+#[test]
+fn auto_falls_back_to_fake_devices_from_the_environment() {
+    let dir = Scratch::new("auto_env");
+    let sysfs = dir.empty_sysfs();
+    let args = discover_args(&sysfs, &["--backend", "auto", "-o", "json"]);
+    let (code, stdout, stderr) = run_env(&args, &[("TESSERA_FAKE_GPUS", "2xL4-24GiB")]);
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    let state = NodeGpuState::from_json(&stdout).expect("JSON output parses");
+    assert_eq!(state.backend, "fake");
+    assert_eq!(state.devices.len(), 2);
+    assert!(
+        state.devices.iter().all(|d| d.product == "NVIDIA L4"),
+        "{stdout}"
+    );
+
+    let args = discover_args(&sysfs, &["--backend", "auto"]);
+    let (code, table, stderr) = run_env(&args, &[("TESSERA_FAKE_GPUS", "2xL4-24GiB")]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(table.starts_with("backend fake: 2 GPUs"), "{table}");
+}
+
+#[test]
+fn faults_from_a_fake_file_show_in_table_and_json() {
+    let dir = Scratch::new("faults");
+    let sysfs = dir.empty_sysfs();
+    let gpus = dir.file("gpus.yaml", FAULTS);
+
+    let table = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", &gpus],
+    ));
+    assert!(
+        table.starts_with("backend fake: 3 GPUs"),
+        "device 3 vanished:\n{table}"
+    );
+    assert!(!table.contains("fake-h100-80gib-3"), "{table}");
+    assert!(
+        row_of(&table, "fake-h100-80gib-0").ends_with("  Healthy"),
+        "{table}"
+    );
+    assert!(
+        row_of(&table, "fake-h100-80gib-1").contains("Unhealthy: Xid 79"),
+        "{table}"
+    );
+    let hot = row_of(&table, "fake-h100-80gib-2");
+    assert!(hot.contains("97 °C"), "{table}");
+    assert!(hot.contains("Unhealthy: too hot"), "{table}");
+
+    let text = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", &gpus, "-o", "json"],
+    ));
+    let state = NodeGpuState::from_json(&text).expect("JSON output parses");
+    let ids: Vec<&str> = state.devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "fake-h100-80gib-0",
+            "fake-h100-80gib-1",
+            "fake-h100-80gib-2"
+        ]
+    );
+    let [d0, d1, d2] = &state.devices[..] else {
+        unreachable!()
+    };
+    assert_eq!(
+        (d0.health, d0.health_reason.as_deref()),
+        (Health::Healthy, None)
+    );
+    assert_eq!(d1.health, Health::Unhealthy);
+    assert_eq!(d1.health_reason.as_deref(), Some("Xid 79"));
+    assert_eq!(d2.temperature_c, Some(97.0));
+    assert_eq!(
+        d2.health,
+        Health::Unhealthy,
+        "97 °C is above the 90 °C limit"
+    );
+    let reason = d2.health_reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("too hot") && reason.contains("97"),
+        "{reason}"
+    );
+    assert_eq!(
+        state.links.len(),
+        3,
+        "links among the three present devices"
+    );
+    assert!(
+        state
+            .links
+            .iter()
+            .all(|l| l.a != "fake-h100-80gib-3" && l.b != "fake-h100-80gib-3"),
+        "{text}"
+    );
+}
+
+#[test]
+fn registry_is_written_and_a_corrupt_one_is_replaced() {
+    let dir = Scratch::new("registry");
+    let sysfs = dir.empty_sysfs();
+    let reg = dir.path("reg.json");
+    let args = discover_args(
+        &sysfs,
+        &[
+            "--backend",
+            "fake",
+            "--fake",
+            "2xH100-80GiB",
+            "--registry",
+            &reg,
+        ],
+    );
+    let check = |why: &str| {
+        let text = std::fs::read_to_string(&reg)
+            .unwrap_or_else(|e| panic!("{why}: registry {reg} not written: {e}"));
+        let v: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{why}: registry is not JSON ({e}):\n{text}"));
+        assert_eq!(
+            ids(&v),
+            ["fake-h100-80gib-0", "fake-h100-80gib-1"],
+            "{why}: {text}"
+        );
+        assert!(
+            !Path::new(&format!("{reg}.tmp")).exists(),
+            "{why}: temp file left over"
+        );
+    };
+
+    let table = ok(&args);
+    assert!(table.starts_with("backend fake: 2 GPUs"), "{table}");
+    check("fresh");
+
+    std::fs::write(&reg, "{").expect("corrupt the registry");
+    let (code, stdout, stderr) = run(&args);
+    assert_eq!(
+        code, 0,
+        "a corrupt registry is a cache miss, not an error\nstderr: {stderr}"
+    );
+    assert!(stdout.starts_with("backend fake: 2 GPUs"), "{stdout}");
+    assert!(!stderr.contains("error:"), "{stderr}");
+    check("after a corrupt registry");
+}
+
+#[test]
+fn summary_of_cluster_files_and_discover_json() {
+    let mixed = repo_path("examples/cluster-mixed.yaml");
+    let out = ok(&["discover", "--summary", &mixed]);
+    assert!(out.contains("28 (27 healthy)"), "{out}");
+    assert!(out.contains("8× amd"), "{out}");
+    assert!(out.contains("bottleneck:"), "{out}");
+    let nodes_line = out.lines().find(|l| l.starts_with("nodes:")).unwrap_or("");
+    assert!(nodes_line.ends_with(" 4"), "{out}");
+
+    let kubectl = repo_path("examples/cluster-mixed.kubectl.yaml");
+    let from_kubectl = ok(&["discover", "--summary", &kubectl]);
+    assert_eq!(from_kubectl, out, "both forms of the sample cluster agree");
+
+    // A single NodeGpuState as printed by `discover -o json`, named after its file.
+    let dir = Scratch::new("summary");
+    let sysfs = dir.empty_sysfs();
+    let json = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", MIXED, "-o", "json"],
+    ));
+    let node = dir.file("node-a.json", &json);
+    let out = ok(&["discover", "--summary", &node]);
+    assert!(out.contains("6 (6 healthy)"), "{out}");
+    assert!(out.contains("2× amd"), "{out}");
+    assert!(out.contains("4× nvidia"), "{out}");
+    assert!(
+        out.contains("on node-a"),
+        "the node is named after the file:\n{out}"
+    );
+    assert!(!out.contains("node-a.json"), "{out}");
+
+    // Several files at once add up.
+    let out = ok(&["discover", "--summary", &mixed, &node]);
+    assert!(out.contains("34 (33 healthy)"), "{out}");
+    assert!(out.contains("10× amd"), "{out}");
+}
+
+#[test]
+fn no_backend_is_bad_input() {
+    let dir = Scratch::new("no_backend");
+    let sysfs = dir.empty_sysfs();
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "auto"]),
+        &["no GPU backend applies", "nvidia:", "amd:", NO_NVML],
+    );
+    // `auto` is the default.
+    assert_bad_input(
+        &discover_args(&sysfs, &[]),
+        &["no GPU backend applies", "nvidia:", "amd:"],
+    );
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "nvidia"]),
+        &[NO_NVML, "runtimeClassName"],
+    );
+    assert_bad_input(&discover_args(&sysfs, &["--backend", "amd"]), &[&sysfs]);
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "fake"]),
+        &["TESSERA_FAKE_GPUS", "--fake"],
+    );
+}
+
+#[test]
+fn bad_fake_devices_are_bad_input() {
+    let dir = Scratch::new("bad_fake");
+    let sysfs = dir.empty_sysfs();
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "fake", "--fake", "4xB300"]),
+        &["B300", "unknown profile", "H100-80GiB", "MI300X-192GiB"],
+    );
+    // The same through auto and the environment.
+    assert_bad_input_env(
+        &discover_args(&sysfs, &["--backend", "auto"]),
+        &[("TESSERA_FAKE_GPUS", "4xB300")],
+        &["B300", "known profiles"],
+    );
+    assert_bad_input(
+        &discover_args(
+            &sysfs,
+            &["--backend", "fake", "--fake", "/nonexistent/gpus.yaml"],
+        ),
+        &["/nonexistent/gpus.yaml"],
+    );
+    let broken = dir.file("broken.yaml", "gpus: [\n");
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "fake", "--fake", &broken]),
+        &[&broken],
+    );
+    let colour = dir.file(
+        "colour.yaml",
+        "gpus: [{profile: H100-80GiB, colour: red}]\n",
+    );
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "fake", "--fake", &colour]),
+        &[&colour, "colour"],
+    );
+    let fault = dir.file(
+        "fault.yaml",
+        "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 4, vanish: true}]\n",
+    );
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "fake", "--fake", &fault]),
+        &[&fault, "device 4"],
+    );
+}
+
+#[test]
+fn bad_flags_are_bad_input() {
+    let dir = Scratch::new("bad_flags");
+    let sysfs = dir.empty_sysfs();
+    assert_bad_input(
+        &discover_args(&sysfs, &["--backend", "quantum"]),
+        &["quantum", "--backend"],
+    );
+    assert_bad_input(
+        &discover_args(
+            &sysfs,
+            &[
+                "--backend",
+                "fake",
+                "--fake",
+                "1xL4-24GiB",
+                "--interval",
+                "0",
+            ],
+        ),
+        &["--interval", "0"],
+    );
+    assert_bad_input(&discover_args(&sysfs, &["-o", "xml"]), &["xml", "--output"]);
+    assert_bad_input(&discover_args(&sysfs, &["--bogus"]), &["--bogus"]);
+    let mixed = repo_path("examples/cluster-mixed.yaml");
+    assert_bad_input(
+        &["discover", "--probe", "--summary", &mixed],
+        &["--summary", "--probe"],
+    );
+    assert_bad_input(
+        &["discover", "--summary", &mixed, "--watch"],
+        &["--summary", "--watch"],
+    );
+}
+
+#[test]
+fn bad_summary_files_are_bad_input() {
+    let dir = Scratch::new("bad_summary");
+    let missing = dir.path("missing.yaml");
+    assert_bad_input(&["discover", "--summary", &missing], &[&missing]);
+
+    // A discover -o json file of a version this build does not read.
+    let sysfs = dir.empty_sysfs();
+    let json = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", "2xH100-80GiB", "-o", "json"],
+    ));
+    let mut v: Value = serde_json::from_str(&json).expect("JSON output parses");
+    v["version"] = "v2".into();
+    let v2 = dir.file("node-v2.json", &v.to_string());
+    assert_bad_input(&["discover", "--summary", &v2], &[&v2, "v2", "version"]);
+
+    // The same inside a cluster description.
+    let text = std::fs::read_to_string(repo_path("examples/cluster-mixed.yaml"))
+        .expect("read the sample cluster");
+    let changed = text.replacen("version: v1", "version: v2", 1);
+    assert_ne!(changed, text);
+    let cluster = dir.file("cluster-v2.yaml", &changed);
+    assert_bad_input(
+        &["discover", "--summary", &cluster],
+        &[&cluster, "v2", "h100-0"],
+    );
+
+    let broken = dir.file("broken.yaml", "nodes: [\n");
+    assert_bad_input(&["discover", "--summary", &broken], &[&broken]);
+}
+
+#[test]
+fn probe_without_cuda_says_why_it_did_not_run() {
+    if tessera::backend::cuda_probe::cuda_library_available() {
+        println!("skipped: a CUDA driver library is present on this machine");
+        return;
+    }
+    let dir = Scratch::new("probe");
+    let sysfs = dir.empty_sysfs();
+    let table = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", "2xH100-80GiB", "--probe"],
+    ));
+    assert!(table.starts_with("backend fake: 2 GPUs"), "{table}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("probe: not run: "))
+        .unwrap_or_else(|| panic!("no `probe: not run:` line:\n{table}"));
+    let reason = line.trim_start_matches("probe: not run: ");
+    assert!(reason.contains("libcuda"), "{line}");
+    assert!(reason.contains("runtimeClassName"), "{line}");
+}
+
+/// Kills and reaps the child when dropped, so a failing test leaves no process.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn watch_refreshes_until_killed() {
+    let dir = Scratch::new("watch");
+    let sysfs = dir.empty_sysfs();
+    let args = discover_args(
+        &sysfs,
+        &[
+            "--backend",
+            "fake",
+            "--fake",
+            "2xH100-80GiB",
+            "--watch",
+            "--interval",
+            "1",
+        ],
+    );
+    let mut child = KillOnDrop(
+        tessera(&args, &[])
+            .spawn()
+            .expect("start the tessera binary"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout is piped");
+    let (tx, rx) = mpsc::channel();
+    // Ends by itself when the child dies and the pipe closes.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
+    // A refresh is complete once its last device row has arrived.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = String::new();
+    let mut tables = 0;
+    while tables < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Ok(line)) => {
+                if line.split_whitespace().nth(1) == Some("fake-h100-80gib-1") {
+                    tables += 1;
+                }
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Ok(Err(e)) => panic!("reading stdout: {e}\n{seen}"),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("{tables} refresh(es) in 10 s, expected 2:\n{seen}")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.0.wait().expect("wait for tessera");
+                let mut stderr = String::new();
+                if let Some(mut pipe) = child.0.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+                }
+                panic!(
+                    "tessera exited ({status}) after {tables} refresh(es):\n{seen}\nstderr: {stderr}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        child.0.try_wait().expect("poll tessera"),
+        None,
+        "--watch keeps running"
+    );
+    drop(child);
+    assert_eq!(seen.matches("backend fake: 2 GPUs").count(), 2, "{seen}");
+    // Each refresh clears the screen first.
+    assert_eq!(seen.matches("\x1b[2J\x1b[H").count(), 2, "{seen:?}");
+    assert!(!seen.contains("panicked"), "{seen}");
+}
