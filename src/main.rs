@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tessera::backend::detect::{BackendChoice, DetectOptions};
+use tessera::backend::health::HealthPolicy;
 use tessera::cli::discover::{DiscoverArgs, Output as DiscoverOutput};
 use tessera::cli::place::{Output, PlaceArgs};
 use tessera::cli::{LogFormat, init_logging};
@@ -75,6 +76,15 @@ enum Command {
         /// Refresh until interrupted.
         #[arg(long)]
         watch: bool,
+        /// Seconds a device must stay fault-free before it is healthy again.
+        #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = clap::value_parser!(u64).range(0..=86400))]
+        health_recovery: u64,
+        /// Temperature at which a device counts as unhealthy (too hot).
+        #[arg(long, value_name = "CELSIUS", default_value = "90", value_parser = celsius)]
+        max_temperature: f64,
+        /// A hot device is healthy again only below max-temperature minus this.
+        #[arg(long, value_name = "CELSIUS", default_value = "5", value_parser = celsius)]
+        thermal_margin: f64,
         /// Seconds between refreshes with --watch.
         #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = clap::value_parser!(u64).range(1..=3600))]
         interval: u64,
@@ -83,6 +93,14 @@ enum Command {
         #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["probe", "watch", "backend"])]
         summary: Vec<PathBuf>,
     },
+}
+
+/// A temperature flag: a finite number of degrees from 0 to 150.
+fn celsius(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=150.0).contains(&v) => Ok(v),
+        _ => Err(format!("{text:?} is not a temperature from 0 to 150 °C")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -122,6 +140,9 @@ fn main() -> ExitCode {
             watch,
             interval,
             summary,
+            health_recovery,
+            max_temperature,
+            thermal_margin,
         } => {
             use tessera::cli::discover;
             let result = if summary.is_empty() {
@@ -136,6 +157,11 @@ fn main() -> ExitCode {
                     registry,
                     probe,
                     output,
+                    health: HealthPolicy {
+                        recovery: std::time::Duration::from_secs(health_recovery),
+                        max_temperature_c: max_temperature,
+                        thermal_margin_c: thermal_margin,
+                    },
                 };
                 discover::run(
                     &args,

@@ -693,3 +693,47 @@ fn watch_refreshes_until_killed() {
     assert_eq!(seen.matches("\x1b[2J\x1b[H").count(), 2, "{seen:?}");
     assert!(!seen.contains("panicked"), "{seen}");
 }
+
+#[test]
+fn health_flags_set_the_thermal_limit_and_refuse_bad_values() {
+    let table = ok(&[
+        "discover",
+        "--backend",
+        "fake",
+        "--fake",
+        "2xL4-24GiB",
+        "--max-temperature",
+        "34.5",
+    ]);
+    // The fake L4s sit at 34 and 35 °C.
+    assert!(
+        row_of(&table, "fake-l4-24gib-0").contains("Healthy"),
+        "{table}"
+    );
+    assert!(
+        row_of(&table, "fake-l4-24gib-1").contains("too hot: 35 °C (limit 34 °C"),
+        "{table}"
+    );
+    for (flag, value) in [
+        ("--max-temperature", "hot"),
+        ("--max-temperature", "-5"),
+        ("--max-temperature", "NaN"),
+        ("--thermal-margin", "200"),
+        ("--health-recovery", "-1"),
+        ("--health-recovery", "100000"),
+    ] {
+        // `flag=value`, so that a negative number reaches the flag's own check.
+        let arg = format!("{flag}={value}");
+        assert_bad_input(
+            &[
+                "discover",
+                "--backend",
+                "fake",
+                "--fake",
+                "2xL4-24GiB",
+                &arg,
+            ],
+            &[flag],
+        );
+    }
+}

@@ -28,6 +28,7 @@ pub struct DiscoverArgs {
     pub registry: Option<PathBuf>,
     pub probe: bool,
     pub output: Output,
+    pub health: HealthPolicy,
 }
 
 /// One discovery: backend state with the registry's stable IDs, and probe
@@ -54,7 +55,7 @@ impl Discoverer {
         });
         Ok(Self {
             backend,
-            tracker: HealthTracker::new(HealthPolicy::default()),
+            tracker: HealthTracker::new(args.health),
             registry,
             probe: args.probe,
         })
@@ -428,6 +429,7 @@ mod tests {
             registry: None,
             probe: false,
             output: Output::Table,
+            health: HealthPolicy::default(),
         }
     }
 
