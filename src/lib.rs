@@ -1,6 +1,7 @@
 //! tessera: places large models across the GPUs of a Kubernetes cluster and binds
 //! every shard to the devices it was planned for.
 
+pub mod agent;
 pub mod api;
 pub mod backend;
 pub mod cli;

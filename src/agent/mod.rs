@@ -1,0 +1,6 @@
+//! The node agent (`tessera agent`, a DaemonSet): watches the node's GPUs
+//! through the backend layer, serves the kubelet device plugin API so kubelet
+//! can hand devices to containers, and publishes the node's GPU state on its
+//! Node object for the controller.
+
+pub mod state;
