@@ -3,4 +3,5 @@
 //! can hand devices to containers, and publishes the node's GPU state on its
 //! Node object for the controller.
 
+pub mod http;
 pub mod state;
