@@ -47,6 +47,67 @@ enum Command {
     },
     /// Print the ModelInstance CustomResourceDefinition as YAML.
     Crd,
+    /// Run the node agent (DaemonSet): kubelet device plugin, GPU health, and the
+    /// node's GPU state published on its Node object.
+    Agent {
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: BackendChoice,
+        /// Fake devices: a spec such as `4xH100-80GiB` or a YAML file (re-read while running).
+        #[arg(long, env = "TESSERA_FAKE_GPUS", value_name = "SPEC|FILE")]
+        fake: Option<String>,
+        #[arg(long, value_name = "PATH")]
+        nvml_library: Option<PathBuf>,
+        /// Where the host's sysfs is mounted (AMD discovery, AMD render nodes).
+        #[arg(long, value_name = "DIR", default_value = "/sys")]
+        sysfs_root: PathBuf,
+        /// Where the host's procfs is mounted (NVIDIA device minors).
+        #[arg(long, value_name = "DIR", default_value = "/proc")]
+        procfs_root: PathBuf,
+        /// Kubelet's device plugin directory.
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "/var/lib/kubelet/device-plugins"
+        )]
+        plugin_dir: PathBuf,
+        /// Extended resource the GPUs are registered as.
+        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu")]
+        resource_name: String,
+        /// Also name allocated devices as CDI devices.
+        #[arg(long)]
+        cdi: bool,
+        /// Device registry file.
+        #[arg(
+            long,
+            value_name = "FILE",
+            default_value = "/var/lib/tessera/registry.json"
+        )]
+        registry: PathBuf,
+        /// This node's name (from the downward API).
+        #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+        node_name: Option<String>,
+        /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// Do not talk to the API server: serve kubelet only.
+        #[arg(long)]
+        no_publish: bool,
+        /// Seconds between publishes of telemetry-only changes.
+        #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = clap::value_parser!(u64).range(1..=3600))]
+        publish_interval: u64,
+        /// Milliseconds between reads of the GPUs.
+        #[arg(long, value_name = "MS", default_value = "500", value_parser = clap::value_parser!(u64).range(50..=60000))]
+        poll_interval_ms: u64,
+        #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = clap::value_parser!(u64).range(0..=86400))]
+        health_recovery: u64,
+        #[arg(long, value_name = "CELSIUS", default_value = "90", value_parser = celsius)]
+        max_temperature: f64,
+        #[arg(long, value_name = "CELSIUS", default_value = "5", value_parser = celsius)]
+        thermal_margin: f64,
+        /// Address of /healthz, /readyz and /metrics.
+        #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
+        listen: std::net::SocketAddr,
+    },
     /// List this node's GPUs as the node agent sees them, or summarise the GPU
     /// states of a whole cluster (`--summary`).
     Discover {
@@ -117,7 +178,7 @@ fn main() -> ExitCode {
             match text.lines().find(|l| l.starts_with("error:")) {
                 Some(line) => eprintln!("{line} (see --help)"),
                 None => eprintln!(
-                    "error: a subcommand is required: place, discover or crd (see --help)"
+                    "error: a subcommand is required: place, discover, agent or crd (see --help)"
                 ),
             }
             return ExitCode::from(1);
@@ -128,6 +189,86 @@ fn main() -> ExitCode {
         Command::Crd => {
             print!("{}", tessera::api::crd_yaml());
             ExitCode::SUCCESS
+        }
+        Command::Agent {
+            backend,
+            fake,
+            nvml_library,
+            sysfs_root,
+            procfs_root,
+            plugin_dir,
+            resource_name,
+            cdi,
+            registry,
+            node_name,
+            kubeconfig,
+            no_publish,
+            publish_interval,
+            poll_interval_ms,
+            health_recovery,
+            max_temperature,
+            thermal_margin,
+            listen,
+        } => {
+            use std::time::Duration;
+            use tessera::agent::registration::PluginConfig;
+            use tessera::agent::run::{AgentConfig, PublishOptions, run};
+            let publish = if no_publish {
+                None
+            } else {
+                match node_name.filter(|n| !n.trim().is_empty()) {
+                    Some(node_name) => Some(PublishOptions {
+                        node_name,
+                        kubeconfig,
+                        min_interval: Duration::from_secs(publish_interval),
+                    }),
+                    None => {
+                        eprintln!(
+                            "error: the node name is needed to publish GPU state: set NODE_NAME or --node-name, or use --no-publish"
+                        );
+                        return ExitCode::from(1);
+                    }
+                }
+            };
+            let config = AgentConfig {
+                detect: DetectOptions {
+                    choice: backend,
+                    nvml_library: nvml_library.map(PathBuf::into_os_string),
+                    sysfs_root: sysfs_root.clone(),
+                    fake: fake.filter(|s| !s.trim().is_empty()),
+                },
+                health: HealthPolicy {
+                    recovery: Duration::from_secs(health_recovery),
+                    max_temperature_c: max_temperature,
+                    thermal_margin_c: thermal_margin,
+                },
+                poll_interval: Duration::from_millis(poll_interval_ms),
+                registry: Some(registry),
+                plugin: PluginConfig {
+                    plugin_dir,
+                    resource_name,
+                    cdi,
+                    sysfs_root,
+                    procfs_root,
+                    ..PluginConfig::default()
+                },
+                publish,
+                listen,
+            };
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match runtime.block_on(run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            }
         }
         Command::Discover {
             backend,

@@ -2,9 +2,7 @@
 //! (registered with kubelet and the GPUs have been read) and Prometheus
 //! `/metrics`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -19,11 +17,33 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::publisher::PublisherStats;
+use super::registration::PluginStatus;
 use super::state::ViewRx;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HealthLabel {
     health: String,
+}
+
+/// Allocate calls answered and how long they took; recorded by the device
+/// plugin, exported with the agent's other metrics (the two share the values).
+#[derive(Clone, Debug)]
+pub struct AllocationMetrics {
+    pub answered: Counter,
+    pub seconds: Histogram,
+}
+
+impl Default for AllocationMetrics {
+    fn default() -> Self {
+        Self {
+            answered: Counter::default(),
+            // 50 µs to about 1.6 s: the target is well under a millisecond.
+            seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.00005, 2.0, 16,
+            )),
+        }
+    }
 }
 
 /// Everything the agent counts. Counters others own (registrations, publish
@@ -32,30 +52,21 @@ pub struct AgentMetrics {
     registry: Registry,
     devices: Family<HealthLabel, Gauge>,
     allocated: Gauge,
-    /// Allocate calls answered, and how long they took.
-    pub allocations: Counter,
-    pub allocation_seconds: Histogram,
     registrations: Gauge,
     publishes: Gauge,
     publish_errors: Gauge,
 }
 
-/// Counters kept by the device plugin and the publisher, shared by reference.
+/// Status kept by the device plugin and the publisher, read at scrape time.
+/// `None` for a part the agent does not run.
 #[derive(Clone, Default)]
 pub struct Counters {
-    pub registrations: Arc<AtomicU64>,
-    pub publishes: Arc<AtomicU64>,
-    pub publish_errors: Arc<AtomicU64>,
-}
-
-impl Default for AgentMetrics {
-    fn default() -> Self {
-        Self::new()
-    }
+    pub plugin: Option<Arc<PluginStatus>>,
+    pub publisher: Option<Arc<PublisherStats>>,
 }
 
 impl AgentMetrics {
-    pub fn new() -> Self {
+    pub fn new(allocation: &AllocationMetrics) -> Self {
         let mut registry = Registry::with_prefix("tessera_agent");
         let devices = Family::<HealthLabel, Gauge>::default();
         registry.register("devices", "GPUs on this node by health", devices.clone());
@@ -65,20 +76,15 @@ impl AgentMetrics {
             "GPUs handed out to containers",
             allocated.clone(),
         );
-        let allocations = Counter::default();
         registry.register(
             "allocations",
             "Allocate requests answered",
-            allocations.clone(),
-        );
-        // 50 µs to about 1.6 s: the target is well under a millisecond.
-        let allocation_seconds = Histogram::new(
-            prometheus_client::metrics::histogram::exponential_buckets(0.00005, 2.0, 16),
+            allocation.answered.clone(),
         );
         registry.register(
             "allocation_duration_seconds",
             "Time to answer an Allocate request",
-            allocation_seconds.clone(),
+            allocation.seconds.clone(),
         );
         let registrations = Gauge::default();
         registry.register(
@@ -102,8 +108,6 @@ impl AgentMetrics {
             registry,
             devices,
             allocated,
-            allocations,
-            allocation_seconds,
             registrations,
             publishes,
             publish_errors,
@@ -129,11 +133,13 @@ impl AgentMetrics {
                 .set(n);
         }
         self.allocated.set(v.allocated.len() as i64);
-        let load =
-            |c: &Arc<AtomicU64>| i64::try_from(c.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
-        self.registrations.set(load(&counters.registrations));
-        self.publishes.set(load(&counters.publishes));
-        self.publish_errors.set(load(&counters.publish_errors));
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.registrations
+            .set(n(counters.plugin.as_ref().map_or(0, |p| p.registrations())));
+        self.publishes
+            .set(n(counters.publisher.as_ref().map_or(0, |p| p.published())));
+        self.publish_errors
+            .set(n(counters.publisher.as_ref().map_or(0, |p| p.errors())));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -146,9 +152,6 @@ struct AppState {
     view: ViewRx,
     counters: Counters,
     metrics: Arc<AgentMetrics>,
-    /// Whether a registration with kubelet is required to be ready
-    /// (`false` when the device plugin is not run).
-    need_registration: bool,
 }
 
 async fn healthz() -> &'static str {
@@ -163,7 +166,11 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
             "GPUs not read yet\n".to_string(),
         );
     }
-    if s.need_registration && s.counters.registrations.load(Ordering::Relaxed) == 0 {
+    if s.counters
+        .plugin
+        .as_ref()
+        .is_some_and(|p| !p.is_registered())
+    {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "not registered with kubelet yet\n".to_string(),
@@ -182,12 +189,7 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-pub fn router(
-    view: ViewRx,
-    counters: Counters,
-    metrics: Arc<AgentMetrics>,
-    need_registration: bool,
-) -> Router {
+pub fn router(view: ViewRx, counters: Counters, metrics: Arc<AgentMetrics>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -196,18 +198,18 @@ pub fn router(
             view,
             counters,
             metrics,
-            need_registration,
         })
 }
 
-/// Serves the endpoints on `addr` until `shutdown` resolves.
+/// Serves the endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -239,8 +241,16 @@ mod tests {
     #[tokio::test]
     async fn readiness_follows_the_view_and_registration() {
         let (tx, rx) = channel("fake");
-        let counters = Counters::default();
-        let app = router(rx, counters.clone(), Arc::new(AgentMetrics::new()), true);
+        let plugin = Arc::new(PluginStatus::default());
+        let counters = Counters {
+            plugin: Some(plugin.clone()),
+            publisher: None,
+        };
+        let app = router(
+            rx,
+            counters,
+            Arc::new(AgentMetrics::new(&AllocationMetrics::default())),
+        );
         assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
         let (status, body) = get(&app, "/readyz").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -255,16 +265,20 @@ mod tests {
         let (status, body) = get(&app, "/readyz").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("kubelet"));
-        counters.registrations.fetch_add(1, Ordering::Relaxed);
+        plugin.record_registration();
         assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
     }
 
     #[tokio::test]
     async fn metrics_count_devices_allocations_and_publishes() {
         let (tx, rx) = channel("fake");
-        let counters = Counters::default();
-        let metrics = Arc::new(AgentMetrics::new());
-        let app = router(rx, counters.clone(), metrics.clone(), false);
+        let publisher = Arc::new(PublisherStats::default());
+        let counters = Counters {
+            plugin: None,
+            publisher: Some(publisher.clone()),
+        };
+        let allocation = AllocationMetrics::default();
+        let app = router(rx, counters, Arc::new(AgentMetrics::new(&allocation)));
         let mut backend = FakeBackend::new("3xL4-24GiB").unwrap();
         let mut snap = snapshot(&mut backend).unwrap();
         snap.devices[2].health = crate::backend::RawHealth::Unhealthy("Xid 79".into());
@@ -273,9 +287,11 @@ mod tests {
             v.ready = true;
             v.allocated.insert("fake-l4-24gib-0".into(), "uid".into());
         });
-        metrics.allocations.inc();
-        metrics.allocation_seconds.observe(0.0002);
-        counters.publish_errors.fetch_add(2, Ordering::Relaxed);
+        allocation.answered.inc();
+        allocation.seconds.observe(0.0002);
+        publisher
+            .errors
+            .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
         let (status, text) = get(&app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         for line in [

@@ -3,5 +3,12 @@
 //! can hand devices to containers, and publishes the node's GPU state on its
 //! Node object for the controller.
 
+pub mod devices_env;
 pub mod http;
+pub mod kubelet_api;
+pub mod plugin;
+pub mod preferred;
+pub mod publisher;
+pub mod registration;
+pub mod run;
 pub mod state;

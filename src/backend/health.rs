@@ -77,18 +77,18 @@ impl HealthTracker {
         if let Some((reason, last)) = &r.fault {
             let quiet = now.saturating_duration_since(*last);
             if quiet < p.recovery {
+                // Stable text: the reason is published, and a countdown in it
+                // would rewrite the Node on every poll.
                 return RawHealth::Unhealthy(format!(
-                    "recovering from {reason}: healthy for {}s of {}s",
-                    quiet.as_secs(),
+                    "recovering from {reason}: healthy again after {}s without faults",
                     p.recovery.as_secs()
                 ));
             }
             r.fault = None;
         }
         if r.hot {
-            let t = temperature_c.unwrap_or(p.max_temperature_c);
             return RawHealth::Unhealthy(format!(
-                "too hot: {t:.0} °C (limit {:.0} °C; healthy again below {:.0} °C)",
+                "too hot: reached the {:.0} °C limit; healthy again below {:.0} °C",
                 p.max_temperature_c,
                 p.max_temperature_c - p.thermal_margin_c
             ));
@@ -124,7 +124,7 @@ mod tests {
         assert_eq!(t.observe("g", &bad, None, t0), bad);
         let h = t.observe("g", &RawHealth::Healthy, None, t0 + Duration::from_secs(10));
         assert!(
-            matches!(&h, RawHealth::Unhealthy(r) if r.contains("recovering from Xid 79: healthy for 10s of 30s")),
+            matches!(&h, RawHealth::Unhealthy(r) if r == "recovering from Xid 79: healthy again after 30s without faults"),
             "{h:?}"
         );
         // A new fault restarts the clock.
@@ -180,7 +180,7 @@ mod tests {
         assert_eq!(t.observe("g", &ok, Some(89.0), now), ok);
         let hot = t.observe("g", &ok, Some(90.0), now);
         assert!(
-            matches!(&hot, RawHealth::Unhealthy(r) if r.starts_with("too hot: 90 °C")),
+            matches!(&hot, RawHealth::Unhealthy(r) if r == "too hot: reached the 90 °C limit; healthy again below 85 °C"),
             "{hot:?}"
         );
         assert!(

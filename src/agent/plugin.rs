@@ -1,0 +1,605 @@
+//! The `DevicePlugin` gRPC service kubelet calls on our socket, and the server
+//! that runs it. Everything is answered from the shared [`DeviceView`]:
+//!
+//! - `ListAndWatch` sends the device list at once, then again every time a
+//!   device appears, vanishes or changes health (telemetry alone does not
+//!   count). It waits on the view's `watch` channel, so a change reaches
+//!   kubelet as soon as the poller publishes it.
+//! - `GetPreferredAllocation` asks the [`Binder`] for the controller's plan,
+//!   else picks by topology ([`super::preferred`]).
+//! - `Allocate` refuses unknown or unhealthy devices and whatever the binder
+//!   vetoes, records the devices in the view's `allocated` map and answers
+//!   with what the vendor runtime needs ([`super::devices_env`]).
+//!
+//! [`DeviceView`]: super::state::DeviceView
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::{Request, Response, Status};
+
+use super::devices_env::{RuntimeOptions, container_response};
+use super::http::AllocationMetrics;
+use super::kubelet_api::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use super::kubelet_api::v1beta1::{
+    AllocateRequest, AllocateResponse, ContainerPreferredAllocationRequest,
+    ContainerPreferredAllocationResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
+    NumaNode, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse, TopologyInfo,
+};
+use super::kubelet_api::{HEALTHY, UNHEALTHY};
+use super::preferred::preferred_allocation;
+use super::state::{DeviceView, ViewRx, ViewTx};
+use crate::backend::{DeviceInfo, RawHealth};
+
+/// The pod UID recorded in `DeviceView::allocated` by `Allocate`: kubelet does
+/// not say which pod it allocates for, so the owner is unknown until someone
+/// (e.g. a reconciler reading the kubelet pod-resources API or the pods'
+/// `tessera.dev/devices` annotations) fills it in.
+pub const UNKNOWN_POD: &str = "";
+
+/// What we tell kubelet about ourselves.
+pub fn plugin_options() -> DevicePluginOptions {
+    DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+/// The seam through which the controller's planned bindings (pod annotation
+/// `tessera.dev/devices`) steer device choice. Kubelet does not tell a device
+/// plugin which pod it is serving, so a binder recognises the pod by the
+/// request itself (e.g. a pending pod on this node whose planned devices are
+/// all available and include the must-include ones).
+pub trait Binder: Send + Sync {
+    /// The devices planned for the pod being admitted, when one is recognised:
+    /// exactly `size` IDs out of `available`, including every `must_include`.
+    /// An answer that breaks those rules is ignored (with a warning) and the
+    /// topology choice is used. `None`: no plan applies.
+    fn planned_for(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+    ) -> Option<Vec<String>>;
+
+    /// Whether kubelet may hand out `requested` (one container's devices):
+    /// `Err(reason)` vetoes an allocation that contradicts a planned binding,
+    /// and kubelet fails the container with the reason.
+    fn check_allocate(&self, requested: &[String]) -> Result<(), String>;
+}
+
+/// No plans: topology decides and every allocation of healthy devices is fine.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoBinder;
+
+impl Binder for NoBinder {
+    fn planned_for(&self, _: &[String], _: &[String], _: usize) -> Option<Vec<String>> {
+        None
+    }
+
+    fn check_allocate(&self, _: &[String]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The `DevicePlugin` service.
+#[derive(Clone)]
+pub struct PluginService {
+    resource_name: String,
+    view: ViewRx,
+    tx: ViewTx,
+    binder: Arc<dyn Binder>,
+    runtime: RuntimeOptions,
+    metrics: AllocationMetrics,
+    /// Turns true (or its sender goes away) when the server stops, ending
+    /// open `ListAndWatch` streams; `None` outside a [`PluginServer`].
+    stop: Option<watch::Receiver<bool>>,
+}
+
+impl PluginService {
+    pub fn new(
+        resource_name: &str,
+        view: ViewRx,
+        tx: ViewTx,
+        binder: Arc<dyn Binder>,
+        runtime: RuntimeOptions,
+    ) -> Self {
+        Self {
+            resource_name: resource_name.to_string(),
+            view,
+            tx,
+            binder,
+            runtime,
+            metrics: AllocationMetrics::default(),
+            stop: None,
+        }
+    }
+
+    /// Records Allocate counts and latency into `metrics`.
+    pub fn with_metrics(mut self, metrics: AllocationMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    fn with_stop(mut self, stop: watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    fn preferred(&self, req: &ContainerPreferredAllocationRequest) -> Vec<String> {
+        let available = &req.available_device_i_ds;
+        let must = &req.must_include_device_i_ds;
+        let size = usize::try_from(req.allocation_size).unwrap_or(0);
+        if let Some(plan) = self.binder.planned_for(available, must, size) {
+            match check_plan(&plan, available, must, size) {
+                Ok(()) => return plan,
+                Err(why) => tracing::warn!(
+                    plan = ?plan, reason = %why,
+                    "planned binding does not fit kubelet's request; choosing by topology"
+                ),
+            }
+        }
+        // A copy, so the poller is not held up while the choice is computed.
+        let snapshot = self.view.borrow().snapshot.clone();
+        preferred_allocation(&snapshot, available, must, size)
+    }
+}
+
+/// Whether a binder's answer fits the request.
+fn check_plan(
+    plan: &[String],
+    available: &[String],
+    must: &[String],
+    size: usize,
+) -> Result<(), String> {
+    let set: BTreeSet<&String> = plan.iter().collect();
+    if set.len() != plan.len() {
+        return Err("it names a device twice".into());
+    }
+    if plan.len() != size {
+        return Err(format!(
+            "it has {} devices, kubelet asked for {size}",
+            plan.len()
+        ));
+    }
+    if let Some(m) = must.iter().find(|m| !set.contains(m)) {
+        return Err(format!("it leaves out must-include device {m}"));
+    }
+    if let Some(p) = plan
+        .iter()
+        .find(|p| !available.contains(p) && !must.contains(p))
+    {
+        return Err(format!("device {p} is not available"));
+    }
+    Ok(())
+}
+
+/// The device list kubelet sees.
+pub fn device_list(view: &DeviceView) -> ListAndWatchResponse {
+    ListAndWatchResponse {
+        devices: view
+            .snapshot
+            .devices
+            .iter()
+            .map(|d| Device {
+                id: d.info.id.clone(),
+                health: match d.health {
+                    RawHealth::Healthy => HEALTHY,
+                    RawHealth::Unhealthy(_) => UNHEALTHY,
+                }
+                .to_string(),
+                topology: d.info.numa_node.filter(|n| *n >= 0).map(|n| TopologyInfo {
+                    nodes: vec![NumaNode { id: i64::from(n) }],
+                }),
+            })
+            .collect(),
+    }
+}
+
+/// Checks one container's devices against the view: every ID known and healthy.
+fn validate<'v>(
+    view: &'v DeviceView,
+    resource: &str,
+    ids: &[String],
+) -> Result<Vec<&'v DeviceInfo>, Status> {
+    let mut unknown = Vec::new();
+    let mut unhealthy = Vec::new();
+    let mut found = Vec::with_capacity(ids.len());
+    for id in ids {
+        match view.snapshot.devices.iter().find(|d| &d.info.id == id) {
+            None => unknown.push(id.as_str()),
+            Some(d) => match &d.health {
+                RawHealth::Healthy => found.push(&d.info),
+                RawHealth::Unhealthy(reason) => unhealthy.push(format!("{id} ({reason})")),
+            },
+        }
+    }
+    if !unknown.is_empty() {
+        let known: Vec<&str> = view
+            .snapshot
+            .devices
+            .iter()
+            .map(|d| d.info.id.as_str())
+            .collect();
+        return Err(Status::invalid_argument(format!(
+            "{resource}: unknown device IDs {}; this node has {}",
+            unknown.join(", "),
+            if known.is_empty() {
+                "no devices".to_string()
+            } else {
+                known.join(", ")
+            }
+        )));
+    }
+    if !unhealthy.is_empty() {
+        return Err(Status::failed_precondition(format!(
+            "{resource}: devices are unhealthy: {}",
+            unhealthy.join("; ")
+        )));
+    }
+    Ok(found)
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for PluginService {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(plugin_options()))
+    }
+
+    type ListAndWatchStream = ReceiverStream<Result<ListAndWatchResponse, Status>>;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let (out, stream) = mpsc::channel(4);
+        let mut view = self.view.clone();
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut sent: Option<Vec<(String, bool)>> = None;
+            loop {
+                let (health, list) = {
+                    let v = view.borrow_and_update();
+                    (v.health(), device_list(&v))
+                };
+                if sent.as_ref() != Some(&health) {
+                    tracing::debug!(devices = ?health, "sending the device list to kubelet");
+                    tokio::select! {
+                        r = out.send(Ok(list)) => if r.is_err() { return },
+                        _ = stopped(&mut stop) => return,
+                    }
+                    sent = Some(health);
+                }
+                tokio::select! {
+                    r = view.changed() => if r.is_err() { return },
+                    _ = out.closed() => return,
+                    _ = stopped(&mut stop) => return,
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let container_responses = request
+            .get_ref()
+            .container_requests
+            .iter()
+            .map(|r| ContainerPreferredAllocationResponse {
+                device_i_ds: self.preferred(r),
+            })
+            .collect();
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let started = std::time::Instant::now();
+        let requests = &request.get_ref().container_requests;
+        // Copied out so the view is not locked while the binder and the
+        // host's device files are consulted.
+        let (backend, checked) = {
+            let view = self.view.borrow();
+            let mut checked: Vec<Vec<DeviceInfo>> = Vec::with_capacity(requests.len());
+            for r in requests {
+                let devices = validate(&view, &self.resource_name, &r.devices_ids)?;
+                checked.push(devices.into_iter().cloned().collect());
+            }
+            (view.snapshot.backend.clone(), checked)
+        };
+        let mut responses = Vec::with_capacity(requests.len());
+        for (r, devices) in requests.iter().zip(&checked) {
+            self.binder.check_allocate(&r.devices_ids).map_err(|why| {
+                Status::failed_precondition(format!("{}: {why}", self.resource_name))
+            })?;
+            let devices: Vec<&DeviceInfo> = devices.iter().collect();
+            responses.push(container_response(&backend, &devices, &self.runtime));
+        }
+        let ids: Vec<&String> = requests.iter().flat_map(|r| &r.devices_ids).collect();
+        tracing::info!(devices = ?ids, "allocated");
+        self.tx.send_modify(|v| {
+            for id in ids {
+                v.allocated.insert(id.clone(), UNKNOWN_POD.to_string());
+            }
+        });
+        self.metrics.answered.inc();
+        self.metrics
+            .seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(Response::new(AllocateResponse {
+            container_responses: responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+/// Resolves once the server is stopping; never without a server.
+async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
+    match stop {
+        Some(rx) => {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// How long a stopping server may take to finish its connections.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// A `DevicePlugin` server on a unix socket.
+pub struct PluginServer {
+    path: PathBuf,
+    /// Device and inode of the socket file we bound.
+    identity: Option<(u64, u64)>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl PluginServer {
+    /// Binds `path` (replacing a stale file) and serves `service` on it.
+    pub async fn start(path: &Path, service: PluginService) -> io::Result<Self> {
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => std::fs::remove_file(path)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(path)?;
+        let identity = file_identity(path);
+        let (stop, stop_rx) = watch::channel(false);
+        let service = service.with_stop(stop_rx.clone());
+        let mut signal = stop_rx;
+        let task = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    // A dropped sender also means stop.
+                    let _ = signal.wait_for(|s| *s).await;
+                })
+                .await
+        });
+        tracing::info!(socket = %path.display(), "device plugin serving");
+        Ok(Self {
+            path: path.to_path_buf(),
+            identity,
+            stop,
+            task,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether our socket file is still there (not removed or replaced) and
+    /// the server still runs.
+    pub fn is_intact(&self) -> bool {
+        !self.task.is_finished()
+            && self.identity.is_some()
+            && file_identity(&self.path) == self.identity
+    }
+
+    /// Stops serving (ending open streams) and removes the socket file if it
+    /// is still the one we bound.
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        match tokio::time::timeout(STOP_GRACE, &mut self.task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "device plugin server failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "device plugin server task failed"),
+            Err(_) => {
+                tracing::warn!("device plugin server did not stop in time; aborting it");
+                self.task.abort();
+            }
+        }
+        if self.identity.is_some()
+            && file_identity(&self.path) == self.identity
+            && let Err(e) = std::fs::remove_file(&self.path)
+        {
+            tracing::warn!(socket = %self.path.display(), error = %e, "removing our socket failed");
+        }
+    }
+}
+
+/// Device and inode of a file (not following symlinks).
+pub fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::kubelet_api::v1beta1::ContainerAllocateRequest;
+    use crate::agent::state::channel;
+
+    fn s(list: &[&str]) -> Vec<String> {
+        list.iter().map(|x| x.to_string()).collect()
+    }
+
+    /// Plans `fake-h100-80gib-2,3` for two-device requests; vetoes device 0.
+    struct TestBinder;
+
+    impl Binder for TestBinder {
+        fn planned_for(&self, _: &[String], _: &[String], size: usize) -> Option<Vec<String>> {
+            match size {
+                2 => Some(s(&["fake-h100-80gib-2", "fake-h100-80gib-3"])),
+                // A plan that does not fit: ignored.
+                3 => Some(s(&["fake-h100-80gib-9"])),
+                _ => None,
+            }
+        }
+
+        fn check_allocate(&self, requested: &[String]) -> Result<(), String> {
+            if requested.iter().any(|r| r == "fake-h100-80gib-0") {
+                Err("fake-h100-80gib-0 is planned for another pod".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    fn service(binder: Arc<dyn Binder>) -> (PluginService, ViewTx) {
+        let mut fake = crate::backend::fake::FakeBackend::new("4xH100-80GiB").unwrap();
+        let snap = crate::backend::snapshot(&mut fake).unwrap();
+        let (tx, rx) = channel("fake");
+        tx.send_modify(|v| {
+            v.snapshot = snap;
+            v.ready = true;
+        });
+        let svc = PluginService::new(
+            "tessera.dev/gpu",
+            rx,
+            tx.clone(),
+            binder,
+            RuntimeOptions::default(),
+        );
+        (svc, tx)
+    }
+
+    fn ask(size: i32) -> ContainerPreferredAllocationRequest {
+        ContainerPreferredAllocationRequest {
+            available_device_i_ds: (0..4).map(|i| format!("fake-h100-80gib-{i}")).collect(),
+            must_include_device_i_ds: vec![],
+            allocation_size: size,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_binder_steers_preferences_and_vetoes_allocations() {
+        let (svc, tx) = service(Arc::new(TestBinder));
+        let resp = svc
+            .get_preferred_allocation(Request::new(PreferredAllocationRequest {
+                container_requests: vec![ask(2), ask(3), ask(1)],
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        let got: Vec<Vec<String>> = resp
+            .container_responses
+            .into_iter()
+            .map(|r| r.device_i_ds)
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                s(&["fake-h100-80gib-2", "fake-h100-80gib-3"]),
+                s(&[
+                    "fake-h100-80gib-0",
+                    "fake-h100-80gib-1",
+                    "fake-h100-80gib-2"
+                ]),
+                s(&["fake-h100-80gib-0"]),
+            ]
+        );
+
+        let alloc = |ids: &[&str]| {
+            Request::new(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: s(ids),
+                }],
+            })
+        };
+        let err = svc
+            .allocate(alloc(&["fake-h100-80gib-0"]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.message().contains("planned for another pod"), "{err:?}");
+        assert!(
+            tx.borrow().allocated.is_empty(),
+            "a vetoed allocation is not recorded"
+        );
+
+        svc.allocate(alloc(&["fake-h100-80gib-2"])).await.unwrap();
+        assert_eq!(
+            tx.borrow()
+                .allocated
+                .get("fake-h100-80gib-2")
+                .map(String::as_str),
+            Some(UNKNOWN_POD)
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_binder_topology_decides() {
+        let (svc, _tx) = service(Arc::new(NoBinder));
+        let resp = svc
+            .get_preferred_allocation(Request::new(PreferredAllocationRequest {
+                container_requests: vec![ask(2)],
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            resp.container_responses[0].device_i_ds,
+            s(&["fake-h100-80gib-0", "fake-h100-80gib-1"])
+        );
+        let opts = svc
+            .get_device_plugin_options(Request::new(Empty {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
+    }
+
+    #[test]
+    fn plans_that_do_not_fit_are_refused() {
+        let available = s(&["a", "b", "c"]);
+        let must = s(&["a"]);
+        assert!(check_plan(&s(&["a", "b"]), &available, &must, 2).is_ok());
+        for (plan, why) in [
+            (s(&["a"]), "has 1 devices"),
+            (s(&["b", "c"]), "must-include device a"),
+            (s(&["a", "z"]), "device z is not available"),
+            (s(&["a", "a"]), "twice"),
+        ] {
+            let err = check_plan(&plan, &available, &must, 2).unwrap_err();
+            assert!(err.contains(why), "{plan:?}: {err}");
+        }
+    }
+}

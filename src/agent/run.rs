@@ -1,0 +1,196 @@
+//! `tessera agent`: wires the backend poller, the device plugin, the node
+//! state publisher and the HTTP endpoints together, and shuts them down in
+//! order on SIGTERM or SIGINT (stop serving, remove our socket, stop polling).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::http::{AgentMetrics, Counters, router, serve};
+use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
+use super::registration::{PluginConfig, PluginRunner};
+use super::state::{channel, spawn_poller};
+use crate::backend::detect::{DetectOptions, detect};
+use crate::backend::health::{HealthPolicy, HealthTracker};
+use crate::backend::registry::Registry;
+
+pub struct AgentConfig {
+    pub detect: DetectOptions,
+    pub health: HealthPolicy,
+    pub poll_interval: Duration,
+    /// Device registry file; `None` keeps none.
+    pub registry: Option<PathBuf>,
+    pub plugin: PluginConfig,
+    /// `None` runs without an API server (`--no-publish`).
+    pub publish: Option<PublishOptions>,
+    pub listen: SocketAddr,
+}
+
+pub struct PublishOptions {
+    pub node_name: String,
+    /// Kubeconfig file; `None` uses the in-cluster config (or `KUBECONFIG`).
+    pub kubeconfig: Option<PathBuf>,
+    pub min_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Backend(#[from] crate::backend::BackendError),
+    #[error("cannot reach the Kubernetes API: {0}")]
+    Kube(String),
+    #[error("cannot serve the HTTP endpoints on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, AgentError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| AgentError::Kube(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
+}
+
+async fn terminated() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Runs the agent until SIGTERM/SIGINT.
+pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    let backend = detect(&config.detect)?;
+    tracing::info!(backend = backend.name(), "GPU backend selected");
+    let (tx, rx) = channel(backend.name());
+    let stop_polling = Arc::new(AtomicBool::new(false));
+    let poller = spawn_poller(
+        backend,
+        HealthTracker::new(config.health),
+        config.poll_interval,
+        tx.clone(),
+        stop_polling.clone(),
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let client = match &config.publish {
+        Some(p) => Some(kube_client(p.kubeconfig.as_deref()).await?),
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| AgentError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+
+    let allocation = config.plugin.allocation_metrics.clone();
+    let runner = PluginRunner::new(config.plugin, rx.clone(), tx.clone());
+    let plugin_status = runner.status();
+    let plugin = tokio::spawn(runner.run(stopped()));
+
+    let publisher_stats = Arc::new(PublisherStats::default());
+    let publisher = match (config.publish, client) {
+        (Some(p), Some(client)) => {
+            let mut pc = PublisherConfig::new(p.node_name);
+            pc.min_interval = p.min_interval;
+            Some(tokio::spawn(run_publisher(
+                client,
+                pc,
+                rx.clone(),
+                publisher_stats.clone(),
+                stopped(),
+            )))
+        }
+        _ => None,
+    };
+
+    if let Some(path) = config.registry.clone() {
+        let mut first = rx.clone();
+        tokio::spawn(async move {
+            if first.wait_for(|v| v.ready).await.is_ok() {
+                let devices = first
+                    .borrow()
+                    .snapshot
+                    .devices
+                    .iter()
+                    .map(|d| d.info.clone())
+                    .collect();
+                let mut registry =
+                    Registry::load(&path).unwrap_or_else(|| Registry::new(Vec::new()));
+                registry.devices = devices;
+                if let Err(e) = registry.save(&path) {
+                    tracing::warn!(path = %path.display(), error = %e, "could not write the device registry");
+                }
+            }
+        });
+    }
+
+    let counters = Counters {
+        plugin: Some(plugin_status),
+        publisher: publisher.as_ref().map(|_| publisher_stats.clone()),
+    };
+    let app = router(
+        rx.clone(),
+        counters,
+        Arc::new(AgentMetrics::new(&allocation)),
+    );
+    let http = tokio::spawn(serve(listener, app, stopped()));
+
+    terminated().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    if let Ok(Err(e)) = plugin.await {
+        tracing::warn!(error = %e, "device plugin stopped with an error");
+    }
+    if let Some(p) = publisher
+        && let Ok(Err(e)) = p.await
+    {
+        tracing::warn!(error = %e, "publisher stopped with an error");
+    }
+    if let Ok(Err(e)) = http.await {
+        tracing::warn!(error = %e, "HTTP endpoints stopped with an error");
+    }
+    stop_polling.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || poller.join()).await;
+    Ok(())
+}

@@ -1,0 +1,502 @@
+//! The node state publisher against a real API server (no kubelet needed).
+//!
+//! Runs only when `TESSERA_TEST_KUBECONFIG` names a kubeconfig; otherwise it
+//! says it was skipped and passes. The kubeconfig's user must be allowed to
+//! create, get, patch and delete Nodes.
+//!
+//! The test creates its own uniquely named Node (`tessera-test-<pid>-<random>`,
+//! labelled `tessera.dev/test=true`, unschedulable and tainted so nothing lands
+//! on it), publishes fake GPUs onto it through the publisher's library entry
+//! point, and deletes it again — also when an assertion fails (a guard does it,
+//! with the Node's UID as a precondition, so it can never delete a Node it did
+//! not create). A Node left behind by a killed run can be found with
+//! `kubectl get nodes -l tessera.dev/test=true`.
+//!
+//! Run against a cluster without a cloud provider (kind, k3d, a bare API
+//! server): a cloud node lifecycle controller deletes Nodes that have no
+//! machine behind them, which this test reports when it happens.
+
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::json;
+use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
+use tessera::agent::state::{ViewTx, channel, spawn_poller};
+use tessera::api::{
+    GPU_STATE_ANNOTATION, Health, LABEL_GPU_COUNT, LABEL_GPU_MEMORY_GIB, LABEL_GPU_PRODUCT,
+    LABEL_GPU_VENDOR, NodeGpuState,
+};
+use tessera::backend::fake::FakeBackend;
+use tessera::backend::health::{HealthPolicy, HealthTracker};
+use tokio::time::{Instant, sleep, timeout};
+
+const ENV: &str = "TESSERA_TEST_KUBECONFIG";
+const TEST_LABEL: &str = "tessera.dev/test";
+/// Proves a Node is the one this run created (the name alone is only very likely unique).
+const RUN_ANNOTATION: &str = "tessera.dev/test-run";
+const FOREIGN_ANNOTATION: &str = "example.com/owned-by-someone-else";
+/// Deliberately not JSON: a foreign value must survive untouched, whatever it is.
+const FOREIGN_VALUE: &str = "{not json, and not ours";
+const FOREIGN_LABEL: &str = "example.com/rack";
+/// How long the published state may take to show up on the Node.
+const ARRIVAL: Duration = Duration::from_secs(30);
+/// Bound on every single API call.
+const CALL: Duration = Duration::from_secs(20);
+
+const TWO_H100: &str = "gpus:\n  - {profile: H100-80GiB, count: 2}\n";
+const TWO_H100_ONE_FAULTY: &str = "gpus:\n  - {profile: H100-80GiB, count: 2}\nfaults:\n  - {device: 1, unhealthy: \"Xid 79: GPU has fallen off the bus\"}\n";
+
+#[tokio::test]
+async fn the_agent_publishes_gpu_state_onto_its_node() {
+    let Some(path) = std::env::var_os(ENV).filter(|p| !p.is_empty()) else {
+        println!("skipped: {ENV} is not set");
+        return;
+    };
+    let path = PathBuf::from(path);
+    let config = load_config(&path).await;
+    let client = Client::try_from(config.clone())
+        .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
+    let nodes: Api<Node> = Api::all(client.clone());
+
+    // Locals drop in reverse order: the publisher and the poller stop before
+    // the Node is deleted, and the fake GPU file goes last.
+    let run = RunId::new();
+    let fake_file = TempFile::new(&run, TWO_H100);
+    let node = create_node(&nodes, &config, &run).await;
+    println!("created Node {} (uid {})", node.name, node.uid);
+
+    let (tx, rx) = channel("fake");
+    let poller = Poller::start(fake_file.path(), tx);
+    let stats = Arc::new(PublisherStats::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let publisher = AbortOnDrop(tokio::spawn(run_publisher(
+        client.clone(),
+        PublisherConfig::new(node.name.clone()),
+        rx,
+        stats.clone(),
+        stopped,
+    )));
+
+    // 1. The state arrives and reads back; our malformed and stale values are
+    //    replaced, everything foreign is left alone.
+    let (state, found) = wait_for(&nodes, &node, &stats, "two healthy H100s", |s, n| {
+        s.devices.len() == 2 && label(n, LABEL_GPU_COUNT) == Some("2")
+    })
+    .await;
+    assert_eq!(state.backend, "fake");
+    assert!(state.devices.iter().all(|d| d.health == Health::Healthy));
+    let stamp = state
+        .timestamp
+        .as_deref()
+        .expect("the state has a timestamp");
+    stamp
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .unwrap_or_else(|e| panic!("timestamp {stamp:?} is not RFC 3339: {e}"));
+    assert_eq!(label(&found, LABEL_GPU_VENDOR), Some("nvidia"));
+    assert_eq!(
+        label(&found, LABEL_GPU_PRODUCT),
+        Some("NVIDIA-H100-80GB-HBM3")
+    );
+    assert_eq!(label(&found, LABEL_GPU_MEMORY_GIB), Some("80"));
+    assert_eq!(label(&found, TEST_LABEL), Some("true"));
+    assert_eq!(label(&found, FOREIGN_LABEL), Some("r17"));
+    assert_eq!(
+        annotation(&found, FOREIGN_ANNOTATION),
+        Some(FOREIGN_VALUE),
+        "a foreign annotation was changed"
+    );
+    assert_eq!(annotation(&found, RUN_ANNOTATION), Some(run.token.as_str()));
+    assert_eq!(stats.errors(), 0, "patches failed before the state arrived");
+
+    // 2. A device fault reaches the Node without waiting for the drift interval.
+    fake_file.write(TWO_H100_ONE_FAULTY);
+    let (state, found) = wait_for(&nodes, &node, &stats, "device 1 unhealthy", |s, _| {
+        s.devices.len() == 2 && s.devices[1].health == Health::Unhealthy
+    })
+    .await;
+    assert_eq!(
+        state.devices[1].health_reason.as_deref(),
+        Some("Xid 79: GPU has fallen off the bus")
+    );
+    assert_eq!(label(&found, LABEL_GPU_COUNT), Some("2"));
+    assert_eq!(annotation(&found, FOREIGN_ANNOTATION), Some(FOREIGN_VALUE));
+
+    // Orderly stop, then the Node goes (the guard would do it on failure too).
+    let _ = stop.send(());
+    let ended = timeout(CALL, publisher.join())
+        .await
+        .expect("the publisher did not stop within the bound");
+    assert!(
+        matches!(ended, Some(Ok(()))),
+        "publisher ended with {ended:?}"
+    );
+    drop(poller);
+    node.delete_now(&nodes).await;
+    println!(
+        "published {} time(s), {} failed patch(es); Node deleted",
+        stats.published(),
+        stats.errors()
+    );
+}
+
+async fn load_config(path: &Path) -> Config {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .unwrap_or_else(|e| panic!("{ENV}={}: cannot read the kubeconfig: {e}", path.display()));
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{ENV}={}: unusable kubeconfig: {e}", path.display()))
+}
+
+/// A name and a token unique to this run.
+struct RunId {
+    token: String,
+}
+
+impl RunId {
+    fn new() -> Self {
+        // No RNG crate in the tree: the std hasher's random per-process keys,
+        // mixed with the time, are random enough for a test object's name.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        h.write_u128(nanos);
+        Self {
+            token: format!("{:016x}", h.finish()),
+        }
+    }
+
+    /// A fresh Node name for each attempt: `tessera-test-<pid>-<random>`.
+    fn node_name(&self, attempt: u32) -> String {
+        let suffix = if attempt == 0 {
+            self.token[..8].to_string()
+        } else {
+            format!("{}{attempt}", &self.token[..7])
+        };
+        format!("tessera-test-{}-{suffix}", std::process::id())
+    }
+}
+
+fn test_node(name: &str, run: &RunId) -> Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                TEST_LABEL: "true",
+                FOREIGN_LABEL: "r17",
+                // Stale values of our own labels: the publisher overwrites them.
+                LABEL_GPU_COUNT: "99",
+                LABEL_GPU_VENDOR: "stale",
+            },
+            "annotations": {
+                RUN_ANNOTATION: run.token,
+                FOREIGN_ANNOTATION: FOREIGN_VALUE,
+                // Our own annotation, hand-edited into garbage: overwritten on publish.
+                GPU_STATE_ANNOTATION: "{\"version\": \"v1\", truncated",
+            },
+        },
+        "spec": {
+            "unschedulable": true,
+            "taints": [{ "key": TEST_LABEL, "value": "true", "effect": "NoSchedule" }],
+        },
+    }))
+    .unwrap_or_else(|e| panic!("the test Node is not a valid Node: {e}"))
+}
+
+/// Creates the test Node, choosing another name if one is taken (a Node that
+/// exists already is never touched). Returns the guard that deletes it.
+async fn create_node(nodes: &Api<Node>, config: &Config, run: &RunId) -> NodeGuard {
+    for attempt in 0..5 {
+        let name = run.node_name(attempt);
+        let result = timeout(
+            CALL,
+            nodes.create(&PostParams::default(), &test_node(&name, run)),
+        )
+        .await;
+        match result {
+            Ok(Ok(created)) => {
+                let uid = created
+                    .metadata
+                    .uid
+                    .unwrap_or_else(|| panic!("the API server returned Node {name} without a uid"));
+                return NodeGuard::new(config.clone(), name, uid);
+            }
+            Ok(Err(kube::Error::Api(status))) if status.is_already_exists() => {
+                println!(
+                    "a Node named {name} exists already; leaving it alone, trying another name"
+                );
+            }
+            other => {
+                // The create may have gone through before the failure (a lost
+                // response): clean up only if the Node carries this run's token.
+                let what = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {CALL:?}"),
+                };
+                if let Ok(Ok(Some(found))) = timeout(CALL, nodes.get_opt(&name)).await
+                    && annotation(&found, RUN_ANNOTATION) == Some(run.token.as_str())
+                    && let Some(uid) = found.metadata.uid
+                {
+                    drop(NodeGuard::new(config.clone(), name.clone(), uid));
+                }
+                panic!(
+                    "creating the test Node {name} failed: {what}\n\
+                     (the kubeconfig's user needs create/get/patch/delete on nodes)"
+                );
+            }
+        }
+    }
+    panic!("five random Node names were all taken; something is creating tessera-test-* Nodes");
+}
+
+/// Deletes the Node it was created for when dropped (panics included), with
+/// the UID as a precondition so a same-named Node created by someone else
+/// after ours is never deleted.
+struct NodeGuard {
+    config: Config,
+    name: String,
+    uid: String,
+    armed: bool,
+}
+
+impl NodeGuard {
+    fn new(config: Config, name: String, uid: String) -> Self {
+        Self {
+            config,
+            name,
+            uid,
+            armed: true,
+        }
+    }
+
+    fn params(&self) -> DeleteParams {
+        DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(self.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        }
+    }
+
+    /// The normal path: delete and check that it worked.
+    async fn delete_now(mut self, nodes: &Api<Node>) {
+        let result = timeout(CALL, nodes.delete(&self.name, &self.params())).await;
+        match result {
+            Ok(Ok(_)) => self.armed = false,
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() => {
+                self.armed = false;
+                panic!(
+                    "the test Node {} was deleted by someone else during the test",
+                    self.name
+                );
+            }
+            // Still armed: the drop below tries once more.
+            Ok(Err(e)) => panic!("deleting the test Node {}: {e}", self.name),
+            Err(_) => panic!(
+                "deleting the test Node {}: no answer within {CALL:?}",
+                self.name
+            ),
+        }
+    }
+}
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Drop cannot await, and the test's runtime may be unwinding: delete
+        // from a thread with its own runtime and client, and wait for it.
+        let config = self.config.clone();
+        let name = self.name.clone();
+        let params = self.params();
+        let outcome = std::thread::spawn(move || -> Result<&'static str, String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let client = Client::try_from(config).map_err(|e| e.to_string())?;
+                let nodes: Api<Node> = Api::all(client);
+                match timeout(CALL, nodes.delete(&name, &params)).await {
+                    Ok(Ok(_)) => Ok("deleted"),
+                    Ok(Err(kube::Error::Api(s))) if s.is_not_found() => Ok("already gone"),
+                    // The UID precondition failed: the name now belongs to another Node.
+                    Ok(Err(kube::Error::Api(s))) if s.is_conflict() => {
+                        Ok("gone; a different Node with that name exists and was left alone")
+                    }
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer within {CALL:?}")),
+                }
+            })
+        })
+        .join();
+        match outcome {
+            Ok(Ok(what)) => eprintln!("test Node {}: {what}", self.name),
+            Ok(Err(e)) => eprintln!(
+                "could not delete the test Node {} (uid {}): {e}; remove it with \
+                 `kubectl delete node {}`",
+                self.name, self.uid, self.name
+            ),
+            Err(_) => eprintln!(
+                "deleting the test Node {} panicked; remove it with `kubectl delete node {}`",
+                self.name, self.name
+            ),
+        }
+    }
+}
+
+/// Polls our Node until its published state satisfies `done`; panics with what
+/// it last saw after `ARRIVAL`.
+async fn wait_for(
+    nodes: &Api<Node>,
+    node: &NodeGuard,
+    stats: &PublisherStats,
+    what: &str,
+    done: impl Fn(&NodeGpuState, &Node) -> bool,
+) -> (NodeGpuState, Node) {
+    let deadline = Instant::now() + ARRIVAL;
+    loop {
+        let last_seen = match timeout(CALL, nodes.get_opt(&node.name)).await {
+            Ok(Ok(Some(found))) => {
+                if found.metadata.uid.as_deref() != Some(node.uid.as_str()) {
+                    panic!(
+                        "the test Node {} was deleted and replaced by someone else \
+                         (a cloud node lifecycle controller does this; use a cluster \
+                         without a cloud provider)",
+                        node.name
+                    );
+                }
+                match annotation(&found, GPU_STATE_ANNOTATION).map(NodeGpuState::from_json) {
+                    Some(Ok(state)) if done(&state, &found) => return (state, found),
+                    Some(Ok(state)) => format!("{state:?}, labels {:?}", found.metadata.labels),
+                    // The test seeds a malformed one; the publisher must replace it.
+                    Some(Err(e)) => format!("an annotation that does not parse: {e}"),
+                    None => "no gpu-state annotation".into(),
+                }
+            }
+            Ok(Ok(None)) => panic!(
+                "the test Node {} disappeared while waiting for {what} (a cloud node \
+                 lifecycle controller deletes Nodes without a machine; use a cluster \
+                 without a cloud provider, e.g. kind)",
+                node.name
+            ),
+            Ok(Err(e)) => format!("reading the Node failed: {e}"),
+            Err(_) => format!("reading the Node took longer than {CALL:?}"),
+        };
+        if Instant::now() >= deadline {
+            panic!(
+                "waited {ARRIVAL:?} for {what} on Node {}; {} patch(es) succeeded, {} failed; \
+                 last seen: {last_seen}",
+                node.name,
+                stats.published(),
+                stats.errors()
+            );
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// The fake backend's poller; stopped and joined when dropped.
+struct Poller {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Poller {
+    fn start(fake_file: &Path, tx: ViewTx) -> Self {
+        let spec = fake_file.to_str().expect("temp paths are UTF-8 here");
+        let backend = FakeBackend::new(spec).unwrap_or_else(|e| panic!("fake backend: {e}"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = spawn_poller(
+            Box::new(backend),
+            HealthTracker::new(HealthPolicy::default()),
+            Duration::from_millis(200),
+            tx,
+            stop.clone(),
+        );
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The fake GPU description, in a file so faults can be injected; removed when dropped.
+struct TempFile {
+    path: PathBuf,
+}
+
+impl TempFile {
+    fn new(run: &RunId, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("tessera-cluster-agent-{}.yaml", run.token));
+        let file = Self { path };
+        file.write(text);
+        file
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replaces the content in one step, so the poller never reads half a file.
+    fn write(&self, text: &str) {
+        let tmp = self.path.with_extension("yaml.tmp");
+        std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("writing {}: {e}", tmp.display()));
+        std::fs::rename(&tmp, &self.path)
+            .unwrap_or_else(|e| panic!("renaming to {}: {e}", self.path.display()));
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Aborts the task when dropped, so a failed test does not leave it patching.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    async fn join(mut self) -> Option<T> {
+        (&mut self.0).await.ok()
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
