@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::InputError;
 use super::input::parse_cluster;
+use super::render::write_rows;
 use crate::api::{GIB, Health, LinkKind, NodeGpuState};
 use crate::backend::cuda_probe::{self, ProbeReport};
 use crate::backend::detect::{DetectOptions, detect};
@@ -235,20 +236,6 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
         }
     }
     out
-}
-
-fn write_rows(out: &mut String, rows: &[Vec<String>]) {
-    let cols = rows.first().map_or(0, Vec::len);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    for r in rows {
-        let mut line = String::from("  ");
-        for (c, cell) in r.iter().enumerate() {
-            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
-        }
-        let _ = writeln!(out, "{}", line.trim_end());
-    }
 }
 
 /// Runs one discovery, or refreshes every `interval` until interrupted.

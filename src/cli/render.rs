@@ -89,7 +89,8 @@ pub(super) fn table(report: &Report) -> String {
     out
 }
 
-fn write_rows(out: &mut String, rows: &[Vec<String>]) {
+/// Left-aligned columns, two spaces apart, each line indented by two.
+pub(super) fn write_rows(out: &mut String, rows: &[Vec<String>]) {
     let cols = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
