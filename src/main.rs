@@ -83,6 +83,13 @@ enum Command {
             default_value = "/var/lib/tessera/registry.json"
         )]
         registry: PathBuf,
+        /// Allocation checkpoint: which pod got which planned devices, kept across agent restarts.
+        #[arg(
+            long,
+            value_name = "FILE",
+            default_value = "/var/lib/tessera/checkpoint.json"
+        )]
+        checkpoint: PathBuf,
         /// This node's name (from the downward API).
         #[arg(long, env = "NODE_NAME", value_name = "NAME")]
         node_name: Option<String>,
@@ -200,6 +207,7 @@ fn main() -> ExitCode {
             resource_name,
             cdi,
             registry,
+            checkpoint,
             node_name,
             kubeconfig,
             no_publish,
@@ -244,6 +252,7 @@ fn main() -> ExitCode {
                 },
                 poll_interval: Duration::from_millis(poll_interval_ms),
                 registry: Some(registry),
+                checkpoint,
                 plugin: PluginConfig {
                     plugin_dir,
                     resource_name,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::binding::{BindingConfig, BindingIndex, run_pod_watch};
 use super::http::{AgentMetrics, Counters, router, serve};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use super::registration::{PluginConfig, PluginRunner};
@@ -25,6 +26,8 @@ pub struct AgentConfig {
     /// Device registry file; `None` keeps none.
     pub registry: Option<PathBuf>,
     pub plugin: PluginConfig,
+    /// Allocation checkpoint of the planned bindings (used when publishing).
+    pub checkpoint: PathBuf,
     /// `None` runs without an API server (`--no-publish`).
     pub publish: Option<PublishOptions>,
     pub listen: SocketAddr,
@@ -124,9 +127,43 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         })?;
 
     let allocation = config.plugin.allocation_metrics.clone();
-    let runner = PluginRunner::new(config.plugin, rx.clone(), tx.clone());
+    // Planned bindings need the API server; without it (`--no-publish`) kubelet
+    // gets the plain topology-aware choice.
+    let binding = match (&config.publish, &client) {
+        (Some(p), Some(client)) => {
+            let index = Arc::new(BindingIndex::open(BindingConfig {
+                checkpoint: Some(config.checkpoint.clone()),
+                resource_name: config.plugin.resource_name.clone(),
+                ..BindingConfig::default()
+            }));
+            tokio::spawn(run_pod_watch(
+                client.clone(),
+                p.node_name.clone(),
+                index.clone(),
+                stopped(),
+            ));
+            Some(index)
+        }
+        _ => None,
+    };
+    let mut plugin_config = config.plugin;
+    if let Some(index) = &binding {
+        plugin_config.binder = index.clone();
+    }
+    let runner = PluginRunner::new(plugin_config, rx.clone(), tx.clone());
     let plugin_status = runner.status();
-    let plugin = tokio::spawn(runner.run(stopped()));
+    let plugin_stop = stopped();
+    let plugin = tokio::spawn(async move {
+        if let Some(index) = binding {
+            tokio::select! {
+                _ = index.synced() => {}
+                _ = tokio::time::sleep(Duration::from_secs(30)) => tracing::warn!(
+                    "the pods on this node were not listed within 30 s; serving kubelet anyway (allocations are refused until they are)"
+                ),
+            }
+        }
+        runner.run(plugin_stop).await
+    });
 
     let publisher_stats = Arc::new(PublisherStats::default());
     let publisher = match (config.publish, client) {
