@@ -50,16 +50,8 @@ enum Command {
     /// Run the node agent (DaemonSet): kubelet device plugin, GPU health, and the
     /// node's GPU state published on its Node object.
     Agent {
-        #[arg(long, value_enum, default_value = "auto")]
-        backend: BackendChoice,
-        /// Fake devices: a spec such as `4xH100-80GiB` or a YAML file (re-read while running).
-        #[arg(long, env = "TESSERA_FAKE_GPUS", value_name = "SPEC|FILE")]
-        fake: Option<String>,
-        #[arg(long, value_name = "PATH")]
-        nvml_library: Option<PathBuf>,
-        /// Where the host's sysfs is mounted (AMD discovery, AMD render nodes).
-        #[arg(long, value_name = "DIR", default_value = "/sys")]
-        sysfs_root: PathBuf,
+        #[command(flatten)]
+        gpus: BackendFlags,
         /// Where the host's procfs is mounted (NVIDIA device minors).
         #[arg(long, value_name = "DIR", default_value = "/proc")]
         procfs_root: PathBuf,
@@ -105,12 +97,8 @@ enum Command {
         /// Milliseconds between reads of the GPUs.
         #[arg(long, value_name = "MS", default_value = "500", value_parser = clap::value_parser!(u64).range(50..=60000))]
         poll_interval_ms: u64,
-        #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = clap::value_parser!(u64).range(0..=86400))]
-        health_recovery: u64,
-        #[arg(long, value_name = "CELSIUS", default_value = "90", value_parser = celsius)]
-        max_temperature: f64,
-        #[arg(long, value_name = "CELSIUS", default_value = "5", value_parser = celsius)]
-        thermal_margin: f64,
+        #[command(flatten)]
+        health: HealthFlags,
         /// Address of /healthz, /readyz and /metrics.
         #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
         listen: std::net::SocketAddr,
@@ -118,19 +106,8 @@ enum Command {
     /// List this node's GPUs as the node agent sees them, or summarise the GPU
     /// states of a whole cluster (`--summary`).
     Discover {
-        /// Which GPU backend to use; `auto` tries NVIDIA, then AMD, then fake
-        /// devices if configured, and merges NVIDIA + AMD on mixed nodes.
-        #[arg(long, value_enum, default_value = "auto")]
-        backend: BackendChoice,
-        /// Fake devices: a spec such as `4xH100-80GiB,2xMI300X-192GiB` or a YAML file.
-        #[arg(long, env = "TESSERA_FAKE_GPUS", value_name = "SPEC|FILE")]
-        fake: Option<String>,
-        /// NVML library to load [default: libnvidia-ml.so.1].
-        #[arg(long, value_name = "PATH")]
-        nvml_library: Option<PathBuf>,
-        /// Root of the sysfs tree the AMD backend reads.
-        #[arg(long, value_name = "DIR", default_value = "/sys")]
-        sysfs_root: PathBuf,
+        #[command(flatten)]
+        gpus: BackendFlags,
         /// Device registry to read and update (keeps device IDs and probe results
         /// across runs); the agent uses /var/lib/tessera/registry.json.
         #[arg(long, value_name = "FILE")]
@@ -144,23 +121,71 @@ enum Command {
         /// Refresh until interrupted.
         #[arg(long)]
         watch: bool,
-        /// Seconds a device must stay fault-free before it is healthy again.
-        #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = clap::value_parser!(u64).range(0..=86400))]
-        health_recovery: u64,
-        /// Temperature at which a device counts as unhealthy (too hot).
-        #[arg(long, value_name = "CELSIUS", default_value = "90", value_parser = celsius)]
-        max_temperature: f64,
-        /// A hot device is healthy again only below max-temperature minus this.
-        #[arg(long, value_name = "CELSIUS", default_value = "5", value_parser = celsius)]
-        thermal_margin: f64,
         /// Seconds between refreshes with --watch.
         #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = clap::value_parser!(u64).range(1..=3600))]
         interval: u64,
+        #[command(flatten)]
+        health: HealthFlags,
         /// Summarise these GPU states instead of this node: cluster descriptions,
         /// `kubectl get nodes -o yaml` output or `discover -o json` files.
         #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["probe", "watch", "backend"])]
         summary: Vec<PathBuf>,
     },
+}
+
+/// Where the GPUs come from; shared by `agent` and `discover`.
+#[derive(clap::Args)]
+struct BackendFlags {
+    /// Which GPU backend to use; `auto` tries NVIDIA, then AMD, then fake
+    /// devices if configured, and merges NVIDIA + AMD on mixed nodes.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendChoice,
+    /// Fake devices: a spec such as `4xH100-80GiB,2xMI300X-192GiB` or a YAML file
+    /// (re-read while running).
+    #[arg(long, env = "TESSERA_FAKE_GPUS", value_name = "SPEC|FILE")]
+    fake: Option<String>,
+    /// NVML library to load [default: libnvidia-ml.so.1].
+    #[arg(long, value_name = "PATH")]
+    nvml_library: Option<PathBuf>,
+    /// Where the host's sysfs is mounted (AMD discovery, AMD render nodes).
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    sysfs_root: PathBuf,
+}
+
+impl BackendFlags {
+    fn options(self) -> DetectOptions {
+        DetectOptions {
+            choice: self.backend,
+            nvml_library: self.nvml_library.map(PathBuf::into_os_string),
+            sysfs_root: self.sysfs_root,
+            // An empty TESSERA_FAKE_GPUS means "no fake devices".
+            fake: self.fake.filter(|s| !s.trim().is_empty()),
+        }
+    }
+}
+
+/// Health recovery and thermal limits; shared by `agent` and `discover`.
+#[derive(clap::Args)]
+struct HealthFlags {
+    /// Seconds a device must stay fault-free before it is healthy again.
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    health_recovery: u64,
+    /// Temperature at which a device counts as unhealthy (too hot).
+    #[arg(long, value_name = "CELSIUS", default_value = "90", value_parser = celsius)]
+    max_temperature: f64,
+    /// A hot device is healthy again only below max-temperature minus this.
+    #[arg(long, value_name = "CELSIUS", default_value = "5", value_parser = celsius)]
+    thermal_margin: f64,
+}
+
+impl HealthFlags {
+    fn policy(&self) -> HealthPolicy {
+        HealthPolicy {
+            recovery: std::time::Duration::from_secs(self.health_recovery),
+            max_temperature_c: self.max_temperature,
+            thermal_margin_c: self.thermal_margin,
+        }
+    }
 }
 
 /// A temperature flag: a finite number of degrees from 0 to 150.
@@ -198,10 +223,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Agent {
-            backend,
-            fake,
-            nvml_library,
-            sysfs_root,
+            gpus,
             procfs_root,
             plugin_dir,
             resource_name,
@@ -213,9 +235,7 @@ fn main() -> ExitCode {
             no_publish,
             publish_interval,
             poll_interval_ms,
-            health_recovery,
-            max_temperature,
-            thermal_margin,
+            health,
             listen,
         } => {
             use std::time::Duration;
@@ -238,18 +258,10 @@ fn main() -> ExitCode {
                     }
                 }
             };
+            let sysfs_root = gpus.sysfs_root.clone();
             let config = AgentConfig {
-                detect: DetectOptions {
-                    choice: backend,
-                    nvml_library: nvml_library.map(PathBuf::into_os_string),
-                    sysfs_root: sysfs_root.clone(),
-                    fake: fake.filter(|s| !s.trim().is_empty()),
-                },
-                health: HealthPolicy {
-                    recovery: Duration::from_secs(health_recovery),
-                    max_temperature_c: max_temperature,
-                    thermal_margin_c: thermal_margin,
-                },
+                detect: gpus.options(),
+                health: health.policy(),
                 poll_interval: Duration::from_millis(poll_interval_ms),
                 registry: Some(registry),
                 checkpoint,
@@ -280,38 +292,23 @@ fn main() -> ExitCode {
             }
         }
         Command::Discover {
-            backend,
-            fake,
-            nvml_library,
-            sysfs_root,
+            gpus,
             registry,
             probe,
             output,
             watch,
             interval,
             summary,
-            health_recovery,
-            max_temperature,
-            thermal_margin,
+            health,
         } => {
             use tessera::cli::discover;
             let result = if summary.is_empty() {
                 let args = DiscoverArgs {
-                    detect: DetectOptions {
-                        choice: backend,
-                        nvml_library: nvml_library.map(PathBuf::into_os_string),
-                        sysfs_root,
-                        // An empty TESSERA_FAKE_GPUS means "no fake devices".
-                        fake: fake.filter(|s| !s.trim().is_empty()),
-                    },
+                    detect: gpus.options(),
                     registry,
                     probe,
                     output,
-                    health: HealthPolicy {
-                        recovery: std::time::Duration::from_secs(health_recovery),
-                        max_temperature_c: max_temperature,
-                        thermal_margin_c: thermal_margin,
-                    },
+                    health: health.policy(),
                 };
                 discover::run(
                     &args,
