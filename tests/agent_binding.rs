@@ -3,6 +3,7 @@
 //! with a kubelet stand-in, and the pod watch against a mocked API server.
 //! Every wait is bounded so a bug fails instead of hanging.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,14 +24,18 @@ use tessera::agent::binding::{
     BindingConfig, BindingIndex, CHECKPOINT_VERSION, PendingBinding, UNBOUND, load_checkpoint,
     run_pod_watch,
 };
+use tessera::agent::devices_env::RuntimeOptions;
 use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
+use tessera::agent::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
 use tessera::agent::kubelet_api::v1beta1::registration_server::{Registration, RegistrationServer};
 use tessera::agent::kubelet_api::v1beta1::*;
-use tessera::agent::plugin::Binder;
+use tessera::agent::plugin::{Binder, PluginService};
+use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use tessera::agent::registration::{
     PluginConfig, PluginError, PluginStatus, connect_unix, run_device_plugin,
 };
 use tessera::agent::state;
+use tessera::api::NodeGpuState;
 use tessera::backend::fake::FakeBackend;
 use tessera::backend::snapshot;
 
@@ -1040,4 +1045,187 @@ async fn a_failing_list_is_retried_and_nothing_is_enforced_meanwhile() {
 
     let _ = stop.send(());
     within("the pod watch to stop", task).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// The allocated set, from Allocate through the view to the Node annotation.
+
+/// One request of the agent to the mocked API server.
+enum ApiCall {
+    ListPods(mock::SendResponse<Response<Body>>),
+    WatchPods(mock::SendResponse<Response<Body>>),
+    /// The merge patch's annotation, parsed.
+    PatchNode(NodeGpuState, mock::SendResponse<Response<Body>>),
+}
+
+async fn next_call(api: &mut ApiHandle) -> ApiCall {
+    let (request, respond) = next_request(api).await;
+    let path = request.uri().path().to_string();
+    match (request.method().clone(), path.as_str()) {
+        (Method::GET, "/api/v1/pods") => {
+            if param(&query(&request), "watch") == Some("true") {
+                ApiCall::WatchPods(respond)
+            } else {
+                ApiCall::ListPods(respond)
+            }
+        }
+        (Method::PATCH, p) if p == format!("/api/v1/nodes/{NODE}") => {
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap();
+            let text = body["metadata"]["annotations"]["tessera.dev/gpu-state"]
+                .as_str()
+                .expect("the patch carries the gpu-state annotation");
+            ApiCall::PatchNode(NodeGpuState::from_json(text).unwrap(), respond)
+        }
+        (m, p) => panic!("unexpected request {m} {p}"),
+    }
+}
+
+fn node_ok() -> Response<Body> {
+    json_response(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}))
+}
+
+/// Answers patches (recording their `allocated` maps) until one carries `want`;
+/// pod watch requests are handed back to the caller.
+async fn patched_until(
+    api: &mut ApiHandle,
+    watches: &mut Vec<mock::SendResponse<Response<Body>>>,
+    want: &BTreeMap<String, String>,
+) {
+    within("a patch with the expected allocated set", async {
+        loop {
+            match next_call(api).await {
+                ApiCall::PatchNode(state, respond) => {
+                    respond.send_response(node_ok());
+                    if &state.allocated == want {
+                        return;
+                    }
+                }
+                ApiCall::WatchPods(respond) => watches.push(respond),
+                ApiCall::ListPods(_) => panic!("the pods were listed again"),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_pod_that_ends_leaves_the_view_and_the_published_state() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mut fake = FakeBackend::new("4xH100-80GiB").unwrap();
+    let snap = snapshot(&mut fake).unwrap();
+    let (tx, rx) = state::channel("fake");
+    tx.send_modify(|v| {
+        v.snapshot = snap;
+        v.ready = true;
+    });
+    let index = Arc::new(BindingIndex::open(BindingConfig::in_memory()));
+    index.keep_view(tx.clone());
+    let plugin = PluginService::new(
+        "tessera.dev/gpu",
+        rx.clone(),
+        tx.clone(),
+        index.clone(),
+        RuntimeOptions::default(),
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = || {
+        let mut s = stopped.clone();
+        async move {
+            let _ = s.wait_for(|s| *s).await;
+        }
+    };
+    let watch = tokio::spawn(run_pod_watch(
+        client.clone(),
+        NODE.to_string(),
+        index.clone(),
+        until_stopped(),
+    ));
+    let publisher = tokio::spawn(run_publisher(
+        client,
+        PublisherConfig::new(NODE),
+        rx.clone(),
+        Arc::new(PublisherStats::default()),
+        until_stopped(),
+    ));
+
+    let shard = || spec("team-a", "shard-0", 1).planned("fake-h100-80gib-2,fake-h100-80gib-3");
+    let mut watches = Vec::new();
+    // The list and the first publish come in either order.
+    let mut listed = false;
+    let mut first_patch = false;
+    within("the pod list and the first publish", async {
+        while !(listed && first_patch) {
+            match next_call(&mut api).await {
+                ApiCall::ListPods(respond) => {
+                    respond.send_response(json_response(&json!({
+                        "apiVersion": "v1", "kind": "PodList",
+                        "metadata": {"resourceVersion": "10"},
+                        "items": [shard().json()],
+                    })));
+                    listed = true;
+                }
+                ApiCall::WatchPods(respond) => watches.push(respond),
+                ApiCall::PatchNode(state, respond) => {
+                    assert!(state.allocated.is_empty(), "{:?}", state.allocated);
+                    respond.send_response(node_ok());
+                    first_patch = true;
+                }
+            }
+        }
+    })
+    .await;
+    within("the index to sync", index.synced()).await;
+
+    // Kubelet allocates the planned devices: the view and the Node say whose they are.
+    plugin
+        .allocate(tonic::Request::new(allocate(&s(&[
+            "fake-h100-80gib-3",
+            "fake-h100-80gib-2",
+        ]))))
+        .await
+        .unwrap();
+    let held: BTreeMap<String, String> = [
+        ("fake-h100-80gib-2".to_string(), uid("shard-0")),
+        ("fake-h100-80gib-3".to_string(), uid("shard-0")),
+    ]
+    .into();
+    assert_eq!(rx.borrow().allocated, held);
+    patched_until(&mut api, &mut watches, &held).await;
+
+    // The pod finishes: the watch reports it, and its devices are free again.
+    let watch_request = match watches.pop() {
+        Some(w) => w,
+        None => {
+            within("the pod watch", async {
+                loop {
+                    match next_call(&mut api).await {
+                        ApiCall::WatchPods(respond) => return respond,
+                        ApiCall::PatchNode(_, respond) => respond.send_response(node_ok()),
+                        ApiCall::ListPods(_) => panic!("the pods were listed again"),
+                    }
+                }
+            })
+            .await
+        }
+    };
+    let mut done = shard().phase("Succeeded").json();
+    done["metadata"]["resourceVersion"] = json!("11");
+    let events = format!("{}\n", json!({"type": "MODIFIED", "object": done}));
+    watch_request.send_response(
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Body::from(events.into_bytes()))
+            .unwrap(),
+    );
+    patched_until(&mut api, &mut watches, &BTreeMap::new()).await;
+    assert!(rx.borrow().allocated.is_empty());
+    assert!(index.allocated_devices().is_empty());
+
+    let _ = stop.send(true);
+    within("the pod watch to stop", watch).await.unwrap();
+    let ended = within("the publisher to stop", publisher).await.unwrap();
+    assert!(ended.is_ok(), "{ended:?}");
 }

@@ -230,6 +230,18 @@ fn state_in(body: &Value) -> NodeGpuState {
     NodeGpuState::from_json(text).unwrap()
 }
 
+/// The annotation of a patch body as JSON, its timestamp taken out.
+fn state_without_timestamp(body: &Value) -> Value {
+    let text = body["metadata"]["annotations"]["tessera.dev/gpu-state"]
+        .as_str()
+        .expect("the patch carries the gpu-state annotation as a string");
+    let mut state: Value = serde_json::from_str(text).unwrap();
+    if let Some(map) = state.as_object_mut() {
+        map.remove("timestamp");
+    }
+    state
+}
+
 #[tokio::test]
 async fn the_first_ready_view_is_published_as_an_exact_merge_patch() {
     let mut h = start(config(Duration::from_secs(30)));
@@ -403,15 +415,31 @@ async fn an_allocation_change_is_published_at_once() {
 
     h.modify(|v| {
         v.allocated.insert("GPU-0a".into(), "pod-uid-1".into());
+        v.allocated.insert("GPU-1b".into(), "unbound".into());
     });
-    let (_, respond) = h.next_patch().await;
+    let (body, respond) = h.next_patch().await;
     respond.send_response(node_ok());
+    let mut want = expected_state();
+    want["allocated"] = json!({ "GPU-0a": "pod-uid-1", "GPU-1b": "unbound" });
+    assert_eq!(state_without_timestamp(&body), want);
     h.published(2).await;
 
-    h.modify(|v| v.allocated.clear());
-    let (_, respond) = h.next_patch().await;
+    // The pod ended: its device leaves the published set.
+    h.modify(|v| {
+        v.allocated.remove("GPU-0a");
+    });
+    let (body, respond) = h.next_patch().await;
     respond.send_response(node_ok());
+    want["allocated"] = json!({ "GPU-1b": "unbound" });
+    assert_eq!(state_without_timestamp(&body), want);
     h.published(3).await;
+
+    // Nothing allocated: the field is left out, as before anything was.
+    h.modify(|v| v.allocated.clear());
+    let (body, respond) = h.next_patch().await;
+    respond.send_response(node_ok());
+    assert_eq!(state_without_timestamp(&body), expected_state());
+    h.published(4).await;
     h.expect_silence(Duration::from_millis(300)).await;
     h.shutdown().await;
 }

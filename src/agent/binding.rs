@@ -52,12 +52,21 @@
 //! devices than the live pods without a binding ask for (all of them once
 //! there are none), and a device handed out again without a binding leaves
 //! its older entry. While recorded they keep planned pods off those devices.
+//!
+//! ## The device view
+//!
+//! Once attached with [`BindingIndex::keep_view`], the index keeps the device
+//! view's `allocated` map (which the publisher puts on the Node) equal to
+//! [`BindingIndex::allocated_devices`]: it is set when attached and again,
+//! before the checkpoint is written, after every change of the checkpoint —
+//! an allocation, or the pod watch seeing a pod end. The device plugin then
+//! leaves the map alone ([`Binder::keeps_allocated_view`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -69,6 +78,7 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
 use super::plugin::Binder;
+use super::state::ViewTx;
 use crate::api::{DEFAULT_RESOURCE_NAME, DEVICES_ANNOTATION};
 
 /// Where the agent keeps its allocation checkpoint unless told otherwise.
@@ -79,7 +89,7 @@ pub const CHECKPOINT_VERSION: u32 = 1;
 /// it: the pod may simply not have reached the watch yet.
 const UNBOUND_GRACE_SECS: i64 = 120;
 /// The owner [`BindingIndex::allocated_devices`] gives devices recorded under `unbound`.
-pub const UNBOUND: &str = "unbound";
+pub const UNBOUND: &str = crate::api::NodeGpuState::UNBOUND_OWNER;
 
 /// How a [`BindingIndex`] keeps its checkpoint and which resource it serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -498,6 +508,22 @@ impl State {
         }
     }
 
+    /// Device ID → pod UID (or [`UNBOUND`]) for every recorded allocation.
+    fn allocated_map(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for a in &self.checkpoint.unbound {
+            for d in &a.devices {
+                out.insert(d.clone(), UNBOUND.to_string());
+            }
+        }
+        for (uid, a) in &self.checkpoint.pods {
+            for d in &a.devices {
+                out.insert(d.clone(), uid.clone());
+            }
+        }
+        out
+    }
+
     /// Devices recorded as in use.
     fn in_use(&self) -> HashSet<&str> {
         let mut used: HashSet<&str> = HashSet::new();
@@ -684,6 +710,10 @@ pub struct BindingIndex {
     /// The checkpoint generation last written.
     written: Mutex<u64>,
     synced: watch::Sender<bool>,
+    /// The device view whose `allocated` map this index keeps.
+    view: OnceLock<ViewTx>,
+    /// The checkpoint generation last put into the view.
+    view_generation: Mutex<u64>,
 }
 
 impl std::fmt::Debug for BindingIndex {
@@ -729,7 +759,48 @@ impl BindingIndex {
             sync_writes: config.sync_writes,
             written: Mutex::new(0),
             synced: watch::channel(false).0,
+            view: OnceLock::new(),
+            view_generation: Mutex::new(0),
         }
+    }
+
+    /// From now on keeps `view`'s `allocated` map equal to
+    /// [`Self::allocated_devices`]: sets it at once, then after every change
+    /// of the checkpoint. Only the first view attached is kept.
+    pub fn keep_view(&self, view: ViewTx) {
+        if self.view.set(view).is_err() {
+            tracing::warn!("the binding index already keeps a device view; ignoring another");
+            return;
+        }
+        let (generation, allocated) = {
+            let state = self.lock();
+            (state.generation, state.allocated_map())
+        };
+        self.update_view(generation, allocated);
+    }
+
+    /// Puts the allocated set of checkpoint `generation` into the view,
+    /// unless a newer one is there already (two changes racing to the view).
+    fn update_view(&self, generation: u64, allocated: BTreeMap<String, String>) {
+        let Some(view) = self.view.get() else {
+            return;
+        };
+        let mut shown = self
+            .view_generation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *shown > generation {
+            return;
+        }
+        *shown = generation;
+        view.send_if_modified(|v| {
+            if v.allocated == allocated {
+                false
+            } else {
+                v.allocated = allocated;
+                true
+            }
+        });
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -748,9 +819,13 @@ impl BindingIndex {
             .path
             .as_ref()
             .map(|_| serde_json::to_vec(&state.checkpoint));
+        let allocated = self.view.get().map(|_| state.allocated_map());
         drop(state);
         for note in notes {
             note.log();
+        }
+        if let Some(allocated) = allocated {
+            self.update_view(generation, allocated);
         }
         let (Some(path), Some(bytes)) = (&self.path, bytes) else {
             return;
@@ -864,26 +939,18 @@ impl BindingIndex {
         self.path.as_deref()
     }
 
-    /// Device ID → pod UID (or [`UNBOUND`]) for every recorded allocation, e.g.
-    /// to seed the device view's `allocated` map at start.
+    /// Device ID → pod UID (or [`UNBOUND`]) for every recorded allocation:
+    /// what [`Self::keep_view`] puts into the device view.
     pub fn allocated_devices(&self) -> BTreeMap<String, String> {
-        let state = self.lock();
-        let mut out = BTreeMap::new();
-        for a in &state.checkpoint.unbound {
-            for d in &a.devices {
-                out.insert(d.clone(), UNBOUND.to_string());
-            }
-        }
-        for (uid, a) in &state.checkpoint.pods {
-            for d in &a.devices {
-                out.insert(d.clone(), uid.clone());
-            }
-        }
-        out
+        self.lock().allocated_map()
     }
 }
 
 impl Binder for BindingIndex {
+    fn keeps_allocated_view(&self) -> bool {
+        self.view.get().is_some()
+    }
+
     fn planned_for(
         &self,
         available: &[String],
@@ -1020,6 +1087,113 @@ mod tests {
         assert!(overlaps(&s(&["a", "c"]), &s(&["b", "c"])));
         assert!(!overlaps(&s(&["a", "c"]), &s(&["b", "d"])));
         assert!(!overlaps(&[], &s(&["a"])));
+    }
+
+    fn pod(uid: &str, phase: &str, devices: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": format!("pod-{uid}"),
+                "namespace": "ns",
+                "uid": uid,
+                "annotations": { DEVICES_ANNOTATION: devices },
+            },
+            "spec": { "nodeName": "n1", "containers": [] },
+            "status": { "phase": phase },
+        }))
+        .unwrap()
+    }
+
+    fn owners(view: &crate::agent::state::ViewRx) -> Vec<(String, String)> {
+        view.borrow()
+            .allocated
+            .iter()
+            .map(|(d, o)| (d.clone(), o.clone()))
+            .collect()
+    }
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_view_follows_the_checkpoint() {
+        let index = BindingIndex::open(BindingConfig::in_memory());
+        let (tx, mut rx) = crate::agent::state::channel("fake");
+        let mut a = pod("uid-a", "Pending", "g0,g1");
+        index.resync([a.clone()]);
+        assert!(!index.keeps_allocated_view());
+        index.keep_view(tx.clone());
+        assert!(index.keeps_allocated_view());
+        assert!(owners(&rx).is_empty());
+
+        rx.mark_unchanged();
+        index.check_allocate(&s(&["g1", "g0"])).unwrap();
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(owners(&rx), pairs(&[("g0", "uid-a"), ("g1", "uid-a")]));
+        // A device no plan names goes to a pod the agent cannot identify.
+        index.check_allocate(&s(&["g5"])).unwrap();
+        assert_eq!(
+            owners(&rx),
+            pairs(&[("g0", "uid-a"), ("g1", "uid-a"), ("g5", UNBOUND)])
+        );
+        assert_eq!(rx.borrow().allocated, index.allocated_devices());
+
+        // A pod update that changes nothing recorded does not touch the view.
+        a.status.as_mut().unwrap().phase = Some("Running".into());
+        rx.mark_unchanged();
+        index.apply_pod(&a);
+        assert!(!rx.has_changed().unwrap());
+
+        // The pod ends: its devices leave the view.
+        a.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        index.apply_pod(&a);
+        assert_eq!(owners(&rx), pairs(&[("g5", UNBOUND)]));
+        assert_eq!(rx.borrow().allocated, index.allocated_devices());
+
+        // Only the first view is kept.
+        let (other, other_rx) = crate::agent::state::channel("fake");
+        index.keep_view(other);
+        assert!(owners(&other_rx).is_empty());
+    }
+
+    #[test]
+    fn the_view_is_seeded_from_the_checkpoint_and_tidied_by_the_first_list() {
+        let dir = std::env::temp_dir().join(format!("tessera-binding-view-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("checkpoint.json");
+        let mut pods = BTreeMap::new();
+        for (uid, devices) in [("uid-live", "g0"), ("uid-gone", "g1")] {
+            pods.insert(
+                uid.to_string(),
+                Allocation {
+                    pod: format!("ns/pod-{uid}"),
+                    devices: s(&[devices]),
+                    time: "2025-01-01T00:00:00Z".into(),
+                },
+            );
+        }
+        let checkpoint = Checkpoint {
+            pods,
+            ..Checkpoint::default()
+        };
+        write_atomically(&path, &serde_json::to_vec(&checkpoint).unwrap(), false).unwrap();
+
+        let index = BindingIndex::open(BindingConfig::at(&path));
+        let (tx, rx) = crate::agent::state::channel("fake");
+        index.keep_view(tx);
+        // Before the pods are listed every recorded allocation counts.
+        assert_eq!(
+            owners(&rx),
+            pairs(&[("g0", "uid-live"), ("g1", "uid-gone")])
+        );
+        index.resync([pod("uid-live", "Running", "g0")]);
+        assert_eq!(owners(&rx), pairs(&[("g0", "uid-live")]));
+        // The pod is deleted.
+        index.delete_pod(&pod("uid-live", "Running", "g0"));
+        assert!(owners(&rx).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

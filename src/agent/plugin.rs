@@ -8,8 +8,13 @@
 //! - `GetPreferredAllocation` asks the [`Binder`] for the controller's plan,
 //!   else picks by topology ([`super::preferred`]).
 //! - `Allocate` refuses unknown or unhealthy devices and whatever the binder
-//!   vetoes, records the devices in the view's `allocated` map and answers
-//!   with what the vendor runtime needs ([`super::devices_env`]).
+//!   vetoes, and answers with what the vendor runtime needs
+//!   ([`super::devices_env`]). The view's `allocated` map is kept by the
+//!   binder when it can ([`Binder::keeps_allocated_view`]: the binding index,
+//!   which knows the pods and forgets their devices when they end); otherwise
+//!   (no API server, `--no-publish`) the devices handed out are recorded
+//!   there under [`UNBOUND`] and stay until the agent restarts, since nothing
+//!   tells the agent when a pod ends.
 //!
 //! [`DeviceView`]: super::state::DeviceView
 
@@ -39,11 +44,9 @@ use super::preferred::preferred_allocation;
 use super::state::{DeviceView, ViewRx, ViewTx};
 use crate::backend::{DeviceInfo, RawHealth};
 
-/// The pod UID recorded in `DeviceView::allocated` by `Allocate`: kubelet does
-/// not say which pod it allocates for, so the owner is unknown until someone
-/// (e.g. a reconciler reading the kubelet pod-resources API or the pods'
-/// `tessera.dev/devices` annotations) fills it in.
-pub const UNKNOWN_POD: &str = "";
+/// The owner `Allocate` records in `DeviceView::allocated` when the binder
+/// does not keep that map: kubelet does not say which pod it allocates for.
+pub const UNBOUND: &str = crate::api::NodeGpuState::UNBOUND_OWNER;
 
 /// What we tell kubelet about ourselves.
 pub fn plugin_options() -> DevicePluginOptions {
@@ -74,6 +77,13 @@ pub trait Binder: Send + Sync {
     /// `Err(reason)` vetoes an allocation that contradicts a planned binding,
     /// and kubelet fails the container with the reason.
     fn check_allocate(&self, requested: &[String]) -> Result<(), String>;
+
+    /// Whether the binder keeps the device view's `allocated` map itself (it
+    /// knows which pod holds what, and when pods end). When it does not,
+    /// `Allocate` records what it hands out under [`UNBOUND`].
+    fn keeps_allocated_view(&self) -> bool {
+        false
+    }
 }
 
 /// No plans: topology decides and every allocation of healthy devices is fine.
@@ -335,11 +345,16 @@ impl DevicePlugin for PluginService {
         }
         let ids: Vec<&String> = requests.iter().flat_map(|r| &r.devices_ids).collect();
         tracing::info!(devices = ?ids, "allocated");
-        self.tx.send_modify(|v| {
-            for id in ids {
-                v.allocated.insert(id.clone(), UNKNOWN_POD.to_string());
-            }
-        });
+        if !self.binder.keeps_allocated_view() {
+            self.tx.send_if_modified(|v| {
+                let mut changed = false;
+                for id in ids {
+                    let old = v.allocated.insert(id.clone(), UNBOUND.to_string());
+                    changed |= old.as_deref() != Some(UNBOUND);
+                }
+                changed
+            });
+        }
         self.metrics.answered.inc();
         self.metrics
             .seconds
@@ -561,8 +576,13 @@ mod tests {
                 .allocated
                 .get("fake-h100-80gib-2")
                 .map(String::as_str),
-            Some(UNKNOWN_POD)
+            Some(UNBOUND)
         );
+        // Handed out again: nothing changes, so nobody is woken.
+        let mut rx = tx.subscribe();
+        rx.mark_unchanged();
+        svc.allocate(alloc(&["fake-h100-80gib-2"])).await.unwrap();
+        assert!(!rx.has_changed().unwrap());
     }
 
     #[tokio::test]

@@ -7,8 +7,8 @@
 //! - **at once** when something the controller must react to changed: the set
 //!   of devices or anything static about them, a device's health or its reason
 //!   (thermal trouble shows up there through the health tracker), the links, or
-//!   the allocations (the state does not list them, but a fresh state with a
-//!   fresh timestamp then tells the controller the node's devices moved);
+//!   the allocated set (the state's `allocated` map: which device is held by
+//!   which pod, so the controller never plans onto a device in use);
 //! - **at most once per `min_interval`** when only telemetry drifted:
 //!   temperature, power, or free memory by at least
 //!   `free_memory_threshold_bytes`;
@@ -273,11 +273,13 @@ pub fn label_value(text: &str) -> String {
     }
 }
 
-/// The state as it is published now: the view's snapshot, stamped with the
-/// current time (RFC 3339).
+/// The state as it is published now: the view's snapshot and allocated set,
+/// stamped with the current time (RFC 3339).
 pub fn state_of(view: &DeviceView) -> NodeGpuState {
     let timestamp = k8s_openapi::jiff::Timestamp::now().to_string();
-    view.snapshot.to_gpu_state(Some(timestamp))
+    let mut state = view.snapshot.to_gpu_state(Some(timestamp));
+    state.allocated = view.allocated.clone();
+    state
 }
 
 /// Why one patch failed.
@@ -740,6 +742,7 @@ mod tests {
             devices,
             links: vec![],
             timestamp: Some("2025-01-02T03:04:05Z".into()),
+            allocated: Default::default(),
         }
     }
 
@@ -937,6 +940,28 @@ mod tests {
         assert!(ts.parse::<k8s_openapi::jiff::Timestamp>().is_ok(), "{ts}");
         assert_eq!(s.devices.len(), 2);
         assert_eq!(s.version, GPU_STATE_VERSION);
+        assert!(s.allocated.is_empty());
+    }
+
+    #[test]
+    fn the_published_state_carries_the_allocated_set() {
+        let mut v = view();
+        v.allocated.insert("GPU-a".into(), "pod-uid-1".into());
+        v.allocated.insert("GPU-b".into(), "unbound".into());
+        let s = state_of(&v);
+        assert_eq!(s.allocated, v.allocated);
+        let body = patch_body(&s);
+        let text = body["metadata"]["annotations"][GPU_STATE_ANNOTATION]
+            .as_str()
+            .unwrap();
+        assert!(
+            text.ends_with(r#","allocated":{"GPU-a":"pod-uid-1","GPU-b":"unbound"}}"#),
+            "{text}"
+        );
+        assert_eq!(
+            NodeGpuState::from_json(text).unwrap().allocated,
+            v.allocated
+        );
     }
 
     #[tokio::test]

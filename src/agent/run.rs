@@ -128,7 +128,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     let allocation = config.plugin.allocation_metrics.clone();
     // Planned bindings need the API server; without it (`--no-publish`) kubelet
-    // gets the plain topology-aware choice.
+    // gets the plain topology-aware choice, and the view's allocated set only
+    // grows (the plugin records what it hands out; no pod watch clears it).
     let binding = match (&config.publish, &client) {
         (Some(p), Some(client)) => {
             let index = Arc::new(BindingIndex::open(BindingConfig {
@@ -136,6 +137,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 resource_name: config.plugin.resource_name.clone(),
                 ..BindingConfig::default()
             }));
+            // The published allocated set follows the checkpoint: seeded
+            // from it now, cleared as the pod watch sees pods end.
+            index.keep_view(tx.clone());
             tokio::spawn(run_pod_watch(
                 client.clone(),
                 p.node_name.clone(),

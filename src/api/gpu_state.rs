@@ -6,6 +6,8 @@
 //! version they do not speak, because a changed meaning of a known field would be
 //! silently misread otherwise.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The only version this build writes and reads.
@@ -25,6 +27,15 @@ pub struct NodeGpuState {
     /// RFC 3339 time the state was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<String>,
+    /// Devices kubelet has handed to pods, as the agent's allocation record
+    /// has them: device ID → UID of the pod holding it, or [`NodeGpuState::UNBOUND_OWNER`] (`"unbound"`)
+    /// for a device given to a pod the agent could not identify (one without
+    /// a planned binding). A pod's devices leave the map once the pod has
+    /// ended. Absent when nothing is allocated; added within `v1`, so older
+    /// readers simply ignore it. An entry may name a device the node no
+    /// longer lists (it vanished while held); readers skip such entries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub allocated: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -121,6 +132,10 @@ pub enum GpuStateError {
 }
 
 impl NodeGpuState {
+    /// The owner in [`NodeGpuState::allocated`] of a device handed to a pod
+    /// the agent could not identify.
+    pub const UNBOUND_OWNER: &'static str = "unbound";
+
     /// Parses the annotation value, checking the version before the body so a
     /// future format gets the version error rather than a confusing field error.
     pub fn from_json(text: &str) -> Result<Self, GpuStateError> {
@@ -252,6 +267,7 @@ mod tests {
             }],
             links: vec![],
             timestamp: None,
+            allocated: BTreeMap::new(),
         }
     }
 
@@ -271,6 +287,39 @@ mod tests {
         let s = NodeGpuState::from_json(&v.to_string()).unwrap();
         assert_eq!(s.devices[0].vendor, Vendor::Unknown);
         assert_eq!(s.devices[0].health, Health::Unknown);
+    }
+
+    #[test]
+    fn the_allocated_map_is_optional_and_round_trips() {
+        let mut s = sample();
+        let text = s.to_json();
+        assert!(!text.contains("allocated"), "empty: omitted: {text}");
+        // A state written before the field existed reads as "nothing allocated".
+        assert!(NodeGpuState::from_json(&text).unwrap().allocated.is_empty());
+        s.allocated.insert("GPU-a".into(), "9d1c-uid".into());
+        s.allocated
+            .insert("GPU-gone".into(), NodeGpuState::UNBOUND_OWNER.into());
+        let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert_eq!(
+            v["allocated"],
+            serde_json::json!({"GPU-a": "9d1c-uid", "GPU-gone": "unbound"})
+        );
+        assert_eq!(NodeGpuState::from_json(&s.to_json()).unwrap(), s);
+    }
+
+    #[test]
+    fn a_malformed_allocated_map_is_malformed() {
+        for bad in [r#"["GPU-a"]"#, r#"{"GPU-a": 3}"#, r#""GPU-a""#] {
+            let mut v: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
+            v["allocated"] = serde_json::from_str(bad).unwrap();
+            assert!(
+                matches!(
+                    NodeGpuState::from_json(&v.to_string()),
+                    Err(GpuStateError::Malformed(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

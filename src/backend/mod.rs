@@ -184,6 +184,8 @@ impl Snapshot {
                 })
                 .collect(),
             timestamp,
+            // The backend knows nothing of pods; the agent fills this in.
+            allocated: std::collections::BTreeMap::new(),
         }
     }
 }

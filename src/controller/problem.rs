@@ -230,6 +230,7 @@ mod tests {
                 },
             ],
             timestamp: None,
+            allocated: Default::default(),
         }
     }
 
