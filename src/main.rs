@@ -140,9 +140,10 @@ struct BackendFlags {
     /// devices if configured, and merges NVIDIA + AMD on mixed nodes.
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendChoice,
-    /// Fake devices: a spec such as `4xH100-80GiB,2xMI300X-192GiB` or a YAML file
-    /// (re-read while running).
-    #[arg(long, env = "TESSERA_FAKE_GPUS", value_name = "SPEC|FILE")]
+    /// Fake devices: a spec such as `4xH100-80GiB,2xMI300X-192GiB`, a YAML file
+    /// (re-read while running), or a directory: its `<node name>.yaml`, else
+    /// its `default.yaml` (chosen again on every read).
+    #[arg(long, env = "TESSERA_FAKE_GPUS", value_name = "SPEC|FILE|DIR")]
     fake: Option<String>,
     /// NVML library to load [default: libnvidia-ml.so.1].
     #[arg(long, value_name = "PATH")]
@@ -160,6 +161,11 @@ impl BackendFlags {
             sysfs_root: self.sysfs_root,
             // An empty TESSERA_FAKE_GPUS means "no fake devices".
             fake: self.fake.filter(|s| !s.trim().is_empty()),
+            // For a directory of per-node fake GPU files; `agent` also takes
+            // --node-name.
+            node_name: std::env::var("NODE_NAME")
+                .ok()
+                .filter(|n| !n.trim().is_empty()),
         }
     }
 }
@@ -241,6 +247,10 @@ fn main() -> ExitCode {
             use std::time::Duration;
             use tessera::agent::registration::PluginConfig;
             use tessera::agent::run::{AgentConfig, PublishOptions, run};
+            let detect = DetectOptions {
+                node_name: node_name.clone().filter(|n| !n.trim().is_empty()),
+                ..gpus.options()
+            };
             let publish = if no_publish {
                 None
             } else {
@@ -258,9 +268,9 @@ fn main() -> ExitCode {
                     }
                 }
             };
-            let sysfs_root = gpus.sysfs_root.clone();
+            let sysfs_root = detect.sysfs_root.clone();
             let config = AgentConfig {
-                detect: gpus.options(),
+                detect,
                 health: health.policy(),
                 poll_interval: Duration::from_millis(poll_interval_ms),
                 registry: Some(registry),

@@ -58,16 +58,14 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 fn start(dir: &Path, port: u16) -> Agent {
+    start_with(dir, port, "2xH100-80GiB", &[])
+}
+
+fn start_with(dir: &Path, port: u16, fake: &str, extra: &[&str]) -> Agent {
     std::fs::create_dir_all(dir.join("plugins")).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "agent",
-            "--backend",
-            "fake",
-            "--fake",
-            "2xH100-80GiB",
-            "--no-publish",
-        ])
+        .args(["agent", "--backend", "fake", "--fake", fake, "--no-publish"])
+        .args(extra)
         .arg("--plugin-dir")
         .arg(dir.join("plugins"))
         .arg("--registry")
@@ -129,8 +127,69 @@ fn serves_endpoints_and_its_socket_and_stops_cleanly_on_sigterm() {
     assert!(!socket.exists(), "the plugin socket is removed on shutdown");
 }
 
+/// The device counts by health in the agent's metrics: (healthy, unhealthy).
+fn health_counts(port: u16) -> Option<(u32, u32)> {
+    let (_, metrics) = get(port, "/metrics")?;
+    let count = |health: &str| -> Option<u32> {
+        let key = format!("tessera_agent_devices{{health=\"{health}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((count("healthy")?, count("unhealthy")?))
+}
+
+#[test]
+fn a_fake_directory_is_read_per_node_and_follows_a_configmap_update() {
+    use std::os::unix::fs::symlink;
+    let dir = std::env::temp_dir().join(format!("tessera-agent-bin-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // A ConfigMap volume as kubelet lays it out: keys are symlinks into
+    // `..data`, itself a symlink to the current version's directory.
+    let profiles = dir.join("profiles");
+    let version = |name: &str, worker: &str| {
+        let v = profiles.join(name);
+        std::fs::create_dir_all(&v).unwrap();
+        std::fs::write(v.join("default.yaml"), "gpus: [{profile: L4-24GiB}]\n").unwrap();
+        std::fs::write(v.join("kind-worker.yaml"), worker).unwrap();
+    };
+    version("..v1", "gpus: [{profile: H100-80GiB, count: 2}]\n");
+    symlink("..v1", profiles.join("..data")).unwrap();
+    for key in ["default.yaml", "kind-worker.yaml"] {
+        symlink(format!("..data/{key}"), profiles.join(key)).unwrap();
+    }
+    let port = free_port();
+    let _agent = start_with(
+        &dir,
+        port,
+        profiles.to_str().unwrap(),
+        &["--node-name", "kind-worker", "--poll-interval-ms", "50"],
+    );
+    wait_for("two healthy H100s from kind-worker.yaml", || {
+        health_counts(port) == Some((2, 0))
+    });
+
+    // The ConfigMap is edited: a fault on device 1, swapped in like kubelet does.
+    version(
+        "..v2",
+        "gpus: [{profile: H100-80GiB, count: 2}]\nfaults: [{device: 1, unhealthy: Xid 79}]\n",
+    );
+    symlink("..v2", profiles.join("..data_tmp")).unwrap();
+    std::fs::rename(profiles.join("..data_tmp"), profiles.join("..data")).unwrap();
+    std::fs::remove_dir_all(profiles.join("..v1")).unwrap();
+    wait_for("device 1 unhealthy", || health_counts(port) == Some((1, 1)));
+}
+
 #[test]
 fn missing_node_name_and_bad_flags_are_one_line_errors() {
+    let empty =
+        std::env::temp_dir().join(format!("tessera-agent-bin-empty-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&empty);
+    std::fs::create_dir_all(&empty).unwrap();
+    let empty_dir = empty.to_str().unwrap();
     for (args, want) in [
         (
             vec!["agent", "--backend", "fake", "--fake", "1xL4-24GiB"],
@@ -144,6 +203,19 @@ fn missing_node_name_and_bad_flags_are_one_line_errors() {
         (
             vec!["agent", "--no-publish", "--backend", "fake"],
             "no fake devices configured",
+        ),
+        (
+            vec![
+                "agent",
+                "--no-publish",
+                "--backend",
+                "fake",
+                "--node-name",
+                "kind-worker",
+                "--fake",
+                empty_dir,
+            ],
+            "kind-worker.yaml nor",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
@@ -161,4 +233,5 @@ fn missing_node_name_and_bad_flags_are_one_line_errors() {
         );
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
+    let _ = std::fs::remove_dir_all(&empty);
 }

@@ -32,6 +32,7 @@ fn options(
         nvml_library: nvml.map(PathBuf::into_os_string),
         sysfs_root: amd,
         fake: fake.map(str::to_string),
+        node_name: None,
     }
 }
 

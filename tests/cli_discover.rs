@@ -73,6 +73,7 @@ fn tessera(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
     cmd.args(args)
         .env_remove("TESSERA_FAKE_GPUS")
+        .env_remove("NODE_NAME")
         .env_remove("RUST_LOG")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
@@ -475,6 +476,70 @@ fn no_backend_is_bad_input() {
         &discover_args(&sysfs, &["--backend", "fake"]),
         &["TESSERA_FAKE_GPUS", "--fake"],
     );
+}
+
+#[test]
+fn a_fake_directory_gives_each_node_its_file() {
+    let dir = Scratch::new("fake_dir");
+    let sysfs = dir.empty_sysfs();
+    let profiles = dir.path("profiles");
+    std::fs::create_dir_all(&profiles).expect("create the profiles directory");
+    dir.file("profiles/default.yaml", "gpus: [{profile: L4-24GiB}]\n");
+    dir.file(
+        "profiles/kind-worker.yaml",
+        "gpus: [{profile: H100-80GiB, count: 2}]\n",
+    );
+    let args = discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", &profiles, "-o", "json"],
+    );
+    let json = |env: &[(&str, &str)]| -> Value {
+        let (code, stdout, stderr) = run_env(&args, env);
+        assert_eq!(code, 0, "{env:?}: {stderr}");
+        serde_json::from_str(&stdout).expect("discover -o json prints JSON")
+    };
+    let worker = json(&[("NODE_NAME", "kind-worker")]);
+    assert_eq!(ids(&worker), ["fake-h100-80gib-0", "fake-h100-80gib-1"]);
+    // A node without a file of its own, and no node name at all: default.yaml.
+    assert_eq!(
+        ids(&json(&[("NODE_NAME", "kind-worker2")])),
+        ["fake-l4-24gib-0"]
+    );
+    assert_eq!(ids(&json(&[])), ["fake-l4-24gib-0"]);
+    // The same through auto and TESSERA_FAKE_GPUS.
+    let (code, stdout, stderr) = run_env(
+        &discover_args(&sysfs, &["--backend", "auto", "-o", "json"]),
+        &[
+            ("TESSERA_FAKE_GPUS", &profiles),
+            ("NODE_NAME", "kind-worker"),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let via_env: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(ids(&via_env), ids(&worker));
+}
+
+#[test]
+fn a_fake_directory_without_a_usable_file_is_bad_input() {
+    let dir = Scratch::new("fake_dir_bad");
+    let sysfs = dir.empty_sysfs();
+    let empty = dir.path("empty");
+    std::fs::create_dir_all(&empty).expect("create an empty directory");
+    let args = discover_args(&sysfs, &["--backend", "fake", "--fake", &empty]);
+    let node_file = format!("{empty}/kind-worker.yaml");
+    let default = format!("{empty}/default.yaml");
+    assert_bad_input_env(
+        &args,
+        &[("NODE_NAME", "kind-worker")],
+        &[&node_file, &default, "kind-worker"],
+    );
+    // Without a node name only default.yaml can apply, and the error says so.
+    assert_bad_input(&args, &[&default, "no node name is known", "NODE_NAME"]);
+    // Bad YAML and a file that is not text are named.
+    let broken = dir.file("empty/default.yaml", "gpus: [\n");
+    assert_bad_input(&args, &[&broken]);
+    std::fs::write(&node_file, [0xff_u8, 0xfe, 0x00]).expect("write a binary file");
+    assert_bad_input_env(&args, &[("NODE_NAME", "kind-worker")], &[&node_file]);
 }
 
 #[test]

@@ -27,8 +27,11 @@ pub struct DetectOptions {
     pub nvml_library: Option<OsString>,
     /// Root of the sysfs tree the AMD backend reads.
     pub sysfs_root: PathBuf,
-    /// Fake devices: a spec like `4xH100-80GiB` or a YAML file path.
+    /// Fake devices: a spec like `4xH100-80GiB`, a YAML file path, or a
+    /// directory of per-node files (see [`super::fake`]).
     pub fake: Option<String>,
+    /// This node's name: picks `<name>.yaml` when `fake` is a directory.
+    pub node_name: Option<String>,
 }
 
 impl Default for DetectOptions {
@@ -38,6 +41,7 @@ impl Default for DetectOptions {
             nvml_library: None,
             sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
             fake: None,
+            node_name: None,
         }
     }
 }
@@ -62,7 +66,10 @@ fn amd(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
 
 fn fake(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
     match &o.fake {
-        Some(spec) => Ok(Box::new(FakeBackend::new(spec)?)),
+        Some(spec) => Ok(Box::new(FakeBackend::for_node(
+            spec,
+            o.node_name.as_deref(),
+        )?)),
         None => Err(BackendError::Unavailable(format!(
             "no fake devices configured (set {} or --fake, e.g. \"4xH100-80GiB\")",
             super::fake::ENV_VAR

@@ -13,6 +13,13 @@
 //!   - {device: 0, memoryUsedGiB: 30}
 //! ```
 //! Removing a fault line recovers the device.
+//!
+//! A **directory** gives each node its own file: `<dir>/<node name>.yaml` when
+//! it exists, else `<dir>/default.yaml` (e.g. a ConfigMap mounted at `<dir>`
+//! mapping kind node names to GPU profiles). The choice is made again on every
+//! read, so a file that appears, disappears or is swapped in (kubelet updates a
+//! ConfigMap volume by switching its `..data` symlink) takes effect while the
+//! agent runs.
 
 use std::path::{Path, PathBuf};
 
@@ -270,6 +277,52 @@ fn check(file: &FakeFile, origin: &str) -> Result<(), BackendError> {
 enum Source {
     Spec(FakeFile),
     File(PathBuf),
+    /// A directory of per-node files, and the node's name (if known).
+    Dir {
+        dir: PathBuf,
+        node: Option<String>,
+        /// The file read last, to log when another one is chosen.
+        chosen: PathBuf,
+    },
+}
+
+/// The file of a directory source: `<dir>/<node>.yaml` if it exists, else
+/// `<dir>/default.yaml`. A node name that could step outside the directory
+/// (a `/`, or a leading `.`) is never used; real node names cannot have them.
+fn resolve_in_dir(dir: &Path, node: Option<&str>) -> Result<PathBuf, BackendError> {
+    let node = node.map(str::trim).filter(|n| !n.is_empty());
+    let usable = node.filter(|n| !n.contains(['/', '\\']) && !n.starts_with('.'));
+    let per_node = usable.map(|n| dir.join(format!("{n}.yaml")));
+    if let Some(path) = &per_node
+        && path.exists()
+    {
+        return Ok(path.clone());
+    }
+    let default = dir.join("default.yaml");
+    if default.exists() {
+        return Ok(default);
+    }
+    let why = match (node, &per_node) {
+        (Some(_), Some(path)) => format!(
+            "neither {} nor {} exists",
+            path.display(),
+            default.display()
+        ),
+        (Some(n), None) => format!(
+            "the node name {n:?} cannot name a file, and {} does not exist",
+            default.display()
+        ),
+        (None, _) => format!(
+            "no node name is known (set NODE_NAME, or --node-name for the agent), so \
+             {} is needed, and it does not exist",
+            default.display()
+        ),
+    };
+    Err(BackendError::Failed(format!(
+        "fake GPUs {} is a directory of per-node files{}: {why}",
+        dir.display(),
+        node.map_or(String::new(), |n| format!(" (this node: {n})"))
+    )))
 }
 
 pub struct FakeBackend {
@@ -280,8 +333,30 @@ pub struct FakeBackend {
 
 impl FakeBackend {
     /// From a spec (`4xH100-80GiB`) or, if it names an existing file or ends in
-    /// `.yaml`/`.yml`, from that file.
+    /// `.yaml`/`.yml`, from that file. A directory needs `default.yaml`
+    /// (there is no node name here; see [`FakeBackend::for_node`]).
     pub fn new(spec_or_path: &str) -> Result<Self, BackendError> {
+        Self::for_node(spec_or_path, None)
+    }
+
+    /// As [`FakeBackend::new`], and an existing directory is read as per-node
+    /// files: `<dir>/<node>.yaml`, else `<dir>/default.yaml`.
+    pub fn for_node(spec_or_path: &str, node: Option<&str>) -> Result<Self, BackendError> {
+        let as_dir = Path::new(spec_or_path);
+        if as_dir.is_dir() {
+            let dir = as_dir.to_path_buf();
+            let chosen = resolve_in_dir(&dir, node)?;
+            let current = read_file(&chosen)?;
+            tracing::info!(file = %chosen.display(), "fake GPUs from a per-node directory");
+            return Ok(Self {
+                source: Source::Dir {
+                    dir,
+                    node: node.map(str::to_string),
+                    chosen,
+                },
+                current,
+            });
+        }
         let looks_like_file = spec_or_path.ends_with(".yaml")
             || spec_or_path.ends_with(".yml")
             || spec_or_path.contains('/')
@@ -305,7 +380,7 @@ impl FakeBackend {
     /// Re-reads a file source. A file that is briefly missing or half-written
     /// keeps the last good state (with a warning) instead of dropping devices.
     fn refresh(&mut self) {
-        match &self.source {
+        match &mut self.source {
             Source::Spec(f) => self.current = f.clone(),
             Source::File(path) => match read_file(path) {
                 Ok(f) => self.current = f,
@@ -313,6 +388,20 @@ impl FakeBackend {
                     tracing::warn!(error = %e, "fake GPU file unreadable; keeping the last state")
                 }
             },
+            Source::Dir { dir, node, chosen } => {
+                match resolve_in_dir(dir, node.as_deref()).and_then(|p| Ok((read_file(&p)?, p))) {
+                    Ok((f, path)) => {
+                        if path != *chosen {
+                            tracing::info!(file = %path.display(), "fake GPUs now from another file");
+                            *chosen = path;
+                        }
+                        self.current = f;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "fake GPU file unreadable; keeping the last state")
+                    }
+                }
+            }
         }
     }
 
@@ -520,6 +609,134 @@ mod tests {
         let s = snapshot(&mut b).unwrap();
         assert_eq!(s.devices.len(), 4, "device 3 is back");
         assert!(s.devices.iter().all(|d| d.health == RawHealth::Healthy));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn fresh_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tessera-fake-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn count(b: &mut FakeBackend) -> usize {
+        snapshot(b).unwrap().devices.len()
+    }
+
+    #[test]
+    fn a_directory_gives_each_node_its_file_chosen_again_on_every_read() {
+        let dir = fresh_dir("dir");
+        let spec = dir.to_str().unwrap();
+        std::fs::write(dir.join("default.yaml"), "gpus: [{profile: L4-24GiB}]").unwrap();
+        std::fs::write(
+            dir.join("kind-worker.yaml"),
+            "gpus: [{profile: H100-80GiB, count: 2}]",
+        )
+        .unwrap();
+        let mut worker = FakeBackend::for_node(spec, Some("kind-worker")).unwrap();
+        assert_eq!(count(&mut worker), 2);
+        let mut other = FakeBackend::for_node(spec, Some("kind-worker2")).unwrap();
+        assert_eq!(count(&mut other), 1, "no file of its own: default.yaml");
+        let mut nameless = FakeBackend::new(spec).unwrap();
+        assert_eq!(count(&mut nameless), 1);
+
+        // A file for the node appears: it is used from the next read on.
+        std::fs::write(
+            dir.join("kind-worker2.yaml"),
+            "gpus: [{profile: MI300X-192GiB, count: 3}]",
+        )
+        .unwrap();
+        assert_eq!(count(&mut other), 3);
+        // A fault injected in the node's file.
+        std::fs::write(
+            dir.join("kind-worker2.yaml"),
+            "gpus: [{profile: MI300X-192GiB, count: 3}]\nfaults: [{device: 0, unhealthy: Xid 79}]",
+        )
+        .unwrap();
+        let s = snapshot(&mut other).unwrap();
+        assert_eq!(s.devices[0].health, RawHealth::Unhealthy("Xid 79".into()));
+        // Gone again: back to the default.
+        std::fs::remove_file(dir.join("kind-worker2.yaml")).unwrap();
+        assert_eq!(count(&mut other), 1);
+        // Both gone: the last good state stays.
+        std::fs::remove_file(dir.join("default.yaml")).unwrap();
+        assert_eq!(count(&mut other), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_configmap_style_symlink_swap_is_followed() {
+        use std::os::unix::fs::symlink;
+        let dir = fresh_dir("configmap");
+        let version = |name: &str, text: &str| {
+            std::fs::create_dir_all(dir.join(name)).unwrap();
+            std::fs::write(dir.join(name).join("node-a.yaml"), text).unwrap();
+        };
+        version("..v1", "gpus: [{profile: L4-24GiB, count: 2}]");
+        symlink("..v1", dir.join("..data")).unwrap();
+        symlink("..data/node-a.yaml", dir.join("node-a.yaml")).unwrap();
+        let mut b = FakeBackend::for_node(dir.to_str().unwrap(), Some("node-a")).unwrap();
+        assert_eq!(count(&mut b), 2);
+        // Kubelet's update: a new version directory, then `..data` switched in one rename.
+        version("..v2", "gpus: [{profile: L4-24GiB, count: 4}]");
+        symlink("..v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        std::fs::remove_dir_all(dir.join("..v1")).unwrap();
+        assert_eq!(count(&mut b), 4);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_without_a_usable_file_is_a_clear_error() {
+        let dir = fresh_dir("dir-bad");
+        let spec = dir.to_str().unwrap();
+        let err = FakeBackend::for_node(spec, Some("kind-worker"))
+            .err()
+            .unwrap()
+            .to_string();
+        for want in [
+            dir.join("kind-worker.yaml").display().to_string(),
+            dir.join("default.yaml").display().to_string(),
+            "this node: kind-worker".to_string(),
+        ] {
+            assert!(err.contains(&want), "{err} lacks {want}");
+        }
+        let err = FakeBackend::new(spec).err().unwrap().to_string();
+        assert!(err.contains("no node name is known"), "{err}");
+        assert!(err.contains("default.yaml"), "{err}");
+        // A node name that would leave the directory is never used as a path.
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/x.yaml"), "gpus: [{profile: L4-24GiB}]").unwrap();
+        let err = FakeBackend::for_node(spec, Some("sub/x"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("cannot name a file"), "{err}");
+
+        // Bad YAML and unreadable files are named.
+        std::fs::write(dir.join("default.yaml"), "gpus: [").unwrap();
+        let err = FakeBackend::for_node(spec, Some("kind-worker"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("default.yaml"), "{err}");
+        std::fs::write(dir.join("kind-worker.yaml"), [0xff, 0xfe, 0x00]).unwrap();
+        let err = FakeBackend::for_node(spec, Some("kind-worker"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("kind-worker.yaml") && err.contains("UTF-8"),
+            "{err}"
+        );
+        std::fs::remove_file(dir.join("kind-worker.yaml")).unwrap();
+        std::fs::create_dir(dir.join("kind-worker.yaml")).unwrap();
+        let err = FakeBackend::for_node(spec, Some("kind-worker"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("kind-worker.yaml"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
