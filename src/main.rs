@@ -103,6 +103,41 @@ enum Command {
         #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
         listen: std::net::SocketAddr,
     },
+    /// Run the controller (Deployment): reconcile ModelInstances into placed
+    /// shard pods bound to their planned nodes and devices.
+    Controller {
+        /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// Watch ModelInstances (and their pods) in this namespace only; default all.
+        #[arg(long, value_name = "NS", value_parser = non_empty)]
+        namespace: Option<String>,
+        /// Address of /healthz, /readyz and /metrics.
+        #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
+        listen: std::net::SocketAddr,
+        /// Act only while holding a coordination.k8s.io Lease, so that replicas
+        /// never act at once.
+        #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set)]
+        leader_elect: bool,
+        /// Name of the Lease.
+        #[arg(long, value_name = "NAME", default_value = "tessera-controller", value_parser = non_empty)]
+        lease_name: String,
+        /// Namespace of the Lease (the controller's own).
+        #[arg(long, env = "POD_NAMESPACE", value_name = "NS", value_parser = non_empty)]
+        lease_namespace: Option<String>,
+        /// This replica's name in the Lease; default: the host name.
+        #[arg(long, env = "POD_NAME", value_name = "ID", value_parser = non_empty)]
+        identity: Option<String>,
+        /// Extended resource the node agents register the GPUs as.
+        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu", value_parser = non_empty)]
+        resource_name: String,
+        /// Seconds a NotReady node keeps its shards before they are re-placed.
+        #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = clap::value_parser!(u64).range(0..=86400))]
+        node_grace_period: u64,
+        /// Solver steps per plan before the best plan found is taken.
+        #[arg(long, value_name = "N", default_value = "250000", value_parser = clap::value_parser!(u64).range(1..))]
+        max_steps: u64,
+    },
     /// List this node's GPUs as the node agent sees them, or summarise the GPU
     /// states of a whole cluster (`--summary`).
     Discover {
@@ -194,6 +229,41 @@ impl HealthFlags {
     }
 }
 
+/// A flag that must not be empty or blank.
+fn non_empty(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("must not be empty".to_string())
+    } else {
+        Ok(text.to_string())
+    }
+}
+
+/// This machine's host name: the lease identity outside a pod.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+fn block_on<F: std::future::Future<Output = Result<(), E>>, E: std::fmt::Display>(
+    future: F,
+) -> ExitCode {
+    match tokio::runtime::Runtime::new() {
+        Ok(rt) => match rt.block_on(future) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 /// A temperature flag: a finite number of degrees from 0 to 150.
 fn celsius(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
@@ -216,7 +286,7 @@ fn main() -> ExitCode {
             match text.lines().find(|l| l.starts_with("error:")) {
                 Some(line) => eprintln!("{line} (see --help)"),
                 None => eprintln!(
-                    "error: a subcommand is required: place, discover, agent or crd (see --help)"
+                    "error: a subcommand is required: place, discover, agent, controller or crd (see --help)"
                 ),
             }
             return ExitCode::from(1);
@@ -300,6 +370,51 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        Command::Controller {
+            kubeconfig,
+            namespace,
+            listen,
+            leader_elect,
+            lease_name,
+            lease_namespace,
+            identity,
+            resource_name,
+            node_grace_period,
+            max_steps,
+        } => {
+            use tessera::controller::reconcile::Settings;
+            use tessera::controller::run::{ControllerConfig, LeaderElection, run};
+            let leader_election = if leader_elect {
+                let Some(lease_namespace) = lease_namespace else {
+                    eprintln!(
+                        "error: leader election needs the Lease's namespace: set POD_NAMESPACE or --lease-namespace, or use --leader-elect=false"
+                    );
+                    return ExitCode::from(1);
+                };
+                let Some(identity) = identity.or_else(host_name) else {
+                    eprintln!("error: no identity for the Lease: set POD_NAME or --identity");
+                    return ExitCode::from(1);
+                };
+                Some(LeaderElection {
+                    lease_name,
+                    lease_namespace,
+                    identity,
+                })
+            } else {
+                None
+            };
+            block_on(run(ControllerConfig {
+                kubeconfig,
+                namespace,
+                listen,
+                leader_election,
+                settings: Settings {
+                    resource_name,
+                    node_grace: std::time::Duration::from_secs(node_grace_period),
+                    max_steps,
+                },
+            }))
         }
         Command::Discover {
             gpus,

@@ -381,6 +381,11 @@ pub struct ModelInstanceStatus {
     pub predicted_tokens_per_second: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Hash of the spec parts the plan was made for (model, parallelism,
+    /// placement). When they change the instance is planned anew; a change of
+    /// the pod template alone keeps the plan and replaces the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_hash: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

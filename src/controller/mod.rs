@@ -1,4 +1,22 @@
-//! The controller's pure side: translating Nodes and ModelInstances into the
-//! solver's problem and its plan back into status.
+//! The controller: reconciles ModelInstances into placed, bound shard pods.
+//!
+//! A reconcile runs in stages, the pure ones apart from the API calls:
+//! observe (caches) → `validate` → `plan` → `build` → `apply` → `status`.
+//! `problem` translates between Kubernetes objects and the solver; `nodes` and
+//! `held` read the cluster; `reconcile` ties the stages together and `run`
+//! wires caches, leader election and HTTP endpoints.
 
+pub mod apply;
+pub mod build;
+pub mod held;
+pub mod metrics;
+pub mod nodes;
+pub mod plan;
 pub mod problem;
+pub mod reconcile;
+pub mod run;
+pub mod status;
+pub mod validate;
+
+#[cfg(test)]
+pub(crate) mod testkit;

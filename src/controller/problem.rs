@@ -56,12 +56,15 @@ fn rounded_free(bytes: u64) -> u64 {
 
 /// Builds the solver's problem. `allocated` maps `(node, device id)` to the
 /// workload holding that device; those devices are not free.
-pub fn build_problem(
+pub fn build_problem<'a>(
     spec: &ModelInstanceSpec,
-    nodes: &[ClusterNode],
+    nodes: impl IntoIterator<Item = &'a ClusterNode>,
     allocated: &HashMap<(String, String), String>,
 ) -> Problem {
-    let mut states: Vec<NodeState> = nodes.iter().map(|n| node_state(n, allocated)).collect();
+    let mut states: Vec<NodeState> = nodes
+        .into_iter()
+        .map(|n| node_state(n, allocated))
+        .collect();
     states.sort_by(|a, b| a.name.cmp(&b.name));
 
     let m = &spec.model;

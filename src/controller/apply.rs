@@ -1,0 +1,378 @@
+//! The apply stage: the only part of the controller that writes. It brings
+//! the shard pods and the Service to the desired state, binds pods to their
+//! planned nodes (all shards at once, in shard order), and writes the status.
+//! Writes that hit a conflict, a throttle or a server error are retried a few
+//! times; the rest of the error handling is the controller's backoff.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::build::{INSTANCE_LABEL, desired_hash};
+use super::held::finished;
+use super::status::ShardState;
+use crate::api::{DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, SHARD_ANNOTATION};
+
+/// The name the controller writes under (field manager, event reporter).
+pub const MANAGER: &str = "tessera-controller";
+
+#[derive(Debug, thiserror::Error)]
+#[error("{action}: {source}")]
+pub struct ApplyError {
+    pub action: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Something worth an Event, found while applying.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Retries transient failures: HTTP 409 (except "already exists"), 429, 5xx
+/// and transport errors, three attempts in all.
+pub async fn retry<T, F, Fut>(action: &str, mut call: F) -> Result<T, ApplyError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) if attempt < 3 && transient(&e) => {
+                tracing::debug!(action, attempt, error = %e, "retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 4;
+                attempt += 1;
+            }
+            Err(source) => {
+                return Err(ApplyError {
+                    action: action.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => {
+            (s.code == 409 && !s.is_already_exists()) || s.code == 429 || s.code >= 500
+        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+fn already_exists(e: &ApplyError) -> bool {
+    matches!(&e.source, kube::Error::Api(s) if s.is_already_exists())
+}
+
+fn not_found(e: &ApplyError) -> bool {
+    matches!(&e.source, kube::Error::Api(s) if s.is_not_found())
+}
+
+/// Makes the Service match `desired`. A Service of that name that is not
+/// ours is left alone (with a warning note).
+pub async fn service(
+    api: &Api<Service>,
+    desired: &Service,
+    existing: Option<&Service>,
+    owner_uid: &str,
+    notes: &mut Vec<Note>,
+) -> Result<(), ApplyError> {
+    let name = desired.name_any();
+    match existing {
+        None => {
+            let params = PostParams::default();
+            match retry(&format!("create Service {name}"), || {
+                api.create(&params, desired)
+            })
+            .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if already_exists(&e) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Some(s) if !s.owner_references().iter().any(|o| o.uid == owner_uid) => {
+            notes.push(Note {
+                warning: true,
+                reason: "ServiceConflict",
+                message: format!(
+                    "Service {name} exists and is not owned by this instance; shards get no stable DNS names until it is removed"
+                ),
+            });
+            Ok(())
+        }
+        Some(s) => {
+            let want = desired.spec.as_ref();
+            let have = s.spec.as_ref();
+            let same = want.map(|w| (&w.selector, &w.ports, w.publish_not_ready_addresses))
+                == have.map(|h| (&h.selector, &h.ports, h.publish_not_ready_addresses));
+            if same {
+                return Ok(());
+            }
+            let patch = json!({"spec": {
+                "selector": want.and_then(|w| w.selector.clone()),
+                "ports": want.and_then(|w| w.ports.clone()),
+                "publishNotReadyAddresses": want.and_then(|w| w.publish_not_ready_addresses),
+            }});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+            retry(&format!("patch Service {name}"), || {
+                api.patch(&name, &params, &patch)
+            })
+            .await
+            .map(|_| ())
+        }
+    }
+}
+
+/// Brings the shard pods to `desired` (shard order) and binds them. Returns
+/// each desired shard's state afterwards.
+pub async fn pods(
+    api: &Api<Pod>,
+    desired: &[(Pod, String)],
+    existing: &BTreeMap<String, Arc<Pod>>,
+    notes: &mut Vec<Note>,
+) -> Result<Vec<ShardState>, ApplyError> {
+    let mut states = Vec::with_capacity(desired.len());
+    let mut unbound = Vec::new();
+    let params = PostParams::default();
+    for (want, node) in desired {
+        let name = want.name_any();
+        let Some(have) = existing.get(&name) else {
+            match retry(&format!("create pod {name}"), || api.create(&params, want)).await {
+                Ok(created) => unbound.push((states.len(), created, node)),
+                // Created by an earlier reconcile whose result the cache has not
+                // seen yet: it is bound once the cache catches up.
+                Err(e) if already_exists(&e) => {}
+                Err(e) => return Err(e),
+            }
+            states.push(ShardState::Created);
+            continue;
+        };
+        if have.metadata.deletion_timestamp.is_some() {
+            states.push(ShardState::Missing);
+            continue;
+        }
+        if let Some(why) = replace_reason(have, want, node) {
+            delete(api, have).await?;
+            notes.push(Note {
+                warning: why.1,
+                reason: if why.1 { "ShardLost" } else { "ShardReplaced" },
+                message: format!("{name}: {}; recreating it", why.0),
+            });
+            states.push(ShardState::Missing);
+            continue;
+        }
+        restore_annotations(api, have, want).await?;
+        match have.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+            None => {
+                unbound.push((states.len(), Pod::clone(have), node));
+                states.push(ShardState::Created);
+            }
+            Some(_) if ready(have) => states.push(ShardState::Ready),
+            Some(_) => states.push(ShardState::Bound),
+        }
+    }
+    // All or nothing: no shard is bound (and holds devices) until every shard
+    // has its pod.
+    if states.contains(&ShardState::Missing) {
+        return Ok(states);
+    }
+    for (index, pod, node) in unbound {
+        bind(api, &pod, node).await?;
+        notes.push(Note {
+            warning: false,
+            reason: "Bound",
+            message: format!(
+                "bound {} to node {node} (devices {})",
+                pod.name_any(),
+                annotation(&pod, DEVICES_ANNOTATION).unwrap_or_default()
+            ),
+        });
+        states[index] = ShardState::Bound;
+    }
+    Ok(states)
+}
+
+/// Why an existing pod cannot stay, and whether that is a loss (warning)
+/// rather than a planned change.
+fn replace_reason(have: &Pod, want: &Pod, node: &str) -> Option<(String, bool)> {
+    if finished(have) {
+        let status = have.status.as_ref();
+        let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("ended");
+        let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
+        return Some((
+            format!(
+                "pod failed ({reason}{}{message})",
+                if message.is_empty() { "" } else { ": " }
+            ),
+            true,
+        ));
+    }
+    let bound_to = have.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    if let Some(other) = bound_to.filter(|n| *n != node) {
+        return Some((
+            format!("pod runs on node {other}, planned for {node}"),
+            true,
+        ));
+    }
+    if desired_hash(have) != desired_hash(want) {
+        return Some(("the plan or the pod template changed".to_string(), false));
+    }
+    None
+}
+
+/// A shard pod whose containers never started because kubelet refused it
+/// (device allocation failed, resources short).
+pub fn failed_admission(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    status.and_then(|s| s.phase.as_deref()) == Some("Failed")
+        && status
+            .and_then(|s| s.reason.as_deref())
+            .is_some_and(|r| r == "UnexpectedAdmissionError" || r.starts_with("OutOf"))
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// Hand edits of the device or shard annotation are put back.
+async fn restore_annotations(api: &Api<Pod>, have: &Pod, want: &Pod) -> Result<(), ApplyError> {
+    let mut fix = serde_json::Map::new();
+    for key in [DEVICES_ANNOTATION, SHARD_ANNOTATION] {
+        let w = annotation(want, key);
+        if annotation(have, key) != w {
+            fix.insert(key.to_string(), json!(w));
+        }
+    }
+    if fix.is_empty() {
+        return Ok(());
+    }
+    let name = have.name_any();
+    let patch = json!({"metadata": {"annotations": fix}});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    retry(&format!("restore annotations of pod {name}"), || {
+        api.patch(&name, &params, &patch)
+    })
+    .await
+    .map(|_| ())
+}
+
+/// Deletes a pod, but only the very object seen (UID precondition).
+pub async fn delete(api: &Api<Pod>, pod: &Pod) -> Result<(), ApplyError> {
+    let name = pod.name_any();
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match retry(&format!("delete pod {name}"), || api.delete(&name, &params)).await {
+        Ok(_) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn bind(api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), ApplyError> {
+    let name = pod.name_any();
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: pod.namespace(),
+            uid: None,
+            ..ObjectMeta::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".to_string()),
+            kind: Some("Node".to_string()),
+            name: Some(node.to_string()),
+            ..ObjectReference::default()
+        },
+    };
+    let params = PostParams::default();
+    let result: Result<serde_json::Value, _> = retry(&format!("bind pod {name} to {node}"), || {
+        api.create_subresource("binding", &name, &params, &binding)
+    })
+    .await;
+    match result {
+        Ok(_) => Ok(()),
+        // Already bound by an earlier attempt whose answer was lost: the cache
+        // shows where, and a pod bound elsewhere is replaced next time.
+        Err(e) if matches!(&e.source, kube::Error::Api(s) if s.code == 409) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the status with server-side apply if it differs from the current one.
+pub async fn status(
+    api: &Api<ModelInstance>,
+    mi: &ModelInstance,
+    status: &ModelInstanceStatus,
+) -> Result<bool, ApplyError> {
+    if mi.status.as_ref() == Some(status) {
+        return Ok(false);
+    }
+    let name = mi.name_any();
+    let patch = json!({
+        "apiVersion": ModelInstance::api_version(&()),
+        "kind": ModelInstance::kind(&()),
+        "status": status,
+    });
+    let (params, patch) = (PatchParams::apply(MANAGER).force(), Patch::Apply(&patch));
+    retry(&format!("update status of {name}"), || {
+        api.patch_status(&name, &params, &patch)
+    })
+    .await?;
+    Ok(true)
+}
+
+/// Pods labelled as shards of this instance that its plan no longer has.
+pub async fn remove_extra(
+    api: &Api<Pod>,
+    existing: &BTreeMap<String, Arc<Pod>>,
+    desired: &[(Pod, String)],
+) -> Result<(), ApplyError> {
+    for (name, pod) in existing {
+        let wanted = desired
+            .iter()
+            .any(|(p, _)| p.metadata.name.as_deref() == Some(name));
+        if !wanted && pod.metadata.deletion_timestamp.is_none() {
+            delete(api, pod).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Label selector for every shard pod and Service the controller manages.
+pub fn managed_selector() -> String {
+    INSTANCE_LABEL.to_string()
+}

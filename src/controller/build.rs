@@ -1,0 +1,349 @@
+//! The build stage: the shard pods and the headless Service an instance
+//! should have for its plan. Pure; `apply` compares these with what exists.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+use super::plan::fnv;
+use crate::api::{
+    DEVICES_ANNOTATION, ModelInstance, PlannedShard, SCHEDULER_NAME, SHARD_ANNOTATION,
+};
+
+/// Label on every shard pod and on the Service: the instance's name.
+pub const INSTANCE_LABEL: &str = "tessera.dev/instance";
+/// Hash of everything the controller puts into a shard pod; a pod whose hash
+/// differs from the desired one is replaced (pod specs are mostly immutable).
+pub const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
+
+pub fn shard_pod_name(instance: &str, shard: u32) -> String {
+    format!("{instance}-shard-{shard}")
+}
+
+/// The stable DNS name of a shard: `<pod>.<service>.<namespace>.svc`.
+pub fn shard_address(instance: &str, namespace: &str, shard: u32) -> String {
+    format!(
+        "{}.{instance}.{namespace}.svc",
+        shard_pod_name(instance, shard)
+    )
+}
+
+/// The desired shard pods, in shard order. The caller has validated the
+/// instance (`validate::check`), so it has a template with containers.
+pub fn shard_pods(mi: &ModelInstance, plan: &[PlannedShard], resource: &str) -> Vec<Pod> {
+    plan.iter()
+        .map(|s| shard_pod(mi, plan, s, resource))
+        .collect()
+}
+
+fn shard_pod(
+    mi: &ModelInstance,
+    plan: &[PlannedShard],
+    shard: &PlannedShard,
+    resource: &str,
+) -> Pod {
+    let name = mi.name_any();
+    let namespace = mi.namespace().unwrap_or_default();
+    let template = mi.spec.template.clone().unwrap_or_default();
+    let tmeta = template.metadata.unwrap_or_default();
+    let mut spec = template.spec.unwrap_or_default();
+    let pod_name = shard_pod_name(&name, shard.shard);
+
+    let mut labels = tmeta.labels.unwrap_or_default();
+    labels.insert(INSTANCE_LABEL.to_string(), name.clone());
+    labels.insert(SHARD_ANNOTATION.to_string(), shard.shard.to_string());
+    let mut annotations = tmeta.annotations.unwrap_or_default();
+    annotations.insert(DEVICES_ANNOTATION.to_string(), shard.devices.join(","));
+    annotations.insert(SHARD_ANNOTATION.to_string(), shard.shard.to_string());
+
+    spec.scheduler_name = Some(SCHEDULER_NAME.to_string());
+    // Bound through pods/binding once every shard has a plan, never at creation.
+    spec.node_name = None;
+    spec.hostname = Some(pod_name.clone());
+    spec.subdomain = Some(name.clone());
+
+    let peers: Vec<String> = plan
+        .iter()
+        .map(|s| shard_address(&name, &namespace, s.shard))
+        .collect();
+    let neighbour = |i: Option<u32>| {
+        i.and_then(|i| plan.iter().find(|s| s.shard == i))
+            .map(|s| shard_address(&name, &namespace, s.shard))
+            .unwrap_or_default()
+    };
+    let env = [
+        ("TESSERA_INSTANCE", name.clone()),
+        ("TESSERA_MODEL", mi.spec.model.name.clone()),
+        ("TESSERA_SHARD_INDEX", shard.shard.to_string()),
+        ("TESSERA_SHARD_COUNT", plan.len().to_string()),
+        ("TESSERA_LAYER_START", shard.layer_start.to_string()),
+        ("TESSERA_LAYER_END", shard.layer_end.to_string()),
+        (
+            "TESSERA_TENSOR_PARALLEL",
+            mi.spec.parallelism.tensor.to_string(),
+        ),
+        ("TESSERA_PEERS", peers.join(",")),
+        (
+            "TESSERA_PREVIOUS_PEER",
+            neighbour(shard.shard.checked_sub(1)),
+        ),
+        ("TESSERA_NEXT_PEER", neighbour(Some(shard.shard + 1))),
+    ];
+    for (i, c) in spec.containers.iter_mut().enumerate() {
+        add_env(c, &env);
+        // The first container is the shard runtime and gets the GPUs.
+        if i == 0 {
+            request_gpus(c, resource, mi.spec.parallelism.tensor);
+        }
+    }
+
+    let mut pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name),
+            namespace: Some(namespace),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: mi.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    };
+    let hash = spec_hash(&pod);
+    if let Some(a) = pod.metadata.annotations.as_mut() {
+        a.insert(SPEC_HASH_ANNOTATION.to_string(), hash);
+    }
+    pod
+}
+
+/// Hash of a desired pod as built (before its own hash annotation).
+fn spec_hash(pod: &Pod) -> String {
+    // A pod built from deserialized parts always serializes.
+    let json = serde_json::to_vec(pod).unwrap_or_default();
+    format!("{:016x}", fnv(&json))
+}
+
+fn add_env(c: &mut Container, vars: &[(&str, String)]) {
+    let mut env = c.env.take().unwrap_or_default();
+    env.retain(|e| !vars.iter().any(|(k, _)| e.name == *k));
+    env.extend(vars.iter().map(|(k, v)| EnvVar {
+        name: (*k).to_string(),
+        value: Some(v.clone()),
+        value_from: None,
+    }));
+    c.env = Some(env);
+}
+
+fn request_gpus(c: &mut Container, resource: &str, count: u32) {
+    let mut r = c.resources.take().unwrap_or_default();
+    let q = Quantity(count.to_string());
+    r.requests
+        .get_or_insert_with(BTreeMap::new)
+        .insert(resource.to_string(), q.clone());
+    r.limits
+        .get_or_insert_with(BTreeMap::new)
+        .insert(resource.to_string(), q);
+    c.resources = Some(r);
+}
+
+/// The headless Service that gives every shard a DNS name. Not-ready shards
+/// are published too: peers must find each other while they load.
+pub fn headless_service(mi: &ModelInstance) -> Service {
+    let name = mi.name_any();
+    let ports: Vec<ServicePort> = mi
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| ServicePort {
+            name: p.name.clone(),
+            port: p.container_port,
+            protocol: p.protocol.clone(),
+            ..ServicePort::default()
+        })
+        .collect();
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: mi.namespace(),
+            labels: Some([(INSTANCE_LABEL.to_string(), name.clone())].into()),
+            owner_references: mi.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            selector: Some([(INSTANCE_LABEL.to_string(), name)].into()),
+            publish_not_ready_addresses: Some(true),
+            ports: (!ports.is_empty()).then_some(ports),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The desired pod's spec, for comparing with `PodSpec`s that came back from
+/// the API server (which adds defaults).
+pub fn desired_hash(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SPEC_HASH_ANNOTATION))
+        .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::testkit::*;
+
+    fn plan() -> Vec<PlannedShard> {
+        (0..2)
+            .map(|i| PlannedShard {
+                shard: i,
+                node: format!("n{i}"),
+                devices: vec![format!("n{i}-g0"), format!("n{i}-g1")],
+                layer_start: i * 16,
+                layer_end: (i + 1) * 16,
+                predicted_memory_gib: 10.0,
+            })
+            .collect()
+    }
+
+    fn env(pod: &Pod, container: usize) -> BTreeMap<String, String> {
+        pod.spec.as_ref().unwrap().containers[container]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    #[test]
+    fn shard_pods_carry_the_plan() {
+        let mut mi = instance(
+            "llama",
+            &format!("{SMALL}\nparallelism: {{tensor: 2, pipeline: 2}}"),
+        );
+        let spec = mi.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers.push(Container {
+            name: "sidecar".into(),
+            env: Some(vec![EnvVar {
+                name: "TESSERA_SHARD_INDEX".into(),
+                value: Some("stale".into()),
+                value_from: None,
+            }]),
+            ..Default::default()
+        });
+        let pods = shard_pods(&mi, &plan(), "tessera.dev/gpu");
+        assert_eq!(pods.len(), 2);
+        let p = &pods[1];
+        let meta = &p.metadata;
+        assert_eq!(meta.name.as_deref(), Some("llama-shard-1"));
+        assert_eq!(meta.namespace.as_deref(), Some("ml"));
+        let ann = meta.annotations.as_ref().unwrap();
+        assert_eq!(ann[DEVICES_ANNOTATION], "n1-g0,n1-g1");
+        assert_eq!(ann[SHARD_ANNOTATION], "1");
+        assert_eq!(ann[SPEC_HASH_ANNOTATION].len(), 16);
+        assert_eq!(meta.labels.as_ref().unwrap()[INSTANCE_LABEL], "llama");
+        let owner = &meta.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ModelInstance", "uid-llama")
+        );
+        assert_eq!(owner.controller, Some(true));
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.scheduler_name.as_deref(), Some(SCHEDULER_NAME));
+        assert_eq!(spec.node_name, None);
+        assert_eq!(spec.hostname.as_deref(), Some("llama-shard-1"));
+        assert_eq!(spec.subdomain.as_deref(), Some("llama"));
+        let gpu = |c: usize| {
+            spec.containers[c]
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get("tessera.dev/gpu"))
+                .map(|q| q.0.clone())
+        };
+        assert_eq!(gpu(0).as_deref(), Some("2"));
+        assert_eq!(gpu(1), None, "only the first container gets the GPUs");
+        let e = env(p, 0);
+        assert_eq!(e["TESSERA_SHARD_INDEX"], "1");
+        assert_eq!(e["TESSERA_SHARD_COUNT"], "2");
+        assert_eq!(e["TESSERA_LAYER_START"], "16");
+        assert_eq!(e["TESSERA_LAYER_END"], "32");
+        assert_eq!(e["TESSERA_MODEL"], "small");
+        assert_eq!(
+            e["TESSERA_PEERS"],
+            "llama-shard-0.llama.ml.svc,llama-shard-1.llama.ml.svc"
+        );
+        assert_eq!(e["TESSERA_PREVIOUS_PEER"], "llama-shard-0.llama.ml.svc");
+        assert_eq!(e["TESSERA_NEXT_PEER"], "");
+        assert_eq!(
+            env(p, 1)["TESSERA_SHARD_INDEX"],
+            "1",
+            "template values are replaced"
+        );
+    }
+
+    #[test]
+    fn the_hash_follows_plan_and_template_only() {
+        let mi = instance("llama", SMALL);
+        let a = shard_pods(&mi, &plan(), "tessera.dev/gpu");
+        let again = shard_pods(&mi, &plan(), "tessera.dev/gpu");
+        assert_eq!(desired_hash(&a[0]), desired_hash(&again[0]));
+        let mut moved = plan();
+        moved[0].devices = vec!["n0-g2".into(), "n0-g3".into()];
+        let b = shard_pods(&mi, &moved, "tessera.dev/gpu");
+        assert_ne!(desired_hash(&a[0]), desired_hash(&b[0]));
+        assert_eq!(
+            desired_hash(&a[1]),
+            desired_hash(&b[1]),
+            "an unmoved shard keeps its pod"
+        );
+        let mut edited = mi.clone();
+        edited
+            .spec
+            .template
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("busybox:1.38".into());
+        let c = shard_pods(&edited, &plan(), "tessera.dev/gpu");
+        assert_ne!(desired_hash(&a[1]), desired_hash(&c[1]));
+    }
+
+    #[test]
+    fn the_service_is_headless_and_publishes_unready_shards() {
+        let mut mi = instance("llama", SMALL);
+        mi.spec
+            .template
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .ports = Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+            name: Some("nccl".into()),
+            container_port: 29500,
+            ..Default::default()
+        }]);
+        let s = headless_service(&mi);
+        let spec = s.spec.unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(spec.publish_not_ready_addresses, Some(true));
+        assert_eq!(spec.selector.unwrap()[INSTANCE_LABEL], "llama");
+        assert_eq!(spec.ports.unwrap()[0].port, 29500);
+        assert_eq!(s.metadata.owner_references.unwrap()[0].uid, "uid-llama");
+    }
+}

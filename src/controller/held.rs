@@ -1,0 +1,160 @@
+//! Which devices are not free for an instance: those in other instances'
+//! plans, those named by other shard pods' device annotations, and those the
+//! node agents report as handed out to pods that are not this instance's.
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::nodes::NodeInfo;
+use crate::api::{DEVICES_ANNOTATION, ModelInstance};
+
+/// `(node, device ID)` → who holds it, for the explanation of a refusal.
+pub type Held = HashMap<(String, String), String>;
+
+/// Devices held by anything but the instance with UID `me`. `my_pods` are the
+/// UIDs of that instance's shard pods (their allocations are its own).
+pub fn held_devices<'a>(
+    me: &str,
+    instances: impl IntoIterator<Item = &'a ModelInstance>,
+    shard_pods: impl IntoIterator<Item = &'a Pod>,
+    nodes: &[NodeInfo],
+) -> Held {
+    let mut held = Held::new();
+    let mut mine = HashSet::new();
+    for pod in shard_pods {
+        let owned_by_me = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == me);
+        if owned_by_me {
+            if let Some(uid) = &pod.metadata.uid {
+                mine.insert(uid.clone());
+            }
+            continue;
+        }
+        if finished(pod) {
+            continue;
+        }
+        let (Some(node), Some(devices)) = (
+            pod.spec.as_ref().and_then(|s| s.node_name.as_ref()),
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEVICES_ANNOTATION)),
+        ) else {
+            continue;
+        };
+        let owner = format!(
+            "pod {}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or(""),
+            pod.metadata.name.as_deref().unwrap_or("")
+        );
+        for d in devices.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            held.insert((node.clone(), d.to_string()), owner.clone());
+        }
+    }
+    for mi in instances {
+        if mi.metadata.uid.as_deref() == Some(me) {
+            continue;
+        }
+        let owner = format!(
+            "ModelInstance {}/{}",
+            mi.metadata.namespace.as_deref().unwrap_or(""),
+            mi.metadata.name.as_deref().unwrap_or("")
+        );
+        for shard in mi.status.iter().flat_map(|s| &s.plan) {
+            for d in &shard.devices {
+                held.insert((shard.node.clone(), d.clone()), owner.clone());
+            }
+        }
+    }
+    for n in nodes {
+        for (device, pod_uid) in &n.gpus.gpu_state.allocated {
+            if !mine.contains(pod_uid) {
+                held.entry((n.name().to_string(), device.clone()))
+                    .or_insert_with(|| format!("a pod on {} (uid {pod_uid})", n.name()));
+            }
+        }
+    }
+    held
+}
+
+/// A pod that has ended holds no devices any more.
+pub fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NodeGpuState, PlannedShard};
+    use crate::controller::testkit::*;
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    fn pod(name: &str, owner: &str, node: &str, devices: &str, phase: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ml".into()),
+                uid: Some(format!("pod-{name}")),
+                annotations: Some([(DEVICES_ANNOTATION.to_string(), devices.to_string())].into()),
+                owner_references: Some(vec![OwnerReference {
+                    uid: owner.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn everything_but_my_own_devices_is_held() {
+        let mut other = instance("other", SMALL);
+        other.status = Some(crate::api::ModelInstanceStatus {
+            plan: vec![PlannedShard {
+                shard: 0,
+                node: "a".into(),
+                devices: vec!["a-g0".into()],
+                layer_start: 0,
+                layer_end: 32,
+                predicted_memory_gib: 1.0,
+            }],
+            ..Default::default()
+        });
+        let me = instance("me", SMALL);
+        let pods = [
+            pod("other-shard-1", "uid-other", "a", "a-g1, a-g2", "Running"),
+            pod("old", "uid-other", "a", "a-g3", "Failed"),
+            pod("me-shard-0", "uid-me", "a", "a-g4", "Running"),
+        ];
+        let mut s: NodeGpuState = state("a", 8, H100);
+        s.allocated.insert("a-g4".into(), "pod-me-shard-0".into());
+        s.allocated
+            .insert("a-g5".into(), NodeGpuState::UNBOUND_OWNER.into());
+        let nodes = infos(&[node_with("a", &s)]);
+        let held = held_devices("uid-me", [&other, &me], pods.iter(), &nodes);
+        let who = |d: &str| held.get(&("a".to_string(), d.to_string())).cloned();
+        assert_eq!(who("a-g0").as_deref(), Some("ModelInstance ml/other"));
+        assert_eq!(who("a-g1").as_deref(), Some("pod ml/other-shard-1"));
+        assert_eq!(who("a-g2").as_deref(), Some("pod ml/other-shard-1"));
+        assert_eq!(who("a-g3"), None, "a finished pod holds nothing");
+        assert_eq!(who("a-g4"), None, "my own shard's devices are mine");
+        assert!(who("a-g5").unwrap().contains("unbound"));
+        assert_eq!(held.len(), 4);
+    }
+}

@@ -1,0 +1,182 @@
+//! The controller's Prometheus metrics and its HTTP endpoints: `/healthz`
+//! (the process serves), `/readyz` (caches synced; a standby replica is ready
+//! too, so a rollout does not wait for leadership) and `/metrics`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use kube::runtime::reflector::Store;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::api::{ModelInstance, Phase};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub reconciles: Counter,
+    failures: Family<ReasonLabel, Counter>,
+    pub reconcile_seconds: Histogram,
+    pub plan_seconds: Histogram,
+    instances: Family<PhaseLabel, Gauge>,
+    leader: Gauge,
+    /// Set once the caches have their first full list.
+    pub synced: Arc<AtomicBool>,
+    pub is_leader: Arc<AtomicBool>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("tessera_controller");
+        let reconciles = Counter::default();
+        registry.register(
+            "reconciles",
+            "Reconciles of ModelInstances",
+            reconciles.clone(),
+        );
+        let failures = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "reconcile_failures",
+            "Reconciles that failed, by reason",
+            failures.clone(),
+        );
+        // 1 ms to about 16 s.
+        let reconcile_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time one reconcile took, API calls included",
+            reconcile_seconds.clone(),
+        );
+        let plan_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        registry.register(
+            "plan_duration_seconds",
+            "Time the plan stage took when it ran the solver",
+            plan_seconds.clone(),
+        );
+        let instances = Family::<PhaseLabel, Gauge>::default();
+        registry.register("instances", "ModelInstances by phase", instances.clone());
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            failures,
+            reconcile_seconds,
+            plan_seconds,
+            instances,
+            leader,
+            synced: Arc::default(),
+            is_leader: Arc::default(),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn failure(&self, reason: &str) {
+        self.failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// The exposition text, with the per-phase gauge counted from the cache.
+    pub fn render(&self, instances: Option<&Store<ModelInstance>>) -> String {
+        let mut counts = std::collections::BTreeMap::new();
+        for p in [
+            Phase::Pending,
+            Phase::Placing,
+            Phase::Bound,
+            Phase::Running,
+            Phase::Degraded,
+            Phase::Failed,
+        ] {
+            counts.insert(format!("{p:?}"), 0i64);
+        }
+        for mi in instances.map(Store::state).unwrap_or_default() {
+            let phase = mi
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .unwrap_or(Phase::Pending);
+            *counts.entry(format!("{phase:?}")).or_default() += 1;
+        }
+        for (phase, n) in counts {
+            self.instances.get_or_create(&PhaseLabel { phase }).set(n);
+        }
+        self.leader
+            .set(i64::from(self.is_leader.load(Ordering::Relaxed)));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    instances: Arc<std::sync::Mutex<Option<Store<ModelInstance>>>>,
+}
+
+/// Where the HTTP endpoints find the instance cache once the controller
+/// (which only the leader runs) has one.
+pub type InstanceCache = Arc<std::sync::Mutex<Option<Store<ModelInstance>>>>;
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    if s.metrics.synced.load(Ordering::Relaxed) || !s.metrics.is_leader.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet\n")
+    }
+}
+
+async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
+    let store = s
+        .instances
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.render(store.as_ref()),
+    )
+}
+
+pub fn router(metrics: Arc<Metrics>, instances: InstanceCache) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(AppState { metrics, instances })
+}

@@ -1,0 +1,679 @@
+//! The plan stage: keep the current plan while it holds, re-plan only the
+//! shards that lost their devices, and plan from scratch when the spec changed
+//! or a partial repair cannot be found. Pure: the solver gets an injected
+//! deadline and everything else comes in as values.
+
+use std::collections::{BTreeMap, HashSet};
+use std::hash::Hasher;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::jiff::Timestamp;
+
+use super::held::Held;
+use super::nodes::NodeInfo;
+use super::problem::{WallDeadline, build_problem, planned_shards};
+use crate::api::{Health, ModelInstanceSpec, PlannedShard, Vendor};
+use crate::placement::{
+    Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
+};
+
+/// Everything the plan stage reads besides the instance.
+pub struct PlanInputs<'a> {
+    pub nodes: &'a [NodeInfo],
+    pub held: &'a Held,
+    pub now: Timestamp,
+    /// How long a NotReady node keeps its shards before they count as lost.
+    pub node_grace: Duration,
+    pub max_steps: u64,
+    /// The inputs and answer of this instance's last unsatisfiable attempt:
+    /// the same problem is not solved twice.
+    pub known_unsatisfiable: Option<&'a (u64, Unsatisfiable)>,
+}
+
+/// The instance's current plan as its status records it.
+pub struct Current<'a> {
+    pub plan: &'a [PlannedShard],
+    pub placement_hash: Option<&'a str>,
+    /// Shards whose pod failed admission: re-planned away from their devices.
+    pub failed_admission: &'a [u32],
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The current plan still holds.
+    Keep,
+    Planned(NewPlan),
+    /// No plan (or no repair) exists. `inputs` identifies what was tried, so
+    /// the same cluster is not solved again.
+    Unsatisfiable {
+        explanation: Unsatisfiable,
+        /// Why a plan was needed (empty for a first plan).
+        reasons: Vec<String>,
+        inputs: u64,
+        /// Same inputs as `known_unsatisfiable`: nothing new to report.
+        repeated: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewPlan {
+    pub plan: Vec<PlannedShard>,
+    pub tokens_per_second: Option<f64>,
+    /// Shards that moved (all of them for a whole new plan).
+    pub moved: Vec<u32>,
+    /// True when every shard was planned anew.
+    pub whole: bool,
+    /// Why (empty for a first plan).
+    pub reasons: Vec<String>,
+}
+
+/// Hash of the spec parts a plan depends on. FNV-1a over the JSON form: stable
+/// across builds, so an upgraded controller keeps existing plans.
+pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
+    let parts = (&spec.model, &spec.parallelism, &spec.placement);
+    // Plain structs of numbers and strings always serialize.
+    let json = serde_json::to_vec(&parts).unwrap_or_default();
+    format!("{:016x}", fnv(&json))
+}
+
+pub(crate) fn fnv(bytes: &[u8]) -> u64 {
+    let mut h = fnv::FnvHasher::default();
+    h.write(bytes);
+    h.finish()
+}
+
+/// Why each shard of `plan` can no longer stay where it is, by shard.
+pub fn broken_shards(
+    plan: &[PlannedShard],
+    failed_admission: &[u32],
+    inputs: &PlanInputs,
+) -> BTreeMap<u32, String> {
+    let nodes: BTreeMap<&str, &NodeInfo> = inputs.nodes.iter().map(|n| (n.name(), n)).collect();
+    let mut broken = BTreeMap::new();
+    for s in plan {
+        let Some(node) = nodes.get(s.node.as_str()) else {
+            broken.insert(
+                s.shard,
+                format!("node {} is gone or no longer publishes GPU state", s.node),
+            );
+            continue;
+        };
+        if node.lost(inputs.now, inputs.node_grace) {
+            broken.insert(
+                s.shard,
+                format!(
+                    "node {} has been NotReady for more than {}s",
+                    s.node,
+                    inputs.node_grace.as_secs()
+                ),
+            );
+            continue;
+        }
+        if failed_admission.contains(&s.shard) {
+            broken.insert(
+                s.shard,
+                format!("the shard pod failed admission on node {}", s.node),
+            );
+            continue;
+        }
+        for id in &s.devices {
+            let device = node.gpus.gpu_state.devices.iter().find(|d| &d.id == id);
+            let why = match device {
+                None => Some(format!("device {id} is no longer on node {}", s.node)),
+                Some(d) if d.health != Health::Healthy || d.vendor == Vendor::Unknown => {
+                    Some(format!(
+                        "device {id} on node {} is unhealthy{}",
+                        s.node,
+                        d.health_reason
+                            .as_deref()
+                            .map(|r| format!(" ({r})"))
+                            .unwrap_or_default()
+                    ))
+                }
+                Some(_) => inputs
+                    .held
+                    .get(&(s.node.clone(), id.clone()))
+                    .map(|who| format!("device {id} on node {} is held by {who}", s.node)),
+            };
+            if let Some(why) = why {
+                broken.insert(s.shard, why);
+                break;
+            }
+        }
+    }
+    broken
+}
+
+/// The plan stage.
+pub fn decide(
+    spec: &ModelInstanceSpec,
+    tolerations: &[Toleration],
+    current: &Current,
+    inputs: &PlanInputs,
+) -> Decision {
+    let hash = placement_hash(spec);
+    if current.plan.is_empty() {
+        return whole(spec, tolerations, inputs, &HashSet::new(), Vec::new());
+    }
+    if current.placement_hash != Some(hash.as_str()) {
+        return whole(
+            spec,
+            tolerations,
+            inputs,
+            &HashSet::new(),
+            vec!["the model, parallelism or placement of the spec changed".to_string()],
+        );
+    }
+    let broken = broken_shards(current.plan, current.failed_admission, inputs);
+    if broken.is_empty() {
+        return Decision::Keep;
+    }
+    let reasons: Vec<String> = broken
+        .iter()
+        .map(|(shard, why)| format!("shard {shard}: {why}"))
+        .collect();
+    // Devices of shards that failed admission are avoided for this attempt.
+    let avoid: HashSet<(String, String)> = current
+        .plan
+        .iter()
+        .filter(|s| current.failed_admission.contains(&s.shard))
+        .flat_map(|s| s.devices.iter().map(|d| (s.node.clone(), d.clone())))
+        .collect();
+    match repair(spec, tolerations, current.plan, &broken, &avoid, inputs) {
+        Some(new) => Decision::Planned(NewPlan { reasons, ..new }),
+        None => whole(spec, tolerations, inputs, &avoid, reasons),
+    }
+}
+
+/// Nodes that can take new shards, and why the others cannot.
+fn eligible<'a>(
+    inputs: &'a PlanInputs,
+    tolerations: &[Toleration],
+) -> (Vec<&'a super::problem::ClusterNode>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut excluded = Vec::new();
+    for n in inputs.nodes {
+        match n.accepts(tolerations) {
+            Ok(()) => ok.push(&n.gpus),
+            Err(why) => excluded.push(why),
+        }
+    }
+    (ok, excluded)
+}
+
+fn problem_for(
+    spec: &ModelInstanceSpec,
+    tolerations: &[Toleration],
+    inputs: &PlanInputs,
+    extra_held: impl IntoIterator<Item = (String, String)>,
+) -> (Problem, Vec<String>) {
+    let (nodes, excluded) = eligible(inputs, tolerations);
+    let mut held = inputs.held.clone();
+    for key in extra_held {
+        held.entry(key)
+            .or_insert_with(|| "this instance".to_string());
+    }
+    (build_problem(spec, nodes, &held), excluded)
+}
+
+fn options(deadline: &WallDeadline, max_steps: u64) -> SolveOptions<'_> {
+    SolveOptions {
+        deadline: Some(deadline as &dyn Deadline),
+        max_steps,
+    }
+}
+
+fn deadline(spec: &ModelInstanceSpec) -> WallDeadline {
+    WallDeadline::after(Duration::from_millis(u64::from(spec.placement.deadline_ms)))
+}
+
+fn whole(
+    spec: &ModelInstanceSpec,
+    tolerations: &[Toleration],
+    inputs: &PlanInputs,
+    avoid: &HashSet<(String, String)>,
+    reasons: Vec<String>,
+) -> Decision {
+    let (problem, excluded) = problem_for(spec, tolerations, inputs, avoid.iter().cloned());
+    let hash = fnv(&serde_json::to_vec(&(&problem, &excluded)).unwrap_or_default());
+    if let Some((known, explanation)) = inputs.known_unsatisfiable
+        && *known == hash
+    {
+        return Decision::Unsatisfiable {
+            explanation: explanation.clone(),
+            reasons,
+            inputs: hash,
+            repeated: true,
+        };
+    }
+    let limit = deadline(spec);
+    match solve(&problem, &options(&limit, inputs.max_steps)) {
+        Ok(plan) => Decision::Planned(NewPlan {
+            moved: (0..plan.stages.len() as u32).collect(),
+            tokens_per_second: Some(plan.performance.tokens_per_second),
+            plan: planned_shards(&plan),
+            whole: true,
+            reasons,
+        }),
+        Err(mut explanation) => {
+            explanation.details.extend(excluded);
+            Decision::Unsatisfiable {
+                explanation,
+                reasons,
+                inputs: hash,
+                repeated: false,
+            }
+        }
+    }
+}
+
+/// Moves only the broken shards, each keeping its layer range: the sub-problem
+/// for a shard is a one-stage model of its layers, with every device the rest
+/// of the instance keeps counted as taken. `None` when a shard finds no room.
+fn repair(
+    spec: &ModelInstanceSpec,
+    tolerations: &[Toleration],
+    plan: &[PlannedShard],
+    broken: &BTreeMap<u32, String>,
+    avoid: &HashSet<(String, String)>,
+    inputs: &PlanInputs,
+) -> Option<NewPlan> {
+    let mut new_plan = plan.to_vec();
+    let mut moved = Vec::new();
+    for &shard in broken.keys() {
+        let index = new_plan.iter().position(|s| s.shard == shard)?;
+        let taken: Vec<(String, String)> = new_plan
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != index)
+            .flat_map(|(_, s)| s.devices.iter().map(|d| (s.node.clone(), d.clone())))
+            .chain(avoid.iter().cloned())
+            .collect();
+        let (mut problem, _) = problem_for(spec, tolerations, inputs, taken);
+        let old = &new_plan[index];
+        problem.model.layers = old.layer_end - old.layer_start;
+        problem.stages = Stages::Fixed(1);
+        let limit = deadline(spec);
+        let found = solve(&problem, &options(&limit, inputs.max_steps)).ok()?;
+        let stage = planned_shards(&found).into_iter().next()?;
+        new_plan[index] = PlannedShard {
+            shard,
+            layer_start: old.layer_start,
+            layer_end: old.layer_end,
+            ..stage
+        };
+        moved.push(shard);
+    }
+    // The prediction for the repaired pipeline, with this instance's devices free.
+    let (problem, _) = problem_for(spec, tolerations, inputs, std::iter::empty());
+    let choices: Vec<StageChoice> = new_plan
+        .iter()
+        .map(|s| StageChoice {
+            node: s.node.clone(),
+            devices: s.devices.clone(),
+        })
+        .collect();
+    let tokens_per_second = evaluate(&problem, &choices)
+        .ok()
+        .map(|p| p.performance.tokens_per_second);
+    Some(NewPlan {
+        plan: new_plan,
+        tokens_per_second,
+        moved,
+        whole: false,
+        reasons: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::testkit::*;
+
+    fn plan_of(d: &Decision) -> &NewPlan {
+        match d {
+            Decision::Planned(p) => p,
+            other => panic!("expected a plan, got {other:?}"),
+        }
+    }
+
+    fn first(spec: &ModelInstanceSpec, nodes: &[NodeInfo], held: &Held) -> NewPlan {
+        let current = Current {
+            plan: &[],
+            placement_hash: None,
+            failed_admission: &[],
+        };
+        plan_of(&decide(spec, &[], &current, &inputs(nodes, held))).clone()
+    }
+
+    fn two_stage() -> ModelInstanceSpec {
+        instance("m", &format!("{SMALL}\nparallelism: {{pipeline: 2}}")).spec
+    }
+
+    #[test]
+    fn healthy_path_plans_every_shard_with_a_prediction() {
+        let nodes = infos(&[node("a", 2, H100), node("b", 2, H100)]);
+        let p = first(&instance("m", SMALL).spec, &nodes, &Held::new());
+        assert!(p.whole);
+        assert!(p.reasons.is_empty());
+        assert_eq!(p.plan.len(), 1);
+        assert_eq!((p.plan[0].layer_start, p.plan[0].layer_end), (0, 32));
+        assert_eq!(p.moved, vec![0]);
+        assert!(p.tokens_per_second.unwrap() > 0.0);
+    }
+
+    #[test]
+    fn heterogeneous_devices_get_unequal_layer_ranges() {
+        // 120B in bf16 (about 224 GiB) needs the MI300X and the H100 together.
+        let spec = instance(
+            "big",
+            "model: {name: big, parametersBillions: 120, layers: 96, kvCacheGiB: 8}\nparallelism: {pipeline: 2}",
+        )
+        .spec;
+        let nodes = infos(&[node("h", 1, H100), node("m", 1, MI300X)]);
+        let p = first(&spec, &nodes, &Held::new());
+        let layers = |node: &str| {
+            let s = p.plan.iter().find(|s| s.node == node).unwrap();
+            s.layer_end - s.layer_start
+        };
+        assert_eq!(layers("h") + layers("m"), 96);
+        assert!(
+            layers("m") > layers("h"),
+            "the larger, faster MI300X takes more layers"
+        );
+    }
+
+    #[test]
+    fn unsatisfiable_explains_and_is_not_solved_twice() {
+        let spec = instance(
+            "huge",
+            "model: {name: huge, parametersBillions: 400, layers: 126}",
+        )
+        .spec;
+        let nodes = infos(&[node("r", 2, RTX4090)]);
+        let held = Held::new();
+        let current = Current {
+            plan: &[],
+            placement_hash: None,
+            failed_admission: &[],
+        };
+        let d = decide(&spec, &[], &current, &inputs(&nodes, &held));
+        let Decision::Unsatisfiable {
+            explanation,
+            inputs: tried,
+            repeated,
+            ..
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        assert!(!repeated);
+        assert!(explanation.reason.contains("GiB"), "{}", explanation.reason);
+        let known = (tried, explanation.clone());
+        let again = PlanInputs {
+            known_unsatisfiable: Some(&known),
+            ..inputs(&nodes, &held)
+        };
+        match decide(&spec, &[], &current, &again) {
+            Decision::Unsatisfiable { repeated, .. } => assert!(repeated),
+            other => panic!("{other:?}"),
+        }
+        // A changed cluster is tried again.
+        let bigger = infos(&[node("r", 2, RTX4090), node("m", 8, MI300X)]);
+        let changed = PlanInputs {
+            known_unsatisfiable: Some(&known),
+            ..inputs(&bigger, &held)
+        };
+        assert!(matches!(
+            decide(&spec, &[], &current, &changed),
+            Decision::Planned(_)
+        ));
+    }
+
+    #[test]
+    fn a_failed_device_moves_only_its_shard() {
+        let spec = two_stage();
+        let mut states = [
+            state("a", 1, H100),
+            state("b", 1, H100),
+            state("c", 1, H100),
+        ];
+        let nodes = infos(
+            &states
+                .iter()
+                .map(|s| node_with(&s.devices[0].id[..1], s))
+                .collect::<Vec<_>>(),
+        );
+        let held = Held::new();
+        let p = first(&spec, &nodes, &held);
+        let hash = placement_hash(&spec);
+        let victim = p.plan[1].clone();
+        let survivor = p.plan[0].clone();
+        let s = states
+            .iter_mut()
+            .find(|s| s.devices[0].id == victim.devices[0])
+            .unwrap();
+        s.devices[0].health = Health::Unhealthy;
+        s.devices[0].health_reason = Some("Xid 79".into());
+        let nodes = infos(
+            &states
+                .iter()
+                .map(|s| node_with(&s.devices[0].id[..1], s))
+                .collect::<Vec<_>>(),
+        );
+        let current = Current {
+            plan: &p.plan,
+            placement_hash: Some(&hash),
+            failed_admission: &[],
+        };
+        let d = decide(&spec, &[], &current, &inputs(&nodes, &held));
+        let new = plan_of(&d);
+        assert!(!new.whole);
+        assert_eq!(new.moved, vec![1]);
+        assert_eq!(
+            new.plan[0], survivor,
+            "the healthy shard stays exactly as it was"
+        );
+        assert_ne!(new.plan[1].node, victim.node);
+        assert_ne!(new.plan[1].node, survivor.node);
+        assert_eq!(
+            (new.plan[1].layer_start, new.plan[1].layer_end),
+            (victim.layer_start, victim.layer_end)
+        );
+        assert!(
+            new.reasons[0].contains("unhealthy (Xid 79)"),
+            "{:?}",
+            new.reasons
+        );
+        assert!(new.tokens_per_second.is_some());
+    }
+
+    #[test]
+    fn no_room_for_a_repair_plans_the_whole_instance_again() {
+        let spec = two_stage();
+        let nodes = infos(&[node("a", 1, H100), node("b", 1, H100)]);
+        let held = Held::new();
+        let p = first(&spec, &nodes, &held);
+        let hash = placement_hash(&spec);
+        // Node b disappears: one H100 is left, and a two-stage plan needs two.
+        let nodes = infos(&[node("a", 1, H100)]);
+        let current = Current {
+            plan: &p.plan,
+            placement_hash: Some(&hash),
+            failed_admission: &[],
+        };
+        match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
+            Decision::Unsatisfiable { reasons, .. } => {
+                assert!(
+                    reasons.iter().any(|r| r.contains("node b is gone")),
+                    "{reasons:?}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_spec_change_replans_everything() {
+        let spec = instance("m", SMALL).spec;
+        let nodes = infos(&[node("a", 2, H100)]);
+        let held = Held::new();
+        let p = first(&spec, &nodes, &held);
+        let old_hash = placement_hash(&spec);
+        let changed = two_stage();
+        assert_ne!(placement_hash(&changed), old_hash);
+        let current = Current {
+            plan: &p.plan,
+            placement_hash: Some(&old_hash),
+            failed_admission: &[],
+        };
+        let new = plan_of(&decide(&changed, &[], &current, &inputs(&nodes, &held))).clone();
+        assert!(new.whole);
+        assert_eq!(new.plan.len(), 2);
+        assert!(new.reasons[0].contains("spec changed"));
+    }
+
+    #[test]
+    fn telemetry_drift_keeps_the_plan() {
+        let spec = two_stage();
+        let mut a = state("a", 2, H100);
+        let nodes = infos(&[node_with("a", &a)]);
+        let held = Held::new();
+        let p = first(&spec, &nodes, &held);
+        let hash = placement_hash(&spec);
+        for d in &mut a.devices {
+            d.memory_free_bytes -= 3 << 30;
+            d.temperature_c = Some(71.0);
+        }
+        let nodes = infos(&[node_with("a", &a)]);
+        let current = Current {
+            plan: &p.plan,
+            placement_hash: Some(&hash),
+            failed_admission: &[],
+        };
+        assert_eq!(
+            decide(&spec, &[], &current, &inputs(&nodes, &held)),
+            Decision::Keep
+        );
+        // The pod template is not part of the plan.
+        let mut with_other_image = instance("m", &format!("{SMALL}\nparallelism: {{pipeline: 2}}"));
+        with_other_image.spec.template = None;
+        assert_eq!(placement_hash(&with_other_image.spec), hash);
+    }
+
+    #[test]
+    fn devices_held_by_others_are_avoided_and_taken_plans_break() {
+        let spec = instance("m", SMALL).spec;
+        let nodes = infos(&[node("a", 2, H100)]);
+        let mut held = Held::new();
+        held.insert(("a".into(), "a-g0".into()), "ModelInstance ml/other".into());
+        let p = first(&spec, &nodes, &held);
+        assert_eq!(p.plan[0].devices, vec!["a-g1".to_string()]);
+        // The other way round: a plan on a device someone else now holds.
+        let mut taken = Held::new();
+        taken.insert(("a".into(), "a-g1".into()), "pod ml/intruder".into());
+        let broken = broken_shards(&p.plan, &[], &inputs(&nodes, &taken));
+        assert!(broken[&0].contains("held by pod ml/intruder"), "{broken:?}");
+    }
+
+    #[test]
+    fn not_ready_nodes_keep_shards_for_the_grace_period_only() {
+        use k8s_openapi::api::core::v1::NodeCondition;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let spec = instance("m", SMALL).spec;
+        let held = Held::new();
+        let nodes = infos(&[node("a", 1, H100), node("b", 1, H100)]);
+        let p = first(&spec, &nodes, &held);
+        let hash = placement_hash(&spec);
+        let planned = p.plan[0].node.clone();
+        let not_ready = |since: &str| {
+            let mut n = node(&planned, 1, H100);
+            n.status.as_mut().unwrap().conditions = Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "Unknown".into(),
+                last_transition_time: Some(Time(since.parse().unwrap())),
+                ..Default::default()
+            }]);
+            let other = if planned == "a" { "b" } else { "a" };
+            infos(&[n, node(other, 1, H100)])
+        };
+        let current = Current {
+            plan: &p.plan,
+            placement_hash: Some(&hash),
+            failed_admission: &[],
+        };
+        let recent = not_ready("2026-06-01T11:58:00Z");
+        assert_eq!(
+            decide(&spec, &[], &current, &inputs(&recent, &held)),
+            Decision::Keep
+        );
+        let long = not_ready("2026-06-01T11:50:00Z");
+        let d = decide(&spec, &[], &current, &inputs(&long, &held));
+        let new = plan_of(&d);
+        assert_ne!(new.plan[0].node, planned);
+        assert!(
+            new.reasons[0].contains("NotReady for more than 300s"),
+            "{:?}",
+            new.reasons
+        );
+    }
+
+    #[test]
+    fn failed_admission_moves_the_shard_off_its_devices() {
+        let spec = instance("m", SMALL).spec;
+        let nodes = infos(&[node("a", 2, H100)]);
+        let held = Held::new();
+        let p = first(&spec, &nodes, &held);
+        let hash = placement_hash(&spec);
+        let current = Current {
+            plan: &p.plan,
+            placement_hash: Some(&hash),
+            failed_admission: &[0],
+        };
+        let new = plan_of(&decide(&spec, &[], &current, &inputs(&nodes, &held))).clone();
+        assert_ne!(new.plan[0].devices, p.plan[0].devices);
+        assert!(new.reasons[0].contains("failed admission"));
+    }
+
+    #[test]
+    fn untolerated_taints_are_named_when_nothing_fits() {
+        use k8s_openapi::api::core::v1::{NodeSpec, Taint};
+        let spec = instance("m", SMALL).spec;
+        let mut n = node("a", 1, H100);
+        n.spec = Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: "gpu".into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let nodes = infos(&[n]);
+        let held = Held::new();
+        let current = Current {
+            plan: &[],
+            placement_hash: None,
+            failed_admission: &[],
+        };
+        match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
+            Decision::Unsatisfiable { explanation, .. } => assert!(
+                explanation
+                    .details
+                    .iter()
+                    .any(|d| d.contains("taint gpu:NoSchedule")),
+                "{explanation:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let tolerate = k8s_openapi::api::core::v1::Toleration {
+            key: Some("gpu".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            decide(&spec, &[tolerate], &current, &inputs(&nodes, &held)),
+            Decision::Planned(_)
+        ));
+    }
+}

@@ -1,0 +1,475 @@
+//! One reconcile of a ModelInstance: observe (from the caches) → validate →
+//! plan → build → apply → status, then the Events for what was decided.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource, ResourceExt};
+
+use super::apply::{self, ApplyError, Note};
+use super::build::{headless_service, shard_pods};
+use super::held::held_devices;
+use super::metrics::Metrics;
+use super::nodes::{NodeInfo, Readiness};
+use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
+use super::status::{self, Outcome, PLACED, StatusInputs};
+use super::validate;
+use crate::api::{ModelInstance, PlannedShard, SHARD_ANNOTATION};
+use crate::placement::Unsatisfiable;
+
+/// How the controller plans; set by flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub resource_name: String,
+    /// How long a NotReady node keeps its shards before they are re-placed.
+    pub node_grace: Duration,
+    /// Solver step budget per plan.
+    pub max_steps: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            resource_name: crate::api::DEFAULT_RESOURCE_NAME.to_string(),
+            node_grace: Duration::from_secs(300),
+            max_steps: crate::placement::SolveOptions::default().max_steps,
+        }
+    }
+}
+
+/// The caches the controller reads; the writes go through `client`.
+pub struct Caches {
+    pub nodes: Store<Node>,
+    pub pods: Store<Pod>,
+    pub services: Store<Service>,
+    pub instances: Store<ModelInstance>,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub caches: Caches,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// Last unsatisfiable attempt by instance UID.
+    unsatisfiable: Mutex<HashMap<String, (u64, Unsatisfiable)>>,
+    /// Consecutive failures by instance UID, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        caches: Caches,
+        recorder: Recorder,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            client,
+            settings,
+            caches,
+            recorder,
+            metrics,
+            unsatisfiable: Mutex::default(),
+            failures: Mutex::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("the ModelInstance has no {0}")]
+    Incomplete(&'static str),
+}
+
+impl Error {
+    /// The `reason` label of the failure metric: the API's reason where there is one.
+    pub fn reason(&self) -> String {
+        match self {
+            Error::Apply(e) => match &e.source {
+                kube::Error::Api(s) if !s.reason.is_empty() => s.reason.clone(),
+                kube::Error::Api(s) => format!("HTTP{}", s.code),
+                _ => "Transport".to_string(),
+            },
+            Error::Incomplete(_) => "IncompleteObject".to_string(),
+        }
+    }
+}
+
+/// Periodic re-check of a settled instance, in case an event was missed.
+const RESYNC: Duration = Duration::from_secs(600);
+/// Re-check of an unsatisfiable instance when no cluster change prompts one.
+const UNSATISFIABLE_RETRY: Duration = Duration::from_secs(300);
+
+pub async fn reconcile(mi: Arc<ModelInstance>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if mi.metadata.deletion_timestamp.is_some() {
+        // Owner references take the pods and the Service with it.
+        return Ok(Action::await_change());
+    }
+    let started = Instant::now();
+    ctx.metrics.reconciles.inc();
+    let result = reconcile_inner(&mi, &ctx).await;
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok()
+        && let Some(uid) = mi.uid()
+    {
+        lock(&ctx.failures).remove(&uid);
+    }
+    result
+}
+
+/// Exponential backoff per instance: 1 s doubling to 5 minutes.
+pub fn error_policy(mi: Arc<ModelInstance>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failure(&error.reason());
+    let n = {
+        let mut failures = lock(&ctx.failures);
+        let n = failures.entry(mi.uid().unwrap_or_default()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay =
+        Duration::from_secs(1u64 << n.min(9).saturating_sub(1)).min(Duration::from_secs(300));
+    tracing::warn!(instance = %mi.name_any(), error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn shard_of(pod: &Pod) -> Option<u32> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SHARD_ANNOTATION))
+        .and_then(|s| s.parse().ok())
+}
+
+async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Error> {
+    let uid = mi.uid().ok_or(Error::Incomplete("metadata.uid"))?;
+    let namespace = mi
+        .namespace()
+        .ok_or(Error::Incomplete("metadata.namespace"))?;
+    let name = mi.name_any();
+    let now = Timestamp::now();
+    let settings = &ctx.settings;
+
+    // Observe.
+    let nodes: Vec<NodeInfo> = ctx
+        .caches
+        .nodes
+        .state()
+        .iter()
+        .filter_map(|n| NodeInfo::from_node(n).ok().flatten())
+        .collect();
+    let all_pods = ctx.caches.pods.state();
+    let mine: BTreeMap<String, Arc<Pod>> = all_pods
+        .iter()
+        .filter(|p| {
+            p.namespace().as_deref() == Some(namespace.as_str())
+                && p.owner_references().iter().any(|o| o.uid == uid)
+        })
+        .map(|p| (p.name_any(), Arc::clone(p)))
+        .collect();
+    let instances = ctx.caches.instances.state();
+    let held = held_devices(
+        &uid,
+        instances.iter().map(AsRef::as_ref),
+        all_pods.iter().map(AsRef::as_ref),
+        &nodes,
+    );
+    let previous = mi.status.as_ref();
+    let hash = placement_hash(&mi.spec);
+
+    // Validate, then plan.
+    let mut notes = Vec::new();
+    let mut broken = BTreeMap::new();
+    let outcome = match validate::check(mi, &settings.resource_name) {
+        Err(invalid) => Outcome::Invalid {
+            problems: invalid.problems,
+        },
+        Ok(()) => {
+            let current_plan: &[PlannedShard] = previous.map(|s| s.plan.as_slice()).unwrap_or(&[]);
+            let failed: Vec<u32> = mine
+                .values()
+                .filter(|p| apply::failed_admission(p))
+                .filter_map(|p| shard_of(p))
+                .collect();
+            let known = lock(&ctx.unsatisfiable).get(&uid).cloned();
+            let inputs = PlanInputs {
+                nodes: &nodes,
+                held: &held,
+                now,
+                node_grace: settings.node_grace,
+                max_steps: settings.max_steps,
+                known_unsatisfiable: known.as_ref(),
+            };
+            let tolerations = mi
+                .spec
+                .template
+                .as_ref()
+                .and_then(|t| t.spec.as_ref())
+                .and_then(|s| s.tolerations.clone())
+                .unwrap_or_default();
+            let current = Current {
+                plan: current_plan,
+                placement_hash: previous.and_then(|s| s.placement_hash.as_deref()),
+                failed_admission: &failed,
+            };
+            let planning = Instant::now();
+            let decision = decide(&mi.spec, &tolerations, &current, &inputs);
+            if decision != Decision::Keep {
+                ctx.metrics
+                    .plan_seconds
+                    .observe(planning.elapsed().as_secs_f64());
+            }
+            match decision {
+                Decision::Keep => Outcome::Placed {
+                    plan: current_plan.to_vec(),
+                    tokens_per_second: previous.and_then(|s| s.predicted_tokens_per_second),
+                    replanned: Vec::new(),
+                },
+                Decision::Planned(new) => {
+                    lock(&ctx.unsatisfiable).remove(&uid);
+                    notes.extend(plan_notes(
+                        current_plan,
+                        &new.plan,
+                        &new.moved,
+                        &new.reasons,
+                        new.whole,
+                    ));
+                    Outcome::Placed {
+                        plan: new.plan,
+                        tokens_per_second: new.tokens_per_second,
+                        replanned: new.reasons,
+                    }
+                }
+                Decision::Unsatisfiable {
+                    explanation,
+                    reasons,
+                    inputs: tried,
+                    repeated,
+                } => {
+                    let text = explain(&explanation);
+                    if !repeated {
+                        notes.push(Note {
+                            warning: true,
+                            reason: "Unsatisfiable",
+                            message: text.clone(),
+                        });
+                    }
+                    lock(&ctx.unsatisfiable).insert(uid.clone(), (tried, explanation));
+                    // A running plan that only lost shards keeps the rest.
+                    let keep = current.placement_hash == Some(hash.as_str());
+                    let kept = if keep {
+                        current_plan.to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    if keep {
+                        broken = broken_shards(current_plan, &failed, &inputs);
+                    }
+                    Outcome::Unsatisfiable {
+                        explanation: text,
+                        plan: kept,
+                        lost: if keep { reasons } else { Vec::new() },
+                    }
+                }
+            }
+        }
+    };
+    if let Outcome::Invalid { problems } = &outcome {
+        let text = format!("invalid spec: {}", problems.join("; "));
+        let unchanged = previous
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == PLACED))
+            .is_some_and(|c| c.message == text);
+        if !unchanged {
+            notes.push(Note {
+                warning: true,
+                reason: "InvalidSpec",
+                message: text,
+            });
+        }
+    }
+
+    // Build.
+    let plan: &[PlannedShard] = match &outcome {
+        Outcome::Invalid { .. } => &[],
+        Outcome::Unsatisfiable { plan, .. } | Outcome::Placed { plan, .. } => plan,
+    };
+    let runnable: Vec<PlannedShard> = plan
+        .iter()
+        .filter(|s| !broken.contains_key(&s.shard))
+        .cloned()
+        .collect();
+    let desired: Vec<(Pod, String)> = shard_pods(mi, &runnable, &settings.resource_name)
+        .into_iter()
+        .zip(runnable.iter().map(|s| s.node.clone()))
+        .collect();
+
+    // Apply.
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    if !plan.is_empty() {
+        let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+        let existing =
+            ctx.caches.services.state().into_iter().find(|s| {
+                s.namespace().as_deref() == Some(namespace.as_str()) && s.name_any() == name
+            });
+        apply::service(
+            &services,
+            &headless_service(mi),
+            existing.as_deref(),
+            &uid,
+            &mut notes,
+        )
+        .await?;
+    }
+    apply::remove_extra(&pods_api, &mine, &desired).await?;
+    let mut shards = apply::pods(&pods_api, &desired, &mine, &mut notes).await?;
+    // Broken shards kept in a degraded plan count as missing.
+    shards.extend(broken.keys().map(|_| status::ShardState::Missing));
+
+    // Status.
+    let new_status = status::compute(&StatusInputs {
+        previous,
+        generation: mi.metadata.generation,
+        placement_hash: Some(hash),
+        outcome: &outcome,
+        shards: &shards,
+        now,
+    });
+    let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &namespace);
+    apply::status(&api, mi, &new_status).await?;
+
+    publish(ctx, mi, &notes).await;
+    Ok(next_check(&outcome, plan, &nodes, now, settings.node_grace))
+}
+
+/// The solver's reason and what excluded the rest, short enough for a condition.
+fn explain(u: &Unsatisfiable) -> String {
+    let mut text = u.reason.clone();
+    for d in &u.details {
+        if text.len() + d.len() > 900 {
+            text.push_str("; …");
+            break;
+        }
+        text.push_str("; ");
+        text.push_str(d);
+    }
+    text
+}
+
+fn show(s: &PlannedShard) -> String {
+    format!("node {} [{}]", s.node, s.devices.join(","))
+}
+
+/// Events for a new plan: the whole plan, or each move.
+fn plan_notes(
+    old: &[PlannedShard],
+    new: &[PlannedShard],
+    moved: &[u32],
+    reasons: &[String],
+    whole: bool,
+) -> Vec<Note> {
+    if whole {
+        let shards: Vec<String> = new
+            .iter()
+            .map(|s| {
+                format!(
+                    "shard {} layers {}-{} on {}",
+                    s.shard,
+                    s.layer_start,
+                    s.layer_end,
+                    show(s)
+                )
+            })
+            .collect();
+        let (reason, why) = if old.is_empty() {
+            ("Planned", String::new())
+        } else {
+            ("Replanned", format!(" because {}", reasons.join("; ")))
+        };
+        return vec![Note {
+            warning: false,
+            reason,
+            message: format!("planned {} shards{why}: {}", new.len(), shards.join("; ")),
+        }];
+    }
+    moved
+        .iter()
+        .filter_map(|&i| {
+            let from = old.iter().find(|s| s.shard == i)?;
+            let to = new.iter().find(|s| s.shard == i)?;
+            let why = reasons
+                .iter()
+                .find(|r| r.starts_with(&format!("shard {i}:")))
+                .map(|r| r.split_once(": ").map_or(r.as_str(), |(_, w)| w))
+                .unwrap_or("its devices were lost");
+            Some(Note {
+                warning: false,
+                reason: "Replanned",
+                message: format!("shard {i} moved from {} to {}: {why}", show(from), show(to)),
+            })
+        })
+        .collect()
+}
+
+async fn publish(ctx: &Context, mi: &ModelInstance, notes: &[Note]) {
+    let reference = mi.object_ref(&());
+    for n in notes {
+        let event = Event {
+            type_: if n.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: n.reason.to_string(),
+            note: Some(n.message.chars().take(1000).collect()),
+            action: n.reason.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(instance = %mi.name_any(), error = %e, reason = n.reason, "cannot record event");
+        }
+        tracing::info!(instance = %mi.name_any(), reason = n.reason, "{}", n.message);
+    }
+}
+
+/// When to look again without an event: when a NotReady node's grace period
+/// runs out (no event marks that moment), else a slow resync.
+fn next_check(
+    outcome: &Outcome,
+    plan: &[PlannedShard],
+    nodes: &[NodeInfo],
+    now: Timestamp,
+    grace: Duration,
+) -> Action {
+    let mut next = match outcome {
+        Outcome::Unsatisfiable { .. } => UNSATISFIABLE_RETRY,
+        _ => RESYNC,
+    };
+    for n in nodes
+        .iter()
+        .filter(|n| plan.iter().any(|s| s.node == n.name()))
+    {
+        if let Readiness::NotReady { since: Some(t) } = &n.readiness
+            && let Ok(elapsed) = Duration::try_from(now.duration_since(*t))
+            && elapsed <= grace
+        {
+            next = next.min(grace - elapsed + Duration::from_secs(1));
+        }
+    }
+    Action::requeue(next)
+}

@@ -1,0 +1,339 @@
+//! `tessera controller`: caches, leader election, the reconcile loop and the
+//! HTTP endpoints, shut down in order on SIGTERM or SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::Api;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use kube_lease_manager::LeaseManagerBuilder;
+
+use super::apply::{MANAGER, managed_selector};
+use super::metrics::{InstanceCache, Metrics, router};
+use super::nodes::trim_node;
+use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
+use super::status::PLACED;
+use crate::api::ModelInstance;
+
+pub struct ControllerConfig {
+    pub kubeconfig: Option<PathBuf>,
+    /// Watch only this namespace; `None` watches all.
+    pub namespace: Option<String>,
+    pub listen: SocketAddr,
+    /// `None` acts without a lease (a single replica).
+    pub leader_election: Option<LeaderElection>,
+    pub settings: Settings,
+}
+
+pub struct LeaderElection {
+    pub lease_name: String,
+    pub lease_namespace: String,
+    pub identity: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("cannot reach the Kubernetes API: {0}")]
+    Kube(String),
+    #[error("cannot serve the HTTP endpoints on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("leader election: {0}")]
+    Lease(String),
+    #[error("lost the leader lease; exiting so that a single replica acts")]
+    LostLease,
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ControllerError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| ControllerError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| ControllerError::Kube(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ControllerError::Kube(e.to_string()))?,
+    };
+    Client::try_from(config).map_err(|e| ControllerError::Kube(e.to_string()))
+}
+
+/// Resolves on SIGTERM or SIGINT; a `watch` so every part can wait for it.
+fn termination() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        terminated().await;
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+async fn terminated() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
+    let client = client(config.kubeconfig.as_deref()).await?;
+    let metrics = Arc::new(Metrics::default());
+    let cache = InstanceCache::default();
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ControllerError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = router(Arc::clone(&metrics), Arc::clone(&cache));
+    let http = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = http_stopped.await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "HTTP endpoints stopped");
+        }
+    });
+
+    let stop = termination();
+    let result = match &config.leader_election {
+        None => {
+            metrics.is_leader.store(true, Ordering::Relaxed);
+            run_controller(client, &config, &metrics, &cache, stopped(stop)).await;
+            Ok(())
+        }
+        Some(le) => lead(client, &config, le, &metrics, &cache, stop).await,
+    };
+    let _ = stop_http.send(());
+    let _ = http.await;
+    result
+}
+
+/// Waits for the lease, runs the controller while holding it, and gives it
+/// up on shutdown. Losing it ends the process: the replica restarts as a
+/// standby rather than risk two acting at once.
+async fn lead(
+    client: Client,
+    config: &ControllerConfig,
+    le: &LeaderElection,
+    metrics: &Arc<Metrics>,
+    cache: &InstanceCache,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), ControllerError> {
+    let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
+        .with_namespace(&le.lease_namespace)
+        .with_identity(&le.identity)
+        .with_field_manager(format!("{MANAGER}-{}", le.identity))
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await
+        .map_err(|e| ControllerError::Lease(e.to_string()))?;
+    let (mut leading, lease_task) = manager.watch().await;
+    tracing::info!(lease = %le.lease_name, namespace = %le.lease_namespace, identity = %le.identity, "waiting for the leader lease");
+    let result = loop {
+        if *leading.borrow_and_update() {
+            break Ok(true);
+        }
+        tokio::select! {
+            changed = leading.changed() => if changed.is_err() {
+                break Err(ControllerError::Lease("the lease manager stopped".into()));
+            },
+            () = stopped(stop.clone()) => break Ok(false),
+        }
+    };
+    let result = match result {
+        Ok(true) => {
+            tracing::info!(identity = %le.identity, "acquired the leader lease");
+            metrics.is_leader.store(true, Ordering::Relaxed);
+            let mut watch = leading.clone();
+            let lost = async move {
+                loop {
+                    if watch.changed().await.is_err() || !*watch.borrow_and_update() {
+                        return;
+                    }
+                }
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel::<bool>();
+            let shutdown = async move {
+                tokio::select! {
+                    () = stopped(stop) => { let _ = tx.send(false); }
+                    () = lost => { let _ = tx.send(true); }
+                }
+            };
+            run_controller(client, config, metrics, cache, shutdown).await;
+            metrics.is_leader.store(false, Ordering::Relaxed);
+            match rx.await {
+                Ok(true) => Err(ControllerError::LostLease),
+                _ => Ok(()),
+            }
+        }
+        Ok(false) => Ok(()),
+        Err(e) => Err(e),
+    };
+    // Closing the channel makes the manager release the lease for the standby.
+    drop(leading);
+    match lease_task.await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not release the leader lease"),
+        Err(e) => tracing::warn!(error = %e, "lease manager task failed"),
+    }
+    result
+}
+
+/// Instances to look at again when a Node changes: those planned on it, and
+/// those waiting for room anywhere.
+fn instances_for_node(
+    instances: &Store<ModelInstance>,
+    node: &Node,
+) -> Vec<ObjectRef<ModelInstance>> {
+    let name = node.name_any();
+    instances
+        .state()
+        .iter()
+        .filter(|mi| {
+            let Some(status) = &mi.status else {
+                return true;
+            };
+            let waiting = !status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == PLACED && c.status == "True");
+            waiting || status.plan.iter().any(|s| s.node == name)
+        })
+        .map(|mi| ObjectRef::from_obj(mi.as_ref()))
+        .collect()
+}
+
+async fn run_controller(
+    client: Client,
+    config: &ControllerConfig,
+    metrics: &Arc<Metrics>,
+    cache: &InstanceCache,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (instances_api, pods_api, services_api): (Api<ModelInstance>, Api<Pod>, Api<Service>) =
+        match &config.namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+            ),
+        };
+    let managed = watcher::Config::default().labels(&managed_selector());
+
+    let (nodes, node_writer) = reflector::store();
+    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(trim_node)
+        .reflect(node_writer)
+        .touched_objects()
+        .inspect(|n| {
+            if let Ok(node) = n
+                && let Err(e) = crate::controller::nodes::NodeInfo::from_node(node)
+            {
+                tracing::warn!(node = %node.name_any(), error = %e, "skipping the node's GPU state");
+            }
+        });
+    let (pods, pod_writer) = reflector::store();
+    let pod_stream = watcher(pods_api, managed.clone())
+        .default_backoff()
+        .modify(|p: &mut Pod| p.managed_fields_mut().clear())
+        .reflect(pod_writer)
+        .touched_objects();
+    let (services, service_writer) = reflector::store();
+    let service_stream = watcher(services_api, managed)
+        .default_backoff()
+        .modify(|s: &mut Service| s.managed_fields_mut().clear())
+        .reflect(service_writer)
+        .touched_objects();
+
+    let controller = Controller::new(instances_api, watcher::Config::default())
+        .with_config(controller::Config::default().debounce(std::time::Duration::from_millis(500)));
+    let instances = controller.store();
+    if let Ok(mut slot) = cache.lock() {
+        *slot = Some(instances.clone());
+    }
+    let mapper_store = instances.clone();
+    let reporter = Reporter {
+        controller: MANAGER.to_string(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let caches = Caches {
+        nodes: nodes.clone(),
+        pods: pods.clone(),
+        services: services.clone(),
+        instances: instances.clone(),
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        config.settings.clone(),
+        caches,
+        Recorder::new(client, reporter),
+        Arc::clone(metrics),
+    ));
+    let synced = Arc::clone(&metrics.synced);
+    let ready = tokio::spawn(async move {
+        let _ = nodes.wait_until_ready().await;
+        let _ = pods.wait_until_ready().await;
+        let _ = services.wait_until_ready().await;
+        let _ = instances.wait_until_ready().await;
+        synced.store(true, Ordering::Relaxed);
+        tracing::info!("caches synced");
+    });
+    controller
+        .owns_stream(pod_stream)
+        .owns_stream(service_stream)
+        .watches_stream(node_stream, move |node| {
+            instances_for_node(&mapper_store, &node)
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                match e {
+                    controller::Error::ReconcilerFailed(..) => {}
+                    other => tracing::warn!(error = %other, "controller"),
+                }
+            }
+        })
+        .await;
+    ready.abort();
+    metrics.synced.store(false, Ordering::Relaxed);
+}

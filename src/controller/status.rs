@@ -1,0 +1,402 @@
+//! The status stage: phase, conditions and the plan as users read them with
+//! `kubectl get mi` and `kubectl describe mi`. Pure: built from what the
+//! other stages decided and did.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{ModelInstanceStatus, Phase, PlannedShard};
+
+pub const PLACED: &str = "Placed";
+pub const READY: &str = "Ready";
+pub const PROGRESSING: &str = "Progressing";
+
+/// Where one shard is after the apply stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardState {
+    /// No pod (not created yet, or the old one is going away).
+    Missing,
+    /// Created, not bound to its node yet.
+    Created,
+    /// Bound to its planned node; not ready.
+    Bound,
+    Ready,
+}
+
+/// What the earlier stages concluded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The spec cannot run: `problems` say why.
+    Invalid { problems: Vec<String> },
+    /// No plan. `lost` is non-empty when a running plan lost shards that could
+    /// not be moved; that plan is kept in `plan`.
+    Unsatisfiable {
+        explanation: String,
+        plan: Vec<PlannedShard>,
+        lost: Vec<String>,
+    },
+    Placed {
+        plan: Vec<PlannedShard>,
+        tokens_per_second: Option<f64>,
+        /// Set when this reconcile moved shards: the reasons.
+        replanned: Vec<String>,
+    },
+}
+
+pub struct StatusInputs<'a> {
+    pub previous: Option<&'a ModelInstanceStatus>,
+    pub generation: Option<i64>,
+    pub placement_hash: Option<String>,
+    pub outcome: &'a Outcome,
+    pub shards: &'a [ShardState],
+    pub now: Timestamp,
+}
+
+pub fn compute(i: &StatusInputs) -> ModelInstanceStatus {
+    let prev_phase = i.previous.and_then(|p| p.phase);
+    let was_serving = matches!(prev_phase, Some(Phase::Running | Phase::Degraded));
+    let total = i.shards.len() as u32;
+    let ready = i.shards.iter().filter(|s| **s == ShardState::Ready).count() as u32;
+    let bound = i
+        .shards
+        .iter()
+        .filter(|s| matches!(s, ShardState::Bound | ShardState::Ready))
+        .count() as u32;
+
+    let (phase, placed, readiness, progressing, plan, tps, message);
+    match i.outcome {
+        Outcome::Invalid { problems } => {
+            let text = format!("invalid spec: {}", problems.join("; "));
+            phase = Phase::Failed;
+            placed = ("False", "InvalidSpec", text.clone());
+            readiness = ("False", "InvalidSpec", "the spec cannot run".to_string());
+            progressing = (
+                "False",
+                "InvalidSpec",
+                "fix the spec to continue".to_string(),
+            );
+            plan = Vec::new();
+            tps = None;
+            message = text;
+        }
+        Outcome::Unsatisfiable {
+            explanation,
+            plan: kept,
+            lost,
+        } => {
+            let text = if lost.is_empty() {
+                format!("no placement: {explanation}")
+            } else {
+                format!(
+                    "lost shards could not be re-placed ({}): {explanation}",
+                    lost.join("; ")
+                )
+            };
+            phase = if kept.is_empty() {
+                Phase::Pending
+            } else {
+                Phase::Degraded
+            };
+            placed = ("False", "Unsatisfiable", text.clone());
+            readiness = ready_condition(ready, total.max(kept.len() as u32));
+            progressing = (
+                "False",
+                "Unsatisfiable",
+                "waiting for the cluster to change".to_string(),
+            );
+            plan = kept.clone();
+            tps = i
+                .previous
+                .and_then(|p| p.predicted_tokens_per_second)
+                .filter(|_| !kept.is_empty());
+            message = text;
+        }
+        Outcome::Placed {
+            plan: p,
+            tokens_per_second,
+            replanned,
+        } => {
+            let nodes: std::collections::BTreeSet<&str> =
+                p.iter().map(|s| s.node.as_str()).collect();
+            let where_ = format!(
+                "{} shard{} on {}",
+                p.len(),
+                if p.len() == 1 { "" } else { "s" },
+                nodes.into_iter().collect::<Vec<_>>().join(", ")
+            );
+            placed = if replanned.is_empty() {
+                ("True", "Planned", where_.clone())
+            } else {
+                (
+                    "True",
+                    "Replanned",
+                    format!("{where_}; moved: {}", replanned.join("; ")),
+                )
+            };
+            readiness = ready_condition(ready, total);
+            phase = if total > 0 && ready == total {
+                Phase::Running
+            } else if was_serving {
+                Phase::Degraded
+            } else if total > 0 && bound == total {
+                Phase::Bound
+            } else {
+                Phase::Placing
+            };
+            progressing = if total > 0 && ready == total {
+                ("False", "Settled", "every shard is ready".to_string())
+            } else if i.shards.contains(&ShardState::Missing) {
+                (
+                    "True",
+                    "CreatingShards",
+                    format!("{} of {total} shard pods exist", total - missing(i.shards)),
+                )
+            } else if bound < total {
+                (
+                    "True",
+                    "BindingShards",
+                    format!("{bound} of {total} shards bound"),
+                )
+            } else {
+                (
+                    "True",
+                    "WaitingForShards",
+                    format!("{ready} of {total} shards ready"),
+                )
+            };
+            plan = p.clone();
+            tps = *tokens_per_second;
+            message = match phase {
+                Phase::Running => format!("{where_}, all ready"),
+                _ => progressing.2.clone(),
+            };
+        }
+    }
+
+    let prev_conditions = i.previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
+    let conditions = [
+        (PLACED, placed),
+        (READY, readiness),
+        (PROGRESSING, progressing),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
+        condition(
+            prev_conditions,
+            type_,
+            status,
+            reason,
+            message,
+            i.generation,
+            i.now,
+        )
+    })
+    .collect();
+    ModelInstanceStatus {
+        phase: Some(phase),
+        observed_generation: i.generation,
+        conditions,
+        shards: plan.len() as u32,
+        ready_shards: ready,
+        plan,
+        predicted_tokens_per_second: tps.map(|t| (t * 10.0).round() / 10.0),
+        message: Some(message),
+        placement_hash: match i.outcome {
+            Outcome::Invalid { .. } => None,
+            Outcome::Unsatisfiable { plan, .. } if plan.is_empty() => None,
+            _ => i.placement_hash.clone(),
+        },
+    }
+}
+
+fn missing(shards: &[ShardState]) -> u32 {
+    shards.iter().filter(|s| **s == ShardState::Missing).count() as u32
+}
+
+fn ready_condition(ready: u32, total: u32) -> (&'static str, &'static str, String) {
+    if total > 0 && ready == total {
+        (
+            "True",
+            "AllShardsReady",
+            format!("{ready} of {total} shards ready"),
+        )
+    } else {
+        (
+            "False",
+            "ShardsNotReady",
+            format!("{ready} of {total} shards ready"),
+        )
+    }
+}
+
+/// A condition that keeps its transition time while its status stays the same.
+fn condition(
+    previous: &[Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::testkit::now;
+
+    fn shard(i: u32) -> PlannedShard {
+        PlannedShard {
+            shard: i,
+            node: format!("n{i}"),
+            devices: vec![format!("n{i}-g0")],
+            layer_start: i * 10,
+            layer_end: i * 10 + 10,
+            predicted_memory_gib: 20.0,
+        }
+    }
+
+    fn placed() -> Outcome {
+        Outcome::Placed {
+            plan: vec![shard(0), shard(1)],
+            tokens_per_second: Some(41.26),
+            replanned: vec![],
+        }
+    }
+
+    fn compute_with(
+        previous: Option<&ModelInstanceStatus>,
+        outcome: &Outcome,
+        shards: &[ShardState],
+    ) -> ModelInstanceStatus {
+        compute(&StatusInputs {
+            previous,
+            generation: Some(3),
+            placement_hash: Some("h".into()),
+            outcome,
+            shards,
+            now: now(),
+        })
+    }
+
+    fn cond<'a>(s: &'a ModelInstanceStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn phases_follow_the_shards() {
+        use ShardState::*;
+        let cases = [
+            (vec![Missing, Created], Phase::Placing, "CreatingShards"),
+            (vec![Created, Created], Phase::Placing, "BindingShards"),
+            (vec![Bound, Ready], Phase::Bound, "WaitingForShards"),
+            (vec![Ready, Ready], Phase::Running, "Settled"),
+        ];
+        for (shards, phase, progressing) in cases {
+            let s = compute_with(None, &placed(), &shards);
+            assert_eq!(s.phase, Some(phase), "{shards:?}");
+            assert_eq!(cond(&s, PROGRESSING).reason, progressing);
+            assert_eq!(s.observed_generation, Some(3));
+            assert_eq!(s.shards, 2);
+            assert_eq!(s.plan.len(), 2);
+            assert_eq!(s.predicted_tokens_per_second, Some(41.3));
+            assert_eq!(s.placement_hash.as_deref(), Some("h"));
+            assert_eq!(cond(&s, PLACED).status, "True");
+        }
+        let running = compute_with(None, &placed(), &[Ready, Ready]);
+        assert_eq!(cond(&running, READY).status, "True");
+        assert_eq!(running.ready_shards, 2);
+        // A running instance that loses a shard is Degraded until it is back.
+        let s = compute_with(Some(&running), &placed(), &[Ready, Missing]);
+        assert_eq!(s.phase, Some(Phase::Degraded));
+        assert_eq!(cond(&s, READY).message, "1 of 2 shards ready");
+    }
+
+    #[test]
+    fn unsatisfiable_is_pending_with_the_reason() {
+        let outcome = Outcome::Unsatisfiable {
+            explanation: "shard 0 needs 120.0 GiB; the largest free device is 80.0 GiB".into(),
+            plan: vec![],
+            lost: vec![],
+        };
+        let s = compute_with(None, &outcome, &[]);
+        assert_eq!(s.phase, Some(Phase::Pending));
+        let placed = cond(&s, PLACED);
+        assert_eq!(
+            (placed.status.as_str(), placed.reason.as_str()),
+            ("False", "Unsatisfiable")
+        );
+        assert!(placed.message.contains("largest free device"));
+        assert!(s.plan.is_empty());
+        assert_eq!(s.placement_hash, None, "no plan was made for this spec");
+        // Lost shards that cannot move: the rest stays, Degraded.
+        let lost = Outcome::Unsatisfiable {
+            explanation: "no room".into(),
+            plan: vec![shard(0), shard(1)],
+            lost: vec!["shard 1: node n1 is gone".into()],
+        };
+        let s = compute_with(None, &lost, &[ShardState::Ready, ShardState::Missing]);
+        assert_eq!(s.phase, Some(Phase::Degraded));
+        assert!(
+            cond(&s, PLACED)
+                .message
+                .contains("shard 1: node n1 is gone")
+        );
+        assert_eq!(s.plan.len(), 2);
+    }
+
+    #[test]
+    fn invalid_specs_fail_with_every_problem() {
+        let outcome = Outcome::Invalid {
+            problems: vec!["template: missing".into(), "model.layers: zero".into()],
+        };
+        let s = compute_with(None, &outcome, &[]);
+        assert_eq!(s.phase, Some(Phase::Failed));
+        let c = cond(&s, PLACED);
+        assert_eq!(c.reason, "InvalidSpec");
+        assert!(c.message.contains("template: missing; model.layers: zero"));
+    }
+
+    #[test]
+    fn transition_times_stay_while_the_status_stays() {
+        let first = compute_with(None, &placed(), &[ShardState::Ready, ShardState::Ready]);
+        let mut later = StatusInputs {
+            previous: Some(&first),
+            generation: Some(3),
+            placement_hash: Some("h".into()),
+            outcome: &placed(),
+            shards: &[ShardState::Ready, ShardState::Ready],
+            now: "2026-06-01T13:00:00Z".parse().unwrap(),
+        };
+        assert_eq!(
+            compute(&later),
+            first,
+            "a settled instance's status does not change"
+        );
+        let shards = [ShardState::Ready, ShardState::Bound];
+        later.shards = &shards;
+        let s = compute(&later);
+        assert_eq!(
+            cond(&s, PLACED).last_transition_time,
+            cond(&first, PLACED).last_transition_time
+        );
+        assert_ne!(
+            cond(&s, READY).last_transition_time,
+            cond(&first, READY).last_transition_time
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! The validate stage: what makes an instance impossible to run whatever the
+//! cluster looks like. The CRD schema catches most of it at `kubectl apply`;
+//! this repeats those rules (for older CRDs) and adds the ones that need the
+//! pod template or the controller's configuration.
+
+use crate::api::{InvalidSpec, ModelInstance};
+
+/// `-shard-` plus up to four digits (at most 1024 stages) must fit into a
+/// 63-character hostname next to the instance name.
+const MAX_NAME: usize = 63 - "-shard-".len() - 4;
+
+pub fn check(mi: &ModelInstance, resource: &str) -> Result<(), InvalidSpec> {
+    let mut problems = match mi.spec.validate() {
+        Ok(()) => Vec::new(),
+        Err(e) => e.problems,
+    };
+    let name = mi.metadata.name.as_deref().unwrap_or("");
+    if name.len() > MAX_NAME {
+        problems.push(format!(
+            "metadata.name: {} characters is too long; shard pod names (<name>-shard-<i>) must stay hostnames, so at most {MAX_NAME}",
+            name.len()
+        ));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        problems.push(format!(
+            "metadata.name: {name:?} must start with a lower-case letter to name the shards' headless Service"
+        ));
+    }
+    match mi.spec.template.as_ref().and_then(|t| t.spec.as_ref()) {
+        None => problems.push(
+            "template: a pod template with at least one container is required to run the shards"
+                .to_string(),
+        ),
+        Some(spec) => {
+            // An empty container list is already reported by `validate`.
+            for (i, c) in spec.containers.iter().enumerate() {
+                let r = c.resources.as_ref();
+                let asks = r
+                    .and_then(|r| r.requests.as_ref())
+                    .is_some_and(|m| m.contains_key(resource))
+                    || r.and_then(|r| r.limits.as_ref())
+                        .is_some_and(|m| m.contains_key(resource));
+                if asks {
+                    problems.push(format!(
+                        "template.spec.containers[{i}]: requests {resource} itself; leave it out, the controller requests parallelism.tensor GPUs for the first container"
+                    ));
+                }
+            }
+            if spec.node_name.is_some() {
+                problems.push(
+                    "template.spec.nodeName: must be empty; tessera binds every shard to its planned node"
+                        .to_string(),
+                );
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(InvalidSpec { problems })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::testkit::{SMALL, instance};
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn problems(mi: &ModelInstance) -> String {
+        check(mi, "tessera.dev/gpu")
+            .unwrap_err()
+            .problems
+            .join("\n")
+    }
+
+    #[test]
+    fn a_good_instance_passes() {
+        check(&instance("llama", SMALL), "tessera.dev/gpu").unwrap();
+    }
+
+    #[test]
+    fn bad_instances_are_explained() {
+        let mut mi = instance("llama", SMALL);
+        mi.spec.template = None;
+        assert!(problems(&mi).contains("a pod template with at least one container is required"));
+
+        let mut mi = instance("llama", SMALL);
+        mi.spec
+            .template
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers
+            .clear();
+        assert!(problems(&mi).contains("no containers"));
+
+        let mut mi = instance("llama", SMALL);
+        let spec = mi.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.node_name = Some("n".into());
+        spec.containers[0].resources = Some(ResourceRequirements {
+            limits: Some([("tessera.dev/gpu".to_string(), Quantity("1".into()))].into()),
+            ..Default::default()
+        });
+        let p = problems(&mi);
+        assert!(
+            p.contains("containers[0]: requests tessera.dev/gpu itself"),
+            "{p}"
+        );
+        assert!(p.contains("template.spec.nodeName"), "{p}");
+
+        let mi = instance(&"x".repeat(53), SMALL);
+        assert!(problems(&mi).contains("too long"));
+        let mi = instance("7b-llama", SMALL);
+        assert!(problems(&mi).contains("must start with a lower-case letter"));
+
+        let mut mi = instance("llama", SMALL);
+        mi.spec.parallelism.tensor = 0;
+        assert!(problems(&mi).contains("parallelism.tensor"));
+    }
+}

@@ -1,0 +1,564 @@
+//! The controller's reconcile against a mocked API server: the exact writes
+//! for a new instance (Service, shard pod, binding, status, events), retries
+//! of conflicts and server errors, and no writes at all for a settled one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus, Service};
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tessera::api::{ModelInstance, ModelInstanceStatus, Phase};
+use tessera::controller::build::{headless_service, shard_pods};
+use tessera::controller::held::Held;
+use tessera::controller::metrics::Metrics;
+use tessera::controller::nodes::NodeInfo;
+use tessera::controller::plan::{Current, Decision, PlanInputs, decide};
+use tessera::controller::reconcile::{Caches, Context, Settings, reconcile};
+use tower_test::mock::{self, Handle, SendResponse};
+
+type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+const H100: &str = r#"{"id":"ID","index":I,"vendor":"nvidia","product":"NVIDIA H100 80GB HBM3","memoryTotalBytes":85899345920,"memoryFreeBytes":85000000000,"fp16Tflops":989.0,"memoryBandwidthGbps":3350.0,"temperatureC":40.0,"health":"Healthy"}"#;
+
+fn node(name: &str, gpus: usize) -> Node {
+    let devices: Vec<String> = (0..gpus)
+        .map(|i| {
+            H100.replace("ID", &format!("{name}-g{i}"))
+                .replace("\"index\":I", &format!("\"index\":{i}"))
+        })
+        .collect();
+    let state = format!(
+        r#"{{"version":"v1","backend":"fake","devices":[{}],"links":[]}}"#,
+        devices.join(",")
+    );
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"tessera.dev/gpu-state": state}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .unwrap()
+}
+
+fn instance() -> ModelInstance {
+    serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "ModelInstance",
+        "metadata": {"name": "llama", "namespace": "ml", "uid": "uid-llama", "generation": 1},
+        "spec": {
+            "model": {"name": "llama", "parametersBillions": 7, "layers": 32, "kvCacheGiB": 2},
+            "template": {"spec": {"containers": [{"name": "shard", "image": "busybox:1.37"}]}},
+        },
+    }))
+    .unwrap()
+}
+
+fn filled<K>(objects: Vec<K>) -> (reflector::Store<K>, Writer<K>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    (store, writer)
+}
+
+struct World {
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    services: Vec<Service>,
+    instances: Vec<ModelInstance>,
+}
+
+fn context(world: World, client: kube::Client) -> Arc<Context> {
+    let caches = Caches {
+        nodes: filled(world.nodes).0,
+        pods: filled(world.pods).0,
+        services: filled(world.services).0,
+        instances: filled(world.instances).0,
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tessera-controller".into(),
+            instance: None,
+        },
+    );
+    Arc::new(Context::new(
+        client,
+        Settings::default(),
+        caches,
+        recorder,
+        Arc::new(Metrics::default()),
+    ))
+}
+
+fn respond(send: SendResponse<Response<Body>>, code: StatusCode, body: &Value) {
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap(),
+    );
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": reason})
+}
+
+/// One request: method, path with query, JSON body.
+struct Call {
+    method: Method,
+    path: String,
+    body: Value,
+    send: SendResponse<Response<Body>>,
+}
+
+async fn next(api: &mut ApiHandle) -> Call {
+    let (request, send) = tokio::time::timeout(Duration::from_secs(10), api.next_request())
+        .await
+        .expect("the controller made no further request")
+        .expect("the client went away");
+    let method = request.method().clone();
+    let path = request
+        .uri()
+        .path_and_query()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    Call {
+        method,
+        path,
+        body,
+        send,
+    }
+}
+
+fn echo(call: Call, code: StatusCode) -> Value {
+    let mut body = call.body.clone();
+    if body["metadata"].is_object() && body["metadata"]["uid"].is_null() {
+        body["metadata"]["uid"] = json!("uid-created");
+    }
+    respond(call.send, code, &body);
+    call.body
+}
+
+#[tokio::test]
+async fn a_new_instance_gets_service_pod_binding_status_and_events() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mi = instance();
+    let ctx = context(
+        World {
+            nodes: vec![node("a", 2)],
+            pods: vec![],
+            services: vec![],
+            instances: vec![mi.clone()],
+        },
+        client,
+    );
+    let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
+
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::POST, "/api/v1/namespaces/ml/services?")
+    );
+    let svc = echo(c, StatusCode::CREATED);
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    assert_eq!(svc["metadata"]["ownerReferences"][0]["uid"], "uid-llama");
+
+    // The first attempt to create the pod meets a server error; it is retried.
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::POST, "/api/v1/namespaces/ml/pods?")
+    );
+    respond(
+        c.send,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &status(500, "InternalError"),
+    );
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::POST, "/api/v1/namespaces/ml/pods?")
+    );
+    let pod = echo(c, StatusCode::CREATED);
+    assert_eq!(pod["metadata"]["name"], "llama-shard-0");
+    assert_eq!(pod["spec"]["schedulerName"], "tessera");
+    let devices = pod["metadata"]["annotations"]["tessera.dev/devices"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(devices.starts_with("a-g"), "{devices}");
+    assert_eq!(
+        pod["spec"]["containers"][0]["resources"]["limits"]["tessera.dev/gpu"],
+        "1"
+    );
+
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (
+            &Method::POST,
+            "/api/v1/namespaces/ml/pods/llama-shard-0/binding?"
+        )
+    );
+    assert_eq!(
+        c.body["target"],
+        json!({"apiVersion": "v1", "kind": "Node", "name": "a"})
+    );
+    assert_eq!(c.body["metadata"]["name"], "llama-shard-0");
+    respond(
+        c.send,
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+    );
+
+    // A conflict on the status write is retried too.
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::PATCH);
+    assert!(
+        c.path
+            .starts_with("/apis/tessera.dev/v1alpha1/namespaces/ml/modelinstances/llama/status?"),
+        "{}",
+        c.path
+    );
+    assert!(
+        c.path.contains("fieldManager=tessera-controller") && c.path.contains("force=true"),
+        "{}",
+        c.path
+    );
+    respond(c.send, StatusCode::CONFLICT, &status(409, "Conflict"));
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::PATCH);
+    let written: ModelInstanceStatus = serde_json::from_value(c.body["status"].clone()).unwrap();
+    assert_eq!(c.body["kind"], "ModelInstance");
+    let mut echoed = serde_json::to_value(instance()).unwrap();
+    echoed["status"] = c.body["status"].clone();
+    respond(c.send, StatusCode::OK, &echoed);
+    assert_eq!(written.phase, Some(Phase::Bound));
+    assert_eq!(written.plan.len(), 1);
+    assert_eq!(written.plan[0].node, "a");
+    assert_eq!(written.plan[0].devices.join(","), devices);
+    assert_eq!(written.observed_generation, Some(1));
+    let placed = written
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Placed")
+        .unwrap();
+    assert_eq!(
+        (placed.status.as_str(), placed.reason.as_str()),
+        ("True", "Planned")
+    );
+
+    let mut reasons = Vec::new();
+    for _ in 0..2 {
+        let c = next(&mut api).await;
+        assert_eq!(c.method, Method::POST);
+        assert!(
+            c.path
+                .starts_with("/apis/events.k8s.io/v1/namespaces/ml/events"),
+            "{}",
+            c.path
+        );
+        assert_eq!(c.body["regarding"]["name"], "llama");
+        reasons.push(c.body["reason"].as_str().unwrap().to_string());
+        echo(c, StatusCode::CREATED);
+    }
+    assert_eq!(reasons, ["Planned", "Bound"]);
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_settled_instance_makes_no_writes() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mut mi = instance();
+    let nodes = vec![node("a", 2)];
+    // The plan the controller makes, and the pod it builds from it, running.
+    let infos: Vec<NodeInfo> = nodes
+        .iter()
+        .map(|n| NodeInfo::from_node(n).unwrap().unwrap())
+        .collect();
+    let held = Held::new();
+    let inputs = PlanInputs {
+        nodes: &infos,
+        held: &held,
+        now: k8s_openapi::jiff::Timestamp::now(),
+        node_grace: Duration::from_secs(300),
+        max_steps: 250_000,
+        known_unsatisfiable: None,
+    };
+    let current = Current {
+        plan: &[],
+        placement_hash: None,
+        failed_admission: &[],
+    };
+    let Decision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
+        panic!("no plan")
+    };
+    let mut pod = shard_pods(&mi, &new.plan, "tessera.dev/gpu").remove(0);
+    pod.metadata.uid = Some("uid-pod".into());
+    pod.spec.as_mut().unwrap().node_name = Some("a".into());
+    pod.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let svc = headless_service(&mi);
+
+    // First pass: only the status is missing.
+    let world = || World {
+        nodes: nodes.clone(),
+        pods: vec![pod.clone()],
+        services: vec![svc.clone()],
+        instances: vec![],
+    };
+    let run = tokio::spawn(reconcile(
+        Arc::new(mi.clone()),
+        context(world(), client.clone()),
+    ));
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::PATCH);
+    let written: ModelInstanceStatus = serde_json::from_value(c.body["status"].clone()).unwrap();
+    respond(c.send, StatusCode::OK, &serde_json::to_value(&mi).unwrap());
+    let c = next(&mut api).await;
+    assert_eq!(c.body["reason"], "Planned");
+    echo(c, StatusCode::CREATED);
+    run.await.unwrap().unwrap();
+    assert_eq!(written.phase, Some(Phase::Running));
+    assert_eq!(written.ready_shards, 1);
+
+    // Second pass over the written status: nothing to do.
+    mi.status = Some(written);
+    let ctx = context(world(), client);
+    tokio::select! {
+        result = reconcile(Arc::new(mi), ctx) => { result.unwrap(); }
+        call = api.next_request() => panic!("a settled instance must not write: {:?}", call.map(|(r, _)| r.uri().clone())),
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_instance_gets_a_condition_and_no_pods() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mut mi = instance();
+    mi.spec.template = None;
+    let ctx = context(
+        World {
+            nodes: vec![node("a", 2)],
+            pods: vec![],
+            services: vec![],
+            instances: vec![],
+        },
+        client,
+    );
+    let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::PATCH, "{}", c.path);
+    let written: ModelInstanceStatus = serde_json::from_value(c.body["status"].clone()).unwrap();
+    respond(
+        c.send,
+        StatusCode::OK,
+        &serde_json::to_value(instance()).unwrap(),
+    );
+    assert_eq!(written.phase, Some(Phase::Failed));
+    let placed = written
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Placed")
+        .unwrap();
+    assert_eq!(placed.reason, "InvalidSpec");
+    assert!(
+        placed.message.contains("pod template"),
+        "{}",
+        placed.message
+    );
+    let c = next(&mut api).await;
+    assert_eq!(c.body["reason"], "InvalidSpec");
+    assert_eq!(c.body["type"], "Warning");
+    echo(c, StatusCode::CREATED);
+    run.await.unwrap().unwrap();
+}
+
+/// A running, settled instance with one shard pod, for edits by hand.
+fn settled() -> (ModelInstance, Vec<Node>, Pod) {
+    let mi = instance();
+    let nodes = vec![node("a", 2)];
+    let infos: Vec<NodeInfo> = nodes
+        .iter()
+        .map(|n| NodeInfo::from_node(n).unwrap().unwrap())
+        .collect();
+    let held = Held::new();
+    let inputs = PlanInputs {
+        nodes: &infos,
+        held: &held,
+        now: k8s_openapi::jiff::Timestamp::now(),
+        node_grace: Duration::from_secs(300),
+        max_steps: 250_000,
+        known_unsatisfiable: None,
+    };
+    let current = Current {
+        plan: &[],
+        placement_hash: None,
+        failed_admission: &[],
+    };
+    let Decision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
+        panic!("no plan")
+    };
+    let mut pod = shard_pods(&mi, &new.plan, "tessera.dev/gpu").remove(0);
+    pod.metadata.uid = Some("uid-pod".into());
+    pod.spec.as_mut().unwrap().node_name = Some("a".into());
+    let mut mi = mi;
+    mi.status = Some(ModelInstanceStatus {
+        phase: Some(Phase::Running),
+        plan: new.plan,
+        placement_hash: Some(tessera::controller::plan::placement_hash(&mi.spec)),
+        ..Default::default()
+    });
+    (mi, nodes, pod)
+}
+
+#[tokio::test]
+async fn a_hand_edited_device_annotation_is_put_back() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, mut pod) = settled();
+    let planned = pod.metadata.annotations.as_ref().unwrap()["tessera.dev/devices"].clone();
+    pod.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("tessera.dev/devices".into(), "a-g0,a-g1".into());
+    let ctx = context(
+        World {
+            nodes,
+            pods: vec![pod],
+            services: vec![headless_service(&mi)],
+            instances: vec![],
+        },
+        client,
+    );
+    let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::PATCH, "/api/v1/namespaces/ml/pods/llama-shard-0?")
+    );
+    assert_eq!(
+        c.body,
+        json!({"metadata": {"annotations": {"tessera.dev/devices": planned}}})
+    );
+    echo(c, StatusCode::OK);
+    // Then the status (the shard is bound but not ready), and nothing else.
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::PATCH);
+    assert!(c.path.contains("/status?"));
+    respond(
+        c.send,
+        StatusCode::OK,
+        &serde_json::to_value(instance()).unwrap(),
+    );
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn an_evicted_shard_is_deleted_and_recreated_on_its_plan() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, mut pod) = settled();
+    pod.status = Some(PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some("Evicted".into()),
+        message: Some("The node was low on resource: memory.".into()),
+        ..Default::default()
+    });
+    let svc = headless_service(&mi);
+    let world = |pods: Vec<Pod>| World {
+        nodes: nodes.clone(),
+        pods,
+        services: vec![svc.clone()],
+        instances: vec![],
+    };
+    let run = tokio::spawn(reconcile(
+        Arc::new(mi.clone()),
+        context(world(vec![pod]), client.clone()),
+    ));
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::DELETE, "/api/v1/namespaces/ml/pods/llama-shard-0?")
+    );
+    assert_eq!(
+        c.body["preconditions"]["uid"], "uid-pod",
+        "only the pod that was seen is deleted"
+    );
+    respond(
+        c.send,
+        StatusCode::OK,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    );
+    let c = next(&mut api).await;
+    let written: ModelInstanceStatus = serde_json::from_value(c.body["status"].clone()).unwrap();
+    respond(
+        c.send,
+        StatusCode::OK,
+        &serde_json::to_value(instance()).unwrap(),
+    );
+    assert_eq!(written.phase, Some(Phase::Degraded));
+    let c = next(&mut api).await;
+    assert_eq!(
+        (c.body["reason"].as_str(), c.body["type"].as_str()),
+        (Some("ShardLost"), Some("Warning"))
+    );
+    assert!(c.body["note"].as_str().unwrap().contains("Evicted"));
+    echo(c, StatusCode::CREATED);
+    run.await.unwrap().unwrap();
+
+    // Once the pod is gone from the cache, it is created again and bound to the same node.
+    let mut mi = mi;
+    mi.status = Some(written);
+    let run = tokio::spawn(reconcile(Arc::new(mi), context(world(vec![]), client)));
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::POST, "/api/v1/namespaces/ml/pods?")
+    );
+    echo(c, StatusCode::CREATED);
+    let c = next(&mut api).await;
+    assert_eq!(c.body["target"]["name"], "a");
+    respond(
+        c.send,
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+    );
+    let c = next(&mut api).await;
+    assert!(c.path.contains("/status?"));
+    respond(
+        c.send,
+        StatusCode::OK,
+        &serde_json::to_value(instance()).unwrap(),
+    );
+    let c = next(&mut api).await;
+    assert_eq!(c.body["reason"], "Bound");
+    echo(c, StatusCode::CREATED);
+    run.await.unwrap().unwrap();
+}
