@@ -1,16 +1,24 @@
-//! The node state publisher against a real API server (no kubelet needed).
+//! The node agent against a real API server (no kubelet needed).
 //!
-//! Runs only when `TESSERA_TEST_KUBECONFIG` names a kubeconfig; otherwise it
-//! says it was skipped and passes. The kubeconfig's user must be allowed to
-//! create, get, patch and delete Nodes.
+//! Runs only when `TESSERA_TEST_KUBECONFIG` names a kubeconfig; otherwise each
+//! test says it was skipped and passes. The kubeconfig's user must be allowed
+//! to create, get, patch and delete Nodes, and (for the agent binary's pod
+//! watch; without it the agent only logs warnings) to list and watch Pods.
 //!
-//! The test creates its own uniquely named Node (`tessera-test-<pid>-<random>`,
+//! Each test creates its own uniquely named Node (`tessera-test-<pid>-<random>`,
 //! labelled `tessera.dev/test=true`, unschedulable and tainted so nothing lands
-//! on it), publishes fake GPUs onto it through the publisher's library entry
-//! point, and deletes it again — also when an assertion fails (a guard does it,
-//! with the Node's UID as a precondition, so it can never delete a Node it did
-//! not create). A Node left behind by a killed run can be found with
-//! `kubectl get nodes -l tessera.dev/test=true`.
+//! on it), publishes fake GPUs onto it, and deletes it again — also when an
+//! assertion fails (a guard does it, with the Node's UID as a precondition, so
+//! it can never delete a Node it did not create). A Node left behind by a
+//! killed run can be found with `kubectl get nodes -l tessera.dev/test=true`.
+//!
+//! - `the_agent_publishes_gpu_state_onto_its_node` drives the publisher through
+//!   the library;
+//! - `the_agent_binary_publishes_and_stops_on_sigterm` runs the built `tessera
+//!   agent` with `--node-name` and `--kubeconfig` (no kubelet: it serves its
+//!   socket and keeps trying to register), injects a fault through its fake GPU
+//!   file, and stops it with SIGTERM. The process is killed if the test fails
+//!   (a guard), and its log is shown in the failure message.
 //!
 //! Run against a cluster without a cloud provider (kind, k3d, a bare API
 //! server): a cloud node lifecycle controller deletes Nodes that have no
@@ -18,6 +26,7 @@
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -49,6 +58,10 @@ const FOREIGN_LABEL: &str = "example.com/rack";
 const ARRIVAL: Duration = Duration::from_secs(30);
 /// Bound on every single API call.
 const CALL: Duration = Duration::from_secs(20);
+/// How long the agent binary may take to serve its plugin socket.
+const SOCKET: Duration = Duration::from_secs(45);
+/// How long the agent binary may take to exit after SIGTERM.
+const STOP: Duration = Duration::from_secs(20);
 
 const TWO_H100: &str = "gpus:\n  - {profile: H100-80GiB, count: 2}\n";
 const TWO_H100_ONE_FAULTY: &str = "gpus:\n  - {profile: H100-80GiB, count: 2}\nfaults:\n  - {device: 1, unhealthy: \"Xid 79: GPU has fallen off the bus\"}\n";
@@ -68,12 +81,13 @@ async fn the_agent_publishes_gpu_state_onto_its_node() {
     // Locals drop in reverse order: the publisher and the poller stop before
     // the Node is deleted, and the fake GPU file goes last.
     let run = RunId::new();
-    let fake_file = TempFile::new(&run, TWO_H100);
+    let scratch = TempDir::new(&run, "lib");
+    let fake_file = scratch.write("gpus.yaml", TWO_H100);
     let node = create_node(&nodes, &config, &run).await;
     println!("created Node {} (uid {})", node.name, node.uid);
 
     let (tx, rx) = channel("fake");
-    let poller = Poller::start(fake_file.path(), tx);
+    let poller = Poller::start(&fake_file, tx);
     let stats = Arc::new(PublisherStats::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let publisher = AbortOnDrop(tokio::spawn(run_publisher(
@@ -86,47 +100,21 @@ async fn the_agent_publishes_gpu_state_onto_its_node() {
 
     // 1. The state arrives and reads back; our malformed and stale values are
     //    replaced, everything foreign is left alone.
-    let (state, found) = wait_for(&nodes, &node, &stats, "two healthy H100s", |s, n| {
+    let progress = || Ok(publisher_progress(&stats));
+    let (state, found) = wait_for(&nodes, &node, "two healthy H100s", progress, |s, n| {
         s.devices.len() == 2 && label(n, LABEL_GPU_COUNT) == Some("2")
     })
     .await;
-    assert_eq!(state.backend, "fake");
-    assert!(state.devices.iter().all(|d| d.health == Health::Healthy));
-    let stamp = state
-        .timestamp
-        .as_deref()
-        .expect("the state has a timestamp");
-    stamp
-        .parse::<k8s_openapi::jiff::Timestamp>()
-        .unwrap_or_else(|e| panic!("timestamp {stamp:?} is not RFC 3339: {e}"));
-    assert_eq!(label(&found, LABEL_GPU_VENDOR), Some("nvidia"));
-    assert_eq!(
-        label(&found, LABEL_GPU_PRODUCT),
-        Some("NVIDIA-H100-80GB-HBM3")
-    );
-    assert_eq!(label(&found, LABEL_GPU_MEMORY_GIB), Some("80"));
-    assert_eq!(label(&found, TEST_LABEL), Some("true"));
-    assert_eq!(label(&found, FOREIGN_LABEL), Some("r17"));
-    assert_eq!(
-        annotation(&found, FOREIGN_ANNOTATION),
-        Some(FOREIGN_VALUE),
-        "a foreign annotation was changed"
-    );
-    assert_eq!(annotation(&found, RUN_ANNOTATION), Some(run.token.as_str()));
+    check_first_state(&state, &found, &run);
     assert_eq!(stats.errors(), 0, "patches failed before the state arrived");
 
     // 2. A device fault reaches the Node without waiting for the drift interval.
-    fake_file.write(TWO_H100_ONE_FAULTY);
-    let (state, found) = wait_for(&nodes, &node, &stats, "device 1 unhealthy", |s, _| {
+    scratch.write("gpus.yaml", TWO_H100_ONE_FAULTY);
+    let (state, found) = wait_for(&nodes, &node, "device 1 unhealthy", progress, |s, _| {
         s.devices.len() == 2 && s.devices[1].health == Health::Unhealthy
     })
     .await;
-    assert_eq!(
-        state.devices[1].health_reason.as_deref(),
-        Some("Xid 79: GPU has fallen off the bus")
-    );
-    assert_eq!(label(&found, LABEL_GPU_COUNT), Some("2"));
-    assert_eq!(annotation(&found, FOREIGN_ANNOTATION), Some(FOREIGN_VALUE));
+    check_fault(&state, &found);
 
     // Orderly stop, then the Node goes (the guard would do it on failure too).
     let _ = stop.send(());
@@ -144,6 +132,137 @@ async fn the_agent_publishes_gpu_state_onto_its_node() {
         stats.published(),
         stats.errors()
     );
+}
+
+#[tokio::test]
+async fn the_agent_binary_publishes_and_stops_on_sigterm() {
+    let Some(path) = std::env::var_os(ENV).filter(|p| !p.is_empty()) else {
+        println!("skipped: {ENV} is not set");
+        return;
+    };
+    let path = PathBuf::from(path);
+    let config = load_config(&path).await;
+    let client = Client::try_from(config.clone())
+        .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
+    let nodes: Api<Node> = Api::all(client);
+
+    // Locals drop in reverse order: the agent is killed (if still running)
+    // before the Node is deleted, and the scratch directory goes last.
+    let run = RunId::new();
+    let scratch = TempDir::new(&run, "bin");
+    let fake_file = scratch.write("gpus.yaml", TWO_H100);
+    let node = create_node(&nodes, &config, &run).await;
+    println!("created Node {} (uid {})", node.name, node.uid);
+    let mut agent = AgentProcess::start(&scratch, &node.name, &path, &fake_file);
+
+    // 1. No kubelet here: the agent serves its socket, keeps trying to
+    //    register, and publishes all the same.
+    let (state, found) = wait_for(
+        &nodes,
+        &node,
+        "two healthy H100s from the agent binary",
+        || agent.progress(),
+        |s, n| s.devices.len() == 2 && label(n, LABEL_GPU_COUNT) == Some("2"),
+    )
+    .await;
+    check_first_state(&state, &found, &run);
+    assert!(
+        state.allocated.is_empty(),
+        "nothing is allocated without a kubelet: {:?}",
+        state.allocated
+    );
+    // The socket is served once the node's pods are listed (at most 30 s
+    // later if the kubeconfig's user cannot list pods).
+    let socket = scratch.path.join("plugins/tessera-tessera-dev-gpu.sock");
+    let deadline = Instant::now() + SOCKET;
+    while !socket.exists() {
+        if let Err(why) = agent.progress() {
+            panic!("waiting for the plugin socket: {why}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not serve {} within {SOCKET:?} while kubelet is absent\n{}",
+            socket.display(),
+            agent.log_tail()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+
+    // 2. A fault injected into the fake GPU file reaches the Node.
+    scratch.write("gpus.yaml", TWO_H100_ONE_FAULTY);
+    let (state, found) = wait_for(
+        &nodes,
+        &node,
+        "device 1 unhealthy, published by the agent binary",
+        || agent.progress(),
+        |s, _| s.devices.len() == 2 && s.devices[1].health == Health::Unhealthy,
+    )
+    .await;
+    check_fault(&state, &found);
+
+    // 3. SIGTERM: exit 0, socket removed.
+    let status = agent.terminate();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the agent did not exit cleanly on SIGTERM ({status})\n{}",
+        agent.log_tail()
+    );
+    assert!(
+        !socket.exists(),
+        "the agent left its socket {} behind",
+        socket.display()
+    );
+    drop(agent);
+    node.delete_now(&nodes).await;
+    println!("the agent binary published, saw the fault, stopped on SIGTERM; Node deleted");
+}
+
+/// What the first published state of two healthy fake H100s must look like,
+/// with the Node's foreign keys untouched and our stale ones replaced.
+fn check_first_state(state: &NodeGpuState, found: &Node, run: &RunId) {
+    assert_eq!(state.backend, "fake");
+    assert!(state.devices.iter().all(|d| d.health == Health::Healthy));
+    let stamp = state
+        .timestamp
+        .as_deref()
+        .expect("the state has a timestamp");
+    stamp
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .unwrap_or_else(|e| panic!("timestamp {stamp:?} is not RFC 3339: {e}"));
+    assert_eq!(label(found, LABEL_GPU_VENDOR), Some("nvidia"));
+    assert_eq!(
+        label(found, LABEL_GPU_PRODUCT),
+        Some("NVIDIA-H100-80GB-HBM3")
+    );
+    assert_eq!(label(found, LABEL_GPU_MEMORY_GIB), Some("80"));
+    assert_eq!(label(found, TEST_LABEL), Some("true"));
+    assert_eq!(label(found, FOREIGN_LABEL), Some("r17"));
+    assert_eq!(
+        annotation(found, FOREIGN_ANNOTATION),
+        Some(FOREIGN_VALUE),
+        "a foreign annotation was changed"
+    );
+    assert_eq!(annotation(found, RUN_ANNOTATION), Some(run.token.as_str()));
+}
+
+/// Device 1 is unhealthy with the injected reason; nothing else moved.
+fn check_fault(state: &NodeGpuState, found: &Node) {
+    assert_eq!(
+        state.devices[1].health_reason.as_deref(),
+        Some("Xid 79: GPU has fallen off the bus")
+    );
+    assert_eq!(state.devices[0].health, Health::Healthy);
+    assert_eq!(label(found, LABEL_GPU_COUNT), Some("2"));
+    assert_eq!(annotation(found, FOREIGN_ANNOTATION), Some(FOREIGN_VALUE));
+}
+
+fn publisher_progress(stats: &PublisherStats) -> String {
+    format!(
+        "{} patch(es) succeeded, {} failed",
+        stats.published(),
+        stats.errors()
+    )
 }
 
 async fn load_config(path: &Path) -> Config {
@@ -358,16 +477,20 @@ impl Drop for NodeGuard {
 }
 
 /// Polls our Node until its published state satisfies `done`; panics with what
-/// it last saw after `ARRIVAL`.
+/// it last saw after `ARRIVAL`. `progress` says how the publishing side is
+/// doing (for the failure message), or why waiting longer is pointless.
 async fn wait_for(
     nodes: &Api<Node>,
     node: &NodeGuard,
-    stats: &PublisherStats,
     what: &str,
+    mut progress: impl FnMut() -> Result<String, String>,
     done: impl Fn(&NodeGpuState, &Node) -> bool,
 ) -> (NodeGpuState, Node) {
     let deadline = Instant::now() + ARRIVAL;
     loop {
+        if let Err(why) = progress() {
+            panic!("while waiting for {what} on Node {}: {why}", node.name);
+        }
         let last_seen = match timeout(CALL, nodes.get_opt(&node.name)).await {
             Ok(Ok(Some(found))) => {
                 if found.metadata.uid.as_deref() != Some(node.uid.as_str()) {
@@ -396,12 +519,10 @@ async fn wait_for(
             Err(_) => format!("reading the Node took longer than {CALL:?}"),
         };
         if Instant::now() >= deadline {
+            let status = progress().unwrap_or_else(|why| why);
             panic!(
-                "waited {ARRIVAL:?} for {what} on Node {}; {} patch(es) succeeded, {} failed; \
-                 last seen: {last_seen}",
+                "waited {ARRIVAL:?} for {what} on Node {}; last seen: {last_seen}\n{status}",
                 node.name,
-                stats.published(),
-                stats.errors()
             );
         }
         sleep(Duration::from_millis(250)).await;
@@ -454,35 +575,141 @@ impl Drop for Poller {
     }
 }
 
-/// The fake GPU description, in a file so faults can be injected; removed when dropped.
-struct TempFile {
+/// A scratch directory for this run (fake GPU file, plugin dir, registry,
+/// checkpoint, agent log); removed when dropped.
+struct TempDir {
     path: PathBuf,
 }
 
-impl TempFile {
-    fn new(run: &RunId, text: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("tessera-cluster-agent-{}.yaml", run.token));
-        let file = Self { path };
-        file.write(text);
-        file
+impl TempDir {
+    fn new(run: &RunId, what: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("tessera-cluster-agent-{what}-{}", run.token));
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        Self { path }
     }
 
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Replaces the content in one step, so the poller never reads half a file.
-    fn write(&self, text: &str) {
-        let tmp = self.path.with_extension("yaml.tmp");
+    /// Replaces `name`'s content in one step, so a reader never sees half a
+    /// file; returns its path.
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path.join(name);
+        let tmp = self.path.join(format!("{name}.tmp"));
         std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("writing {}: {e}", tmp.display()));
-        std::fs::rename(&tmp, &self.path)
-            .unwrap_or_else(|e| panic!("renaming to {}: {e}", self.path.display()));
+        std::fs::rename(&tmp, &path)
+            .unwrap_or_else(|e| panic!("renaming to {}: {e}", path.display()));
+        path
     }
 }
 
-impl Drop for TempFile {
+impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// `tessera agent` as a child process, killed and reaped when dropped (a
+/// failed assertion included) so no agent outlives the test.
+struct AgentProcess {
+    child: Child,
+    log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl AgentProcess {
+    fn start(scratch: &TempDir, node: &str, kubeconfig: &Path, fake_file: &Path) -> Self {
+        let plugins = scratch.path.join("plugins");
+        std::fs::create_dir_all(&plugins)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", plugins.display()));
+        let log = scratch.path.join("agent.log");
+        let log_file = std::fs::File::create(&log)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .arg("agent")
+            .args(["--node-name", node])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--backend", "fake", "--fake"])
+            .arg(fake_file)
+            .arg("--plugin-dir")
+            .arg(&plugins)
+            .arg("--registry")
+            .arg(scratch.path.join("registry.json"))
+            .arg("--checkpoint")
+            .arg(scratch.path.join("checkpoint.json"))
+            // Port 0: the system picks a free loopback port; nothing here needs it.
+            .args(["--listen", "127.0.0.1:0", "--poll-interval-ms", "200"])
+            .env_remove("NODE_NAME")
+            .env_remove("TESSERA_FAKE_GPUS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the tessera binary: {e}"));
+        println!("started tessera agent (pid {})", child.id());
+        Self {
+            child,
+            log,
+            exited: None,
+        }
+    }
+
+    /// The last lines of the agent's log.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        format!("agent log ({}), last lines:\n{tail}", self.log.display())
+    }
+
+    /// For [`wait_for`]: the log so far, or an error once the agent has exited.
+    fn progress(&mut self) -> Result<String, String> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(self.log_tail()),
+            Ok(Some(status)) => {
+                self.exited = Some(status);
+                Err(format!(
+                    "the agent exited early ({status})\n{}",
+                    self.log_tail()
+                ))
+            }
+            Err(e) => Err(format!("cannot check on the agent: {e}")),
+        }
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap_or_else(|e| panic!("running kill: {e}"));
+        assert!(sent.success(), "kill -TERM {pid} failed: {sent}");
+        let deadline = std::time::Instant::now() + STOP;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.exited = Some(status);
+                    return status;
+                }
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Ok(None) => panic!(
+                    "the agent did not stop within {STOP:?} of SIGTERM\n{}",
+                    self.log_tail()
+                ),
+                Err(e) => panic!("cannot wait for the agent: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

@@ -157,6 +157,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let runner = PluginRunner::new(plugin_config, rx.clone(), tx.clone());
     let plugin_status = runner.status();
     let plugin_stop = stopped();
+    let stop_waiting = stopped();
     let plugin = tokio::spawn(async move {
         if let Some(index) = binding {
             tokio::select! {
@@ -164,6 +165,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 _ = tokio::time::sleep(Duration::from_secs(30)) => tracing::warn!(
                     "the pods on this node were not listed within 30 s; serving kubelet anyway (allocations are refused until they are)"
                 ),
+                // SIGTERM while waiting: nothing is served yet, nothing to stop.
+                _ = stop_waiting => return Ok(()),
             }
         }
         runner.run(plugin_stop).await
