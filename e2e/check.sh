@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# End-to-end assertions against a cluster that runs tessera with fake GPUs (the chart
+# with agent.backend=fake, as e2e/run.sh installs it on kind). Works against any such
+# cluster through KUBECONFIG:
+#
+#   KUBECONFIG=/path/to/kubeconfig e2e/check.sh
+#
+# It applies examples/llama-7b.yaml and examples/llama-70b.yaml and asserts that
+#   1. every instance reaches phase Running, each shard pod <instance>-shard-<i> runs on
+#      .status.plan[i].node and sees exactly .status.plan[i].devices, and the headless
+#      Service <instance> belongs to the instance;
+#   2. an instance too large for the cluster stays Pending with condition Placed=False
+#      and a message saying why;
+#   3. a fault injected into the fake device of a shard (by editing the fake GPU
+#      ConfigMap) gets that shard re-placed onto other devices;
+#   4. deleting the instances removes their pods and Services.
+# The ConfigMap is restored and the test namespace deleted on exit (KEEP=1 keeps the
+# namespace for a look around).
+#
+# Environment: E2E_NAMESPACE (tessera-e2e) where the instances go; TESSERA_NAMESPACE
+# (tessera-system) and FAKE_CONFIGMAP (tessera-fake-gpus) where the chart is; TIMEOUT
+# (300) seconds for each wait; RESOURCE_NAME (tessera.dev/gpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readonly NAMESPACE="${E2E_NAMESPACE:-tessera-e2e}"
+readonly TESSERA_NAMESPACE="${TESSERA_NAMESPACE:-tessera-system}"
+readonly FAKE_CONFIGMAP="${FAKE_CONFIGMAP:-tessera-fake-gpus}"
+readonly TIMEOUT="${TIMEOUT:-300}"
+readonly RESOURCE_NAME="${RESOURCE_NAME:-tessera.dev/gpu}"
+readonly KEEP="${KEEP:-0}"
+readonly INSTANCES=(llama-7b llama-70b)
+readonly TOO_BIG=tessera-e2e-too-big
+# The instance whose shard 0 gets a fault injected.
+readonly FAULTED=llama-7b
+
+log() { printf '[check %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+die() {
+  echo "check FAILED: $*" >&2
+  {
+    echo "--- ModelInstances"
+    kubectl get mi -n "$NAMESPACE" -o wide || true
+    echo "--- pods"
+    kubectl get pods -n "$NAMESPACE" -o wide || true
+    echo "--- instance status"
+    kubectl get mi -n "$NAMESPACE" -o json | jq '.items[] | {name: .metadata.name, status}' || true
+  } >&2
+  exit 1
+}
+
+for tool in kubectl jq; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool is required but not on PATH"
+done
+
+mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
+
+# wait_until SECONDS DESCRIPTION COMMAND...: runs COMMAND every 3 s until it succeeds;
+# on timeout fails with DESCRIPTION and the command's last output.
+wait_until() {
+  local seconds="$1" what="$2"
+  shift 2
+  local deadline=$((SECONDS + seconds)) out=""
+  while true; do
+    if out=$("$@" 2>&1); then
+      return 0
+    fi
+    if ((SECONDS >= deadline)); then
+      die "timed out after ${seconds}s waiting for: ${what}. Last check: ${out}"
+    fi
+    sleep 3
+  done
+}
+
+sorted_csv() { tr ',' '\n' | sed '/^$/d' | sort | paste -sd, -; }
+
+# shards_match_plan INSTANCE: every planned shard has its pod Running on the planned
+# node, with the planned devices in its annotation and in what the container sees, and
+# no other pods belong to the instance. Prints the first mismatch.
+shards_match_plan() {
+  local instance="$1" status plan count pods
+  status=$(mi "$instance")
+  plan=$(jq -c '.status.plan // []' <<<"$status")
+  count=$(jq 'length' <<<"$plan")
+  if [[ "$count" -eq 0 ]]; then
+    echo "$instance has no plan yet (phase $(jq -r '.status.phase // "-"' <<<"$status"))"
+    return 1
+  fi
+  pods=$(kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$instance" -o json)
+  local npods
+  npods=$(jq '[.items[] | select(.metadata.deletionTimestamp == null)] | length' <<<"$pods")
+  if [[ "$npods" -ne "$count" ]]; then
+    echo "$instance: $npods live pods for $count planned shards"
+    return 1
+  fi
+  local i
+  for ((i = 0; i < count; i++)); do
+    local shard node devices pod name
+    shard=$(jq -c ".[$i]" <<<"$plan")
+    node=$(jq -r '.node' <<<"$shard")
+    devices=$(jq -r '.devices | join(",")' <<<"$shard")
+    name="$instance-shard-$(jq -r '.shard // '"$i" <<<"$shard")"
+    pod=$(jq -c --arg name "$name" '.items[] | select(.metadata.name == $name)' <<<"$pods")
+    if [[ -z "$pod" ]]; then
+      echo "pod $name does not exist"
+      return 1
+    fi
+    local phase pod_node pod_devices
+    phase=$(jq -r '.status.phase' <<<"$pod")
+    pod_node=$(jq -r '.spec.nodeName // ""' <<<"$pod")
+    pod_devices=$(jq -r '.metadata.annotations["tessera.dev/devices"] // ""' <<<"$pod")
+    if [[ "$phase" != Running ]]; then
+      echo "pod $name is $phase, not Running"
+      return 1
+    fi
+    if [[ "$pod_node" != "$node" ]]; then
+      echo "pod $name runs on $pod_node; the plan says $node"
+      return 1
+    fi
+    if [[ "$(sorted_csv <<<"$pod_devices")" != "$(sorted_csv <<<"$devices")" ]]; then
+      echo "pod $name is annotated with devices $pod_devices; the plan says $devices"
+      return 1
+    fi
+    local seen
+    seen=$(kubectl logs -n "$NAMESPACE" "$name" 2>/dev/null | sed -n 's/.*sees devices: //p' | tail -n 1)
+    if [[ "$(sorted_csv <<<"$seen")" != "$(sorted_csv <<<"$devices")" ]]; then
+      echo "pod $name sees TESSERA_VISIBLE_DEVICES='$seen'; the plan says $devices"
+      return 1
+    fi
+  done
+  return 0
+}
+
+print_plan() {
+  mi "$1" | jq -r '.status.plan[] | "  shard \(.shard): \(.node) [\(.devices | join(","))] layers \(.layerStart)-\(.layerEnd)"'
+}
+
+# --- preflight -------------------------------------------------------------------
+kubectl get crd modelinstances.tessera.dev >/dev/null 2>&1 \
+  || die "the ModelInstance CRD is not installed (helm install tessera charts/tessera first)"
+gpu_nodes=$(kubectl get nodes -o json \
+  | jq -r --arg r "$RESOURCE_NAME" '.items[] | select((.status.allocatable[$r] // "0") != "0") | "\(.metadata.name)=\(.status.allocatable[$r])"')
+[[ -n "$gpu_nodes" ]] || die "no node has allocatable $RESOURCE_NAME: are the agents running and registered?"
+log "nodes with $RESOURCE_NAME: $(paste -sd' ' <<<"$gpu_nodes")"
+kubectl get configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 \
+  || die "ConfigMap $TESSERA_NAMESPACE/$FAKE_CONFIGMAP not found: this check needs the fake backend"
+
+created_namespace=0
+fault_key=""
+fault_original=""
+fault_had_key=0
+
+cleanup() {
+  local rc=$?
+  if [[ -n "$fault_key" ]]; then
+    log "restoring ConfigMap $FAKE_CONFIGMAP"
+    restore_fake_configmap || echo "warning: could not restore ConfigMap $FAKE_CONFIGMAP key $fault_key" >&2
+  fi
+  if [[ "$created_namespace" -eq 1 && "$KEEP" != 1 ]]; then
+    kubectl delete namespace "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+restore_fake_configmap() {
+  local patch
+  if [[ "$fault_had_key" -eq 1 ]]; then
+    patch=$(jq -n --arg k "$fault_key" --arg v "$fault_original" '{data: {($k): $v}}')
+  else
+    patch=$(jq -n --arg k "$fault_key" '{data: {($k): null}}')
+  fi
+  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge -p "$patch" >/dev/null
+  fault_key=""
+}
+
+if ! kubectl get namespace "$NAMESPACE" >/dev/null 2>&1; then
+  kubectl create namespace "$NAMESPACE" >/dev/null
+  created_namespace=1
+fi
+
+# --- 1. the examples run where they were planned --------------------------------
+for instance in "${INSTANCES[@]}"; do
+  log "applying examples/$instance.yaml"
+  kubectl apply -n "$NAMESPACE" -f "examples/$instance.yaml" >/dev/null
+done
+for instance in "${INSTANCES[@]}"; do
+  log "waiting for $instance to reach Running"
+  kubectl wait -n "$NAMESPACE" "mi/$instance" --for=jsonpath='{.status.phase}'=Running \
+    --timeout="${TIMEOUT}s" >/dev/null || die "$instance did not reach phase Running"
+  wait_until "$TIMEOUT" "$instance shard pods to match the plan" shards_match_plan "$instance"
+  status=$(mi "$instance")
+  shards=$(jq -r '.status.shards' <<<"$status")
+  ready=$(jq -r '.status.readyShards' <<<"$status")
+  [[ "$shards" == "$ready" ]] || die "$instance is Running with $ready of $shards shards ready"
+  svc=$(kubectl get service "$instance" -n "$NAMESPACE" -o json 2>/dev/null) \
+    || die "headless Service $instance does not exist"
+  [[ "$(jq -r '.spec.clusterIP' <<<"$svc")" == None ]] || die "Service $instance is not headless"
+  owner=$(jq -r '.metadata.ownerReferences[]? | select(.kind == "ModelInstance") | .name' <<<"$svc")
+  [[ "$owner" == "$instance" ]] || die "Service $instance is not owned by ModelInstance $instance (owner: '${owner}')"
+  log "$instance Running, $ready/$shards shards on their planned devices:"
+  print_plan "$instance"
+done
+
+# --- 2. an unsatisfiable instance says why ---------------------------------------
+log "applying $TOO_BIG (a 1000B-parameter model: more memory than the whole cluster)"
+kubectl apply -n "$NAMESPACE" -f - >/dev/null <<EOF
+apiVersion: tessera.dev/v1alpha1
+kind: ModelInstance
+metadata:
+  name: ${TOO_BIG}
+spec:
+  model:
+    name: e2e/too-big
+    parametersBillions: 1000
+    layers: 120
+    dtype: bf16
+  parallelism:
+    tensor: 1
+    pipeline: auto
+  template:
+    spec:
+      containers:
+        - name: shard
+          image: busybox:1.37
+          command: ["sleep", "3600"]
+EOF
+kubectl wait -n "$NAMESPACE" "mi/$TOO_BIG" \
+  --for=jsonpath='{.status.conditions[?(@.type=="Placed")].status}'=False \
+  --timeout="${TIMEOUT}s" >/dev/null || die "$TOO_BIG has no condition Placed=False"
+status=$(mi "$TOO_BIG")
+phase=$(jq -r '.status.phase' <<<"$status")
+[[ "$phase" == Pending ]] || die "$TOO_BIG is $phase, expected Pending"
+message=$(jq -r '.status.conditions[] | select(.type == "Placed") | .message // ""' <<<"$status")
+[[ -n "$message" ]] || die "$TOO_BIG: condition Placed=False has no message"
+pods=$(kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$TOO_BIG" -o name)
+[[ -z "$pods" ]] || die "$TOO_BIG is unsatisfiable but has pods: $pods"
+log "$TOO_BIG Pending, Placed=False: $message"
+
+# --- 3. a faulty device gets its shard re-placed ---------------------------------
+plan0=$(mi "$FAULTED" | jq -c '.status.plan[0]')
+node=$(jq -r '.node' <<<"$plan0")
+device=$(jq -r '.devices[0]' <<<"$plan0")
+index=$(kubectl get node "$node" -o json \
+  | jq -r --arg id "$device" '.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .devices[] | select(.id == $id) | .index')
+[[ "$index" =~ ^[0-9]+$ ]] || die "device $device is not in node $node's published GPU state"
+
+cm=$(kubectl get configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" -o json)
+if jq -e --arg k "$node.yaml" '.data[$k] != null' <<<"$cm" >/dev/null; then
+  key="$node.yaml"
+  fault_had_key=1
+else
+  key=default.yaml
+  fault_had_key=0
+fi
+original=$(jq -r --arg k "$key" '.data[$k] // ""' <<<"$cm")
+[[ -n "$original" ]] || die "ConfigMap $FAKE_CONFIGMAP has neither $node.yaml nor default.yaml"
+if grep -q '^faults:' <<<"$original"; then
+  die "$FAKE_CONFIGMAP/$key already has faults; clear them before running this check"
+fi
+if [[ "$key" == default.yaml ]]; then
+  # Fault only this node: give it its own copy of the default file.
+  key="$node.yaml"
+fi
+faulty=$(printf '%s\nfaults:\n  - {device: %s, unhealthy: "e2e: injected fault"}\n' "${original%$'\n'}" "$index")
+fault_key="$key"
+fault_original="$original"
+log "injecting a fault into $node device $index ($device), shard 0 of $FAULTED"
+kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
+  -p "$(jq -n --arg k "$key" --arg v "$faulty" '{data: {($k): $v}}')" >/dev/null
+
+device_unhealthy() {
+  kubectl get node "$node" -o json \
+    | jq -e --arg id "$device" '.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .devices[] | select(.id == $id) | .health == "Unhealthy"' >/dev/null \
+    || { echo "$device on $node is not reported Unhealthy yet"; return 1; }
+}
+# kubelet syncs ConfigMap volumes periodically (about a minute by default).
+wait_until "$TIMEOUT" "$node to publish $device as Unhealthy" device_unhealthy
+log "$node publishes $device as Unhealthy"
+
+shard0_moved() {
+  local now
+  now=$(mi "$FAULTED" | jq -c '.status.plan[0] // empty')
+  if [[ -z "$now" ]]; then
+    echo "$FAULTED has no shard 0 in its plan"
+    return 1
+  fi
+  if jq -e --arg node "$node" --arg id "$device" '.node == $node and (.devices | index($id) != null)' <<<"$now" >/dev/null; then
+    echo "shard 0 of $FAULTED is still planned on $node/$device"
+    return 1
+  fi
+}
+wait_until "$TIMEOUT" "shard 0 of $FAULTED to be re-placed off $node/$device" shard0_moved
+kubectl wait -n "$NAMESPACE" "mi/$FAULTED" --for=jsonpath='{.status.phase}'=Running \
+  --timeout="${TIMEOUT}s" >/dev/null || die "$FAULTED did not return to Running after the fault"
+wait_until "$TIMEOUT" "$FAULTED shard pods to match the new plan" shards_match_plan "$FAULTED"
+log "$FAULTED re-placed:"
+print_plan "$FAULTED"
+restore_fake_configmap
+log "fault cleared"
+
+# --- 4. deleting the instances cleans up -----------------------------------------
+log "deleting the instances"
+kubectl delete mi -n "$NAMESPACE" "${INSTANCES[@]}" "$TOO_BIG" --wait=true --timeout="${TIMEOUT}s" >/dev/null \
+  || die "deleting the ModelInstances did not finish"
+gone() {
+  local left
+  left=$(
+    for instance in "${INSTANCES[@]}" "$TOO_BIG"; do
+      kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$instance" -o name
+      kubectl get service "$instance" -n "$NAMESPACE" -o name --ignore-not-found
+    done
+  )
+  if [[ -n "$left" ]]; then
+    echo "still there: $(paste -sd' ' <<<"$left")"
+    return 1
+  fi
+}
+wait_until "$TIMEOUT" "the instances' pods and Services to be deleted" gone
+log "pods and Services deleted"
+
+log "all checks passed"
