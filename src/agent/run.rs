@@ -14,7 +14,7 @@ use super::binding::{BindingConfig, BindingIndex, run_pod_watch};
 use super::http::{AgentMetrics, Counters, router, serve};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use super::registration::{PluginConfig, PluginRunner};
-use super::state::{channel, spawn_poller};
+use super::state::{channel, spawn_poller_with_ids};
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
@@ -99,12 +99,16 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     tracing::info!(backend = backend.name(), "GPU backend selected");
     let (tx, rx) = channel(backend.name());
     let stop_polling = Arc::new(AtomicBool::new(false));
-    let poller = spawn_poller(
+    // The registry of the last run keeps device IDs stable across restarts
+    // (a GPU lost meanwhile keeps its UUID rather than a positional ID).
+    let known = config.registry.as_deref().and_then(Registry::load);
+    let poller = spawn_poller_with_ids(
         backend,
         HealthTracker::new(config.health),
         config.poll_interval,
         tx.clone(),
         stop_polling.clone(),
+        known,
     );
 
     let (stop_tx, stop_rx) = watch::channel(false);

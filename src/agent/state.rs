@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::backend::health::HealthTracker;
-use crate::backend::{GpuBackend, RawHealth, Snapshot, snapshot};
+use crate::backend::registry::Registry;
+use crate::backend::{GpuBackend, RawHealth, Snapshot, nvml, snapshot};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceView {
@@ -61,17 +62,35 @@ pub fn channel(backend: &str) -> (ViewTx, ViewRx) {
 /// Reads the backend every `interval` on its own thread (backend calls block)
 /// until `stop` is set, publishing each snapshot through `tx`.
 pub fn spawn_poller(
+    backend: Box<dyn GpuBackend>,
+    tracker: HealthTracker,
+    interval: Duration,
+    tx: ViewTx,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    spawn_poller_with_ids(backend, tracker, interval, tx, stop, None)
+}
+
+/// [`spawn_poller`], and a device that now reports only a fallback ID (a
+/// lost NVIDIA GPU) gets the ID `registry` knew it by (see
+/// [`Registry::stabilize_ids`]), so device IDs stay the same across agent
+/// restarts for kubelet, the allocation checkpoint and the controller's plans.
+pub fn spawn_poller_with_ids(
     mut backend: Box<dyn GpuBackend>,
     mut tracker: HealthTracker,
     interval: Duration,
     tx: ViewTx,
     stop: Arc<AtomicBool>,
+    registry: Option<Registry>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
             match snapshot(backend.as_mut()) {
                 Ok(mut snap) => {
+                    if let Some(r) = &registry {
+                        r.stabilize_snapshot(&mut snap, nvml::is_fallback_id);
+                    }
                     tracker.apply(&mut snap, Instant::now());
                     tx.send_modify(|v| {
                         v.snapshot = snap;
@@ -129,5 +148,94 @@ mod tests {
         assert!(view.health().iter().all(|(_, ok)| *ok));
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
+    }
+
+    /// A backend whose second device can no longer tell its UUID.
+    struct LostUuid(FakeBackend);
+
+    impl GpuBackend for LostUuid {
+        fn name(&self) -> &str {
+            "lost"
+        }
+
+        fn devices(
+            &mut self,
+        ) -> Result<Vec<crate::backend::DeviceInfo>, crate::backend::BackendError> {
+            let mut devices = self.0.devices()?;
+            devices[1].id = nvml::fallback_id(1);
+            devices[1].pci_bus_id.clear();
+            Ok(devices)
+        }
+
+        fn telemetry(
+            &mut self,
+            _: &crate::backend::DeviceInfo,
+        ) -> Result<crate::backend::Telemetry, crate::backend::BackendError> {
+            Ok(crate::backend::Telemetry {
+                memory_free_bytes: 1 << 30,
+                ..Default::default()
+            })
+        }
+
+        fn health(
+            &mut self,
+            d: &crate::backend::DeviceInfo,
+        ) -> Result<RawHealth, crate::backend::BackendError> {
+            Ok(if nvml::is_fallback_id(&d.id) {
+                RawHealth::Unhealthy("GPU is lost".into())
+            } else {
+                RawHealth::Healthy
+            })
+        }
+
+        fn links(
+            &mut self,
+            devices: &[crate::backend::DeviceInfo],
+        ) -> Result<Vec<crate::backend::Link>, crate::backend::BackendError> {
+            self.0.links(devices)
+        }
+    }
+
+    #[test]
+    fn a_lost_gpu_keeps_the_id_the_registry_knew() {
+        let mut fake = FakeBackend::new("2xH100-80GiB").unwrap();
+        let known = fake.devices().unwrap();
+        let registry = Registry::new(known.clone());
+        let (tx, mut rx) = channel("lost");
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = spawn_poller_with_ids(
+            Box::new(LostUuid(fake)),
+            HealthTracker::new(HealthPolicy::default()),
+            Duration::from_millis(10),
+            tx,
+            stop.clone(),
+            Some(registry),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|v| v.ready))
+                .await
+                .unwrap()
+                .unwrap();
+        });
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap();
+        let view = rx.borrow().clone();
+        // The same ID as before, reported unhealthy: kubelet and the
+        // controller see the device they know go bad, not a new one.
+        assert_eq!(
+            view.health(),
+            [(known[0].id.clone(), true), (known[1].id.clone(), false)]
+        );
+        let state = view.snapshot.to_gpu_state(None);
+        state.validate().unwrap();
+        assert!(
+            state.links.iter().all(|l| !nvml::is_fallback_id(&l.b)),
+            "{:?}",
+            state.links
+        );
     }
 }

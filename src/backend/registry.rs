@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::DeviceInfo;
+use super::{DeviceInfo, Snapshot};
 
 pub const DEFAULT_PATH: &str = "/var/lib/tessera/registry.json";
 const VERSION: u32 = 1;
@@ -72,21 +72,66 @@ impl Registry {
         std::fs::rename(&tmp, path)
     }
 
-    /// Gives devices the IDs they had before when they are found again at the
-    /// same PCI address but now report no proper ID (a backend falls back to a
-    /// positional ID when a lost GPU cannot tell its UUID).
-    pub fn stabilize_ids(&self, devices: &mut [DeviceInfo], is_fallback_id: impl Fn(&str) -> bool) {
+    /// Gives devices the IDs they had before when they now report no proper
+    /// ID (a backend falls back to a positional ID when a lost GPU cannot tell
+    /// its UUID), so kubelet, the allocation checkpoint and the controller's
+    /// plans keep naming the same device across agent restarts. A device is
+    /// recognised by its PCI address, or — when it has none (NVML cannot read
+    /// it from a lost GPU) and the node has as many devices as the registry —
+    /// by its index. An ID another device of the node has is never given out.
+    /// Returns the renames, `(fallback ID, stable ID)`.
+    pub fn stabilize_ids(
+        &self,
+        devices: &mut [DeviceInfo],
+        is_fallback_id: impl Fn(&str) -> bool,
+    ) -> Vec<(String, String)> {
+        let same_count = self.devices.len() == devices.len();
+        let mut taken: std::collections::HashSet<String> =
+            devices.iter().map(|d| d.id.clone()).collect();
+        let mut renames = Vec::new();
         for d in devices.iter_mut() {
             if !is_fallback_id(&d.id) {
                 continue;
             }
-            if let Some(known) = self
-                .devices
-                .iter()
-                .find(|k| k.pci_bus_id == d.pci_bus_id && !d.pci_bus_id.is_empty())
-            {
-                d.id = known.id.clone();
+            let known = if d.pci_bus_id.is_empty() {
+                same_count
+                    .then(|| self.devices.iter().find(|k| k.index == d.index))
+                    .flatten()
+            } else {
+                self.devices.iter().find(|k| k.pci_bus_id == d.pci_bus_id)
+            };
+            let Some(known) = known else { continue };
+            if known.id == d.id || is_fallback_id(&known.id) || taken.contains(&known.id) {
+                continue;
             }
+            taken.insert(known.id.clone());
+            renames.push((
+                std::mem::replace(&mut d.id, known.id.clone()),
+                known.id.clone(),
+            ));
+        }
+        renames
+    }
+
+    /// [`Registry::stabilize_ids`] on a snapshot: its devices and the ends of
+    /// its links.
+    pub fn stabilize_snapshot(&self, snap: &mut Snapshot, is_fallback_id: impl Fn(&str) -> bool) {
+        let mut infos: Vec<DeviceInfo> = snap.devices.iter().map(|d| d.info.clone()).collect();
+        let renames = self.stabilize_ids(&mut infos, is_fallback_id);
+        if renames.is_empty() {
+            return;
+        }
+        for (d, info) in snap.devices.iter_mut().zip(infos) {
+            d.info = info;
+        }
+        let renamed = |id: &mut String| {
+            if let Some((_, new)) = renames.iter().find(|(old, _)| old == id) {
+                *id = new.clone();
+            }
+        };
+        for l in &mut snap.links {
+            renamed(&mut l.a);
+            renamed(&mut l.b);
         }
     }
 
@@ -152,12 +197,76 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    fn fallback(id: &str) -> bool {
+        id.starts_with("index-")
+    }
+
     #[test]
     fn lost_devices_keep_their_ids() {
         let r = Registry::new(devices());
         let mut now = devices();
         now[1].id = "index-1".into();
-        r.stabilize_ids(&mut now, |id| id.starts_with("index-"));
+        let renames = r.stabilize_ids(&mut now, fallback);
         assert_eq!(now[1].id, r.devices[1].id);
+        assert_eq!(renames, [("index-1".to_string(), r.devices[1].id.clone())]);
+    }
+
+    #[test]
+    fn a_device_without_a_pci_address_is_matched_by_index_only_when_the_count_agrees() {
+        let r = Registry::new(devices());
+        let mut now = devices();
+        now[1].id = "index-1".into();
+        now[1].pci_bus_id.clear();
+        r.stabilize_ids(&mut now, fallback);
+        assert_eq!(now[1].id, r.devices[1].id);
+
+        // One device fewer: positions may have moved, so nothing is guessed.
+        let mut fewer = devices()[1..].to_vec();
+        fewer[0].index = 0;
+        fewer[0].id = "index-0".into();
+        fewer[0].pci_bus_id.clear();
+        assert!(r.stabilize_ids(&mut fewer, fallback).is_empty());
+        assert_eq!(fewer[0].id, "index-0");
+    }
+
+    #[test]
+    fn an_id_already_on_the_node_is_never_given_twice() {
+        let r = Registry::new(devices());
+        let mut now = devices();
+        // Device 1 reports device 0's old PCI address (e.g. moved slots) while
+        // device 0 still has its UUID.
+        now[1].id = "index-1".into();
+        now[1].pci_bus_id = r.devices[0].pci_bus_id.clone();
+        assert!(r.stabilize_ids(&mut now, fallback).is_empty());
+        assert_eq!(now[1].id, "index-1");
+        // A registry that itself recorded a fallback ID teaches nothing.
+        let mut old = devices();
+        old[1].id = "index-1".into();
+        let r = Registry::new(old);
+        let mut now = devices();
+        now[1].id = "index-1".into();
+        assert!(r.stabilize_ids(&mut now, fallback).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_gets_stable_ids_on_devices_and_links() {
+        let r = Registry::new(devices());
+        let mut fake = FakeBackend::new("2xH100-80GiB").unwrap();
+        let mut snap = super::super::snapshot(&mut fake).unwrap();
+        let stable = snap.devices[1].info.id.clone();
+        snap.devices[1].info.id = "index-1".into();
+        for l in &mut snap.links {
+            if l.b == stable {
+                l.b = "index-1".into();
+            }
+        }
+        r.stabilize_snapshot(&mut snap, fallback);
+        assert_eq!(snap.devices[1].info.id, stable);
+        assert!(
+            snap.links
+                .iter()
+                .all(|l| l.a != "index-1" && l.b != "index-1")
+        );
+        snap.to_gpu_state(None).validate().unwrap();
     }
 }

@@ -65,11 +65,7 @@ impl Discoverer {
     pub fn discover(&mut self) -> Result<Discovery, InputError> {
         let mut snap = snapshot(self.backend.as_mut()).map_err(|e| InputError(e.to_string()))?;
         if let Some((_, r)) = &self.registry {
-            let mut infos: Vec<_> = snap.devices.iter().map(|d| d.info.clone()).collect();
-            r.stabilize_ids(&mut infos, nvml::is_fallback_id);
-            for (d, info) in snap.devices.iter_mut().zip(infos) {
-                d.info = info;
-            }
+            r.stabilize_snapshot(&mut snap, nvml::is_fallback_id);
         }
         self.tracker.apply(&mut snap, Instant::now());
         let infos: Vec<_> = snap.devices.iter().map(|d| d.info.clone()).collect();
