@@ -13,11 +13,9 @@ use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::Pod;
 use kube::client::Body;
 use serde_json::{Value, json};
-use tokio::net::UnixListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Code, Status};
+use tonic::Code;
 use tower_test::mock;
 
 use tessera::agent::binding::{
@@ -27,7 +25,6 @@ use tessera::agent::binding::{
 use tessera::agent::devices_env::RuntimeOptions;
 use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
 use tessera::agent::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
-use tessera::agent::kubelet_api::v1beta1::registration_server::{Registration, RegistrationServer};
 use tessera::agent::kubelet_api::v1beta1::*;
 use tessera::agent::plugin::{Binder, PluginService};
 use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
@@ -38,6 +35,10 @@ use tessera::agent::state;
 use tessera::api::NodeGpuState;
 use tessera::backend::fake::FakeBackend;
 use tessera::backend::snapshot;
+
+#[path = "common/kubelet.rs"]
+mod kubelet;
+use kubelet::FakeKubelet;
 
 const WAIT: Duration = Duration::from_secs(5);
 const NODE: &str = "gpu-node-1";
@@ -627,65 +628,6 @@ fn concurrent_allocations_each_get_their_own_pod() {
 // ---------------------------------------------------------------------------
 // The real device plugin over unix sockets.
 
-struct Recorder(mpsc::UnboundedSender<RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for Recorder {
-    async fn register(
-        &self,
-        request: tonic::Request<RegisterRequest>,
-    ) -> Result<tonic::Response<Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(tonic::Response::new(Empty {}))
-    }
-}
-
-/// Kubelet's registration socket, recording registrations.
-struct FakeKubelet {
-    requests: mpsc::UnboundedReceiver<RegisterRequest>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl FakeKubelet {
-    fn start(dir: &Path) -> Self {
-        let path = dir.join("kubelet.sock");
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
-        let (tx, requests) = mpsc::unbounded_channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(Recorder(tx)))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            requests,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn registered(&mut self) -> RegisterRequest {
-        within("a Register call", self.requests.recv())
-            .await
-            .unwrap()
-    }
-
-    async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            within("the kubelet stand-in to stop", task).await.unwrap();
-        }
-    }
-}
-
 /// The device plugin on eight fake H100s, with `binder`.
 struct Plugin {
     socket: PathBuf,
@@ -786,7 +728,7 @@ async fn the_device_plugin_hands_out_planned_devices_and_refuses_others() {
     let shard1 = || spec("team-a", "llama-70b-shard-1", 2).planned(&plan1);
     index.resync([shard0().pod(), shard1().pod()]);
     let mut plugin = Plugin::start(dir.path(), index.clone());
-    kubelet.registered().await;
+    kubelet.next_registration().await;
     let mut client = plugin.client().await;
     let all: Vec<String> = (0..8).map(h).collect();
 
@@ -849,7 +791,7 @@ async fn the_device_plugin_hands_out_planned_devices_and_refuses_others() {
             .pod(),
     ]);
     let mut plugin = Plugin::start(dir.path(), index.clone());
-    kubelet.registered().await;
+    kubelet.next_registration().await;
     let mut client = plugin.client().await;
     let err = client.allocate(allocate(&[h(5), h(6)])).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");

@@ -9,15 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::net::UnixListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Code, Streaming};
 
 use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
-use tessera::agent::kubelet_api::v1beta1::registration_server::{Registration, RegistrationServer};
 use tessera::agent::kubelet_api::v1beta1::*;
 use tessera::agent::registration::{
     PluginConfig, PluginError, PluginStatus, connect_unix, run_device_plugin,
@@ -26,6 +23,10 @@ use tessera::agent::state::{self, ViewTx};
 use tessera::backend::fake::FakeBackend;
 use tessera::backend::health::{HealthPolicy, HealthTracker};
 use tessera::backend::{RawHealth, snapshot};
+
+#[path = "common/kubelet.rs"]
+mod kubelet;
+use kubelet::FakeKubelet;
 
 const WAIT: Duration = Duration::from_secs(5);
 const SOCKET: &str = "tessera-tessera-dev-gpu.sock";
@@ -72,67 +73,6 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Kubelet's registration service: records every request.
-struct Recorder(mpsc::UnboundedSender<RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for Recorder {
-    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(Response::new(Empty {}))
-    }
-}
-
-/// A kubelet stand-in serving `Registration` at `<dir>/kubelet.sock`.
-struct FakeKubelet {
-    path: PathBuf,
-    requests: mpsc::UnboundedReceiver<RegisterRequest>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl FakeKubelet {
-    fn start(dir: &Path) -> Self {
-        let path = dir.join("kubelet.sock");
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
-        let (tx, requests) = mpsc::unbounded_channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(Recorder(tx)))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
-        Self {
-            path,
-            requests,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn next_registration(&mut self) -> RegisterRequest {
-        within("a Register call", self.requests.recv())
-            .await
-            .unwrap()
-    }
-
-    /// Stops serving and removes `kubelet.sock`, as an exiting kubelet leaves things.
-    async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            within("the kubelet stand-in to stop", task).await.unwrap();
-        }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -707,7 +647,7 @@ async fn nothing_is_served_before_the_first_snapshot() {
     let mut agent = Agent::start(dir.path(), tx.clone(), rx);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!dir.socket().exists());
-    assert!(kubelet.requests.try_recv().is_err());
+    assert!(kubelet.nothing_registered());
 
     let mut fake = FakeBackend::new("1xL4-24GiB").unwrap();
     let snap = snapshot(&mut fake).unwrap();
