@@ -12,6 +12,10 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{Scratch, assert_bad_input_result, finish};
+
 /// Runs the built binary; returns (exit code, stdout, stderr).
 fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
@@ -30,39 +34,7 @@ fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
         pipe.write_all(text.as_bytes()).expect("write stdin");
     }
     let out = child.wait_with_output().expect("wait for tessera");
-    let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
-    let stderr = String::from_utf8(out.stderr).expect("stderr is UTF-8");
-    assert!(
-        !stdout.contains("panicked") && !stderr.contains("panicked"),
-        "tessera {args:?} panicked:\n{stderr}"
-    );
-    let code = out.status.code().expect("tessera exited, not killed");
-    (code, stdout, stderr)
-}
-
-/// A scratch directory under the system temp dir, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("tessera-cli-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        Scratch(dir)
-    }
-
-    /// Writes a fixture file and returns its path as a string for the command line.
-    fn file(&self, name: &str, text: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).expect("write fixture");
-        path.display().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    finish(args, out)
 }
 
 fn repo_path(rel: &str) -> PathBuf {
@@ -75,23 +47,7 @@ fn repo_file(rel: &str) -> String {
 
 /// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
 fn assert_bad_input(args: &[&str], stdin: Option<&str>, needles: &[&str]) {
-    let (code, stdout, stderr) = run(args, stdin);
-    assert_eq!(code, 1, "tessera {args:?}: exit code\nstderr: {stderr}");
-    assert!(
-        stdout.is_empty(),
-        "tessera {args:?}: stdout not empty:\n{stdout}"
-    );
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert!(
-        lines.len() == 1 && lines[0].starts_with("error: "),
-        "tessera {args:?}: stderr is not one `error: ` line:\n{stderr}"
-    );
-    for needle in needles {
-        assert!(
-            stderr.contains(needle),
-            "tessera {args:?}: {stderr:?} lacks {needle:?}"
-        );
-    }
+    assert_bad_input_result(args, run(args, stdin), needles);
 }
 
 /// A minimal valid ModelInstance; `extra_spec` lines go under `spec:`.
@@ -197,14 +153,14 @@ fn kubectl_cluster_gives_the_same_plans_as_the_sample_cluster() {
 
 #[test]
 fn malformed_yaml_is_bad_input() {
-    let dir = Scratch::new("malformed_yaml");
+    let dir = Scratch::new("cli", "malformed_yaml");
     let path = dir.file("broken.yaml", "apiVersion: [tessera.dev/v1alpha1\n");
     assert_bad_input(&["place", "-f", &path], None, &[&path, "not valid YAML"]);
 }
 
 #[test]
 fn unknown_field_is_bad_input() {
-    let dir = Scratch::new("unknown_field");
+    let dir = Scratch::new("cli", "unknown_field");
     let path = dir.file(
         "colour.yaml",
         &instance(&format!("{SMALL_MODEL}, colour: red"), ""),
@@ -218,7 +174,7 @@ fn unknown_field_is_bad_input() {
 
 #[test]
 fn out_of_range_model_numbers_are_bad_input() {
-    let dir = Scratch::new("model_numbers");
+    let dir = Scratch::new("cli", "model_numbers");
     for (name, model, needles) in [
         (
             "negative-layers.yaml",
@@ -245,7 +201,7 @@ fn out_of_range_model_numbers_are_bad_input() {
 
 #[test]
 fn model_larger_than_the_cluster_is_unsatisfiable() {
-    let dir = Scratch::new("too_large");
+    let dir = Scratch::new("cli", "too_large");
     let path = dir.file(
         "huge.yaml",
         &instance(
@@ -273,7 +229,7 @@ fn model_larger_than_the_cluster_is_unsatisfiable() {
 
 #[test]
 fn empty_cluster_is_unsatisfiable() {
-    let dir = Scratch::new("empty_cluster");
+    let dir = Scratch::new("cli", "empty_cluster");
     let mi = dir.file("mi.yaml", &instance(SMALL_MODEL, ""));
     let cluster = dir.file("cluster.yaml", "nodes: []\n");
     let (code, stdout, stderr) = run(&["place", "-f", &mi, "-c", &cluster], None);
@@ -284,7 +240,7 @@ fn empty_cluster_is_unsatisfiable() {
 
 #[test]
 fn unsupported_gpu_state_version_is_bad_input_in_both_cluster_formats() {
-    let dir = Scratch::new("state_version");
+    let dir = Scratch::new("cli", "state_version");
     let mi = dir.file("mi.yaml", &instance(SMALL_MODEL, ""));
     // The first node in both sample files is h100-0.
     for (name, rel, from, to) in [
@@ -315,7 +271,7 @@ fn unsupported_gpu_state_version_is_bad_input_in_both_cluster_formats() {
 
 #[test]
 fn missing_files_are_bad_input() {
-    let dir = Scratch::new("missing_file");
+    let dir = Scratch::new("cli", "missing_file");
     let missing = dir.0.join("does-not-exist.yaml").display().to_string();
     assert_bad_input(&["place", "-f", &missing], None, &[&missing]);
     let mi = dir.file("mi.yaml", &instance(SMALL_MODEL, ""));
@@ -383,7 +339,7 @@ fn instance_from_stdin() {
 
 #[test]
 fn impossible_parallelism_is_bad_input() {
-    let dir = Scratch::new("parallelism");
+    let dir = Scratch::new("cli", "parallelism");
     let path = dir.file(
         "pipeline.yaml",
         &instance(SMALL_MODEL, "  parallelism: {pipeline: 40}\n"),

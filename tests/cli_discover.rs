@@ -11,53 +11,32 @@
 //! the child's environment unless a test sets them.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{Scratch, assert_bad_input_result, finish};
 use tessera::api::{Health, NodeGpuState};
 
 const NO_NVML: &str = "/nonexistent/libnvidia-ml.so.1";
 const MIXED: &str = "4xH100-80GiB,2xMI300X-192GiB";
 
-/// A scratch directory under the system temp dir, removed when dropped.
-struct Scratch(PathBuf);
+/// `discover`'s scratch directories also hold an empty sysfs tree.
+trait EmptySysfs {
+    fn empty_sysfs(&self) -> String;
+}
 
-impl Scratch {
-    fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tessera-cli-discover-{test}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        Scratch(dir)
-    }
-
-    /// Writes a fixture file and returns its path as a string for the command line.
-    fn file(&self, name: &str, text: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).expect("write fixture");
-        path.display().to_string()
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).display().to_string()
-    }
-
+impl EmptySysfs for Scratch {
     /// An empty directory to use as `--sysfs-root` (no AMD GPUs in it).
     fn empty_sysfs(&self) -> String {
         let dir = self.0.join("sysfs");
         std::fs::create_dir_all(&dir).expect("create empty sysfs root");
         dir.display().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -85,14 +64,7 @@ fn tessera(args: &[&str], env: &[(&str, &str)]) -> Command {
 /// Runs the built binary; returns (exit code, stdout, stderr).
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = tessera(args, env).output().expect("run the tessera binary");
-    let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
-    let stderr = String::from_utf8(out.stderr).expect("stderr is UTF-8");
-    assert!(
-        !stdout.contains("panicked") && !stderr.contains("panicked"),
-        "tessera {args:?} panicked:\n{stderr}"
-    );
-    let code = out.status.code().expect("tessera exited, not killed");
-    (code, stdout, stderr)
+    finish(args, out)
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
@@ -111,23 +83,7 @@ fn ok(args: &[&str]) -> String {
 
 /// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
 fn assert_bad_input_env(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
-    let (code, stdout, stderr) = run_env(args, env);
-    assert_eq!(code, 1, "tessera {args:?}: exit code\nstderr: {stderr}");
-    assert!(
-        stdout.is_empty(),
-        "tessera {args:?}: stdout not empty:\n{stdout}"
-    );
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert!(
-        lines.len() == 1 && lines[0].starts_with("error: "),
-        "tessera {args:?}: stderr is not one `error: ` line:\n{stderr}"
-    );
-    for needle in needles {
-        assert!(
-            stderr.contains(needle),
-            "tessera {args:?}: {stderr:?} lacks {needle:?}"
-        );
-    }
+    assert_bad_input_result(args, run_env(args, env), needles);
 }
 
 fn assert_bad_input(args: &[&str], needles: &[&str]) {
@@ -180,7 +136,7 @@ faults:
 
 #[test]
 fn fake_devices_table_shows_devices_products_and_links() {
-    let dir = Scratch::new("table");
+    let dir = Scratch::new("cli-discover", "table");
     let sysfs = dir.empty_sysfs();
     let table = ok(&discover_args(
         &sysfs,
@@ -215,7 +171,7 @@ fn fake_devices_table_shows_devices_products_and_links() {
 
 #[test]
 fn fake_devices_json_is_the_published_state() {
-    let dir = Scratch::new("json");
+    let dir = Scratch::new("cli-discover", "json");
     let sysfs = dir.empty_sysfs();
     let text = ok(&discover_args(
         &sysfs,
@@ -275,7 +231,7 @@ fn fake_devices_json_is_the_published_state() {
 
 #[test]
 fn auto_falls_back_to_fake_devices_from_the_environment() {
-    let dir = Scratch::new("auto_env");
+    let dir = Scratch::new("cli-discover", "auto_env");
     let sysfs = dir.empty_sysfs();
     let args = discover_args(&sysfs, &["--backend", "auto", "-o", "json"]);
     let (code, stdout, stderr) = run_env(&args, &[("TESSERA_FAKE_GPUS", "2xL4-24GiB")]);
@@ -296,7 +252,7 @@ fn auto_falls_back_to_fake_devices_from_the_environment() {
 
 #[test]
 fn faults_from_a_fake_file_show_in_table_and_json() {
-    let dir = Scratch::new("faults");
+    let dir = Scratch::new("cli-discover", "faults");
     let sysfs = dir.empty_sysfs();
     let gpus = dir.file("gpus.yaml", FAULTS);
 
@@ -371,7 +327,7 @@ fn faults_from_a_fake_file_show_in_table_and_json() {
 
 #[test]
 fn registry_is_written_and_a_corrupt_one_is_replaced() {
-    let dir = Scratch::new("registry");
+    let dir = Scratch::new("cli-discover", "registry");
     let sysfs = dir.empty_sysfs();
     let reg = dir.path("reg.json");
     let args = discover_args(
@@ -431,7 +387,7 @@ fn summary_of_cluster_files_and_discover_json() {
     assert_eq!(from_kubectl, out, "both forms of the sample cluster agree");
 
     // A single NodeGpuState as printed by `discover -o json`, named after its file.
-    let dir = Scratch::new("summary");
+    let dir = Scratch::new("cli-discover", "summary");
     let sysfs = dir.empty_sysfs();
     let json = ok(&discover_args(
         &sysfs,
@@ -456,7 +412,7 @@ fn summary_of_cluster_files_and_discover_json() {
 
 #[test]
 fn no_backend_is_bad_input() {
-    let dir = Scratch::new("no_backend");
+    let dir = Scratch::new("cli-discover", "no_backend");
     let sysfs = dir.empty_sysfs();
     assert_bad_input(
         &discover_args(&sysfs, &["--backend", "auto"]),
@@ -480,7 +436,7 @@ fn no_backend_is_bad_input() {
 
 #[test]
 fn a_fake_directory_gives_each_node_its_file() {
-    let dir = Scratch::new("fake_dir");
+    let dir = Scratch::new("cli-discover", "fake_dir");
     let sysfs = dir.empty_sysfs();
     let profiles = dir.path("profiles");
     std::fs::create_dir_all(&profiles).expect("create the profiles directory");
@@ -521,7 +477,7 @@ fn a_fake_directory_gives_each_node_its_file() {
 
 #[test]
 fn a_fake_directory_without_a_usable_file_is_bad_input() {
-    let dir = Scratch::new("fake_dir_bad");
+    let dir = Scratch::new("cli-discover", "fake_dir_bad");
     let sysfs = dir.empty_sysfs();
     let empty = dir.path("empty");
     std::fs::create_dir_all(&empty).expect("create an empty directory");
@@ -544,7 +500,7 @@ fn a_fake_directory_without_a_usable_file_is_bad_input() {
 
 #[test]
 fn bad_fake_devices_are_bad_input() {
-    let dir = Scratch::new("bad_fake");
+    let dir = Scratch::new("cli-discover", "bad_fake");
     let sysfs = dir.empty_sysfs();
     assert_bad_input(
         &discover_args(&sysfs, &["--backend", "fake", "--fake", "4xB300"]),
@@ -588,7 +544,7 @@ fn bad_fake_devices_are_bad_input() {
 
 #[test]
 fn bad_flags_are_bad_input() {
-    let dir = Scratch::new("bad_flags");
+    let dir = Scratch::new("cli-discover", "bad_flags");
     let sysfs = dir.empty_sysfs();
     assert_bad_input(
         &discover_args(&sysfs, &["--backend", "quantum"]),
@@ -623,7 +579,7 @@ fn bad_flags_are_bad_input() {
 
 #[test]
 fn bad_summary_files_are_bad_input() {
-    let dir = Scratch::new("bad_summary");
+    let dir = Scratch::new("cli-discover", "bad_summary");
     let missing = dir.path("missing.yaml");
     assert_bad_input(&["discover", "--summary", &missing], &[&missing]);
 
@@ -659,7 +615,7 @@ fn probe_without_cuda_says_why_it_did_not_run() {
         println!("skipped: a CUDA driver library is present on this machine");
         return;
     }
-    let dir = Scratch::new("probe");
+    let dir = Scratch::new("cli-discover", "probe");
     let sysfs = dir.empty_sysfs();
     let table = ok(&discover_args(
         &sysfs,
@@ -687,7 +643,7 @@ impl Drop for KillOnDrop {
 
 #[test]
 fn watch_refreshes_until_killed() {
-    let dir = Scratch::new("watch");
+    let dir = Scratch::new("cli-discover", "watch");
     let sysfs = dir.empty_sysfs();
     let args = discover_args(
         &sysfs,
