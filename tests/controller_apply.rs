@@ -290,9 +290,9 @@ async fn a_settled_instance_makes_no_writes() {
     let mut mi = instance();
     let nodes = vec![node("a", 2)];
     // The plan the controller makes, and the pod it builds from it, running.
-    let infos: Vec<NodeInfo> = nodes
+    let infos: Vec<Arc<NodeInfo>> = nodes
         .iter()
-        .map(|n| NodeInfo::from_node(n).unwrap().unwrap())
+        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
         .collect();
     let held = Held::new();
     let inputs = PlanInputs {
@@ -403,9 +403,9 @@ async fn an_invalid_instance_gets_a_condition_and_no_pods() {
 fn settled() -> (ModelInstance, Vec<Node>, Pod) {
     let mi = instance();
     let nodes = vec![node("a", 2)];
-    let infos: Vec<NodeInfo> = nodes
+    let infos: Vec<Arc<NodeInfo>> = nodes
         .iter()
-        .map(|n| NodeInfo::from_node(n).unwrap().unwrap())
+        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
         .collect();
     let held = Held::new();
     let inputs = PlanInputs {

@@ -3,6 +3,7 @@
 //! node agents report as handed out to pods that are not this instance's.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -18,7 +19,7 @@ pub fn held_devices<'a>(
     me: &str,
     instances: impl IntoIterator<Item = &'a ModelInstance>,
     shard_pods: impl IntoIterator<Item = &'a Pod>,
-    nodes: &[NodeInfo],
+    nodes: &[Arc<NodeInfo>],
 ) -> Held {
     let mut held = Held::new();
     let mut mine = HashSet::new();

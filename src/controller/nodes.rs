@@ -2,6 +2,8 @@
 //! whether new shards may go there (cordons and taints). Also the trimming
 //! applied before Nodes enter the cache, which keeps thousands of them cheap.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint, Toleration};
@@ -126,6 +128,45 @@ fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
             key == taint.key
                 && tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
         }
+    }
+}
+
+/// Parsed GPU states by node, re-parsed only when a Node's resource version
+/// changes: reading a thousand annotations costs tens of milliseconds, far
+/// more than the rest of a reconcile.
+#[derive(Default)]
+pub struct ParsedNodes(Mutex<HashMap<String, Parsed>>);
+
+/// A node's resource version and what its annotation said (`None`: no GPU
+/// state, or a malformed one).
+type Parsed = (String, Option<Arc<NodeInfo>>);
+
+impl ParsedNodes {
+    /// The GPU nodes among `nodes`. A Node without a resource version (never
+    /// the case for API objects) is parsed every time.
+    pub fn read(&self, nodes: &[Arc<Node>]) -> Vec<Arc<NodeInfo>> {
+        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::new();
+        let mut seen = HashSet::with_capacity(nodes.len());
+        for node in nodes {
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            seen.insert(name);
+            let version = node.metadata.resource_version.as_deref();
+            let hit = match (cache.get(name), version) {
+                (Some((v, info)), Some(now)) if v == now => Some(info.clone()),
+                _ => None,
+            };
+            let info = hit.unwrap_or_else(|| {
+                let info = NodeInfo::from_node(node).ok().flatten().map(Arc::new);
+                if let Some(v) = version {
+                    cache.insert(name.to_string(), (v.to_string(), info.clone()));
+                }
+                info
+            });
+            out.extend(info);
+        }
+        cache.retain(|name, _| seen.contains(name.as_str()));
+        out
     }
 }
 
@@ -317,6 +358,35 @@ mod tests {
                 .collect(),
         );
         assert!(NodeInfo::from_node(&n).is_err());
+    }
+
+    #[test]
+    fn parsed_nodes_follow_resource_versions() {
+        let cache = ParsedNodes::default();
+        let mut a = gpu_node("a");
+        a.metadata.resource_version = Some("1".into());
+        let mut cpu = gpu_node("cpu");
+        cpu.metadata.annotations = None;
+        cpu.metadata.resource_version = Some("1".into());
+        let first = cache.read(&[Arc::new(a.clone()), Arc::new(cpu)]);
+        assert_eq!(first.len(), 1, "nodes without GPU state are left out");
+        let again = cache.read(&[Arc::new(a.clone())]);
+        assert!(
+            Arc::ptr_eq(&first[0], &again[0]),
+            "an unchanged node is not parsed again"
+        );
+        a.metadata.resource_version = Some("2".into());
+        a.metadata.annotations =
+            Some([(GPU_STATE_ANNOTATION.to_string(), "{broken".to_string())].into());
+        assert!(
+            cache.read(&[Arc::new(a)]).is_empty(),
+            "a changed node is parsed again"
+        );
+        assert_eq!(
+            cache.0.lock().unwrap().len(),
+            1,
+            "nodes that left are forgotten"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::hash::Hasher;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Toleration;
@@ -20,7 +21,7 @@ use crate::placement::{
 
 /// Everything the plan stage reads besides the instance.
 pub struct PlanInputs<'a> {
-    pub nodes: &'a [NodeInfo],
+    pub nodes: &'a [Arc<NodeInfo>],
     pub held: &'a Held,
     pub now: Timestamp,
     /// How long a NotReady node keeps its shards before they count as lost.
@@ -89,7 +90,11 @@ pub fn broken_shards(
     failed_admission: &[u32],
     inputs: &PlanInputs,
 ) -> BTreeMap<u32, String> {
-    let nodes: BTreeMap<&str, &NodeInfo> = inputs.nodes.iter().map(|n| (n.name(), n)).collect();
+    let nodes: BTreeMap<&str, &NodeInfo> = inputs
+        .nodes
+        .iter()
+        .map(|n| (n.name(), n.as_ref()))
+        .collect();
     let mut broken = BTreeMap::new();
     for s in plan {
         let Some(node) = nodes.get(s.node.as_str()) else {
@@ -236,14 +241,16 @@ fn whole(
     reasons: Vec<String>,
 ) -> Decision {
     let (problem, excluded) = problem_for(spec, tolerations, inputs, avoid.iter().cloned());
-    let hash = fnv(&serde_json::to_vec(&(&problem, &excluded)).unwrap_or_default());
+    // Hashing a large cluster costs about as much as solving it: only done
+    // when there is a failed attempt to compare with, or a new one to record.
+    let hash = || fnv(&serde_json::to_vec(&(&problem, &excluded)).unwrap_or_default());
     if let Some((known, explanation)) = inputs.known_unsatisfiable
-        && *known == hash
+        && *known == hash()
     {
         return Decision::Unsatisfiable {
             explanation: explanation.clone(),
             reasons,
-            inputs: hash,
+            inputs: *known,
             repeated: true,
         };
     }
@@ -257,11 +264,12 @@ fn whole(
             reasons,
         }),
         Err(mut explanation) => {
+            let inputs = hash();
             explanation.details.extend(excluded);
             Decision::Unsatisfiable {
                 explanation,
                 reasons,
-                inputs: hash,
+                inputs,
                 repeated: false,
             }
         }
@@ -338,7 +346,7 @@ mod tests {
         }
     }
 
-    fn first(spec: &ModelInstanceSpec, nodes: &[NodeInfo], held: &Held) -> NewPlan {
+    fn first(spec: &ModelInstanceSpec, nodes: &[Arc<NodeInfo>], held: &Held) -> NewPlan {
         let current = Current {
             plan: &[],
             placement_hash: None,

@@ -17,7 +17,7 @@ use super::apply::{self, ApplyError, Note};
 use super::build::{headless_service, shard_pods};
 use super::held::held_devices;
 use super::metrics::Metrics;
-use super::nodes::{NodeInfo, Readiness};
+use super::nodes::{NodeInfo, ParsedNodes, Readiness};
 use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
 use super::status::{self, Outcome, PLACED, StatusInputs};
 use super::validate;
@@ -62,6 +62,7 @@ pub struct Context {
     unsatisfiable: Mutex<HashMap<String, (u64, Unsatisfiable)>>,
     /// Consecutive failures by instance UID, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    parsed_nodes: ParsedNodes,
 }
 
 impl Context {
@@ -80,6 +81,7 @@ impl Context {
             metrics,
             unsatisfiable: Mutex::default(),
             failures: Mutex::default(),
+            parsed_nodes: ParsedNodes::default(),
         }
     }
 }
@@ -167,13 +169,7 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     let settings = &ctx.settings;
 
     // Observe.
-    let nodes: Vec<NodeInfo> = ctx
-        .caches
-        .nodes
-        .state()
-        .iter()
-        .filter_map(|n| NodeInfo::from_node(n).ok().flatten())
-        .collect();
+    let nodes = ctx.parsed_nodes.read(&ctx.caches.nodes.state());
     let all_pods = ctx.caches.pods.state();
     let mine: BTreeMap<String, Arc<Pod>> = all_pods
         .iter()
@@ -452,7 +448,7 @@ async fn publish(ctx: &Context, mi: &ModelInstance, notes: &[Note]) {
 fn next_check(
     outcome: &Outcome,
     plan: &[PlannedShard],
-    nodes: &[NodeInfo],
+    nodes: &[Arc<NodeInfo>],
     now: Timestamp,
     grace: Duration,
 ) -> Action {

@@ -1,5 +1,7 @@
 //! Constructed Nodes and ModelInstances for the controller's unit tests.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -118,14 +120,14 @@ pub fn node(name: &str, count: u32, kind: Kind) -> Node {
     node_with(name, &state(name, count, kind))
 }
 
-pub fn infos(nodes: &[Node]) -> Vec<NodeInfo> {
+pub fn infos(nodes: &[Node]) -> Vec<Arc<NodeInfo>> {
     nodes
         .iter()
-        .map(|n| NodeInfo::from_node(n).unwrap().unwrap())
+        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
         .collect()
 }
 
-pub fn inputs<'a>(nodes: &'a [NodeInfo], held: &'a Held) -> PlanInputs<'a> {
+pub fn inputs<'a>(nodes: &'a [Arc<NodeInfo>], held: &'a Held) -> PlanInputs<'a> {
     PlanInputs {
         nodes,
         held,

@@ -1,0 +1,91 @@
+//! Controller benchmarks on a generated 1,000-node mixed-GPU cluster (8 GPUs
+//! per node, published as the node agents publish them):
+//!
+//! - `observe/1000_nodes_parsed`: reading every Node's GPU state annotation;
+//!   `observe/1000_nodes_unchanged`: the same through the controller's parse
+//!   cache when no Node changed (the usual reconcile).
+//! - `plan_and_build/64_stages_over_1000x8`: the plan stage (problem building
+//!   plus the solver) and the build stage (64 shard pods) for a 64-stage,
+//!   1.8-trillion-parameter instance.
+
+#[allow(dead_code)]
+mod support;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use k8s_openapi::api::core::v1::Node;
+use tessera::controller::build::shard_pods;
+use tessera::controller::held::Held;
+use tessera::controller::nodes::{NodeInfo, ParsedNodes};
+use tessera::controller::plan::{Current, Decision, PlanInputs, decide};
+
+use support::cluster;
+use support::objects::{instance_1_8t, to_node};
+
+const SEED: u64 = 0x7e55_e7a0_5eed_0001;
+
+fn bench(c: &mut Criterion) {
+    let nodes: Vec<Node> = cluster(1000, SEED).iter().map(to_node).collect();
+    let infos: Vec<Arc<NodeInfo>> = nodes
+        .iter()
+        .filter_map(|n| NodeInfo::from_node(n).ok().flatten().map(Arc::new))
+        .collect();
+    assert_eq!(infos.len(), 1000);
+    let mi = instance_1_8t();
+    let held = Held::new();
+    let inputs = PlanInputs {
+        nodes: &infos,
+        held: &held,
+        now: k8s_openapi::jiff::Timestamp::now(),
+        node_grace: Duration::from_secs(300),
+        max_steps: 250_000,
+        known_unsatisfiable: None,
+    };
+    let current = Current {
+        plan: &[],
+        placement_hash: None,
+        failed_admission: &[],
+    };
+    match decide(&mi.spec, &[], &current, &inputs) {
+        Decision::Planned(p) => eprintln!(
+            "REPORT controller: 64-stage plan over 1000x8, {} shards, {:.1} tokens/s predicted",
+            p.plan.len(),
+            p.tokens_per_second.unwrap_or(0.0)
+        ),
+        other => panic!("the benchmark instance must be placeable: {other:?}"),
+    }
+
+    let mut group = c.benchmark_group("controller");
+    group.sampling_mode(SamplingMode::Flat);
+    group.sample_size(20);
+    group.bench_function("observe/1000_nodes_parsed", |b| {
+        b.iter(|| {
+            black_box(&nodes)
+                .iter()
+                .filter_map(|n| NodeInfo::from_node(n).ok().flatten())
+                .count()
+        })
+    });
+    // What a reconcile pays when the nodes have not changed since the last one.
+    let cache = ParsedNodes::default();
+    let shared: Vec<Arc<Node>> = nodes.iter().cloned().map(Arc::new).collect();
+    cache.read(&shared);
+    group.bench_function("observe/1000_nodes_unchanged", |b| {
+        b.iter(|| cache.read(black_box(&shared)).len())
+    });
+    group.bench_function("plan_and_build/64_stages_over_1000x8", |b| {
+        b.iter(|| {
+            let Decision::Planned(p) = decide(black_box(&mi.spec), &[], &current, &inputs) else {
+                unreachable!("planned above")
+            };
+            shard_pods(&mi, &p.plan, "tessera.dev/gpu")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,156 @@
+//! Resident memory of the controller's caches at scale: 5,000 GPU nodes (8
+//! GPUs each, with NVLink/xGMI link lists) and 500 ModelInstances of 4 shards
+//! with their shard pods and Services, filled into the same reflector stores
+//! and trimmed the same way as `tessera controller` does, plus the parsed GPU
+//! states it keeps. Prints VmRSS before
+//! and after; run with `cargo bench --bench controller_memory`.
+
+#[allow(dead_code)]
+mod support;
+
+use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeSystemInfo, Pod, Service};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use tessera::api::{ModelInstanceStatus, Phase, PlannedShard};
+use tessera::controller::build::{headless_service, shard_pods};
+use tessera::controller::nodes::{ParsedNodes, trim_node};
+
+use support::cluster;
+use support::objects::{instance_1_8t, to_node};
+
+const SEED: u64 = 0x7e55_e7a0_5eed_0002;
+const NODES: usize = 5000;
+const INSTANCES: usize = 500;
+const SHARDS: usize = 4;
+
+fn rss_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(field)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+fn fill<K>(writer: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// A Node as a real kubelet reports it: a few dozen images, system info and
+/// managed fields, all of which the controller's cache drops.
+fn full_node(n: &tessera::placement::NodeState) -> Node {
+    let mut node = to_node(n);
+    node.metadata.managed_fields = Some(vec![Default::default(); 4]);
+    let status = node.status.get_or_insert_with(Default::default);
+    status.images = Some(
+        (0..40)
+            .map(|i| ContainerImage {
+                names: Some(vec![
+                    format!("registry.example.com/team/image-{i}@sha256:{:064x}", i),
+                    format!("registry.example.com/team/image-{i}:v1.{i}"),
+                ]),
+                size_bytes: Some(1 << 30),
+            })
+            .collect(),
+    );
+    status.node_info = Some(NodeSystemInfo {
+        kernel_version: "6.1.0".into(),
+        os_image: "Debian GNU/Linux 12".into(),
+        ..Default::default()
+    });
+    node
+}
+
+fn main() {
+    let before = rss_kib("VmRSS:");
+    let (nodes, mut node_writer) = reflector::store::<Node>();
+    let (instances, mut instance_writer) = reflector::store();
+    let (pods, mut pod_writer) = reflector::store::<Pod>();
+    let (services, mut service_writer) = reflector::store::<Service>();
+
+    let generated = cluster(NODES, SEED);
+    fill(
+        &mut node_writer,
+        generated.iter().map(|n| {
+            let mut node = full_node(n);
+            trim_node(&mut node);
+            node
+        }),
+    );
+    let mut all_instances = Vec::new();
+    let mut all_pods = Vec::new();
+    let mut all_services = Vec::new();
+    for i in 0..INSTANCES {
+        let mut mi = instance_1_8t();
+        mi.metadata.name = Some(format!("model-{i:03}"));
+        mi.metadata.uid = Some(format!("uid-{i:03}"));
+        let plan: Vec<PlannedShard> = (0..SHARDS)
+            .map(|s| {
+                let node = &generated[(i * SHARDS + s) % NODES];
+                PlannedShard {
+                    shard: s as u32,
+                    node: node.name.clone(),
+                    devices: node.devices[..2].iter().map(|d| d.id.clone()).collect(),
+                    layer_start: (s * 32) as u32,
+                    layer_end: (s * 32 + 32) as u32,
+                    predicted_memory_gib: 71.5,
+                }
+            })
+            .collect();
+        for (mut pod, shard) in shard_pods(&mi, &plan, "tessera.dev/gpu")
+            .into_iter()
+            .zip(&plan)
+        {
+            if let Some(spec) = pod.spec.as_mut() {
+                spec.node_name = Some(shard.node.clone());
+            }
+            all_pods.push(pod);
+        }
+        all_services.push(headless_service(&mi));
+        mi.status = Some(ModelInstanceStatus {
+            phase: Some(Phase::Running),
+            shards: SHARDS as u32,
+            ready_shards: SHARDS as u32,
+            plan,
+            ..Default::default()
+        });
+        all_instances.push(mi);
+    }
+    fill(&mut instance_writer, all_instances);
+    fill(&mut pod_writer, all_pods);
+    fill(&mut service_writer, all_services);
+    drop(generated);
+    // The parsed GPU states a reconcile keeps next to the Node cache.
+    let parsed = ParsedNodes::default();
+    let gpu_nodes = parsed.read(&nodes.state()).len();
+    let after = rss_kib("VmRSS:");
+    let peak = rss_kib("VmHWM:");
+    println!(
+        "controller caches: {} nodes ({gpu_nodes} parsed), {} instances, {} pods, {} services",
+        nodes.state().len(),
+        instances.state().len(),
+        pods.state().len(),
+        services.state().len()
+    );
+    println!(
+        "VmRSS before {:.1} MiB, after {:.1} MiB (caches {:.1} MiB); peak {:.1} MiB",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        after.saturating_sub(before) as f64 / 1024.0,
+        peak as f64 / 1024.0
+    );
+}
