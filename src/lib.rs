@@ -7,3 +7,4 @@ pub mod backend;
 pub mod cli;
 pub mod controller;
 pub mod placement;
+pub mod process;

@@ -18,6 +18,7 @@ use super::state::{channel, spawn_poller_with_ids};
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
+use crate::process::{kube_client, terminated};
 
 pub struct AgentConfig {
     pub detect: DetectOptions,
@@ -53,46 +54,6 @@ pub enum AgentError {
     },
 }
 
-pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, AgentError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| AgentError::Kube(format!("{}: {e}", path.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| AgentError::Kube(e.to_string()))?,
-    };
-    kube::Client::try_from(config).map_err(|e| AgentError::Kube(e.to_string()))
-}
-
-async fn terminated() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-}
-
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let backend = detect(&config.detect)?;
@@ -120,7 +81,11 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
 
     let client = match &config.publish {
-        Some(p) => Some(kube_client(p.kubeconfig.as_deref()).await?),
+        Some(p) => Some(
+            kube_client(p.kubeconfig.as_deref())
+                .await
+                .map_err(AgentError::Kube)?,
+        ),
         None => None,
     };
     let listener = tokio::net::TcpListener::bind(config.listen)

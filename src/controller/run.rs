@@ -22,6 +22,7 @@ use super::nodes::trim_node;
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
 use crate::api::ModelInstance;
+use crate::process::{kube_client, terminated};
 
 pub struct ControllerConfig {
     pub kubeconfig: Option<PathBuf>,
@@ -54,22 +55,6 @@ pub enum ControllerError {
     LostLease,
 }
 
-async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ControllerError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| ControllerError::Kube(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| ControllerError::Kube(format!("{}: {e}", path.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ControllerError::Kube(e.to_string()))?,
-    };
-    Client::try_from(config).map_err(|e| ControllerError::Kube(e.to_string()))
-}
-
 /// Resolves on SIGTERM or SIGINT; a `watch` so every part can wait for it.
 fn termination() -> tokio::sync::watch::Receiver<bool> {
     let (tx, rx) = tokio::sync::watch::channel(false);
@@ -84,26 +69,10 @@ async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn terminated() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
-}
-
 pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
-    let client = client(config.kubeconfig.as_deref()).await?;
+    let client = kube_client(config.kubeconfig.as_deref())
+        .await
+        .map_err(ControllerError::Kube)?;
     let metrics = Arc::new(Metrics::default());
     let cache = InstanceCache::default();
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -1,0 +1,50 @@
+//! Process plumbing shared by the long-running subcommands (`agent`,
+//! `controller`): the Kubernetes client their flags describe, and the signal
+//! that ends them.
+
+use std::path::Path;
+
+/// A client from `--kubeconfig`, or else the in-cluster configuration (or
+/// `KUBECONFIG`). The error is one line naming the file and what is wrong
+/// with it (parser errors also draw the offending line; that part is dropped).
+pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+    client(kubeconfig)
+        .await
+        .map_err(|e| e.lines().next().unwrap_or("unusable configuration").to_string())
+}
+
+async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
+    };
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Resolves on SIGTERM (how Kubernetes stops a pod) or SIGINT.
+pub async fn terminated() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,85 @@
+//! `tessera controller` on bad input: every malformed flag or unusable
+//! kubeconfig ends in one `error:` line and exit code 1, before anything runs.
+
+use std::process::Command;
+
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{Scratch, assert_bad_input_result, finish};
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(args)
+        .env_remove("POD_NAMESPACE")
+        .env_remove("POD_NAME")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", "/nonexistent-home");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    finish(args, cmd.output().expect("run tessera"))
+}
+
+#[test]
+fn malformed_flags_are_refused() {
+    for (args, needles) in [
+        (&["controller", "--leader-elect=maybe"][..], &["maybe"][..]),
+        (&["controller", "--listen", "localhost"], &["localhost"]),
+        (&["controller", "--node-grace-period", "-1"], &["-1"]),
+        (
+            &["controller", "--node-grace-period", "100000"],
+            &["100000"],
+        ),
+        (&["controller", "--max-steps", "0"], &["0"]),
+        (&["controller", "--namespace", " "], &["must not be empty"]),
+        (&["controller", "--lease-name", ""], &["must not be empty"]),
+        (
+            &["controller", "--resource-name", ""],
+            &["must not be empty"],
+        ),
+        (&["controller", "--nonsense"], &["--nonsense"]),
+    ] {
+        assert_bad_input_result(args, run(args, &[]), needles);
+    }
+}
+
+#[test]
+fn leader_election_needs_its_namespace() {
+    let args = ["controller"];
+    assert_bad_input_result(
+        &args,
+        run(&args, &[]),
+        &["POD_NAMESPACE", "--leader-elect=false"],
+    );
+}
+
+#[test]
+fn an_unusable_kubeconfig_is_named() {
+    let scratch = Scratch::new("cli-controller", "kubeconfig");
+    let broken = scratch.file("kubeconfig", "apiVersion: v1\nclusters: [not a cluster\n");
+    let missing = scratch.path("missing");
+    for path in [broken.as_str(), missing.as_str()] {
+        let args = [
+            "controller",
+            "--kubeconfig",
+            path,
+            "--leader-elect=false",
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        assert_bad_input_result(
+            &args,
+            run(&args, &[]),
+            &["cannot reach the Kubernetes API", path],
+        );
+    }
+    // Without any configuration at all.
+    let args = [
+        "controller",
+        "--leader-elect=false",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    assert_bad_input_result(&args, run(&args, &[]), &["cannot reach the Kubernetes API"]);
+}
