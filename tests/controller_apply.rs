@@ -562,3 +562,53 @@ async fn an_evicted_shard_is_deleted_and_recreated_on_its_plan() {
     echo(c, StatusCode::CREATED);
     run.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_shard_that_failed_admission_moves_to_other_devices() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, mut pod) = settled();
+    let before = mi.status.as_ref().unwrap().plan[0].devices.clone();
+    pod.status = Some(PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some("UnexpectedAdmissionError".into()),
+        message: Some("Allocate failed due to planned devices differ".into()),
+        ..Default::default()
+    });
+    let ctx = context(
+        World {
+            nodes,
+            pods: vec![pod],
+            services: vec![headless_service(&mi)],
+            instances: vec![],
+        },
+        client,
+    );
+    let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::DELETE, "{}", c.path);
+    respond(
+        c.send,
+        StatusCode::OK,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    );
+    let c = next(&mut api).await;
+    let written: ModelInstanceStatus = serde_json::from_value(c.body["status"].clone()).unwrap();
+    respond(
+        c.send,
+        StatusCode::OK,
+        &serde_json::to_value(instance()).unwrap(),
+    );
+    assert_ne!(
+        written.plan[0].devices, before,
+        "the shard must leave the devices it failed on"
+    );
+    let mut reasons = Vec::new();
+    for _ in 0..2 {
+        let c = next(&mut api).await;
+        reasons.push(c.body["reason"].as_str().unwrap().to_string());
+        echo(c, StatusCode::CREATED);
+    }
+    assert_eq!(reasons, ["Replanned", "ShardLost"]);
+    run.await.unwrap().unwrap();
+}

@@ -21,7 +21,7 @@ use super::nodes::{NodeInfo, ParsedNodes, Readiness};
 use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
 use super::status::{self, Outcome, PLACED, StatusInputs};
 use super::validate;
-use crate::api::{ModelInstance, PlannedShard, SHARD_ANNOTATION};
+use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard, SHARD_ANNOTATION};
 use crate::placement::Unsatisfiable;
 
 /// How the controller plans; set by flags.
@@ -198,10 +198,17 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         },
         Ok(()) => {
             let current_plan: &[PlannedShard] = previous.map(|s| s.plan.as_slice()).unwrap_or(&[]);
+            // Only a pod made for the current plan says something about it: an
+            // old one still in the cache must not move the shard a second time.
             let failed: Vec<u32> = mine
                 .values()
                 .filter(|p| apply::failed_admission(p))
-                .filter_map(|p| shard_of(p))
+                .filter_map(|p| {
+                    let shard = shard_of(p)?;
+                    let planned = current_plan.iter().find(|s| s.shard == shard)?;
+                    let devices = p.annotations().get(DEVICES_ANNOTATION)?;
+                    (*devices == planned.devices.join(",")).then_some(shard)
+                })
                 .collect();
             let known = lock(&ctx.unsatisfiable).get(&uid).cloned();
             let inputs = PlanInputs {
