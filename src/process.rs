@@ -8,9 +8,12 @@ use std::path::Path;
 /// `KUBECONFIG`). The error is one line naming the file and what is wrong
 /// with it (parser errors also draw the offending line; that part is dropped).
 pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
-    client(kubeconfig)
-        .await
-        .map_err(|e| e.lines().next().unwrap_or("unusable configuration").to_string())
+    client(kubeconfig).await.map_err(|e| {
+        e.lines()
+            .next()
+            .unwrap_or("unusable configuration")
+            .to_string()
+    })
 }
 
 async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
