@@ -645,6 +645,25 @@ mod tests {
     }
 
     #[test]
+    fn a_tensor_size_no_node_has_is_explained() {
+        let spec = instance("m", &format!("{SMALL}\nparallelism: {{tensor: 16}}")).spec;
+        let nodes = infos(&[node("a", 8, H100), node("b", 2, MI300X)]);
+        let held = Held::new();
+        let current = Current {
+            plan: &[],
+            placement_hash: None,
+            failed_admission: &[],
+        };
+        match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
+            Decision::Unsatisfiable { explanation, .. } => {
+                assert!(explanation.reason.contains("16"), "{}", explanation.reason);
+                assert!(explanation.reason.contains('8'), "{}", explanation.reason);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn untolerated_taints_are_named_when_nothing_fits() {
         use k8s_openapi::api::core::v1::{NodeSpec, Taint};
         let spec = instance("m", SMALL).spec;
