@@ -13,7 +13,6 @@ mod support;
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Node;
@@ -36,19 +35,8 @@ fn bench(c: &mut Criterion) {
     assert_eq!(infos.len(), 1000);
     let mi = instance_1_8t();
     let held = Held::new();
-    let inputs = PlanInputs {
-        nodes: &infos,
-        held: &held,
-        now: k8s_openapi::jiff::Timestamp::now(),
-        node_grace: Duration::from_secs(300),
-        max_steps: 250_000,
-        known_unsatisfiable: None,
-    };
-    let current = Current {
-        plan: &[],
-        placement_hash: None,
-        failed_admission: &[],
-    };
+    let inputs = PlanInputs::new(&infos, &held, k8s_openapi::jiff::Timestamp::now());
+    let current = Current::NONE;
     match decide(&mi.spec, &[], &current, &inputs) {
         Decision::Planned(p) => eprintln!(
             "REPORT controller: 64-stage plan over 1000x8, {} shards, {:.1} tokens/s predicted",

@@ -287,33 +287,9 @@ async fn a_new_instance_gets_service_pod_binding_status_and_events() {
 async fn a_settled_instance_makes_no_writes() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    let mut mi = instance();
-    let nodes = vec![node("a", 2)];
     // The plan the controller makes, and the pod it builds from it, running.
-    let infos: Vec<Arc<NodeInfo>> = nodes
-        .iter()
-        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
-        .collect();
-    let held = Held::new();
-    let inputs = PlanInputs {
-        nodes: &infos,
-        held: &held,
-        now: k8s_openapi::jiff::Timestamp::now(),
-        node_grace: Duration::from_secs(300),
-        max_steps: 250_000,
-        known_unsatisfiable: None,
-    };
-    let current = Current {
-        plan: &[],
-        placement_hash: None,
-        failed_admission: &[],
-    };
-    let Decision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
-        panic!("no plan")
-    };
-    let mut pod = shard_pods(&mi, &new.plan, "tessera.dev/gpu").remove(0);
-    pod.metadata.uid = Some("uid-pod".into());
-    pod.spec.as_mut().unwrap().node_name = Some("a".into());
+    let (mut mi, nodes, mut pod) = settled();
+    mi.status = None;
     pod.status = Some(PodStatus {
         phase: Some("Running".into()),
         conditions: Some(vec![PodCondition {
@@ -408,19 +384,8 @@ fn settled() -> (ModelInstance, Vec<Node>, Pod) {
         .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
         .collect();
     let held = Held::new();
-    let inputs = PlanInputs {
-        nodes: &infos,
-        held: &held,
-        now: k8s_openapi::jiff::Timestamp::now(),
-        node_grace: Duration::from_secs(300),
-        max_steps: 250_000,
-        known_unsatisfiable: None,
-    };
-    let current = Current {
-        plan: &[],
-        placement_hash: None,
-        failed_admission: &[],
-    };
+    let inputs = PlanInputs::new(&infos, &held, k8s_openapi::jiff::Timestamp::now());
+    let current = Current::NONE;
     let Decision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
         panic!("no plan")
     };

@@ -32,12 +32,36 @@ pub struct PlanInputs<'a> {
     pub known_unsatisfiable: Option<&'a (u64, Unsatisfiable)>,
 }
 
+impl<'a> PlanInputs<'a> {
+    /// Inputs with the controller's default grace period and step budget.
+    pub fn new(nodes: &'a [Arc<NodeInfo>], held: &'a Held, now: Timestamp) -> Self {
+        let defaults = super::reconcile::Settings::default();
+        Self {
+            nodes,
+            held,
+            now,
+            node_grace: defaults.node_grace,
+            max_steps: defaults.max_steps,
+            known_unsatisfiable: None,
+        }
+    }
+}
+
 /// The instance's current plan as its status records it.
 pub struct Current<'a> {
     pub plan: &'a [PlannedShard],
     pub placement_hash: Option<&'a str>,
     /// Shards whose pod failed admission: re-planned away from their devices.
     pub failed_admission: &'a [u32],
+}
+
+impl Current<'_> {
+    /// An instance that has no plan yet.
+    pub const NONE: Current<'static> = Current {
+        plan: &[],
+        placement_hash: None,
+        failed_admission: &[],
+    };
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -347,11 +371,7 @@ mod tests {
     }
 
     fn first(spec: &ModelInstanceSpec, nodes: &[Arc<NodeInfo>], held: &Held) -> NewPlan {
-        let current = Current {
-            plan: &[],
-            placement_hash: None,
-            failed_admission: &[],
-        };
+        let current = Current::NONE;
         plan_of(&decide(spec, &[], &current, &inputs(nodes, held))).clone()
     }
 
@@ -401,11 +421,7 @@ mod tests {
         .spec;
         let nodes = infos(&[node("r", 2, RTX4090)]);
         let held = Held::new();
-        let current = Current {
-            plan: &[],
-            placement_hash: None,
-            failed_admission: &[],
-        };
+        let current = Current::NONE;
         let d = decide(&spec, &[], &current, &inputs(&nodes, &held));
         let Decision::Unsatisfiable {
             explanation,
@@ -649,11 +665,7 @@ mod tests {
         let spec = instance("m", &format!("{SMALL}\nparallelism: {{tensor: 16}}")).spec;
         let nodes = infos(&[node("a", 8, H100), node("b", 2, MI300X)]);
         let held = Held::new();
-        let current = Current {
-            plan: &[],
-            placement_hash: None,
-            failed_admission: &[],
-        };
+        let current = Current::NONE;
         match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
             Decision::Unsatisfiable { explanation, .. } => {
                 assert!(explanation.reason.contains("16"), "{}", explanation.reason);
@@ -678,11 +690,7 @@ mod tests {
         });
         let nodes = infos(&[n]);
         let held = Held::new();
-        let current = Current {
-            plan: &[],
-            placement_hash: None,
-            failed_admission: &[],
-        };
+        let current = Current::NONE;
         match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
             Decision::Unsatisfiable { explanation, .. } => assert!(
                 explanation

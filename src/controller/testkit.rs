@@ -128,14 +128,7 @@ pub fn infos(nodes: &[Node]) -> Vec<Arc<NodeInfo>> {
 }
 
 pub fn inputs<'a>(nodes: &'a [Arc<NodeInfo>], held: &'a Held) -> PlanInputs<'a> {
-    PlanInputs {
-        nodes,
-        held,
-        now: now(),
-        node_grace: std::time::Duration::from_secs(300),
-        max_steps: 250_000,
-        known_unsatisfiable: None,
-    }
+    PlanInputs::new(nodes, held, now())
 }
 
 /// A ModelInstance `ml/<name>` (UID `uid-<name>`, generation 1) with a
