@@ -139,15 +139,16 @@ Rules of the controller's role over namespaced objects (a ClusterRole, or a Role
 controller.watchNamespace).
 */}}
 {{- define "tessera.controller.namespacedRules" -}}
-# ModelInstances: watched and reconciled; finalizers and metadata are patched.
+# ModelInstances: watched and reconciled (no finalizers: owner references clean up).
 - apiGroups: ["tessera.dev"]
   resources: ["modelinstances"]
-  verbs: ["get", "list", "watch", "patch", "update"]
-# Status (phase, conditions, plan) is written through the status subresource.
+  verbs: ["get", "list", "watch"]
+# Status (phase, conditions, plan) is written with server-side apply on the status subresource.
 - apiGroups: ["tessera.dev"]
   resources: ["modelinstances/status"]
-  verbs: ["get", "patch", "update"]
-# Shard pods: created from the instance's template, deleted when re-placed.
+  verbs: ["get", "patch"]
+# Shard pods: created from the instance's template, deleted when lost or re-placed,
+# patched to put back hand-edited device annotations.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
@@ -155,15 +156,13 @@ controller.watchNamespace).
 - apiGroups: [""]
   resources: ["pods/binding"]
   verbs: ["create"]
-# The headless Service of each instance (stable DNS names of its shards).
+# The headless Service of each instance (stable DNS names of its shards); owner
+# references delete it with the instance.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Events on ModelInstances and pods (placement decisions, errors).
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Events on ModelInstances (placement decisions, lost shards, errors).
 - apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
