@@ -8,16 +8,23 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::nodes::NodeInfo;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance};
+use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard};
 
 /// `(node, device ID)` → who holds it, for the explanation of a refusal.
 pub type Held = HashMap<(String, String), String>;
 
-/// Devices held by anything but the instance with UID `me`. `my_pods` are the
-/// UIDs of that instance's shard pods (their allocations are its own).
+/// Plans this controller decided, by instance UID, that its cache may not
+/// show yet (the status write has not come back through the watch).
+pub type Claims = HashMap<String, Vec<PlannedShard>>;
+
+/// Devices held by anything but the instance with UID `me`. An instance's
+/// plan is its entry in `claimed` when it has one (newer than the cached
+/// status), else its cached `status.plan`. The instance's own shard pods'
+/// allocations are its own.
 pub fn held_devices<'a>(
     me: &str,
     instances: impl IntoIterator<Item = &'a ModelInstance>,
+    claimed: &Claims,
     shard_pods: impl IntoIterator<Item = &'a Pod>,
     nodes: &[Arc<NodeInfo>],
 ) -> Held {
@@ -66,7 +73,11 @@ pub fn held_devices<'a>(
             mi.metadata.namespace.as_deref().unwrap_or(""),
             mi.metadata.name.as_deref().unwrap_or("")
         );
-        for shard in mi.status.iter().flat_map(|s| &s.plan) {
+        let plan = match mi.metadata.uid.as_ref().and_then(|uid| claimed.get(uid)) {
+            Some(plan) => plan.as_slice(),
+            None => mi.status.as_ref().map_or(&[][..], |s| s.plan.as_slice()),
+        };
+        for shard in plan {
             for d in &shard.devices {
                 held.insert((shard.node.clone(), d.clone()), owner.clone());
             }
@@ -148,7 +159,7 @@ mod tests {
         s.allocated
             .insert("a-g5".into(), NodeGpuState::UNBOUND_OWNER.into());
         let nodes = infos(&[node_with("a", &s)]);
-        let held = held_devices("uid-me", [&other, &me], pods.iter(), &nodes);
+        let held = held_devices("uid-me", [&other, &me], &Claims::new(), pods.iter(), &nodes);
         let who = |d: &str| held.get(&("a".to_string(), d.to_string())).cloned();
         assert_eq!(who("a-g0").as_deref(), Some("ModelInstance ml/other"));
         assert_eq!(who("a-g1").as_deref(), Some("pod ml/other-shard-1"));
@@ -157,5 +168,42 @@ mod tests {
         assert_eq!(who("a-g4"), None, "my own shard's devices are mine");
         assert!(who("a-g5").unwrap().contains("unbound"));
         assert_eq!(held.len(), 4);
+    }
+
+    fn shard(node: &str, device: &str) -> PlannedShard {
+        PlannedShard {
+            shard: 0,
+            node: node.into(),
+            devices: vec![device.into()],
+            layer_start: 0,
+            layer_end: 32,
+            predicted_memory_gib: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_claimed_plan_counts_before_the_cache_shows_it() {
+        let nodes = infos(&[node_with("a", &state("a", 4, H100))]);
+        // Just planned on a-g1; the cache still has no status, or the old one.
+        let mut moved = instance("moved", SMALL);
+        moved.status = Some(crate::api::ModelInstanceStatus {
+            plan: vec![shard("a", "a-g0")],
+            ..Default::default()
+        });
+        let fresh = instance("fresh", SMALL);
+        let me = instance("me", SMALL);
+        let claimed = Claims::from([
+            ("uid-moved".to_string(), vec![shard("a", "a-g1")]),
+            ("uid-fresh".to_string(), vec![shard("a", "a-g2")]),
+            ("uid-me".to_string(), vec![shard("a", "a-g3")]),
+        ]);
+        let none: [&Pod; 0] = [];
+        let held = held_devices("uid-me", [&moved, &fresh, &me], &claimed, none, &nodes);
+        let who = |d: &str| held.get(&("a".to_string(), d.to_string())).cloned();
+        assert_eq!(who("a-g0"), None, "the cached plan is superseded");
+        assert_eq!(who("a-g1").as_deref(), Some("ModelInstance ml/moved"));
+        assert_eq!(who("a-g2").as_deref(), Some("ModelInstance ml/fresh"));
+        assert_eq!(who("a-g3"), None, "my own claim is mine");
+        assert_eq!(held.len(), 2);
     }
 }

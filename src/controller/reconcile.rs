@@ -1,11 +1,11 @@
 //! One reconcile of a ModelInstance: observe (from the caches) → validate →
 //! plan → build → apply → status, then the Events for what was decided.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -15,7 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::apply::{self, ApplyError, Note};
 use super::build::{headless_service, shard_pods};
-use super::held::held_devices;
+use super::held::{Claims, held_devices};
 use super::metrics::Metrics;
 use super::nodes::{NodeInfo, ParsedNodes, Readiness};
 use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
@@ -62,6 +62,11 @@ pub struct Context {
     unsatisfiable: Mutex<HashMap<String, (u64, Unsatisfiable)>>,
     /// Consecutive failures by instance UID, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The plan each instance was last given here. Held for the whole plan
+    /// stage, so that reconciles of different instances (which run at the
+    /// same time) plan one after the other, each seeing the devices the
+    /// others just took although the cache shows their status a moment later.
+    claims: tokio::sync::Mutex<Claims>,
     parsed_nodes: ParsedNodes,
 }
 
@@ -81,6 +86,7 @@ impl Context {
             metrics,
             unsatisfiable: Mutex::default(),
             failures: Mutex::default(),
+            claims: tokio::sync::Mutex::default(),
             parsed_nodes: ParsedNodes::default(),
         }
     }
@@ -179,10 +185,18 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         })
         .map(|p| (p.name_any(), Arc::clone(p)))
         .collect();
+    // Planning is serialised from here to the claim below (no await between).
+    let mut claims = ctx.claims.lock().await;
     let instances = ctx.caches.instances.state();
+    let live: HashSet<&str> = instances
+        .iter()
+        .filter_map(|i| i.metadata.uid.as_deref())
+        .collect();
+    claims.retain(|claimed, _| live.contains(claimed.as_str()));
     let held = held_devices(
         &uid,
         instances.iter().map(AsRef::as_ref),
+        &claims,
         all_pods.iter().map(AsRef::as_ref),
         &nodes,
     );
@@ -307,11 +321,14 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         }
     }
 
-    // Build.
     let plan: &[PlannedShard] = match &outcome {
         Outcome::Invalid { .. } => &[],
         Outcome::Unsatisfiable { plan, .. } | Outcome::Placed { plan, .. } => plan,
     };
+    claims.insert(uid.clone(), plan.to_vec());
+    drop(claims);
+
+    // Build.
     let runnable: Vec<PlannedShard> = plan
         .iter()
         .filter(|s| !broken.contains_key(&s.shard))
@@ -429,8 +446,19 @@ fn plan_notes(
         .collect()
 }
 
+/// What the events are about: the instance at the version the reconcile
+/// read, as client-go refers to objects. The recorder folds events with the
+/// same reason about the same reference into one series that keeps the first
+/// note; without the version a second move of a shard (or the binding of its
+/// new pod) would only count up the first event and its message be lost.
+fn regarding(mi: &ModelInstance) -> ObjectReference {
+    let mut reference = mi.object_ref(&());
+    reference.resource_version = mi.resource_version();
+    reference
+}
+
 async fn publish(ctx: &Context, mi: &ModelInstance, notes: &[Note]) {
-    let reference = mi.object_ref(&());
+    let reference = regarding(mi);
     for n in notes {
         let event = Event {
             type_: if n.warning {
@@ -475,4 +503,24 @@ fn next_check(
         }
     }
     Action::requeue(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::testkit::{SMALL, instance};
+
+    #[test]
+    fn events_refer_to_the_version_they_are_about() {
+        let mut mi = instance("llama", SMALL);
+        mi.metadata.resource_version = Some("41".into());
+        let before = regarding(&mi);
+        mi.metadata.resource_version = Some("42".into());
+        let after = regarding(&mi);
+        assert_eq!(before.resource_version.as_deref(), Some("41"));
+        assert_eq!(before.uid.as_deref(), Some("uid-llama"));
+        assert_eq!(before.name, after.name);
+        // Different references: the recorder starts a new event, not a series.
+        assert_ne!(before, after);
+    }
 }
