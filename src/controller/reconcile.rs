@@ -98,6 +98,8 @@ pub enum Error {
     Apply(#[from] ApplyError),
     #[error("the ModelInstance has no {0}")]
     Incomplete(&'static str),
+    #[error("planning failed: {0}")]
+    Planning(String),
 }
 
 impl Error {
@@ -110,6 +112,7 @@ impl Error {
                 _ => "Transport".to_string(),
             },
             Error::Incomplete(_) => "IncompleteObject".to_string(),
+            Error::Planning(_) => "PlanningFailed".to_string(),
         }
     }
 }
@@ -225,14 +228,6 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
                 })
                 .collect();
             let known = lock(&ctx.unsatisfiable).get(&uid).cloned();
-            let inputs = PlanInputs {
-                nodes: &nodes,
-                held: &held,
-                now,
-                node_grace: settings.node_grace,
-                max_steps: settings.max_steps,
-                known_unsatisfiable: known.as_ref(),
-            };
             let tolerations = mi
                 .spec
                 .template
@@ -240,13 +235,39 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
                 .and_then(|t| t.spec.as_ref())
                 .and_then(|s| s.tolerations.clone())
                 .unwrap_or_default();
-            let current = Current {
-                plan: current_plan,
-                placement_hash: previous.and_then(|s| s.placement_hash.as_deref()),
-                failed_admission: &failed,
+            let current_hash = previous.and_then(|s| s.placement_hash.clone());
+            // The solver may search for up to the instance's deadline: off the
+            // async workers, so watches, the Lease and the endpoints keep going.
+            let job = {
+                let (spec, nodes, plan) = (mi.spec.clone(), nodes.clone(), current_plan.to_vec());
+                let (failed, current_hash) = (failed.clone(), current_hash.clone());
+                let (node_grace, max_steps) = (settings.node_grace, settings.max_steps);
+                move || {
+                    let inputs = PlanInputs {
+                        nodes: &nodes,
+                        held: &held,
+                        now,
+                        node_grace,
+                        max_steps,
+                        known_unsatisfiable: known.as_ref(),
+                    };
+                    let current = Current {
+                        plan: &plan,
+                        placement_hash: current_hash.as_deref(),
+                        failed_admission: &failed,
+                    };
+                    let decision = decide(&spec, &tolerations, &current, &inputs);
+                    let broken = match decision {
+                        Decision::Unsatisfiable { .. } => broken_shards(&plan, &failed, &inputs),
+                        _ => BTreeMap::new(),
+                    };
+                    (decision, broken)
+                }
             };
             let planning = Instant::now();
-            let decision = decide(&mi.spec, &tolerations, &current, &inputs);
+            let (decision, broken_now) = tokio::task::spawn_blocking(job)
+                .await
+                .map_err(|e| Error::Planning(e.to_string()))?;
             if decision != Decision::Keep {
                 ctx.metrics
                     .plan_seconds
@@ -289,14 +310,14 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
                     }
                     lock(&ctx.unsatisfiable).insert(uid.clone(), (tried, explanation));
                     // A running plan that only lost shards keeps the rest.
-                    let keep = current.placement_hash == Some(hash.as_str());
+                    let keep = current_hash.as_deref() == Some(hash.as_str());
                     let kept = if keep {
                         current_plan.to_vec()
                     } else {
                         Vec::new()
                     };
                     if keep {
-                        broken = broken_shards(current_plan, &failed, &inputs);
+                        broken = broken_now;
                     }
                     Outcome::Unsatisfiable {
                         explanation: text,
