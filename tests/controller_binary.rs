@@ -457,6 +457,17 @@ fn lease_holder(fake: &FakeApiServer) -> Option<String> {
 }
 
 /// Successful pod creations.
+/// The writes the controller makes in the next `quiet` (none, once settled).
+async fn writes_within(fake: &FakeApiServer, quiet: Duration) -> Vec<Record> {
+    let settled = fake.records().iter().filter(|r| r.is_write()).count();
+    tokio::time::sleep(quiet).await;
+    fake.records()
+        .into_iter()
+        .filter(Record::is_write)
+        .skip(settled)
+        .collect()
+}
+
 fn pod_creations(records: &[Record]) -> Vec<&Record> {
     records
         .iter()
@@ -587,14 +598,7 @@ async fn one_controller_binds_replans_repairs_and_reports() {
     assert_eq!(status["observedGeneration"], json!(1));
 
     // Settled: no further writes.
-    let settled = fake.records().iter().filter(|r| r.is_write()).count();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let later: Vec<Record> = fake
-        .records()
-        .into_iter()
-        .filter(Record::is_write)
-        .skip(settled)
-        .collect();
+    let later = writes_within(&fake, Duration::from_secs(2)).await;
     assert!(
         later.is_empty(),
         "a settled instance is written to: {later:#?}\n{}",
@@ -953,14 +957,7 @@ async fn instances_created_together_get_distinct_devices() {
         names.len(),
         "devices planned twice: {placed:?}"
     );
-    let settled = fake.records().iter().filter(|r| r.is_write()).count();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let later: Vec<Record> = fake
-        .records()
-        .into_iter()
-        .filter(Record::is_write)
-        .skip(settled)
-        .collect();
+    let later = writes_within(&fake, Duration::from_secs(2)).await;
     assert!(
         later.is_empty(),
         "still writing: {later:#?}\n{}",

@@ -308,16 +308,7 @@ mod tests {
             "an unmoved shard keeps its pod"
         );
         let mut edited = mi.clone();
-        edited
-            .spec
-            .template
-            .as_mut()
-            .unwrap()
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0]
-            .image = Some("busybox:1.38".into());
+        pod_spec(&mut edited).containers[0].image = Some("busybox:1.38".into());
         let c = shard_pods(&edited, &plan(), "tessera.dev/gpu");
         assert_ne!(desired_hash(&a[1]), desired_hash(&c[1]));
     }
@@ -325,19 +316,12 @@ mod tests {
     #[test]
     fn the_service_is_headless_and_publishes_unready_shards() {
         let mut mi = instance("llama", SMALL);
-        mi.spec
-            .template
-            .as_mut()
-            .unwrap()
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0]
-            .ports = Some(vec![k8s_openapi::api::core::v1::ContainerPort {
-            name: Some("nccl".into()),
-            container_port: 29500,
-            ..Default::default()
-        }]);
+        pod_spec(&mut mi).containers[0].ports =
+            Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+                name: Some("nccl".into()),
+                container_port: 29500,
+                ..Default::default()
+            }]);
         let s = headless_service(&mi);
         let spec = s.spec.unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));

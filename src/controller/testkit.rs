@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -142,6 +142,15 @@ pub fn instance(name: &str, spec: &str) -> ModelInstance {
     mi.metadata.uid = Some(format!("uid-{name}"));
     mi.metadata.generation = Some(1);
     mi
+}
+
+/// The pod spec of an instance made by [`instance`], for tests that edit it.
+pub fn pod_spec(mi: &mut ModelInstance) -> &mut PodSpec {
+    mi.spec
+        .template
+        .as_mut()
+        .and_then(|t| t.spec.as_mut())
+        .expect("instance() always has a pod spec")
 }
 
 /// A 7B model in bf16: about 14 GB of weights, fits one GPU of 24 GiB or more.

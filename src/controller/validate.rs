@@ -64,7 +64,7 @@ pub fn check(mi: &ModelInstance, resource: &str) -> Result<(), InvalidSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::testkit::{SMALL, instance};
+    use crate::controller::testkit::{SMALL, instance, pod_spec};
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -87,15 +87,7 @@ mod tests {
         assert!(problems(&mi).contains("a pod template with at least one container is required"));
 
         let mut mi = instance("llama", SMALL);
-        mi.spec
-            .template
-            .as_mut()
-            .unwrap()
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers
-            .clear();
+        pod_spec(&mut mi).containers.clear();
         assert!(problems(&mi).contains("no containers"));
 
         let mut mi = instance("llama", SMALL);
