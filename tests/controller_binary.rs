@@ -5,7 +5,8 @@
 //! checks what the controller wrote: the Service, the shard pod bound to its
 //! planned node and devices, status, events, re-planning after a device
 //! fault, repair of a deleted pod, the HTTP endpoints; with two replicas,
-//! that only the Lease holder acts and that SIGTERM hands over the Lease;
+//! that only the Lease holder acts, that SIGTERM hands over the Lease and
+//! that a leader whose Lease was taken exits;
 //! that instances reconciled at the same time get distinct devices and stay
 //! put; and failed admission, a vanished node, a template change and an
 //! unsatisfiable instance (no pods, one event, no hot loop).
@@ -456,7 +457,6 @@ fn lease_holder(fake: &FakeApiServer) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Successful pod creations.
 /// The writes the controller makes in the next `quiet` (none, once settled).
 async fn writes_within(fake: &FakeApiServer, quiet: Duration) -> Vec<Record> {
     let settled = fake.records().iter().filter(|r| r.is_write()).count();
@@ -468,6 +468,7 @@ async fn writes_within(fake: &FakeApiServer, quiet: Duration) -> Vec<Record> {
         .collect()
 }
 
+/// Successful pod creations.
 fn pod_creations(records: &[Record]) -> Vec<&Record> {
     records
         .iter()
@@ -878,6 +879,72 @@ async fn two_controllers_one_acts_and_sigterm_hands_over() {
         lease_holder(&fake),
         None,
         "the last leader did not release the lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_is_taken_exits_and_leaves_it() {
+    let fake = FakeApiServer::start().await;
+    let scratch = Scratch::new("usurped");
+    add_nodes(&fake);
+    let mut ctl = Controller::start(
+        &fake,
+        &scratch,
+        "ctl-a",
+        &[
+            "--namespace",
+            NS,
+            "--lease-namespace",
+            NS,
+            "--lease-name",
+            LEASE,
+            "--identity",
+            "ctl-a",
+        ],
+    );
+    wait_for(
+        "the controller to hold the lease",
+        SETTLE,
+        &fake,
+        &mut [&mut ctl],
+        || match lease_holder(&fake) {
+            Some(h) if h == "ctl-a" => Ok(()),
+            other => Err(format!("holder {other:?}")),
+        },
+    )
+    .await;
+
+    // Another replica (a partition healed, a clock skewed) holds it now.
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    fake.modify(Kind::Lease, NS, LEASE, |lease| {
+        lease["spec"]["holderIdentity"] = json!("usurper");
+        lease["spec"]["acquireTime"] = json!(now);
+        lease["spec"]["renewTime"] = json!(now);
+        lease["spec"]["leaseDurationSeconds"] = json!(3600);
+    });
+    // The next renewal (within a lease duration) finds out.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = ctl.exited() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(25),
+            "still running with the lease held by another\n{}",
+            ctl.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(1), "{}", ctl.log_tail());
+    assert!(
+        ctl.log_tail().contains("lost the leader lease"),
+        "{}",
+        ctl.log_tail()
+    );
+    assert_eq!(
+        lease_holder(&fake).as_deref(),
+        Some("usurper"),
+        "the old leader released a lease it no longer held"
     );
 }
 
