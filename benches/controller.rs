@@ -5,8 +5,9 @@
 //!   `observe/1000_nodes_unchanged`: the same through the controller's parse
 //!   cache when no Node changed (the usual reconcile).
 //! - `plan_and_build/64_stages_over_1000x8`: the plan stage (problem building
-//!   plus the solver) and the build stage (64 shard pods) for a 64-stage,
-//!   1.8-trillion-parameter instance.
+//!   plus the solver) and the build stage (64 shard pods, each requesting
+//!   its devices' vendor's resource) for a 64-stage, 1.8-trillion-parameter
+//!   instance.
 
 #[allow(dead_code)]
 mod support;
@@ -16,7 +17,8 @@ use std::sync::Arc;
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Node;
-use tessera::controller::build::shard_pods;
+use tessera::api::ResourceName;
+use tessera::controller::build::{shard_pods, shard_resource};
 use tessera::controller::held::Held;
 use tessera::controller::nodes::{NodeInfo, ParsedNodes};
 use tessera::controller::plan::{Current, Decision, PlanInputs, decide};
@@ -37,6 +39,7 @@ fn bench(c: &mut Criterion) {
     let held = Held::new();
     let inputs = PlanInputs::new(&infos, &held, k8s_openapi::jiff::Timestamp::now());
     let current = Current::NONE;
+    let per_vendor: ResourceName = "tessera.dev/{vendor}-gpu".parse().expect("a valid name");
     match decide(&mi.spec, &[], &current, &inputs) {
         Decision::Planned(p) => eprintln!(
             "REPORT controller: 64-stage plan over 1000x8, {} shards, {:.1} tokens/s predicted",
@@ -69,7 +72,9 @@ fn bench(c: &mut Criterion) {
             let Decision::Planned(p) = decide(black_box(&mi.spec), &[], &current, &inputs) else {
                 unreachable!("planned above")
             };
-            shard_pods(&mi, &p.plan, "tessera.dev/gpu")
+            shard_pods(&mi, &p.plan, |s| {
+                shard_resource(&per_vendor, s, &infos, None)
+            })
         })
     });
     group.finish();

@@ -111,7 +111,7 @@ fn main() {
                 }
             })
             .collect();
-        for (mut pod, shard) in shard_pods(&mi, &plan, "tessera.dev/gpu")
+        for (mut pod, shard) in shard_pods(&mi, &plan, |_| "tessera.dev/gpu".into())
             .into_iter()
             .zip(&plan)
         {

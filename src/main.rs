@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tessera::api::ResourceName;
 use tessera::backend::detect::{BackendChoice, DetectOptions};
 use tessera::backend::health::HealthPolicy;
 use tessera::cli::discover::{DiscoverArgs, Output as DiscoverOutput};
@@ -62,9 +63,10 @@ enum Command {
             default_value = "/var/lib/kubelet/device-plugins"
         )]
         plugin_dir: PathBuf,
-        /// Extended resource the GPUs are registered as.
-        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu")]
-        resource_name: String,
+        /// Extended resource the GPUs are registered as; `{vendor}` in it
+        /// (e.g. `tessera.dev/{vendor}-gpu`) gives each vendor its own.
+        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu", value_parser = resource_name)]
+        resource_name: ResourceName,
         /// Also name allocated devices as CDI devices.
         #[arg(long)]
         cdi: bool,
@@ -128,9 +130,10 @@ enum Command {
         /// This replica's name in the Lease; default: the host name.
         #[arg(long, env = "POD_NAME", value_name = "ID", value_parser = non_empty)]
         identity: Option<String>,
-        /// Extended resource the node agents register the GPUs as.
-        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu", value_parser = non_empty)]
-        resource_name: String,
+        /// Extended resource the node agents register the GPUs as (the same
+        /// value as theirs, `{vendor}` included).
+        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu", value_parser = resource_name)]
+        resource_name: ResourceName,
         /// Seconds a NotReady node keeps its shards before they are re-placed.
         #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = clap::value_parser!(u64).range(0..=86400))]
         node_grace_period: u64,
@@ -236,6 +239,10 @@ fn non_empty(text: &str) -> Result<String, String> {
     } else {
         Ok(text.to_string())
     }
+}
+
+fn resource_name(text: &str) -> Result<ResourceName, String> {
+    text.parse::<ResourceName>().map_err(|e| e.why)
 }
 
 /// This machine's host name: the lease identity outside a pod.
@@ -345,9 +352,9 @@ fn main() -> ExitCode {
                 poll_interval: Duration::from_millis(poll_interval_ms),
                 registry: Some(registry),
                 checkpoint,
+                resource: resource_name,
                 plugin: PluginConfig {
                     plugin_dir,
-                    resource_name,
                     cdi,
                     sysfs_root,
                     procfs_root,

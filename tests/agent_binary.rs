@@ -127,6 +127,21 @@ fn serves_endpoints_and_its_socket_and_stops_cleanly_on_sigterm() {
     assert!(!socket.exists(), "the plugin socket is removed on shutdown");
 }
 
+#[test]
+fn a_per_vendor_resource_name_takes_the_nodes_vendor() {
+    let dir = std::env::temp_dir().join(format!("tessera-agent-bin-amd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = free_port();
+    let _agent = start_with(
+        &dir,
+        port,
+        "2xMI300X-192GiB",
+        &["--resource-name", "tessera.dev/{vendor}-gpu"],
+    );
+    let socket = dir.join("plugins/tessera-tessera-dev-amd-gpu.sock");
+    wait_for("the AMD resource's plugin socket", || socket.exists());
+}
+
 /// The device counts by health in the agent's metrics: (healthy, unhealthy).
 fn health_counts(port: u16) -> Option<(u32, u32)> {
     let (_, metrics) = get(port, "/metrics")?;
@@ -190,6 +205,7 @@ fn missing_node_name_and_bad_flags_are_one_line_errors() {
     let _ = std::fs::remove_dir_all(&empty);
     std::fs::create_dir_all(&empty).unwrap();
     let empty_dir = empty.to_str().unwrap();
+    let registry = empty.join("registry.json").to_str().unwrap().to_string();
     for (args, want) in [
         (
             vec!["agent", "--backend", "fake", "--fake", "1xL4-24GiB"],
@@ -216,6 +232,31 @@ fn missing_node_name_and_bad_flags_are_one_line_errors() {
                 empty_dir,
             ],
             "kind-worker.yaml nor",
+        ),
+        (
+            vec!["agent", "--resource-name", "gpu"],
+            "invalid value 'gpu' for '--resource-name <NAME>': must be <domain>/<name>",
+        ),
+        (
+            vec!["agent", "--resource-name", "kubernetes.io/gpu"],
+            "reserved for native resources",
+        ),
+        (
+            vec![
+                "agent",
+                "--no-publish",
+                "--backend",
+                "fake",
+                "--fake",
+                "1xH100-80GiB,1xMI300X-192GiB",
+                "--resource-name",
+                "tessera.dev/{vendor}-gpu",
+                "--registry",
+                &registry,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "has GPUs of nvidia and amd; use a name without {vendor} on mixed nodes",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tessera"))

@@ -36,7 +36,11 @@ fn malformed_flags_are_refused() {
         (&["controller", "--lease-name", ""], &["must not be empty"]),
         (
             &["controller", "--resource-name", ""],
-            &["must not be empty"],
+            &["--resource-name", "must be <domain>/<name>"],
+        ),
+        (
+            &["controller", "--resource-name", "tessera.dev/{vendor}/gpu"],
+            &["exactly one '/'"],
         ),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {

@@ -4,7 +4,9 @@
 //! says it was skipped and passes. The kubeconfig's user needs cluster-admin
 //! rights or close: it applies the ModelInstance CRD (server-side apply; an
 //! installed CRD of the same name is updated to this build's), creates a
-//! namespace and three Nodes, and runs two `tessera controller` processes.
+//! namespace and three Nodes, and runs two `tessera controller` processes
+//! with a per-vendor resource name (`tessera.dev/{vendor}-gpu`), so the API
+//! server accepts or refuses the shard pods' vendor resources for real.
 //!
 //! What stands in for the parts of a cluster that are not needed: the test
 //! keeps its Nodes' Ready condition fresh (so the node lifecycle controller
@@ -122,7 +124,7 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
             .unwrap_or_else(|e| panic!("creating {file}: {e}"));
     }
     for name in ["llama-7b", "llama-70b"] {
-        let mi = wait_bound(&instances, &pods, name, &[]).await;
+        let mi = wait_bound(&instances, &pods, &nodes, name, &[]).await;
         let status = mi.status.as_ref().expect("a status");
         assert_eq!(
             status.phase,
@@ -182,7 +184,7 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
         }
     }
     publish_state(&nodes, &victim.node, &state).await;
-    let mi = wait_bound(&instances, &pods, "llama-70b", &victim.devices).await;
+    let mi = wait_bound(&instances, &pods, &nodes, "llama-70b", &victim.devices).await;
     let after = &mi.status.as_ref().expect("a status").plan;
     assert!(
         !after[0].devices.contains(&victim.devices[0]),
@@ -313,17 +315,41 @@ where
     }
 }
 
+/// The vendor of a shard's first planned device, from its Node's GPU state.
+async fn planned_vendor(
+    nodes: &Api<Node>,
+    shard: &tessera::api::PlannedShard,
+) -> Result<String, String> {
+    let node = timeout(CALL, nodes.get(&shard.node))
+        .await
+        .map_err(|_| "no answer".to_string())?
+        .map_err(|e| e.to_string())?;
+    let state: serde_json::Value = node
+        .annotations()
+        .get(GPU_STATE_ANNOTATION)
+        .and_then(|a| serde_json::from_str(a).ok())
+        .ok_or(format!("node {} has no GPU state", shard.node))?;
+    let first = shard.devices.first().ok_or("a shard without devices")?;
+    state["devices"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["id"] == json!(first)))
+        .and_then(|d| d["vendor"].as_str())
+        .map(str::to_string)
+        .ok_or(format!("node {} does not list {first}", shard.node))
+}
+
 /// Waits until the instance has a plan avoiding `not_on` and every shard pod
 /// is bound to its planned node with its planned devices.
 async fn wait_bound(
     instances: &Api<ModelInstance>,
     pods: &Api<Pod>,
+    nodes: &Api<Node>,
     name: &str,
     not_on: &[String],
 ) -> ModelInstance {
     let start = Instant::now();
     loop {
-        let why = match check_bound(instances, pods, name, not_on).await {
+        let why = match check_bound(instances, pods, nodes, name, not_on).await {
             Ok(mi) => return mi,
             Err(why) => why,
         };
@@ -337,6 +363,7 @@ async fn wait_bound(
 async fn check_bound(
     instances: &Api<ModelInstance>,
     pods: &Api<Pod>,
+    nodes: &Api<Node>,
     name: &str,
     not_on: &[String],
 ) -> Result<ModelInstance, String> {
@@ -393,6 +420,16 @@ async fn check_bound(
         }
         if pod.annotations().get("tessera.dev/shard") != Some(&s.shard.to_string()) {
             return Err(format!("{pod_name} has the wrong shard annotation"));
+        }
+        // The controllers run with a per-vendor resource name.
+        let want = format!("tessera.dev/{}-gpu", planned_vendor(nodes, s).await?);
+        let limits = spec
+            .containers
+            .first()
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.limits.as_ref());
+        if !limits.is_some_and(|l| l.contains_key(&want)) {
+            return Err(format!("{pod_name} does not request {want}: {limits:?}"));
         }
     }
     if status.phase != Some(Phase::Bound) {
@@ -680,6 +717,8 @@ impl ControllerProcess {
                 &format!("127.0.0.1:{port}"),
                 "--node-grace-period",
                 "30",
+                "--resource-name",
+                "tessera.dev/{vendor}-gpu",
             ])
             .env("POD_NAME", identity)
             .env("RUST_LOG", "info")

@@ -389,7 +389,7 @@ fn settled() -> (ModelInstance, Vec<Node>, Pod) {
     let Decision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
         panic!("no plan")
     };
-    let mut pod = shard_pods(&mi, &new.plan, "tessera.dev/gpu").remove(0);
+    let mut pod = shard_pods(&mi, &new.plan, |_| "tessera.dev/gpu".into()).remove(0);
     pod.metadata.uid = Some("uid-pod".into());
     pod.spec.as_mut().unwrap().node_name = Some("a".into());
     let mut mi = mi;

@@ -384,6 +384,22 @@ fn bound(
     Ok((node, devices, uid))
 }
 
+/// The per-vendor resource for the GPUs of `node` (one of `NODES`).
+fn vendor_resource(node: &str) -> Vec<(String, Value)> {
+    let (_, gpu, _) = NODES.iter().find(|n| n.0 == node).unwrap();
+    vec![(format!("tessera.dev/{}-gpu", gpu.vendor), json!("1"))]
+}
+
+/// The limits of the shard pod's first container.
+fn vendor_requested(fake: &FakeApiServer) -> Vec<(String, Value)> {
+    let pod = fake.get(Kind::Pod, NS, POD).unwrap();
+    let limits = &pod["spec"]["containers"][0]["resources"]["limits"];
+    limits
+        .as_object()
+        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
 /// `(reason, reportingInstance)` of the events about the instance.
 fn events(fake: &FakeApiServer) -> Vec<(String, String)> {
     fake.list(Kind::Event)
@@ -1051,15 +1067,25 @@ async fn instances_created_together_get_distinct_devices() {
 
 /// What else moves a shard or its pod: a failed admission, a vanished node,
 /// a template change (new pod, same plan); and an instance nothing can hold
-/// waits without pods and without a hot loop.
+/// waits without pods and without a hot loop. Run with a per-vendor resource
+/// name, so each pod must request its node's vendor's resource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_admission_lost_node_template_change_and_unsatisfiable() {
     let fake = FakeApiServer::start().await;
     let scratch = Scratch::new("repairs");
     add_nodes(&fake);
-    let mut ctl = Controller::start(&fake, &scratch, "solo", &["--leader-elect=false"]);
+    let mut ctl = Controller::start(
+        &fake,
+        &scratch,
+        "solo",
+        &[
+            "--leader-elect=false",
+            "--resource-name",
+            "tessera.dev/{vendor}-gpu",
+        ],
+    );
     add_instance(&fake);
-    let (_, devices, first) = wait_for(
+    let (first_node, devices, first) = wait_for(
         "the instance to be bound",
         SETTLE,
         &fake,
@@ -1075,6 +1101,7 @@ async fn failed_admission_lost_node_template_change_and_unsatisfiable() {
             "message": "Allocate failed due to no healthy devices present",
         });
     });
+    assert_eq!(vendor_requested(&fake), vendor_resource(&first_node));
     let (node, _, second) = wait_for(
         "the shard to leave the refused device",
         SETTLE,
@@ -1088,6 +1115,7 @@ async fn failed_admission_lost_node_template_change_and_unsatisfiable() {
         },
     )
     .await;
+    assert_eq!(vendor_requested(&fake), vendor_resource(&node));
     wait_for(
         "the events about it",
         SETTLE,
@@ -1116,6 +1144,7 @@ async fn failed_admission_lost_node_template_change_and_unsatisfiable() {
         },
     )
     .await;
+    assert_eq!(vendor_requested(&fake), vendor_resource(&elsewhere));
     wait_for(
         "a Replanned event naming the node",
         SETTLE,

@@ -14,7 +14,8 @@ use super::binding::{BindingConfig, BindingIndex, run_pod_watch};
 use super::http::{AgentMetrics, Counters, router, serve};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use super::registration::{PluginConfig, PluginRunner};
-use super::state::{channel, spawn_poller_with_ids};
+use super::state::{ViewRx, channel, spawn_poller_with_ids};
+use crate::api::{ResourceName, Vendor};
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
@@ -26,6 +27,9 @@ pub struct AgentConfig {
     pub poll_interval: Duration,
     /// Device registry file; `None` keeps none.
     pub registry: Option<PathBuf>,
+    /// The extended resource; with `{vendor}`, the node's vendor fills it in
+    /// and `plugin.resource_name` is ignored.
+    pub resource: ResourceName,
     pub plugin: PluginConfig,
     /// Allocation checkpoint of the planned bindings (used when publishing).
     pub checkpoint: PathBuf,
@@ -47,6 +51,8 @@ pub enum AgentError {
     Backend(#[from] crate::backend::BackendError),
     #[error("cannot reach the Kubernetes API: {0}")]
     Kube(String),
+    #[error("{0}")]
+    Resource(String),
     #[error("cannot serve the HTTP endpoints on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -55,7 +61,7 @@ pub enum AgentError {
 }
 
 /// Runs the agent until SIGTERM/SIGINT.
-pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
     let backend = detect(&config.detect)?;
     tracing::info!(backend = backend.name(), "GPU backend selected");
     let (tx, rx) = channel(backend.name());
@@ -71,6 +77,15 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         stop_polling.clone(),
         known,
     );
+    let resource = node_resource(&config.resource, rx.clone()).await;
+    config.plugin.resource_name = match resource {
+        Ok(name) => name,
+        Err(e) => {
+            stop_polling.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    tracing::info!(resource = %config.plugin.resource_name, "offering the GPUs as");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -206,4 +221,110 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     stop_polling.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || poller.join()).await;
     Ok(())
+}
+
+/// The resource this node's GPUs are offered as. Per vendor, the node's one
+/// vendor decides after the first reading of the GPUs; a node mixing vendors
+/// cannot be offered that way (one plugin serves one resource).
+async fn node_resource(name: &ResourceName, mut rx: ViewRx) -> Result<String, AgentError> {
+    if !name.per_vendor() {
+        return Ok(name.to_string());
+    }
+    let fail = |why: String| {
+        AgentError::Resource(format!(
+            "the per-vendor resource name {name} needs this node's GPU vendor: {why}"
+        ))
+    };
+    let view = rx
+        .wait_for(|v| v.ready || v.error.is_some())
+        .await
+        .map_err(|_| fail("the GPU poller stopped".into()))?
+        .clone();
+    if !view.ready {
+        let error = view.error.unwrap_or_default();
+        return Err(fail(format!("reading the GPUs failed: {error}")));
+    }
+    let vendors: std::collections::BTreeSet<Vendor> = view
+        .snapshot
+        .devices
+        .iter()
+        .map(|d| d.info.vendor)
+        .filter(|v| *v != Vendor::Unknown)
+        .collect();
+    match vendors.into_iter().collect::<Vec<_>>()[..] {
+        [vendor] => Ok(name.for_vendor(vendor)),
+        [] => Err(fail("no NVIDIA or AMD GPU was found".into())),
+        ref many => Err(fail(format!(
+            "it has GPUs of {}; use a name without {{vendor}} on mixed nodes",
+            many.iter()
+                .map(|v| v.as_str())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::fake::FakeBackend;
+    use crate::backend::snapshot;
+
+    fn read(spec: &str) -> ViewRx {
+        let (tx, rx) = channel("fake");
+        let snap = snapshot(&mut FakeBackend::new(spec).unwrap()).unwrap();
+        tx.send_modify(|v| {
+            v.snapshot = snap;
+            v.ready = true;
+        });
+        rx
+    }
+
+    fn resolve(name: &str, rx: ViewRx) -> Result<String, String> {
+        let name: ResourceName = name.parse().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(node_resource(&name, rx))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_nodes_vendor_fills_in_a_per_vendor_name() {
+        assert_eq!(
+            resolve("tessera.dev/{vendor}-gpu", read("2xMI300X-192GiB")).unwrap(),
+            "tessera.dev/amd-gpu"
+        );
+        assert_eq!(
+            resolve("tessera.dev/{vendor}-gpu", read("4xH100-80GiB")).unwrap(),
+            "tessera.dev/nvidia-gpu"
+        );
+        // One name for all does not wait for the GPUs.
+        let (_tx, rx) = channel("fake");
+        assert_eq!(resolve("tessera.dev/gpu", rx).unwrap(), "tessera.dev/gpu");
+    }
+
+    #[test]
+    fn a_per_vendor_name_on_a_mixed_empty_or_failing_node_is_refused() {
+        let err = resolve(
+            "tessera.dev/{vendor}-gpu",
+            read("1xH100-80GiB,1xMI300X-192GiB"),
+        )
+        .unwrap_err();
+        assert!(err.contains("GPUs of nvidia and amd"), "{err}");
+        assert!(err.contains("tessera.dev/{vendor}-gpu"), "{err}");
+
+        let (tx, rx) = channel("fake");
+        tx.send_modify(|v| v.ready = true);
+        let err = resolve("tessera.dev/{vendor}-gpu", rx).unwrap_err();
+        assert!(err.contains("no NVIDIA or AMD GPU"), "{err}");
+
+        let (tx, rx) = channel("fake");
+        tx.send_modify(|v| v.error = Some("NVML: driver not loaded".into()));
+        let err = resolve("tessera.dev/{vendor}-gpu", rx).unwrap_err();
+        assert!(
+            err.contains("reading the GPUs failed: NVML: driver not loaded"),
+            "{err}"
+        );
+    }
 }

@@ -4,6 +4,7 @@
 
 mod gpu_state;
 mod model_instance;
+mod resource_name;
 
 pub use gpu_state::{
     GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState, Vendor,
@@ -12,12 +13,14 @@ pub use model_instance::{
     DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec,
     ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ScoreWeights, crd_yaml,
 };
+pub use resource_name::{InvalidResourceName, ResourceName};
 
 /// API group of every tessera custom resource.
 pub const GROUP: &str = "tessera.dev";
 /// The one served version.
 pub const VERSION: &str = "v1alpha1";
-/// Extended resource the node agent registers with kubelet (configurable at deploy time).
+/// Extended resource the node agent registers with kubelet (configurable at
+/// deploy time, see [`ResourceName`]).
 pub const DEFAULT_RESOURCE_NAME: &str = "tessera.dev/gpu";
 /// Node annotation holding the JSON `NodeGpuState`.
 pub const GPU_STATE_ANNOTATION: &str = "tessera.dev/gpu-state";

@@ -2,15 +2,18 @@
 //! should have for its plan. Pure; `apply` compares these with what exists.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
+use super::nodes::NodeInfo;
 use super::plan::fnv;
 use crate::api::{
-    DEVICES_ANNOTATION, ModelInstance, PlannedShard, SCHEDULER_NAME, SHARD_ANNOTATION,
+    DEVICES_ANNOTATION, ModelInstance, PlannedShard, ResourceName, SCHEDULER_NAME,
+    SHARD_ANNOTATION, Vendor,
 };
 
 /// Label on every shard pod and on the Service: the instance's name.
@@ -31,12 +34,58 @@ pub fn shard_address(instance: &str, namespace: &str, shard: u32) -> String {
     )
 }
 
-/// The desired shard pods, in shard order. The caller has validated the
+/// The desired shard pods, in shard order; `resource` names what a shard's
+/// pod requests (see [`shard_resource`]). The caller has validated the
 /// instance (`validate::check`), so it has a template with containers.
-pub fn shard_pods(mi: &ModelInstance, plan: &[PlannedShard], resource: &str) -> Vec<Pod> {
+pub fn shard_pods(
+    mi: &ModelInstance,
+    plan: &[PlannedShard],
+    resource: impl Fn(&PlannedShard) -> String,
+) -> Vec<Pod> {
     plan.iter()
-        .map(|s| shard_pod(mi, plan, s, resource))
+        .map(|s| shard_pod(mi, plan, s, &resource(s)))
         .collect()
+}
+
+/// The extended resource `shard`'s pod requests. Per vendor it is that of
+/// the shard's planned devices; should their node not say (its GPU state
+/// just went away), the resource the existing pod asks for stands, so the
+/// pod is not replaced for it. Without either, the `unknown` vendor's name
+/// makes kubelet refuse the pod, and the shard is placed anew.
+pub fn shard_resource(
+    name: &ResourceName,
+    shard: &PlannedShard,
+    nodes: &[Arc<NodeInfo>],
+    existing: Option<&Pod>,
+) -> String {
+    if !name.per_vendor() {
+        return name.to_string();
+    }
+    let vendor = nodes
+        .iter()
+        .find(|n| n.name() == shard.node)
+        .and_then(|n| {
+            let first = shard.devices.first()?;
+            n.gpus.gpu_state.devices.iter().find(|d| &d.id == first)
+        })
+        .map(|d| d.vendor)
+        .filter(|v| *v != Vendor::Unknown);
+    if let Some(vendor) = vendor {
+        return name.for_vendor(vendor);
+    }
+    let requested = existing
+        .and_then(|p| {
+            p.spec
+                .as_ref()?
+                .containers
+                .first()?
+                .resources
+                .as_ref()?
+                .limits
+                .as_ref()
+        })
+        .and_then(|limits| name.all().into_iter().find(|n| limits.contains_key(n)));
+    requested.unwrap_or_else(|| name.for_vendor(Vendor::Unknown))
 }
 
 fn shard_pod(
@@ -203,6 +252,8 @@ mod tests {
     use super::*;
     use crate::controller::testkit::*;
 
+    const GPU: &str = "tessera.dev/gpu";
+
     fn plan() -> Vec<PlannedShard> {
         (0..2)
             .map(|i| PlannedShard {
@@ -241,7 +292,7 @@ mod tests {
             }]),
             ..Default::default()
         });
-        let pods = shard_pods(&mi, &plan(), "tessera.dev/gpu");
+        let pods = shard_pods(&mi, &plan(), |_| GPU.into());
         assert_eq!(pods.len(), 2);
         let p = &pods[1];
         let meta = &p.metadata;
@@ -268,7 +319,7 @@ mod tests {
                 .resources
                 .as_ref()
                 .and_then(|r| r.limits.as_ref())
-                .and_then(|l| l.get("tessera.dev/gpu"))
+                .and_then(|l| l.get(GPU))
                 .map(|q| q.0.clone())
         };
         assert_eq!(gpu(0).as_deref(), Some("2"));
@@ -295,12 +346,12 @@ mod tests {
     #[test]
     fn the_hash_follows_plan_and_template_only() {
         let mi = instance("llama", SMALL);
-        let a = shard_pods(&mi, &plan(), "tessera.dev/gpu");
-        let again = shard_pods(&mi, &plan(), "tessera.dev/gpu");
+        let a = shard_pods(&mi, &plan(), |_| GPU.into());
+        let again = shard_pods(&mi, &plan(), |_| GPU.into());
         assert_eq!(desired_hash(&a[0]), desired_hash(&again[0]));
         let mut moved = plan();
         moved[0].devices = vec!["n0-g2".into(), "n0-g3".into()];
-        let b = shard_pods(&mi, &moved, "tessera.dev/gpu");
+        let b = shard_pods(&mi, &moved, |_| GPU.into());
         assert_ne!(desired_hash(&a[0]), desired_hash(&b[0]));
         assert_eq!(
             desired_hash(&a[1]),
@@ -309,7 +360,7 @@ mod tests {
         );
         let mut edited = mi.clone();
         pod_spec(&mut edited).containers[0].image = Some("busybox:1.38".into());
-        let c = shard_pods(&edited, &plan(), "tessera.dev/gpu");
+        let c = shard_pods(&edited, &plan(), |_| GPU.into());
         assert_ne!(desired_hash(&a[1]), desired_hash(&c[1]));
     }
 
@@ -329,5 +380,42 @@ mod tests {
         assert_eq!(spec.selector.unwrap()[INSTANCE_LABEL], "llama");
         assert_eq!(spec.ports.unwrap()[0].port, 29500);
         assert_eq!(s.metadata.owner_references.unwrap()[0].uid, "uid-llama");
+    }
+
+    #[test]
+    fn per_vendor_shards_request_their_devices_vendor() {
+        let per_vendor: ResourceName = "tessera.dev/{vendor}-gpu".parse().unwrap();
+        let nodes = infos(&[node("n0", 2, H100), node("n1", 2, MI300X)]);
+        let plan = plan();
+        let mi = instance("llama", SMALL);
+        let pods = shard_pods(&mi, &plan, |s| shard_resource(&per_vendor, s, &nodes, None));
+        let requested = |p: &Pod| {
+            let r = p.spec.as_ref().unwrap().containers[0].resources.clone();
+            let limits = r.unwrap().limits.unwrap();
+            limits.keys().cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(requested(&pods[0]), ["tessera.dev/nvidia-gpu"]);
+        assert_eq!(requested(&pods[1]), ["tessera.dev/amd-gpu"]);
+
+        // One name for all: the nodes do not matter.
+        let one = ResourceName::default();
+        assert_eq!(shard_resource(&one, &plan[1], &[], None), GPU);
+
+        // The node's GPU state went away: the existing pod's request stands.
+        let gone = &nodes[..1];
+        assert_eq!(
+            shard_resource(&per_vendor, &plan[1], gone, Some(&pods[1])),
+            "tessera.dev/amd-gpu"
+        );
+        let foreign = shard_pods(&mi, &plan, |_| GPU.into());
+        assert_eq!(
+            shard_resource(&per_vendor, &plan[1], gone, Some(&foreign[1])),
+            "tessera.dev/unknown-gpu",
+            "a request of another name is not one of ours"
+        );
+        assert_eq!(
+            shard_resource(&per_vendor, &plan[1], gone, None),
+            "tessera.dev/unknown-gpu"
+        );
     }
 }

@@ -14,20 +14,20 @@ use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
 use super::apply::{self, ApplyError, Note};
-use super::build::{headless_service, shard_pods};
+use super::build::{headless_service, shard_pod_name, shard_pods, shard_resource};
 use super::held::{Claims, held_devices};
 use super::metrics::Metrics;
 use super::nodes::{NodeInfo, ParsedNodes, Readiness};
 use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
 use super::status::{self, Outcome, PLACED, StatusInputs};
 use super::validate;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard, SHARD_ANNOTATION};
+use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard, ResourceName, SHARD_ANNOTATION};
 use crate::placement::Unsatisfiable;
 
 /// How the controller plans; set by flags.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub resource_name: String,
+    pub resource_name: ResourceName,
     /// How long a NotReady node keeps its shards before they are re-placed.
     pub node_grace: Duration,
     /// Solver step budget per plan.
@@ -37,7 +37,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            resource_name: crate::api::DEFAULT_RESOURCE_NAME.to_string(),
+            resource_name: ResourceName::default(),
             node_grace: Duration::from_secs(300),
             max_steps: crate::placement::SolveOptions::default().max_steps,
         }
@@ -355,7 +355,16 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         .filter(|s| !broken.contains_key(&s.shard))
         .cloned()
         .collect();
-    let desired: Vec<(Pod, String)> = shard_pods(mi, &runnable, &settings.resource_name)
+    let resource = |s: &PlannedShard| {
+        let existing = mine.get(&shard_pod_name(&name, s.shard));
+        shard_resource(
+            &settings.resource_name,
+            s,
+            &nodes,
+            existing.map(AsRef::as_ref),
+        )
+    };
+    let desired: Vec<(Pod, String)> = shard_pods(mi, &runnable, resource)
         .into_iter()
         .zip(runnable.iter().map(|s| s.node.clone()))
         .collect();

@@ -3,13 +3,13 @@
 //! this repeats those rules (for older CRDs) and adds the ones that need the
 //! pod template or the controller's configuration.
 
-use crate::api::{InvalidSpec, ModelInstance};
+use crate::api::{InvalidSpec, ModelInstance, ResourceName};
 
 /// `-shard-` plus up to four digits (at most 1024 stages) must fit into a
 /// 63-character hostname next to the instance name.
 const MAX_NAME: usize = 63 - "-shard-".len() - 4;
 
-pub fn check(mi: &ModelInstance, resource: &str) -> Result<(), InvalidSpec> {
+pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidSpec> {
     let mut problems = match mi.spec.validate() {
         Ok(()) => Vec::new(),
         Err(e) => e.problems,
@@ -35,14 +35,15 @@ pub fn check(mi: &ModelInstance, resource: &str) -> Result<(), InvalidSpec> {
             // An empty container list is already reported by `validate`.
             for (i, c) in spec.containers.iter().enumerate() {
                 let r = c.resources.as_ref();
-                let asks = r
-                    .and_then(|r| r.requests.as_ref())
-                    .is_some_and(|m| m.contains_key(resource))
-                    || r.and_then(|r| r.limits.as_ref())
-                        .is_some_and(|m| m.contains_key(resource));
-                if asks {
+                let asked = resource.all().into_iter().find(|n| {
+                    r.and_then(|r| r.requests.as_ref())
+                        .is_some_and(|m| m.contains_key(n))
+                        || r.and_then(|r| r.limits.as_ref())
+                            .is_some_and(|m| m.contains_key(n))
+                });
+                if let Some(name) = asked {
                     problems.push(format!(
-                        "template.spec.containers[{i}]: requests {resource} itself; leave it out, the controller requests parallelism.tensor GPUs for the first container"
+                        "template.spec.containers[{i}]: requests {name} itself; leave it out, the controller requests parallelism.tensor GPUs for the first container"
                     ));
                 }
             }
@@ -69,7 +70,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn problems(mi: &ModelInstance) -> String {
-        check(mi, "tessera.dev/gpu")
+        check(mi, &ResourceName::default())
             .unwrap_err()
             .problems
             .join("\n")
@@ -77,7 +78,7 @@ mod tests {
 
     #[test]
     fn a_good_instance_passes() {
-        check(&instance("llama", SMALL), "tessera.dev/gpu").unwrap();
+        check(&instance("llama", SMALL), &ResourceName::default()).unwrap();
     }
 
     #[test]
@@ -91,7 +92,7 @@ mod tests {
         assert!(problems(&mi).contains("no containers"));
 
         let mut mi = instance("llama", SMALL);
-        let spec = mi.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        let spec = pod_spec(&mut mi);
         spec.node_name = Some("n".into());
         spec.containers[0].resources = Some(ResourceRequirements {
             limits: Some([("tessera.dev/gpu".to_string(), Quantity("1".into()))].into()),
@@ -103,6 +104,17 @@ mod tests {
             "{p}"
         );
         assert!(p.contains("template.spec.nodeName"), "{p}");
+
+        // Per vendor, any vendor's resource in the template is refused.
+        let mut mi = instance("llama", SMALL);
+        pod_spec(&mut mi).containers[0].resources = Some(ResourceRequirements {
+            requests: Some([("tessera.dev/amd-gpu".to_string(), Quantity("1".into()))].into()),
+            ..Default::default()
+        });
+        let per_vendor: ResourceName = "tessera.dev/{vendor}-gpu".parse().unwrap();
+        let p = check(&mi, &per_vendor).unwrap_err().problems.join("\n");
+        assert!(p.contains("requests tessera.dev/amd-gpu itself"), "{p}");
+        assert!(check(&mi, &ResourceName::default()).is_ok());
 
         let mi = instance(&"x".repeat(53), SMALL);
         assert!(problems(&mi).contains("too long"));
