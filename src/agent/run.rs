@@ -27,8 +27,8 @@ pub struct AgentConfig {
     pub poll_interval: Duration,
     /// Device registry file; `None` keeps none.
     pub registry: Option<PathBuf>,
-    /// The extended resource; with `{vendor}`, the node's vendor fills it in
-    /// and `plugin.resource_name` is ignored.
+    /// The extended resource (with `{vendor}`, the node's vendor fills it
+    /// in); `plugin.resource_name` is set from it at start.
     pub resource: ResourceName,
     pub plugin: PluginConfig,
     /// Allocation checkpoint of the planned bindings (used when publishing).
@@ -238,10 +238,9 @@ async fn node_resource(name: &ResourceName, mut rx: ViewRx) -> Result<String, Ag
     let view = rx
         .wait_for(|v| v.ready || v.error.is_some())
         .await
-        .map_err(|_| fail("the GPU poller stopped".into()))?
-        .clone();
+        .map_err(|_| fail("the GPU poller stopped".into()))?;
     if !view.ready {
-        let error = view.error.unwrap_or_default();
+        let error = view.error.clone().unwrap_or_default();
         return Err(fail(format!("reading the GPUs failed: {error}")));
     }
     let vendors: std::collections::BTreeSet<Vendor> = view

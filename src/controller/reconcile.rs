@@ -236,11 +236,13 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
                 .and_then(|s| s.tolerations.clone())
                 .unwrap_or_default();
             let current_hash = previous.and_then(|s| s.placement_hash.clone());
+            // When nothing fits, a running plan of the same spec that only lost
+            // shards keeps the rest.
+            let keep = current_hash.as_deref() == Some(hash.as_str());
             // The solver may search for up to the instance's deadline: off the
             // async workers, so watches, the Lease and the endpoints keep going.
             let job = {
                 let (spec, nodes, plan) = (mi.spec.clone(), nodes.clone(), current_plan.to_vec());
-                let (failed, current_hash) = (failed.clone(), current_hash.clone());
                 let (node_grace, max_steps) = (settings.node_grace, settings.max_steps);
                 move || {
                     let inputs = PlanInputs {
@@ -258,7 +260,9 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
                     };
                     let decision = decide(&spec, &tolerations, &current, &inputs);
                     let broken = match decision {
-                        Decision::Unsatisfiable { .. } => broken_shards(&plan, &failed, &inputs),
+                        Decision::Unsatisfiable { .. } if keep => {
+                            broken_shards(&plan, &failed, &inputs)
+                        }
                         _ => BTreeMap::new(),
                     };
                     (decision, broken)
@@ -309,16 +313,12 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
                         });
                     }
                     lock(&ctx.unsatisfiable).insert(uid.clone(), (tried, explanation));
-                    // A running plan that only lost shards keeps the rest.
-                    let keep = current_hash.as_deref() == Some(hash.as_str());
                     let kept = if keep {
                         current_plan.to_vec()
                     } else {
                         Vec::new()
                     };
-                    if keep {
-                        broken = broken_now;
-                    }
+                    broken = broken_now;
                     Outcome::Unsatisfiable {
                         explanation: text,
                         plan: kept,
