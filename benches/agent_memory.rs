@@ -6,6 +6,8 @@
 
 #[path = "../tests/common/kubelet.rs"]
 mod kubelet;
+#[allow(dead_code)]
+mod support;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -15,28 +17,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 
 use kubelet::FakeKubelet;
+use support::memory::status_kib;
 use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
 use tessera::agent::kubelet_api::v1beta1::{AllocateRequest, ContainerAllocateRequest, Empty};
 use tessera::agent::registration::connect_unix;
 
 const GPUS: &str = "8xH100-80GiB";
 const SCRAPES: usize = 20;
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix(field)?
-                    .trim()
-                    .strip_suffix("kB")?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-        })
-        .unwrap_or(0)
-}
 
 async fn get(port: u16, path: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -107,8 +94,8 @@ async fn main() {
     // A few polls of the GPUs after all that.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let rss = status_kib(pid, "VmRSS:");
-    let peak = status_kib(pid, "VmHWM:");
+    let rss = status_kib(&pid.to_string(), "VmRSS:");
+    let peak = status_kib(&pid.to_string(), "VmHWM:");
     eprintln!(
         "REPORT agent memory: {GPUS}, registered, 1 ListAndWatch stream, 4 allocations, \
          {SCRAPES} scrapes: VmRSS {:.1} MiB, peak {:.1} MiB",

@@ -16,28 +16,13 @@ use tessera::controller::build::{headless_service, shard_pods};
 use tessera::controller::nodes::{ParsedNodes, trim_node};
 
 use support::cluster;
+use support::memory::status_kib;
 use support::objects::{instance_1_8t, to_node};
 
 const SEED: u64 = 0x7e55_e7a0_5eed_0002;
 const NODES: usize = 5000;
 const INSTANCES: usize = 500;
 const SHARDS: usize = 4;
-
-fn rss_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix(field)?
-                    .trim()
-                    .strip_suffix("kB")?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-        })
-        .unwrap_or(0)
-}
 
 fn fill<K>(writer: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
 where
@@ -76,7 +61,7 @@ fn full_node(n: &tessera::placement::NodeState) -> Node {
 }
 
 fn main() {
-    let before = rss_kib("VmRSS:");
+    let before = status_kib("self", "VmRSS:");
     let (nodes, mut node_writer) = reflector::store::<Node>();
     let (instances, mut instance_writer) = reflector::store();
     let (pods, mut pod_writer) = reflector::store::<Pod>();
@@ -137,8 +122,8 @@ fn main() {
     // The parsed GPU states a reconcile keeps next to the Node cache.
     let parsed = ParsedNodes::default();
     let gpu_nodes = parsed.read(&nodes.state()).len();
-    let after = rss_kib("VmRSS:");
-    let peak = rss_kib("VmHWM:");
+    let after = status_kib("self", "VmRSS:");
+    let peak = status_kib("self", "VmHWM:");
     println!(
         "controller caches: {} nodes ({gpu_nodes} parsed), {} instances, {} pods, {} services",
         nodes.state().len(),

@@ -2,6 +2,7 @@
 //! builds `placement::Problem` values directly, model shapes built the way the
 //! controller builds them, a plan validity check, and a first-fit baseline.
 
+pub mod memory;
 pub mod objects;
 
 use std::collections::{BTreeMap, HashSet};
