@@ -6,36 +6,14 @@
 //! nothing on stdout). Never a panic.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
 #[path = "common/cli.rs"]
 mod cli;
-use cli::{Scratch, assert_bad_input_result, finish};
-
-/// Runs the built binary; returns (exit code, stdout, stderr).
-fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.args(args)
-        .env_remove("RUST_LOG")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start the tessera binary");
-    if let Some(text) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(text.as_bytes()).expect("write stdin");
-    }
-    let out = child.wait_with_output().expect("wait for tessera");
-    finish(args, out)
-}
+use cli::{Scratch, assert_bad_input, instance, run};
 
 fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -43,18 +21,6 @@ fn repo_path(rel: &str) -> PathBuf {
 
 fn repo_file(rel: &str) -> String {
     std::fs::read_to_string(repo_path(rel)).expect("read a committed file")
-}
-
-/// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
-fn assert_bad_input(args: &[&str], stdin: Option<&str>, needles: &[&str]) {
-    assert_bad_input_result(args, run(args, stdin), needles);
-}
-
-/// A minimal valid ModelInstance; `extra_spec` lines go under `spec:`.
-fn instance(model: &str, extra_spec: &str) -> String {
-    format!(
-        "apiVersion: tessera.dev/v1alpha1\nkind: ModelInstance\nmetadata: {{name: m}}\nspec:\n  model: {{{model}}}\n{extra_spec}"
-    )
 }
 
 const SMALL_MODEL: &str = "name: m, parametersBillions: 7, layers: 32";
@@ -184,18 +150,83 @@ fn out_of_range_model_numbers_are_bad_input() {
         (
             "zero-parameters.yaml",
             "name: m, parametersBillions: 0, layers: 32",
-            &["parametersBillions", "positive"][..],
+            &["model.parametersBillions: 0 is outside the allowed range 0.001 to 100000"][..],
         ),
         (
             "negative-kv-cache.yaml",
             "name: m, parametersBillions: 7, layers: 32, kvCacheGiB: -1",
-            &["kvCacheGiB", "-1"][..],
+            &["model.kvCacheGiB: -1 is outside"][..],
+        ),
+        // Each of these was accepted, or refused for a wrong reason, before the
+        // limits came from one place.
+        (
+            "too-many-layers.yaml",
+            "name: m, parametersBillions: 7, layers: 100001",
+            &["model.layers: 100001 is outside the allowed range 1 to 100000"][..],
+        ),
+        (
+            "huge-hidden-size.yaml",
+            "name: m, parametersBillions: 7, layers: 32, hiddenSize: 2000000",
+            &["model.hiddenSize: 2000000 is outside"][..],
+        ),
+        (
+            "tiny-parameters.yaml",
+            "name: m, parametersBillions: 0.0001, layers: 32",
+            &["model.parametersBillions: 0.0001 is outside"][..],
+        ),
+        (
+            "huge-parameters.yaml",
+            "name: m, parametersBillions: 1e308, layers: 32",
+            &["model.parametersBillions: 1e308 is outside"][..],
+        ),
+        (
+            "huge-kv-cache.yaml",
+            "name: m, parametersBillions: 7, layers: 32, kvCacheGiB: 1e308",
+            &["model.kvCacheGiB: 1e308 is outside"][..],
+        ),
+        (
+            "huge-overhead.yaml",
+            "name: m, parametersBillions: 7, layers: 32, overheadGiB: 1e12",
+            &["model.overheadGiB: 1e12 is outside"][..],
+        ),
+        (
+            "long-model-name.yaml",
+            &format!(
+                "name: {}, parametersBillions: 7, layers: 32",
+                "m".repeat(300)
+            ),
+            &["model.name: 300 characters; it must have 1 to 253"][..],
+        ),
+        (
+            "four-billion-layers.yaml",
+            "name: m, parametersBillions: 7, layers: 4000000000",
+            &["model.layers: 4000000000 is outside"][..],
         ),
     ] {
         let path = dir.file(name, &instance(model, ""));
         let mut all = vec![path.as_str()];
         all.extend_from_slice(needles);
         assert_bad_input(&["place", "-f", &path], None, &all);
+    }
+}
+
+#[test]
+fn names_the_api_server_refuses_are_bad_input() {
+    let dir = Scratch::new("cli", "instance_names");
+    for (name, needle) in [
+        (
+            "\"My_Model!!\"",
+            "metadata.name: \"My_Model!!\" (10 characters) is not a valid name",
+        ),
+        (&"m".repeat(300), "(300 characters) is not a valid name"),
+        (&"m".repeat(53), "at most 52 characters"),
+    ] {
+        let text = instance(SMALL_MODEL, "").replace(
+            "metadata: {name: m}",
+            &format!("metadata: {{name: {name}}}"),
+        );
+        let path = dir.file("named.yaml", &text);
+        assert_bad_input(&["place", "-f", &path], None, &[path.as_str(), needle]);
     }
 }
 

@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 /// The only version this build writes and reads.
 pub const GPU_STATE_VERSION: &str = "v1";
 
+/// Temperatures outside these cannot come from a working sensor: nothing is
+/// colder than absolute zero, and solder melts well below the upper bound.
+const ABSOLUTE_ZERO_C: f64 = -273.15;
+const MAX_POSSIBLE_TEMPERATURE_C: f64 = 250.0;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeGpuState {
@@ -138,7 +143,15 @@ impl NodeGpuState {
 
     /// Parses the annotation value, checking the version before the body so a
     /// future format gets the version error rather than a confusing field error.
+    /// Fields this build does not know are ignored: a newer agent may add them.
     pub fn from_json(text: &str) -> Result<Self, GpuStateError> {
+        Self::from_json_listing_unknown(text).map(|(state, _)| state)
+    }
+
+    /// [`NodeGpuState::from_json`], also returning the paths of the fields it
+    /// ignored (`devices[0].temperatureCelsius`), so a strict reader can refuse
+    /// them and a tolerant one can say what it skipped.
+    pub fn from_json_listing_unknown(text: &str) -> Result<(Self, Vec<String>), GpuStateError> {
         #[derive(Deserialize)]
         struct VersionOnly {
             version: Option<serde_json::Value>,
@@ -156,10 +169,14 @@ impl NodeGpuState {
             }
             None => return Err(GpuStateError::Malformed("missing field `version`".into())),
         }
-        let state: NodeGpuState =
-            serde_json::from_str(text).map_err(|e| GpuStateError::Malformed(e.to_string()))?;
+        let mut unknown = Vec::new();
+        let mut json = serde_json::Deserializer::from_str(text);
+        let state: NodeGpuState = serde_ignored::deserialize(&mut json, |path| {
+            unknown.push(path.to_string());
+        })
+        .map_err(|e| GpuStateError::Malformed(e.to_string()))?;
         state.validate()?;
-        Ok(state)
+        Ok((state, unknown))
     }
 
     pub fn to_json(&self) -> String {
@@ -171,6 +188,7 @@ impl NodeGpuState {
     /// never has to reason about them.
     pub fn validate(&self) -> Result<(), GpuStateError> {
         let mut ids = std::collections::BTreeSet::new();
+        let mut indices = BTreeMap::new();
         for d in &self.devices {
             if d.id.trim().is_empty() {
                 return Err(GpuStateError::Invalid(format!(
@@ -208,11 +226,33 @@ impl NodeGpuState {
                 }
             }
             if let Some(t) = d.temperature_c
-                && !t.is_finite()
+                && !(t.is_finite() && t > ABSOLUTE_ZERO_C && t <= MAX_POSSIBLE_TEMPERATURE_C)
             {
                 return Err(GpuStateError::Invalid(format!(
-                    "device {} has a temperature that is not a number",
+                    "device {} has temperatureC {t}; a GPU reads above {ABSOLUTE_ZERO_C} °C (absolute zero) and at most {MAX_POSSIBLE_TEMPERATURE_C} °C",
                     d.id
+                )));
+            }
+            if let Some(w) = d.power_w
+                && !(w.is_finite() && w >= 0.0)
+            {
+                return Err(GpuStateError::Invalid(format!(
+                    "device {} has powerW {w}; it must be zero or more",
+                    d.id
+                )));
+            }
+            if let Some(n) = d.numa_node
+                && n < -1
+            {
+                return Err(GpuStateError::Invalid(format!(
+                    "device {} has numaNode {n}; it must be a node number, or -1 for none",
+                    d.id
+                )));
+            }
+            if let Some(other) = indices.insert(d.index, d.id.as_str()) {
+                return Err(GpuStateError::Invalid(format!(
+                    "devices {other} and {} both have index {}",
+                    d.id, d.index
                 )));
             }
         }
@@ -290,6 +330,29 @@ mod tests {
     }
 
     #[test]
+    fn unknown_fields_are_listed_by_path() {
+        let mut v: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
+        v["devices"][0]["temperatureCelsius"] = serde_json::json!(95);
+        v["futureField"] = serde_json::json!(1);
+        let (state, unknown) = NodeGpuState::from_json_listing_unknown(&v.to_string()).unwrap();
+        assert_eq!(state, sample());
+        assert_eq!(unknown, vec!["devices.0.temperatureCelsius", "futureField"]);
+        let (_, none) = NodeGpuState::from_json_listing_unknown(&sample().to_json()).unwrap();
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn possible_telemetry_at_its_bounds_is_accepted() {
+        for t in [-273.0, 0.0, 84.6, 250.0] {
+            let mut s = sample();
+            s.devices[0].temperature_c = Some(t);
+            s.devices[0].power_w = Some(0.0);
+            s.devices[0].numa_node = Some(-1);
+            assert!(NodeGpuState::from_json(&s.to_json()).is_ok(), "{t}");
+        }
+    }
+
+    #[test]
     fn the_allocated_map_is_optional_and_round_trips() {
         let mut s = sample();
         let text = s.to_json();
@@ -357,6 +420,25 @@ mod tests {
             (|s| s.devices[0].fp16_tflops = -1.0, "fp16Tflops"),
             (|s| s.devices[0].id = " ".into(), "empty id"),
             (|s| s.devices.push(s.devices[0].clone()), "appears twice"),
+            (
+                |s| {
+                    let mut twin = s.devices[0].clone();
+                    twin.id = "GPU-b".into();
+                    s.devices.push(twin);
+                },
+                "devices GPU-a and GPU-b both have index 0",
+            ),
+            (
+                |s| s.devices[0].temperature_c = Some(-300.0),
+                "temperatureC -300",
+            ),
+            (
+                |s| s.devices[0].temperature_c = Some(-273.15),
+                "absolute zero",
+            ),
+            (|s| s.devices[0].temperature_c = Some(1e9), "at most 250"),
+            (|s| s.devices[0].power_w = Some(-5.0), "powerW -5"),
+            (|s| s.devices[0].numa_node = Some(-2), "numaNode -2"),
             (
                 |s| {
                     s.links.push(GpuLink {

@@ -3,6 +3,7 @@
 //! Types and pure validation only; nothing here does I/O.
 
 mod gpu_state;
+pub mod limits;
 mod model_instance;
 mod resource_name;
 

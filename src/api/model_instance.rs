@@ -12,6 +12,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::GIB;
+use super::limits::{
+    self, DEADLINE_MS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C, MODEL_NAME_LENGTH,
+    OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE, TENSOR, WEIGHT,
+};
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
 // Two printer columns share `type_ = "integer"`, which clippy mistakes for a repeated attribute.
@@ -42,6 +46,7 @@ use super::GIB;
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[kube(validation = Rule::new(limits::instance_name_rule()).message(kube::core::Message::Message(limits::instance_name_message())))]
 #[x_kube(validation = Rule::new(
     "type(self.parallelism.pipeline) == string || self.parallelism.pipeline <= self.model.layers"
 ).message("parallelism.pipeline cannot exceed model.layers: every stage needs at least one layer"))]
@@ -75,13 +80,13 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[serde(rename_all = "camelCase")]
 pub struct ModelSpec {
     /// Model name, for people and for the shard runtime (e.g. `meta-llama/Llama-3.1-70B`).
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(length(min = MODEL_NAME_LENGTH.min, max = MODEL_NAME_LENGTH.max))]
     pub name: String,
     /// Parameter count in billions (70.6 for a 70B-class model).
-    #[schemars(range(min = 0.001, max = 100000.0))]
+    #[schemars(range(min = PARAMETERS_BILLIONS.min, max = PARAMETERS_BILLIONS.max))]
     pub parameters_billions: f64,
     /// Transformer layers; the unit a pipeline is split by.
-    #[schemars(range(min = 1, max = 100000))]
+    #[schemars(range(min = LAYERS.min, max = LAYERS.max))]
     pub layers: u32,
     /// Weight data type; sets the bytes per parameter.
     #[serde(default)]
@@ -89,16 +94,16 @@ pub struct ModelSpec {
     /// Hidden size, used for the activation transfer between stages. Estimated
     /// from the parameter and layer counts when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1000000))]
+    #[schemars(range(min = HIDDEN_SIZE.min, max = HIDDEN_SIZE.max))]
     pub hidden_size: Option<u32>,
     /// KV cache for the whole instance in GiB, split across stages with the layers.
     #[serde(default, rename = "kvCacheGiB")]
-    #[schemars(range(min = 0.0, max = 1000000.0))]
+    #[schemars(range(min = KV_CACHE_GIB.min, max = KV_CACHE_GIB.max))]
     pub kv_cache_gib: f64,
     /// Memory every device needs besides weights and KV cache (runtime context,
     /// activations, fragmentation), in GiB.
     #[serde(default = "default_overhead_gib", rename = "overheadGiB")]
-    #[schemars(range(min = 0.0, max = 10000.0))]
+    #[schemars(range(min = OVERHEAD_GIB.min, max = OVERHEAD_GIB.max))]
     pub overhead_gib: f64,
 }
 
@@ -159,7 +164,7 @@ impl ModelSpec {
 pub struct ParallelismSpec {
     /// GPUs per shard, all on one node (tensor parallelism).
     #[serde(default = "one")]
-    #[schemars(range(min = 1, max = 64))]
+    #[schemars(range(min = TENSOR.min, max = TENSOR.max))]
     pub tensor: u32,
     /// Pipeline stages (= shards): a number, or `auto` for the fewest stages that
     /// fit, then the best score.
@@ -204,7 +209,11 @@ impl<'de> Deserialize<'de> for PipelineStages {
         impl serde::de::Visitor<'_> for Visitor {
             type Value = PipelineStages;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("\"auto\" or a number of stages from 1 to 1024")
+                write!(
+                    f,
+                    "\"auto\" or a number of stages from {} to {}",
+                    PIPELINE.min, PIPELINE.max
+                )
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 if v == "auto" {
@@ -220,9 +229,12 @@ impl<'de> Deserialize<'de> for PipelineStages {
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
                 match u32::try_from(v) {
-                    Ok(n) if (1..=1024).contains(&n) => Ok(PipelineStages::Fixed(n)),
+                    Ok(n) if (PIPELINE.min..=PIPELINE.max).contains(&n) => {
+                        Ok(PipelineStages::Fixed(n))
+                    }
                     _ => Err(E::custom(format!(
-                        "pipeline {v} is out of range: use \"auto\" or 1 to 1024 stages"
+                        "pipeline {v} is out of range: use \"auto\" or {} to {} stages",
+                        PIPELINE.min, PIPELINE.max
                     ))),
                 }
             }
@@ -244,12 +256,13 @@ impl JsonSchema for PipelineStages {
         "PipelineStages".into()
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let (min, max) = (PIPELINE.min, PIPELINE.max);
         schemars::json_schema!({
-            "description": "\"auto\" or a number of pipeline stages from 1 to 1024.",
+            "description": format!("\"auto\" or a number of pipeline stages from {min} to {max}."),
             "x-kubernetes-int-or-string": true,
             "x-kubernetes-validations": [{
-                "rule": "type(self) == string ? self == 'auto' : (self >= 1 && self <= 1024)",
-                "message": "pipeline must be \"auto\" or a number of stages from 1 to 1024",
+                "rule": format!("type(self) == string ? self == 'auto' : (self >= {min} && self <= {max})"),
+                "message": format!("pipeline must be \"auto\" or a number of stages from {min} to {max}"),
             }],
         })
     }
@@ -265,7 +278,7 @@ pub struct PlacementPolicy {
     pub weights: ScoreWeights,
     /// Devices at or above this temperature are not planned on.
     #[serde(default = "default_max_temperature")]
-    #[schemars(range(min = 1.0, max = 150.0))]
+    #[schemars(range(min = MAX_TEMPERATURE_C.min, max = MAX_TEMPERATURE_C.max))]
     pub max_temperature_c: f64,
     /// Allowed vendors (`nvidia`, `amd`); empty allows both.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -283,7 +296,7 @@ pub struct PlacementPolicy {
     pub node_selector: BTreeMap<String, String>,
     /// Time the solver may search for a better plan before it returns the best found.
     #[serde(default = "default_deadline_ms")]
-    #[schemars(range(min = 1, max = 600000))]
+    #[schemars(range(min = DEADLINE_MS.min, max = DEADLINE_MS.max))]
     pub deadline_ms: u32,
 }
 
@@ -317,19 +330,19 @@ impl Default for PlacementPolicy {
 ).message("at least one score weight must be above zero"))]
 pub struct ScoreWeights {
     #[serde(default = "w_compute")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub compute: f64,
     #[serde(default = "w_memory")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub memory: f64,
     #[serde(default = "w_network")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub network: f64,
     #[serde(default = "w_thermal")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub thermal: f64,
     #[serde(default = "w_bandwidth")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub bandwidth: f64,
 }
 
@@ -421,37 +434,33 @@ pub struct InvalidSpec {
 }
 
 impl ModelInstanceSpec {
-    /// The same rules the CRD schema enforces, for input that did not come through
-    /// an API server.
+    /// The same rules the CRD schema enforces (the limits in [`limits`]), for
+    /// input that did not come through an API server.
     pub fn validate(&self) -> Result<(), InvalidSpec> {
         let mut p = Vec::new();
         let m = &self.model;
-        if m.name.trim().is_empty() {
-            p.push("model.name: must not be empty".to_string());
-        }
-        positive(&mut p, "model.parametersBillions", m.parameters_billions);
-        if m.layers == 0 {
-            p.push("model.layers: must be at least 1".into());
-        }
-        if m.hidden_size == Some(0) {
-            p.push("model.hiddenSize: must be at least 1".into());
-        }
-        non_negative(&mut p, "model.kvCacheGiB", m.kv_cache_gib);
-        non_negative(&mut p, "model.overheadGiB", m.overhead_gib);
-
-        let par = &self.parallelism;
-        if !(1..=64).contains(&par.tensor) {
+        // Counted in characters, as the API server counts `maxLength`.
+        let name_length = u32::try_from(m.name.chars().count()).unwrap_or(u32::MAX);
+        if !(MODEL_NAME_LENGTH.min..=MODEL_NAME_LENGTH.max).contains(&name_length) {
             p.push(format!(
-                "parallelism.tensor: {} is out of range 1 to 64",
-                par.tensor
+                "model.name: {name_length} characters; it must have {} to {}",
+                MODEL_NAME_LENGTH.min, MODEL_NAME_LENGTH.max
             ));
         }
+        PARAMETERS_BILLIONS.check("model.parametersBillions", m.parameters_billions, &mut p);
+        LAYERS.check("model.layers", m.layers, &mut p);
+        if let Some(h) = m.hidden_size {
+            HIDDEN_SIZE.check("model.hiddenSize", h, &mut p);
+        }
+        KV_CACHE_GIB.check("model.kvCacheGiB", m.kv_cache_gib, &mut p);
+        OVERHEAD_GIB.check("model.overheadGiB", m.overhead_gib, &mut p);
+
+        let par = &self.parallelism;
+        TENSOR.check("parallelism.tensor", par.tensor, &mut p);
         if let PipelineStages::Fixed(n) = par.pipeline {
-            if !(1..=1024).contains(&n) {
-                p.push(format!(
-                    "parallelism.pipeline: {n} is out of range 1 to 1024"
-                ));
-            } else if m.layers > 0 && n > m.layers {
+            let before = p.len();
+            PIPELINE.check("parallelism.pipeline", n, &mut p);
+            if p.len() == before && n > m.layers {
                 p.push(format!(
                     "parallelism.pipeline: {n} stages for {} layers; every stage needs at least one layer",
                     m.layers
@@ -469,19 +478,12 @@ impl ModelInstanceSpec {
             ("bandwidth", w.bandwidth),
         ];
         for (name, v) in parts {
-            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                p.push(format!("placement.weights.{name}: {v} is outside 0 to 1"));
-            }
+            WEIGHT.check(&format!("placement.weights.{name}"), v, &mut p);
         }
         if parts.iter().map(|(_, v)| v.max(0.0)).sum::<f64>() <= 0.0 {
             p.push("placement.weights: at least one weight must be above zero".into());
         }
-        if !(pl.max_temperature_c.is_finite() && (1.0..=150.0).contains(&pl.max_temperature_c)) {
-            p.push(format!(
-                "placement.maxTemperatureC: {} is outside 1 to 150",
-                pl.max_temperature_c
-            ));
-        }
+        MAX_TEMPERATURE_C.check("placement.maxTemperatureC", pl.max_temperature_c, &mut p);
         for v in &pl.vendors {
             if v != "nvidia" && v != "amd" {
                 p.push(format!(
@@ -489,15 +491,10 @@ impl ModelInstanceSpec {
                 ));
             }
         }
-        if pl.products.iter().any(|s| s.trim().is_empty()) {
+        if pl.products.iter().any(|s| s.is_empty()) {
             p.push("placement.products: must not contain empty strings".into());
         }
-        if !(1..=600_000).contains(&pl.deadline_ms) {
-            p.push(format!(
-                "placement.deadlineMs: {} is outside 1 to 600000",
-                pl.deadline_ms
-            ));
-        }
+        DEADLINE_MS.check("placement.deadlineMs", pl.deadline_ms, &mut p);
         if let Some(t) = &self.template {
             let containers = t.spec.as_ref().map_or(0, |s| s.containers.len());
             if containers == 0 {
@@ -509,18 +506,6 @@ impl ModelInstanceSpec {
         } else {
             Err(InvalidSpec { problems: p })
         }
-    }
-}
-
-fn positive(p: &mut Vec<String>, field: &str, v: f64) {
-    if !(v.is_finite() && v > 0.0) {
-        p.push(format!("{field}: {v} must be a positive number"));
-    }
-}
-
-fn non_negative(p: &mut Vec<String>, field: &str, v: f64) {
-    if !(v.is_finite() && v >= 0.0) {
-        p.push(format!("{field}: {v} must be zero or more"));
     }
 }
 
@@ -604,7 +589,7 @@ model:
     #[test]
     fn validate_names_every_problem() {
         let mut s = parse(MINIMAL).unwrap();
-        s.model.name = " ".into();
+        s.model.name = String::new();
         s.model.parameters_billions = -7.0;
         s.model.kv_cache_gib = f64::NAN;
         s.parallelism.tensor = 0;

@@ -372,7 +372,7 @@ pub fn read_states(paths: &[PathBuf]) -> Result<Vec<ClusterNode>, InputError> {
     let mut nodes = Vec::new();
     for p in paths {
         let origin = p.display().to_string();
-        let text = std::fs::read_to_string(p).map_err(|e| InputError(format!("{origin}: {e}")))?;
+        let text = super::input::read_input(p)?;
         let single = serde_json::from_str::<serde_json::Value>(&text)
             .ok()
             .filter(|v| v.get("version").is_some() && v.get("devices").is_some());

@@ -2,13 +2,18 @@
 //! descriptions. Every problem comes back as one line naming the file and field.
 
 use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::Node;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::InputError;
-use crate::api::{GROUP, ModelInstance, NodeGpuState, VERSION};
+use crate::api::{
+    GPU_STATE_ANNOTATION, GROUP, Health, LinkKind, ModelInstance, NodeGpuState, VERSION, Vendor,
+    limits,
+};
 use crate::controller::problem::ClusterNode;
 
 /// Parses YAML into a type, refusing unknown fields (as `kubectl apply` does with
@@ -36,18 +41,84 @@ fn strict<T: DeserializeOwned>(value: serde_json::Value, origin: &str) -> Result
     Ok(parsed)
 }
 
+/// The largest input file read. A cluster of 5,000 nodes with 8 GPUs each and
+/// a link between every pair of them is about 22 MB of YAML.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+/// YAML nodes (scalars, lists, maps) one file may hold: enough for about
+/// 8,000 such nodes, where the parser's own default (250,000) stops near 570.
+/// Peak memory at this limit (about 450 MB) is in the README.
+pub const MAX_YAML_NODES: usize = 4_000_000;
+
+/// Reads an input file (`-` for stdin) as text, naming it in every error.
+pub fn read_input(path: &Path) -> Result<String, InputError> {
+    let (origin, reader): (String, Box<dyn Read>) = if path.as_os_str() == "-" {
+        ("stdin".to_string(), Box::new(std::io::stdin()))
+    } else {
+        let origin = path.display().to_string();
+        let file = std::fs::File::open(path).map_err(|e| InputError(format!("{origin}: {e}")))?;
+        (origin, Box::new(file))
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(MAX_INPUT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| InputError(format!("{origin}: {e}")))?;
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        return Err(InputError(format!(
+            "{origin}: larger than {} MiB, the most tessera reads from one file",
+            MAX_INPUT_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let byte = e.as_bytes()[at];
+        InputError(format!(
+            "{origin}: not UTF-8 text (byte 0x{byte:02x} at offset {at}); expected a YAML or JSON file"
+        ))
+    })
+}
+
 fn yaml_documents(text: &str, origin: &str) -> Result<Vec<serde_json::Value>, InputError> {
+    yaml_documents_within(text, origin, MAX_YAML_NODES)
+}
+
+fn yaml_documents_within(
+    text: &str,
+    origin: &str,
+    max_nodes: usize,
+) -> Result<Vec<serde_json::Value>, InputError> {
     // YAML 1.2 booleans only: a label value such as `no` or `y` stays a string.
     let mut options = serde_saphyr::Options::default();
     options.strict_booleans = true;
     options.with_snippet = false;
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = max_nodes;
+    // Every node is one event, plus one more for each list or map end.
+    budget.max_events = 2 * max_nodes;
+    options.budget = Some(budget);
     let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options)
-        .map_err(|e| {
-            let first = e.to_string();
-            let line = first.lines().next().unwrap_or("malformed YAML").to_string();
-            InputError(format!("{origin}: not valid YAML: {line}"))
+        .map_err(|e| match &e {
+            serde_saphyr::Error::Budget { breach, .. } => InputError(format!(
+                "{origin}: too large to read: {}; tessera reads files of at most {max_nodes} YAML nodes and {} MiB (about 8,000 nodes of 8 GPUs with all their links)",
+                budget_breach(breach),
+                MAX_INPUT_BYTES >> 20
+            )),
+            _ => {
+                let first = e.to_string();
+                let line = first.lines().next().unwrap_or("malformed YAML").to_string();
+                InputError(format!("{origin}: not valid YAML: {line}"))
+            }
         })?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+fn budget_breach(breach: &serde_saphyr::budget::BudgetBreach) -> String {
+    use serde_saphyr::budget::BudgetBreach;
+    match breach {
+        BudgetBreach::Nodes { nodes } => format!("more than {} YAML nodes", nodes - 1),
+        BudgetBreach::Events { events } => format!("more than {} YAML events", events - 1),
+        other => format!("{other:?}"),
+    }
 }
 
 /// All ModelInstances in a YAML file (several documents allowed), validated.
@@ -74,6 +145,15 @@ pub fn parse_instances(text: &str, origin: &str) -> Result<Vec<ModelInstance>, I
         if name.is_empty() {
             return Err(InputError(format!("{origin}: metadata.name is missing")));
         }
+        // The API server and the controller refuse these names; so does `place`.
+        limits::check_instance_name(&name)
+            .and_then(|()| {
+                mi.metadata
+                    .namespace
+                    .as_deref()
+                    .map_or(Ok(()), limits::check_namespace)
+            })
+            .map_err(|e| InputError(format!("{origin}: {e}")))?;
         mi.spec
             .validate()
             .map_err(|e| InputError(format!("{origin}: {name}: {e}")))?;
@@ -115,8 +195,7 @@ pub fn parse_cluster(text: &str, origin: &str) -> Result<Vec<ClusterNode>, Input
             file.nodes
                 .into_iter()
                 .map(|n| {
-                    let gpu_state = NodeGpuState::from_json(&n.gpu_state.to_string())
-                        .map_err(|e| InputError(format!("{origin}: node {}: {e}", n.name)))?;
+                    let gpu_state = strict_gpu_state(&n.gpu_state, origin, &n.name)?;
                     if n.name.trim().is_empty() {
                         return Err(InputError(format!("{origin}: a node has an empty name")));
                     }
@@ -170,8 +249,67 @@ fn read_node(item: serde_json::Value, origin: &str) -> Result<Option<ClusterNode
     }
     let node: Node = serde_json::from_value(item)
         .map_err(|e| InputError(format!("{origin}: not a valid Node: {e}")))?;
-    let name = node.metadata.name.clone().unwrap_or_default();
-    ClusterNode::from_node(&node).map_err(|e| InputError(format!("{origin}: node {name}: {e}")))
+    let meta = node.metadata;
+    let name = meta.name.unwrap_or_default();
+    let Some(text) = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GPU_STATE_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    let raw: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        InputError(format!(
+            "{origin}: node {name}: {GPU_STATE_ANNOTATION} is not JSON: {e}"
+        ))
+    })?;
+    Ok(Some(ClusterNode {
+        gpu_state: strict_gpu_state(&raw, origin, &name)?,
+        name,
+        labels: meta.labels.unwrap_or_default(),
+    }))
+}
+
+/// A node's GPU state as a cluster file gives it, read strictly: a field or
+/// a vendor, health or link kind this build does not know is an error here
+/// (a typo would otherwise drop a reading or a device silently), while the
+/// controller reads what agents publish tolerantly, since a newer agent may
+/// add fields.
+fn strict_gpu_state(
+    raw: &serde_json::Value,
+    origin: &str,
+    node: &str,
+) -> Result<NodeGpuState, InputError> {
+    let fail = |what: String| InputError(format!("{origin}: node {node}: gpuState: {what}"));
+    let (state, unknown) = NodeGpuState::from_json_listing_unknown(&raw.to_string())
+        .map_err(|e| InputError(format!("{origin}: node {node}: {e}")))?;
+    if let Some(field) = unknown.first() {
+        return Err(fail(format!(
+            "unknown field {field} (cluster files are read strictly)"
+        )));
+    }
+    for (i, d) in state.devices.iter().enumerate() {
+        let given = |field: &str| raw["devices"][i][field].to_string();
+        if d.vendor == Vendor::Unknown {
+            return Err(fail(format!(
+                "devices.{i}.vendor: {} is not one of \"nvidia\", \"amd\"",
+                given("vendor")
+            )));
+        }
+        if d.health == Health::Unknown {
+            return Err(fail(format!(
+                "devices.{i}.health: {} is not one of \"Healthy\", \"Unhealthy\"",
+                given("health")
+            )));
+        }
+    }
+    if let Some(i) = state.links.iter().position(|l| l.kind == LinkKind::Unknown) {
+        return Err(fail(format!(
+            "links.{i}.kind: {} is not one of \"nvlink\", \"xgmi\", \"pcie\"",
+            raw["links"][i]["kind"]
+        )));
+    }
+    Ok(state)
 }
 
 #[cfg(test)]
@@ -216,13 +354,32 @@ spec:
             ),
             (
                 MI.replace("parametersBillions: 7", "parametersBillions: 0"),
-                "must be a positive number",
+                "model.parametersBillions: 0 is outside the allowed range 0.001 to 100000",
+            ),
+            (
+                MI.replace("name: m}", "name: My_Model!!}"),
+                "f: metadata.name: \"My_Model!!\" (10 characters) is not a valid name",
+            ),
+            (
+                MI.replace("name: m}", "name: m, namespace: Team_A}"),
+                "f: metadata.namespace: \"Team_A\" is not a valid namespace",
             ),
         ] {
             let err = parse_instances(&text, "f").unwrap_err().0;
             assert!(err.contains(want), "{err:?} lacks {want:?}");
             assert!(!err.contains('\n'), "one line: {err:?}");
         }
+    }
+
+    #[test]
+    fn a_file_past_the_yaml_budget_is_refused_with_the_limit() {
+        let text = "nodes: [a, b, c, d, e, f, g, h, i, j, k]";
+        let err = yaml_documents_within(text, "big.yaml", 10).unwrap_err().0;
+        assert!(
+            err.starts_with("big.yaml: too large to read: more than 10 YAML nodes; tessera reads files of at most 10 YAML nodes and 64 MiB"),
+            "{err}"
+        );
+        assert!(yaml_documents_within(text, "big.yaml", 20).is_ok());
     }
 
     fn state_json(version: &str) -> String {

@@ -9,10 +9,12 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::InputError;
-use super::input::{parse_cluster, parse_instances};
+use super::input::{parse_cluster, parse_instances, read_input};
 use super::render;
 use crate::api::{ModelInstance, PlannedShard};
-use crate::controller::problem::{ClusterNode, WallDeadline, build_problem, planned_shards};
+use crate::controller::problem::{
+    ClusterNode, WallDeadline, build_problem, planned_shards, pod_holder,
+};
 use crate::placement::{Plan, SolveOptions, Unsatisfiable, solve};
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
@@ -88,22 +90,12 @@ impl Report {
     }
 }
 
-fn read(path: &PathBuf) -> Result<String, InputError> {
-    if path.as_os_str() == "-" {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-            .map_err(|e| InputError(format!("stdin: {e}")))?;
-        return Ok(s);
-    }
-    std::fs::read_to_string(path).map_err(|e| InputError(format!("{}: {e}", path.display())))
-}
-
 /// Reads the inputs and plans every instance.
 pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
     let (cluster_origin, nodes) = match &args.cluster {
         Some(path) => {
             let origin = path.display().to_string();
-            let nodes = parse_cluster(&read(path)?, &origin)?;
+            let nodes = parse_cluster(&read_input(path)?, &origin)?;
             (origin, nodes)
         }
         None => (
@@ -118,7 +110,10 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
         }
     } else {
         for path in &args.instances {
-            instances.extend(parse_instances(&read(path)?, &path.display().to_string())?);
+            instances.extend(parse_instances(
+                &read_input(path)?,
+                &path.display().to_string(),
+            )?);
         }
     }
     let mut names = std::collections::BTreeSet::new();
@@ -142,7 +137,16 @@ fn place_all(
     nodes: &[ClusterNode],
     max_steps: Option<u64>,
 ) -> Vec<Placement> {
-    let mut allocated: HashMap<(String, String), String> = HashMap::new();
+    // Devices the node agents report as handed to pods are taken, as for the controller.
+    let mut allocated: HashMap<(String, String), String> = nodes
+        .iter()
+        .flat_map(|n| {
+            n.gpu_state
+                .allocated
+                .iter()
+                .map(|(device, uid)| ((n.name.clone(), device.clone()), pod_holder(&n.name, uid)))
+        })
+        .collect();
     let mut out = Vec::new();
     for mi in instances {
         let name = match &mi.metadata.namespace {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::nodes::NodeInfo;
+use super::problem::pod_holder;
 use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard};
 
 /// `(node, device ID)` → who holds it, for the explanation of a refusal.
@@ -87,7 +88,7 @@ pub fn held_devices<'a>(
         for (device, pod_uid) in &n.gpus.gpu_state.allocated {
             if !mine.contains(pod_uid) {
                 held.entry((n.name().to_string(), device.clone()))
-                    .or_insert_with(|| format!("a pod on {} (uid {pod_uid})", n.name()));
+                    .or_insert_with(|| pod_holder(n.name(), pod_uid));
             }
         }
     }
@@ -166,7 +167,7 @@ mod tests {
         assert_eq!(who("a-g2").as_deref(), Some("pod ml/other-shard-1"));
         assert_eq!(who("a-g3"), None, "a finished pod holds nothing");
         assert_eq!(who("a-g4"), None, "my own shard's devices are mine");
-        assert!(who("a-g5").unwrap().contains("unbound"));
+        assert!(who("a-g5").unwrap().contains("without a planned binding"));
         assert_eq!(held.len(), 4);
     }
 

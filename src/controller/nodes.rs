@@ -170,6 +170,46 @@ impl ParsedNodes {
     }
 }
 
+/// What the controller says about a Node's GPU state beyond using it: a state
+/// it must skip, or fields it ignored (written by a newer agent, or by hand
+/// with a typo). Each is logged when it first appears for a node, not on
+/// every Node update.
+#[derive(Default)]
+pub struct StateReports(HashMap<String, String>);
+
+impl StateReports {
+    /// Logs what is new about this node's state; returns it too.
+    pub fn observe(&mut self, node: &Node) -> Option<String> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let Some(report) = state_report(node) else {
+            self.0.remove(&name);
+            return None;
+        };
+        if self.0.get(&name) == Some(&report) {
+            return None;
+        }
+        tracing::warn!(node = %name, "{report}");
+        self.0.insert(name, report.clone());
+        Some(report)
+    }
+}
+
+fn state_report(node: &Node) -> Option<String> {
+    let text = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(GPU_STATE_ANNOTATION)?;
+    match crate::api::NodeGpuState::from_json_listing_unknown(text) {
+        Err(e) => Some(format!("skipping the node's GPU state: {e}")),
+        Ok((_, unknown)) if !unknown.is_empty() => Some(format!(
+            "ignoring fields of the node's GPU state this controller does not know: {}",
+            unknown.join(", ")
+        )),
+        Ok(_) => None,
+    }
+}
+
 /// What of a Node the controller keeps in its cache. Images, addresses,
 /// managed fields and the rest of the status are dropped: with thousands of
 /// nodes they would dominate the controller's memory.
@@ -229,6 +269,45 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn unknown_fields_and_malformed_states_are_reported_once_per_change() {
+        let mut reports = StateReports::default();
+        let mut n = gpu_node("a");
+        assert_eq!(reports.observe(&n), None, "a clean state says nothing");
+        let with = |n: &mut Node, text: &str| {
+            n.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(GPU_STATE_ANNOTATION.to_string(), text.to_string());
+        };
+        with(
+            &mut n,
+            r#"{"version":"v1","backend":"fake","coolant":"water"}"#,
+        );
+        let first = reports.observe(&n).unwrap();
+        assert!(first.contains("does not know: coolant"), "{first}");
+        assert_eq!(reports.observe(&n), None, "the same report is not repeated");
+        // Tolerated: the node is still planned on.
+        assert!(NodeInfo::from_node(&n).unwrap().is_some());
+        with(
+            &mut n,
+            r#"{"version":"v1","backend":"fake","devices":[{}]}"#,
+        );
+        let bad = reports.observe(&n).unwrap();
+        assert!(bad.contains("skipping the node's GPU state"), "{bad}");
+        with(&mut n, r#"{"version":"v1","backend":"fake"}"#);
+        assert_eq!(reports.observe(&n), None);
+        with(
+            &mut n,
+            r#"{"version":"v1","backend":"fake","devices":[{}]}"#,
+        );
+        assert!(
+            reports.observe(&n).is_some(),
+            "a problem that comes back is reported again"
+        );
     }
 
     fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {

@@ -267,7 +267,7 @@ fn whole(
     let (problem, excluded) = problem_for(spec, tolerations, inputs, avoid.iter().cloned());
     // Hashing a large cluster costs about as much as solving it: only done
     // when there is a failed attempt to compare with, or a new one to record.
-    let hash = || fnv(&serde_json::to_vec(&(&problem, &excluded)).unwrap_or_default());
+    let hash = || fnv(&serde_json::to_vec(&(&problem.canonical(), &excluded)).unwrap_or_default());
     if let Some((known, explanation)) = inputs.known_unsatisfiable
         && *known == hash()
     {

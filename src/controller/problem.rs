@@ -45,9 +45,21 @@ impl ClusterNode {
     }
 }
 
-/// Telemetry is rounded before planning so that drift (a few MiB of free memory,
-/// a degree of temperature) neither changes plans nor hides identical devices
-/// from the solver's symmetry breaking.
+/// Who holds a device the node agent reports as handed to the pod with `uid`
+/// (see `NodeGpuState::allocated`), for explanations.
+pub fn pod_holder(node: &str, uid: &str) -> String {
+    if uid == NodeGpuState::UNBOUND_OWNER {
+        format!("a pod on {node} without a planned binding")
+    } else {
+        format!("a pod on {node} (uid {uid})")
+    }
+}
+
+/// Free memory is rounded down before planning so that drift of a few MiB
+/// neither changes plans nor hides identical devices from the solver's
+/// symmetry breaking. Down is the safe direction: a plan made on the rounded
+/// figure fits the raw one. Temperature is passed raw: the limit is a hard
+/// constraint, and the solver rounds only what its score reads.
 const FREE_MEMORY_STEP: u64 = 256 << 20;
 
 fn rounded_free(bytes: u64) -> u64 {
@@ -117,7 +129,7 @@ fn node_state(n: &ClusterNode, allocated: &HashMap<(String, String), String>) ->
             memory_free_bytes: rounded_free(d.memory_free_bytes),
             fp16_tflops: d.fp16_tflops,
             memory_bandwidth_gbps: d.memory_bandwidth_gbps,
-            temperature_c: d.temperature_c.map(f64::round),
+            temperature_c: d.temperature_c,
             // A vendor this build does not know has no runtime we can hand out.
             healthy: d.health == Health::Healthy && d.vendor != Vendor::Unknown,
             health_reason: match (d.health, d.vendor) {
@@ -271,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn problem_carries_spec_and_rounded_telemetry() {
+    fn problem_carries_spec_and_telemetry() {
         let mut labels = BTreeMap::new();
         labels.insert(ZONE_LABEL.to_string(), "z1".to_string());
         let nodes = vec![ClusterNode {
@@ -286,7 +298,7 @@ mod tests {
         assert_eq!(p.nodes[0].rack, None);
         let d = &p.nodes[0].devices;
         assert_eq!(d[0].memory_free_bytes, 79 << 30);
-        assert_eq!(d[0].temperature_c, Some(41.0));
+        assert_eq!(d[0].temperature_c, Some(41.4), "raw: the limit compares it");
         assert_eq!(d[0].allocated_to.as_deref(), Some("ns/other"));
         assert!(!d[1].healthy, "unknown vendor is never planned on");
         assert!(!d[2].healthy, "unknown health is never planned on");

@@ -18,7 +18,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
 use super::metrics::{InstanceCache, Metrics, router};
-use super::nodes::trim_node;
+use super::nodes::{StateReports, trim_node};
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
 use crate::api::ModelInstance;
@@ -233,11 +233,12 @@ async fn run_controller(
         .modify(trim_node)
         .reflect(node_writer)
         .touched_objects()
-        .inspect(|n| {
-            if let Ok(node) = n
-                && let Err(e) = crate::controller::nodes::NodeInfo::from_node(node)
-            {
-                tracing::warn!(node = %node.name_any(), error = %e, "skipping the node's GPU state");
+        .inspect({
+            let mut reports = StateReports::default();
+            move |n| {
+                if let Ok(node) = n {
+                    reports.observe(node);
+                }
             }
         });
     let (pods, pod_writer) = reflector::store();

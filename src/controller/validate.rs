@@ -3,28 +3,16 @@
 //! this repeats those rules (for older CRDs) and adds the ones that need the
 //! pod template or the controller's configuration.
 
+use crate::api::limits;
 use crate::api::{InvalidSpec, ModelInstance, ResourceName};
-
-/// `-shard-` plus up to four digits (at most 1024 stages) must fit into a
-/// 63-character hostname next to the instance name.
-const MAX_NAME: usize = 63 - "-shard-".len() - 4;
 
 pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidSpec> {
     let mut problems = match mi.spec.validate() {
         Ok(()) => Vec::new(),
         Err(e) => e.problems,
     };
-    let name = mi.metadata.name.as_deref().unwrap_or("");
-    if name.len() > MAX_NAME {
-        problems.push(format!(
-            "metadata.name: {} characters is too long; shard pod names (<name>-shard-<i>) must stay hostnames, so at most {MAX_NAME}",
-            name.len()
-        ));
-    }
-    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
-        problems.push(format!(
-            "metadata.name: {name:?} must start with a lower-case letter to name the shards' headless Service"
-        ));
+    if let Err(e) = limits::check_instance_name(mi.metadata.name.as_deref().unwrap_or("")) {
+        problems.push(e);
     }
     match mi.spec.template.as_ref().and_then(|t| t.spec.as_ref()) {
         None => problems.push(
@@ -116,10 +104,10 @@ mod tests {
         assert!(p.contains("requests tessera.dev/amd-gpu itself"), "{p}");
         assert!(check(&mi, &ResourceName::default()).is_ok());
 
-        let mi = instance(&"x".repeat(53), SMALL);
-        assert!(problems(&mi).contains("too long"));
-        let mi = instance("7b-llama", SMALL);
-        assert!(problems(&mi).contains("must start with a lower-case letter"));
+        for bad in [&"x".repeat(53), "7b-llama", "My_Model!!", "a.b"] {
+            let mi = instance(bad, SMALL);
+            assert!(problems(&mi).contains("is not a valid name"), "{bad}");
+        }
 
         let mut mi = instance("llama", SMALL);
         mi.spec.parallelism.tensor = 0;

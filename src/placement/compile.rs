@@ -2,8 +2,8 @@
 //! devices and nodes, the candidate groups of each node, and the stage count.
 //!
 //! Symmetry: two devices of a node are *twins* when they look the same to the
-//! objective (same product, memory, throughput, temperature) and have the same
-//! link to every other eligible device of the node. Swapping twins changes no
+//! objective (same product, memory, throughput, temperature in whole degrees)
+//! and have the same link to every other eligible device of the node. Swapping twins changes no
 //! score, so a group only says how many devices it takes from each twin class and
 //! the search always uses the lowest-indexed unused ones. Likewise *twin nodes*
 //! (same position, same classes, same links) are used in order. Both rules prune
@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::evaluate::Context;
+use super::evaluate::{Context, scored_temperature};
 use super::problem::LinkKind;
 
 pub(crate) struct CNode {
@@ -124,7 +124,7 @@ fn twins(ctx: &Context, node: usize, eligible: &[usize], a: usize, b: usize) -> 
         && x.memory_free_bytes == y.memory_free_bytes
         && same_bits(x.fp16_tflops, y.fp16_tflops)
         && same_bits(x.memory_bandwidth_gbps, y.memory_bandwidth_gbps)
-        && x.temperature_c.map(f64::to_bits) == y.temperature_c.map(f64::to_bits);
+        && scored_temperature(x).map(f64::to_bits) == scored_temperature(y).map(f64::to_bits);
     same && eligible.iter().all(|&o| {
         o == a || o == b || {
             let (la, lb) = (ctx.links(node).get(a, o), ctx.links(node).get(b, o));
@@ -191,7 +191,7 @@ fn node_key<'a>(ctx: &'a Context, node: usize, classes: &[Vec<usize>]) -> NodeKe
                         d.fp16_tflops.to_bits(),
                         d.memory_bandwidth_gbps.to_bits(),
                     ],
-                    d.temperature_c.map(f64::to_bits),
+                    scored_temperature(d).map(f64::to_bits),
                 )
             })
             .collect(),

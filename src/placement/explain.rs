@@ -19,10 +19,11 @@ pub(crate) fn exclusion_text(e: &Exclusion, p: &Problem) -> String {
         Exclusion::Allocated(holder) => format!("allocated to {holder}"),
         Exclusion::Unhealthy(Some(r)) => format!("unhealthy ({r})"),
         Exclusion::Unhealthy(None) => "unhealthy".into(),
-        Exclusion::TooHot(t) => format!(
-            "at {t:.0} °C, not below the {:.0} °C limit",
-            p.max_temperature_c
-        ),
+        // Raw values: the comparison is made on them, so a rounded figure could
+        // show a device "at 85 °C" refused by an 85.4 °C limit.
+        Exclusion::TooHot(t) => {
+            format!("at {t} °C, not below the {} °C limit", p.max_temperature_c)
+        }
         Exclusion::BadTelemetry => "reports no usable throughput or bandwidth".into(),
         Exclusion::Vendor => format!("vendor not in {:?}", p.selector.vendors),
         Exclusion::Product => format!("product not matching {:?}", p.selector.products),

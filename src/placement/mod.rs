@@ -18,6 +18,7 @@ mod greedy;
 mod plan;
 mod problem;
 mod search;
+mod split;
 
 pub use evaluate::{StageChoice, evaluate};
 pub use exhaustive::best_by_enumeration;

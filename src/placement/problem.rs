@@ -19,6 +19,32 @@ pub struct Problem {
     pub selector: Selector,
 }
 
+impl Problem {
+    /// The problem as the solver reads it: temperatures in whole degrees, and a
+    /// device at or over the temperature limit marked unhealthy (its exact
+    /// reading no longer matters). Two problems
+    /// with equal canonical forms get the same answer, so a caller can tell
+    /// whether telemetry drift changed anything the solver would see (the raw
+    /// temperature decides the limit, the rounded one the score).
+    pub fn canonical(&self) -> Problem {
+        let mut p = self.clone();
+        let limit = p.max_temperature_c;
+        for d in p.nodes.iter_mut().flat_map(|n| n.devices.iter_mut()) {
+            d.temperature_c = match d.temperature_c {
+                Some(t) if t.is_nan() || t >= limit => {
+                    if d.healthy {
+                        d.healthy = false;
+                        d.health_reason = Some("too hot".into());
+                    }
+                    None
+                }
+                t => t.map(f64::round),
+            };
+        }
+        p
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Stages {
     /// The fewest stages that hold the model, then the best score.

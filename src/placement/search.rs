@@ -492,6 +492,64 @@ mod tests {
     }
 
     #[test]
+    fn the_temperature_limit_compares_raw_readings() {
+        // (reading, limit, usable): rounding either side would flip each case.
+        for (t, limit, usable) in [
+            (84.6, 85.0, true),
+            (84.4, 84.4, false),
+            (75.3, 75.3, false),
+            (85.2, 85.4, true),
+            (85.0, 85.0, false),
+        ] {
+            let mut p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+            p.nodes[0].devices[0].temperature_c = Some(t);
+            p.max_temperature_c = limit;
+            let got = solve(&p, &SolveOptions::default());
+            assert_eq!(got.is_ok(), usable, "{t} °C against {limit}: {got:?}");
+            if let Err(u) = got {
+                let said = u.details.join("\n");
+                assert!(
+                    said.contains(&format!("at {t} °C, not below the {limit} °C limit")),
+                    "{said}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_canonical_problem_keeps_what_the_solver_decides_on() {
+        let mut p = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
+        p.max_temperature_c = 85.0;
+        let at = |p: &mut super::super::Problem, temps: [f64; 3]| {
+            for (d, t) in p.nodes[0].devices.iter_mut().zip(temps) {
+                d.temperature_c = Some(t);
+            }
+            p.canonical()
+        };
+        let before = at(&mut p, [40.2, 84.6, 85.2]);
+        assert_eq!(
+            before,
+            at(&mut p, [39.8, 84.7, 86.0]),
+            "drift the solver does not see"
+        );
+        assert_ne!(
+            before,
+            at(&mut p, [40.2, 85.1, 85.2]),
+            "a device crossed the limit"
+        );
+        assert_ne!(
+            before,
+            at(&mut p, [41.2, 84.6, 85.2]),
+            "a scored degree changed"
+        );
+        assert!(!before.nodes[0].devices[2].healthy);
+        assert_eq!(
+            solve(&p.canonical(), &SolveOptions::default()).map(|plan| plan.stages),
+            solve(&p, &SolveOptions::default()).map(|plan| plan.stages)
+        );
+    }
+
+    #[test]
     fn tensor_groups_stay_on_one_node_and_prefer_nvlink() {
         let mut a = node("a", 4, RTX4090);
         a.links.push(super::super::problem::Link {

@@ -5,8 +5,9 @@
 // Each test binary uses only part of it.
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
 
 /// A scratch directory under the system temp dir, removed when dropped.
 pub struct Scratch(pub PathBuf);
@@ -71,4 +72,37 @@ pub fn assert_bad_input_result(args: &[&str], result: (i32, String, String), nee
             "tessera {args:?}: {stderr:?} lacks {needle:?}"
         );
     }
+}
+
+/// Runs the built binary; returns (exit code, stdout, stderr).
+pub fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.args(args)
+        .env_remove("RUST_LOG")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start the tessera binary");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(text.as_bytes()).expect("write stdin");
+    }
+    let out = child.wait_with_output().expect("wait for tessera");
+    finish(args, out)
+}
+
+/// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
+pub fn assert_bad_input(args: &[&str], stdin: Option<&str>, needles: &[&str]) {
+    assert_bad_input_result(args, run(args, stdin), needles);
+}
+
+/// A minimal valid ModelInstance; `extra_spec` lines go under `spec:`.
+pub fn instance(model: &str, extra_spec: &str) -> String {
+    format!(
+        "apiVersion: tessera.dev/v1alpha1\nkind: ModelInstance\nmetadata: {{name: m}}\nspec:\n  model: {{{model}}}\n{extra_spec}"
+    )
 }

@@ -1,0 +1,217 @@
+//! Every limit a `ModelInstance` is held to, defined once. The CRD schema
+//! (range and length attributes, CEL rules) and [`ModelInstanceSpec::validate`]
+//! both read these constants, so `tessera place`, the controller and the API
+//! server refuse exactly the same objects; a test walks the generated schema
+//! and feeds each boundary to both.
+//!
+//! [`ModelInstanceSpec::validate`]: super::ModelInstanceSpec::validate
+
+/// An inclusive range a field must lie in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounds<T> {
+    pub min: T,
+    pub max: T,
+}
+
+impl Bounds<f64> {
+    /// Records `field: value is outside …` unless `value` is a number in range.
+    pub(crate) fn check(&self, field: &str, value: f64, problems: &mut Vec<String>) {
+        if !(value.is_finite() && value >= self.min && value <= self.max) {
+            problems.push(format!(
+                "{field}: {} is outside the allowed range {} to {}",
+                number(value),
+                number(self.min),
+                number(self.max)
+            ));
+        }
+    }
+}
+
+impl Bounds<u32> {
+    pub(crate) fn check(&self, field: &str, value: u32, problems: &mut Vec<String>) {
+        if !(self.min..=self.max).contains(&value) {
+            problems.push(format!(
+                "{field}: {value} is outside the allowed range {} to {}",
+                self.min, self.max
+            ));
+        }
+    }
+}
+
+/// `model.name`: characters.
+pub const MODEL_NAME_LENGTH: Bounds<u32> = Bounds { min: 1, max: 253 };
+/// `model.parametersBillions`.
+pub const PARAMETERS_BILLIONS: Bounds<f64> = Bounds {
+    min: 0.001,
+    max: 100_000.0,
+};
+/// `model.layers`.
+pub const LAYERS: Bounds<u32> = Bounds {
+    min: 1,
+    max: 100_000,
+};
+/// `model.hiddenSize`.
+pub const HIDDEN_SIZE: Bounds<u32> = Bounds {
+    min: 1,
+    max: 1_000_000,
+};
+/// `model.kvCacheGiB`.
+pub const KV_CACHE_GIB: Bounds<f64> = Bounds {
+    min: 0.0,
+    max: 1_000_000.0,
+};
+/// `model.overheadGiB`.
+pub const OVERHEAD_GIB: Bounds<f64> = Bounds {
+    min: 0.0,
+    max: 10_000.0,
+};
+/// `parallelism.tensor`.
+pub const TENSOR: Bounds<u32> = Bounds { min: 1, max: 64 };
+/// `parallelism.pipeline` when it is a number (also at most `model.layers`).
+pub const PIPELINE: Bounds<u32> = Bounds { min: 1, max: 1024 };
+/// Each of `placement.weights.*`.
+pub const WEIGHT: Bounds<f64> = Bounds { min: 0.0, max: 1.0 };
+/// `placement.maxTemperatureC`.
+pub const MAX_TEMPERATURE_C: Bounds<f64> = Bounds {
+    min: 1.0,
+    max: 150.0,
+};
+/// `placement.deadlineMs`.
+pub const DEADLINE_MS: Bounds<u32> = Bounds {
+    min: 1,
+    max: 600_000,
+};
+
+/// `metadata.name` of a ModelInstance, at most. Shard pods are named
+/// `<name>-shard-<i>` (up to four digits for 1024 stages) and the shards'
+/// headless Service `<name>`; both must stay DNS labels of 63 characters.
+pub const INSTANCE_NAME_MAX: usize = 63 - "-shard-".len() - 4;
+
+/// The CEL rule on the CRD's root that holds `metadata.name` to
+/// [`check_instance_name`], so `kubectl apply` refuses a name the controller
+/// could not run.
+pub fn instance_name_rule() -> String {
+    format!(
+        "size(self.metadata.name) <= {INSTANCE_NAME_MAX} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+    )
+}
+
+pub fn instance_name_message() -> String {
+    format!(
+        "metadata.name must be at most {INSTANCE_NAME_MAX} characters of lower-case letters, digits and '-', start with a letter and end with a letter or digit (it names the shard pods and their Service)"
+    )
+}
+
+/// `Err` with the reason when `name` cannot name a ModelInstance: a DNS-1035
+/// label (what a Service name must be) of at most [`INSTANCE_NAME_MAX`].
+pub fn check_instance_name(name: &str) -> Result<(), String> {
+    let bytes = name.as_bytes();
+    let ok = !bytes.is_empty()
+        && bytes.len() <= INSTANCE_NAME_MAX
+        && bytes[0].is_ascii_lowercase()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[bytes.len() - 1] != b'-';
+    if ok {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(64).collect();
+    let more = if name.chars().count() > 64 { "…" } else { "" };
+    Err(format!(
+        "metadata.name: {shown:?}{more} ({} characters) is not a valid name: {}",
+        name.chars().count(),
+        instance_name_message().trim_start_matches("metadata.name ")
+    ))
+}
+
+/// `Err` with the reason when `namespace` is not a DNS-1123 label, as the API
+/// server requires of a namespace name.
+pub fn check_namespace(namespace: &str) -> Result<(), String> {
+    let bytes = namespace.as_bytes();
+    let ok = !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-';
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "metadata.namespace: {namespace:?} is not a valid namespace: at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// A number as a person reads it: `1e308` stays short, `0.001` stays exact.
+pub(crate) fn number(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e7).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_name_the_field_and_the_range() {
+        let mut p = Vec::new();
+        PARAMETERS_BILLIONS.check("model.parametersBillions", 1e308, &mut p);
+        PARAMETERS_BILLIONS.check("model.parametersBillions", f64::NAN, &mut p);
+        PARAMETERS_BILLIONS.check("model.parametersBillions", 0.001, &mut p);
+        LAYERS.check("model.layers", 100_001, &mut p);
+        LAYERS.check("model.layers", 100_000, &mut p);
+        assert_eq!(
+            p,
+            vec![
+                "model.parametersBillions: 1e308 is outside the allowed range 0.001 to 100000",
+                "model.parametersBillions: NaN is outside the allowed range 0.001 to 100000",
+                "model.layers: 100001 is outside the allowed range 1 to 100000",
+            ]
+        );
+    }
+
+    #[test]
+    fn instance_names_are_dns_labels_short_enough_for_their_shards() {
+        assert_eq!(INSTANCE_NAME_MAX, 52);
+        for good in ["m", "llama-70b", "a1", &"a".repeat(52)] {
+            assert_eq!(check_instance_name(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "My_Model!!",
+            "1abc",
+            "abc-",
+            "a.b",
+            "Abc",
+            &"a".repeat(53),
+            &"a".repeat(300),
+        ] {
+            let e = check_instance_name(bad).unwrap_err();
+            assert!(e.starts_with("metadata.name: "), "{e}");
+            assert!(e.len() < 400, "the name is shortened: {e}");
+        }
+    }
+
+    #[test]
+    fn namespaces_are_dns_labels() {
+        assert_eq!(check_namespace("ml-team"), Ok(()));
+        for bad in ["", "ML", "-a", "a_b", &"a".repeat(64)] {
+            assert!(check_namespace(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn numbers_print_short() {
+        assert_eq!(number(1e308), "1e308");
+        assert_eq!(number(0.001), "0.001");
+        assert_eq!(number(100_000.0), "100000");
+        assert_eq!(number(0.0), "0");
+        assert_eq!(number(-1e-9), "-1e-9");
+    }
+}
