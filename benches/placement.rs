@@ -3,6 +3,10 @@
 //! - `solve/8x2_over_64x8`: 8 stages × tensor 2 of a 405B model over 64 nodes × 8 GPUs.
 //! - `solve/64_stages_over_1000x8`: 64 stages × tensor 1 of a 1.8T model over 1,000 × 8 GPUs.
 //! - `greedy/8000_devices`: `solve_greedy` on the 1,000 × 8 problem.
+//! - `limits/...`: the largest instance the CRD admits (100,000 layers, 1,024
+//!   stages) over 1,000 × 8 GPUs, with the deadline already past (what is
+//!   left is the greedy start the solver always returns) and with the default
+//!   budget: every phase's time is bounded, layer splitting included.
 //!
 //! Each scenario's plan is checked for validity and compared with a first-fit
 //! baseline once, outside the timed code; the comparison goes to stderr as a
@@ -14,7 +18,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use tessera::placement::{Problem, SolveOptions, solve, solve_greedy};
+use tessera::placement::{Deadline, Problem, SolveOptions, solve, solve_greedy};
 
 use support::{ModelSpec, assert_valid, cluster, describe, problem, report};
 
@@ -41,6 +45,24 @@ const MODEL_1_8T: ModelSpec = ModelSpec {
     kv_cache_gib: 64.0,
     overhead_gib: 2.0,
 };
+
+/// The most layers and stages a ModelInstance may ask for, on a 20T model:
+/// about 39 GB a stage, which H100s and MI300Xs hold.
+const MODEL_AT_THE_LIMITS: ModelSpec = ModelSpec {
+    parameters: 20e12,
+    layers: 100_000,
+    hidden: 65536,
+    kv_cache_gib: 0.0,
+    overhead_gib: 2.0,
+};
+
+struct Expired;
+
+impl Deadline for Expired {
+    fn expired(&self) -> bool {
+        true
+    }
+}
 
 fn small_problem() -> Problem {
     problem(cluster(64, SEED), &MODEL_405B, 2, 8)
@@ -91,5 +113,28 @@ fn greedy_benches(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, solve_benches, greedy_benches);
+fn limits_benches(c: &mut Criterion) {
+    let p = problem(cluster(1000, SEED), &MODEL_AT_THE_LIMITS, 1, 1024);
+    let expired = SolveOptions {
+        deadline: Some(&Expired),
+        ..SolveOptions::default()
+    };
+    let plan = solve(&p, &expired).expect("the scenario has a plan");
+    assert_valid(&p, &plan, 1024);
+    let mut group = c.benchmark_group("limits");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    group.bench_function("100000_layers_1024_stages_deadline_past", |b| {
+        b.iter(|| solve(black_box(&p), &expired))
+    });
+    group.bench_function("100000_layers_1024_stages_default_budget", |b| {
+        b.iter(|| solve(black_box(&p), &SolveOptions::default()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, solve_benches, greedy_benches, limits_benches);
 criterion_main!(benches);

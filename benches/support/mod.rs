@@ -126,7 +126,7 @@ const KIND_MIX: [(GpuKind, u32); 4] = [(H100, 35), (A100, 25), (MI300X, 15), (RT
 const PARTLY_USED_NODES: f64 = 0.2;
 /// On such a node, the share of devices that are partly used.
 const PARTLY_USED_DEVICES: f64 = 0.5;
-/// A node's temperature level, in whole °C (the controller rounds).
+/// A node's temperature level, in whole °C.
 const NODE_BASE_C: [(f64, u32); 6] = [
     (34.0, 1),
     (38.0, 1),

@@ -1,0 +1,314 @@
+//! One set of limits: every range and length the ModelInstance CRD schema
+//! declares is walked, and each boundary and the values just past it are fed
+//! to `tessera place`'s reader and to the controller's validate stage; both
+//! must accept the boundary and refuse what lies past it, naming the field.
+//! The limits the schema keeps in CEL rules (pipeline, metadata.name) are
+//! added by hand.
+//!
+//! With `TESSERA_TEST_KUBECONFIG` set, every case also goes to the real API
+//! server as a server-side dry-run create (nothing is stored), and the API
+//! server must decide the same way: it is the reference the other two follow.
+
+use std::path::PathBuf;
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::ApiResource;
+use kube::{Client, Config, CustomResourceExt};
+use serde_json::{Value, json};
+use tessera::api::{ModelInstance, ResourceName};
+
+const ENV: &str = "TESSERA_TEST_KUBECONFIG";
+
+/// A valid instance with a pod template, so the controller can judge it too.
+fn base() -> Value {
+    json!({
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "ModelInstance",
+        "metadata": {"name": "limits"},
+        "spec": {
+            "model": {"name": "m", "parametersBillions": 7.0, "layers": 32, "hiddenSize": 4096,
+                      "kvCacheGiB": 1.0, "overheadGiB": 1.5},
+            "parallelism": {"tensor": 1, "pipeline": "auto"},
+            "placement": {
+                "weights": {"compute": 0.4, "memory": 0.3, "network": 0.15, "thermal": 0.1, "bandwidth": 0.05},
+                "maxTemperatureC": 85.0,
+                "deadlineMs": 2000
+            },
+            "template": {"spec": {"containers": [{"name": "shard", "image": "busybox:1.37"}]}}
+        }
+    })
+}
+
+/// One value to try: the object, whether it is valid, and the field an error must name.
+struct Case {
+    what: String,
+    object: Value,
+    valid: bool,
+    field: String,
+}
+
+/// A limit the schema declares: where, which keyword, the bound, the field's type.
+struct Limit {
+    path: Vec<String>,
+    keyword: String,
+    bound: f64,
+    integer: bool,
+}
+
+fn walk(schema: &Value, path: &mut Vec<String>, out: &mut Vec<Limit>) {
+    for keyword in ["minimum", "maximum", "minLength", "maxLength"] {
+        if let Some(bound) = schema.get(keyword).and_then(Value::as_f64) {
+            out.push(Limit {
+                path: path.clone(),
+                keyword: keyword.to_string(),
+                bound,
+                integer: schema["type"] == "integer" || keyword.ends_with("Length"),
+            });
+        }
+    }
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        for (name, sub) in props {
+            path.push(name.clone());
+            walk(sub, path, out);
+            path.pop();
+        }
+    }
+}
+
+fn schema_limits() -> Vec<Limit> {
+    let crd = serde_json::to_value(ModelInstance::crd()).expect("the CRD serializes");
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut out = Vec::new();
+    walk(spec, &mut vec!["spec".to_string()], &mut out);
+    out
+}
+
+fn with(path: &[String], value: Value) -> Value {
+    let mut object = base();
+    let mut slot = &mut object;
+    for key in path {
+        slot = &mut slot[key.as_str()];
+    }
+    *slot = value;
+    object
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for limit in schema_limits() {
+        let field = limit.path[1..].join(".");
+        let lower = limit.keyword.starts_with("min");
+        // Inside the range, then one past it, then (for numbers) a hair past it.
+        let mut tries = vec![(0.0, true), (1.0, false)];
+        if !limit.integer {
+            tries.push((limit.bound.abs().max(1.0) * 1e-9, false));
+        }
+        for (step, valid) in tries {
+            let v = if lower {
+                limit.bound - step
+            } else {
+                limit.bound + step
+            };
+            if limit.keyword.ends_with("Length") && v < 0.0 {
+                continue;
+            }
+            let value = if limit.keyword.ends_with("Length") {
+                json!("x".repeat(v as usize))
+            } else if limit.integer {
+                json!(v as i64)
+            } else {
+                json!(v)
+            };
+            out.push(Case {
+                what: format!("{field} = {value} ({} {})", limit.keyword, limit.bound),
+                object: with(&limit.path, value),
+                valid,
+                field: field.clone(),
+            });
+        }
+    }
+    // Limits kept in CEL rules rather than in the schema's keywords.
+    let path = |p: &str| p.split('.').map(str::to_string).collect::<Vec<_>>();
+    for (pipeline, layers, valid) in [
+        (json!(1), 32, true),
+        (json!(0), 32, false),
+        (json!(32), 32, true),
+        (json!(33), 32, false),
+        (json!(1024), 2000, true),
+        (json!(1025), 2000, false),
+        (json!("auto"), 1, true),
+        (json!("many"), 32, false),
+    ] {
+        let mut object = with(&path("spec.parallelism.pipeline"), pipeline.clone());
+        object["spec"]["model"]["layers"] = json!(layers);
+        out.push(Case {
+            what: format!("pipeline {pipeline} with {layers} layers"),
+            object,
+            valid,
+            // The controller cannot even read a pipeline out of range: its
+            // error names the value, not the path.
+            field: "pipeline".into(),
+        });
+    }
+    for (name, valid) in [
+        ("a".repeat(52), true),
+        ("a".repeat(53), false),
+        ("my-model-2".to_string(), true),
+        ("My_Model!!".to_string(), false),
+        ("2-models".to_string(), false),
+        ("model-".to_string(), false),
+    ] {
+        out.push(Case {
+            what: format!("metadata.name {name:?}"),
+            object: with(&path("metadata.name"), json!(name)),
+            valid,
+            field: "metadata.name".into(),
+        });
+    }
+    out
+}
+
+/// `tessera place`'s reader, as it reads a file.
+fn place_verdict(object: &Value) -> Result<(), String> {
+    let text = serde_json::to_string(object).expect("JSON is YAML");
+    tessera::cli::input::parse_instances(&text, "case.yaml")
+        .map(|_| ())
+        .map_err(|e| e.0)
+}
+
+/// The controller's validate stage, on the object as the API server would hand it over.
+fn controller_verdict(object: &Value) -> Result<(), String> {
+    let mi: ModelInstance = match serde_json::from_value(object.clone()) {
+        Ok(mi) => mi,
+        // Not representable at all (a pipeline of "many"): never reaches validate.
+        Err(e) => return Err(format!("{e}")),
+    };
+    tessera::controller::validate::check(&mi, &ResourceName::default()).map_err(|e| e.to_string())
+}
+
+fn judge(case: &Case, who: &str, verdict: Result<(), String>, failures: &mut Vec<String>) {
+    match (case.valid, verdict) {
+        (true, Ok(())) => {}
+        (false, Err(e)) if e.contains(&case.field) => {}
+        (true, Err(e)) => failures.push(format!("{who} refused {}: {e}", case.what)),
+        (false, Ok(())) => failures.push(format!("{who} accepted {}", case.what)),
+        (false, Err(e)) => failures.push(format!(
+            "{who} refused {} without naming {}: {e}",
+            case.what, case.field
+        )),
+    }
+}
+
+#[test]
+fn the_schema_declares_every_documented_limit() {
+    let found: Vec<String> = schema_limits()
+        .iter()
+        .map(|l| format!("{}.{}", l.path[1..].join("."), l.keyword))
+        .collect();
+    for want in [
+        "model.name.minLength",
+        "model.name.maxLength",
+        "model.parametersBillions.minimum",
+        "model.parametersBillions.maximum",
+        "model.layers.minimum",
+        "model.layers.maximum",
+        "model.hiddenSize.maximum",
+        "model.kvCacheGiB.maximum",
+        "model.overheadGiB.maximum",
+        "parallelism.tensor.maximum",
+        "placement.weights.compute.maximum",
+        "placement.maxTemperatureC.minimum",
+        "placement.deadlineMs.maximum",
+    ] {
+        assert!(found.contains(&want.to_string()), "{want} not in {found:?}");
+    }
+}
+
+#[test]
+fn place_and_the_controller_hold_every_boundary_the_schema_declares() {
+    let mut failures = Vec::new();
+    let cases = cases();
+    for case in &cases {
+        judge(case, "place", place_verdict(&case.object), &mut failures);
+        judge(
+            case,
+            "controller",
+            controller_verdict(&case.object),
+            &mut failures,
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(cases.len() > 60, "only {} cases", cases.len());
+}
+
+#[tokio::test]
+async fn the_api_server_decides_every_boundary_the_same_way() {
+    let Some(path) = std::env::var_os(ENV).filter(|p| !p.is_empty()) else {
+        println!("skipped: {ENV} is not set");
+        return;
+    };
+    let path = PathBuf::from(path);
+    let kubeconfig = Kubeconfig::read_from(&path)
+        .unwrap_or_else(|e| panic!("{ENV}={}: cannot read the kubeconfig: {e}", path.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{ENV}={}: unusable kubeconfig: {e}", path.display()));
+    let client = Client::try_from(config).expect("a client from the kubeconfig");
+    install_crd(&client).await;
+    let resource = ApiResource::erase::<ModelInstance>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &resource);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let mut failures = Vec::new();
+    for case in cases() {
+        let object: DynamicObject =
+            serde_json::from_value(case.object.clone()).expect("a dynamic object");
+        let verdict = match api.create(&dry_run, &object).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 422 => Err(status.message),
+            Err(e) => panic!("{}: the API server did not answer: {e}", case.what),
+        };
+        judge(&case, "the API server", verdict, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+async fn install_crd(client: &Client) {
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    let crd = ModelInstance::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.patch(
+        &name,
+        &PatchParams::apply("tessera-test").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("applying the CRD {name}: {e}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let established = crds
+            .get(&name)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            // A freshly changed schema takes a moment to reach the serving handler.
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CRD {name} was not established in 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
