@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::limits::number;
+
 /// The only version this build writes and reads.
 pub const GPU_STATE_VERSION: &str = "v1";
 
@@ -17,6 +19,10 @@ pub const GPU_STATE_VERSION: &str = "v1";
 /// colder than absolute zero, and solder melts well below the upper bound.
 const ABSOLUTE_ZERO_C: f64 = -273.15;
 const MAX_POSSIBLE_TEMPERATURE_C: f64 = 250.0;
+/// Far beyond any accelerator (the largest today are near 5 PFLOPS dense FP16,
+/// 8 TB/s of memory bandwidth and 2 TB/s NVLink): a larger figure is a unit error.
+const MAX_POSSIBLE_TFLOPS: f64 = 1e6;
+const MAX_POSSIBLE_GBPS: f64 = 1e6;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -214,14 +220,20 @@ impl NodeGpuState {
                     d.id, d.memory_free_bytes, d.memory_total_bytes
                 )));
             }
-            for (what, v) in [
-                ("fp16Tflops", d.fp16_tflops),
-                ("memoryBandwidthGbps", d.memory_bandwidth_gbps),
+            for (what, v, max) in [
+                ("fp16Tflops", d.fp16_tflops, MAX_POSSIBLE_TFLOPS),
+                (
+                    "memoryBandwidthGbps",
+                    d.memory_bandwidth_gbps,
+                    MAX_POSSIBLE_GBPS,
+                ),
             ] {
-                if !(v.is_finite() && v > 0.0) {
+                if !(v.is_finite() && v > 0.0 && v <= max) {
                     return Err(GpuStateError::Invalid(format!(
-                        "device {} has {what} {v}; it must be a positive number",
-                        d.id
+                        "device {} has {what} {}; it must be a positive number of at most {}",
+                        d.id,
+                        number(v),
+                        number(max)
                     )));
                 }
             }
@@ -229,8 +241,9 @@ impl NodeGpuState {
                 && !(t.is_finite() && t > ABSOLUTE_ZERO_C && t <= MAX_POSSIBLE_TEMPERATURE_C)
             {
                 return Err(GpuStateError::Invalid(format!(
-                    "device {} has temperatureC {t}; a GPU reads above {ABSOLUTE_ZERO_C} °C (absolute zero) and at most {MAX_POSSIBLE_TEMPERATURE_C} °C",
-                    d.id
+                    "device {} has temperatureC {}; a GPU reads above {ABSOLUTE_ZERO_C} °C (absolute zero) and at most {MAX_POSSIBLE_TEMPERATURE_C} °C",
+                    d.id,
+                    number(t)
                 )));
             }
             if let Some(w) = d.power_w
@@ -271,10 +284,16 @@ impl NodeGpuState {
                     l.a
                 )));
             }
-            if !(l.bandwidth_gbps.is_finite() && l.bandwidth_gbps >= 0.0) {
+            if !(l.bandwidth_gbps.is_finite()
+                && l.bandwidth_gbps >= 0.0
+                && l.bandwidth_gbps <= MAX_POSSIBLE_GBPS)
+            {
                 return Err(GpuStateError::Invalid(format!(
-                    "link {}-{} has bandwidth {}",
-                    l.a, l.b, l.bandwidth_gbps
+                    "link {}-{} has bandwidthGbps {}; it must be 0 to {}",
+                    l.a,
+                    l.b,
+                    number(l.bandwidth_gbps),
+                    number(MAX_POSSIBLE_GBPS)
                 )));
             }
         }
@@ -436,8 +455,15 @@ mod tests {
                 |s| s.devices[0].temperature_c = Some(-273.15),
                 "absolute zero",
             ),
-            (|s| s.devices[0].temperature_c = Some(1e9), "at most 250"),
+            (
+                |s| s.devices[0].temperature_c = Some(1e9),
+                "temperatureC 1e9; a GPU reads above",
+            ),
             (|s| s.devices[0].power_w = Some(-5.0), "powerW -5"),
+            (
+                |s| s.devices[0].fp16_tflops = 1e300,
+                "fp16Tflops 1e300; it must be a positive number of at most 1000000",
+            ),
             (|s| s.devices[0].numa_node = Some(-2), "numaNode -2"),
             (
                 |s| {

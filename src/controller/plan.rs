@@ -456,6 +456,50 @@ mod tests {
     }
 
     #[test]
+    fn temperatures_are_compared_raw_and_drift_below_a_degree_is_not_solved_again() {
+        let spec = instance("m", SMALL).spec;
+        let at = |t: f64| {
+            let mut s = state("h", 1, H100);
+            s.devices[0].temperature_c = Some(t);
+            infos(&[node_with("h", &s)])
+        };
+        let held = Held::new();
+        // 84.6 °C is below the default 85 °C limit: rounding made it 85 and refused it.
+        assert!(matches!(
+            decide(&spec, &[], &Current::NONE, &inputs(&at(84.6), &held)),
+            Decision::Planned(_)
+        ));
+        let hot = at(85.3);
+        let Decision::Unsatisfiable {
+            explanation,
+            inputs: tried,
+            ..
+        } = decide(&spec, &[], &Current::NONE, &inputs(&hot, &held))
+        else {
+            panic!("85.3 °C is over the limit")
+        };
+        let known = (tried, explanation);
+        let again = |nodes: &[Arc<NodeInfo>]| {
+            let inputs = PlanInputs {
+                known_unsatisfiable: Some(&known),
+                ..inputs(nodes, &held)
+            };
+            decide(&spec, &[], &Current::NONE, &inputs)
+        };
+        assert!(
+            matches!(
+                again(&at(85.1)),
+                Decision::Unsatisfiable { repeated: true, .. }
+            ),
+            "still over the limit: nothing the solver sees has changed"
+        );
+        assert!(
+            matches!(again(&at(84.9)), Decision::Planned(_)),
+            "under the limit again: solved again and placed"
+        );
+    }
+
+    #[test]
     fn a_failed_device_moves_only_its_shard() {
         let spec = two_stage();
         let mut states = [
