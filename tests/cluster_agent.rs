@@ -24,6 +24,9 @@
 //! server): a cloud node lifecycle controller deletes Nodes that have no
 //! machine behind them, which this test reports when it happens.
 
+#[path = "common/real_cluster.rs"]
+mod real_cluster;
+
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -33,8 +36,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use real_cluster::{kubeconfig_path, load_config};
 use serde_json::json;
 use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use tessera::agent::state::{ViewTx, channel, spawn_poller};
@@ -46,7 +49,6 @@ use tessera::backend::fake::FakeBackend;
 use tessera::backend::health::{HealthPolicy, HealthTracker};
 use tokio::time::{Instant, sleep, timeout};
 
-const ENV: &str = "TESSERA_TEST_KUBECONFIG";
 const TEST_LABEL: &str = "tessera.dev/test";
 /// Proves a Node is the one this run created (the name alone is only very likely unique).
 const RUN_ANNOTATION: &str = "tessera.dev/test-run";
@@ -68,11 +70,9 @@ const TWO_H100_ONE_FAULTY: &str = "gpus:\n  - {profile: H100-80GiB, count: 2}\nf
 
 #[tokio::test]
 async fn the_agent_publishes_gpu_state_onto_its_node() {
-    let Some(path) = std::env::var_os(ENV).filter(|p| !p.is_empty()) else {
-        println!("skipped: {ENV} is not set");
+    let Some(path) = kubeconfig_path() else {
         return;
     };
-    let path = PathBuf::from(path);
     let config = load_config(&path).await;
     let client = Client::try_from(config.clone())
         .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
@@ -136,11 +136,9 @@ async fn the_agent_publishes_gpu_state_onto_its_node() {
 
 #[tokio::test]
 async fn the_agent_binary_publishes_and_stops_on_sigterm() {
-    let Some(path) = std::env::var_os(ENV).filter(|p| !p.is_empty()) else {
-        println!("skipped: {ENV} is not set");
+    let Some(path) = kubeconfig_path() else {
         return;
     };
-    let path = PathBuf::from(path);
     let config = load_config(&path).await;
     let client = Client::try_from(config.clone())
         .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
@@ -263,14 +261,6 @@ fn publisher_progress(stats: &PublisherStats) -> String {
         stats.published(),
         stats.errors()
     )
-}
-
-async fn load_config(path: &Path) -> Config {
-    let kubeconfig = Kubeconfig::read_from(path)
-        .unwrap_or_else(|e| panic!("{ENV}={}: cannot read the kubeconfig: {e}", path.display()));
-    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("{ENV}={}: unusable kubeconfig: {e}", path.display()))
 }
 
 /// A name and a token unique to this run.

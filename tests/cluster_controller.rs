@@ -24,6 +24,9 @@
 //! Run it against a cluster without a cloud provider (kind, k3d): a cloud node
 //! lifecycle controller deletes Nodes that have no machine behind them.
 
+#[path = "common/real_cluster.rs"]
+mod real_cluster;
+
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};
@@ -34,15 +37,13 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, CustomResourceExt, ResourceExt};
+use kube::{Client, Config, ResourceExt};
+use real_cluster::{install_crd, kubeconfig_path, load_config};
 use serde_json::json;
 use tessera::api::{GPU_STATE_ANNOTATION, ModelInstance, Phase};
 use tokio::time::{Instant, sleep, timeout};
 
-const ENV: &str = "TESSERA_TEST_KUBECONFIG";
 const TEST_LABEL: &str = "tessera.dev/test";
 const RUN_LABEL: &str = "tessera.dev/test-run";
 const LEASE: &str = "tessera-test-controller";
@@ -53,16 +54,10 @@ const SETTLE: Duration = Duration::from_secs(90);
 
 #[tokio::test]
 async fn the_controller_places_binds_repairs_and_cleans_up() {
-    let Some(path) = std::env::var_os(ENV).filter(|p| !p.is_empty()) else {
-        println!("skipped: {ENV} is not set");
+    let Some(path) = kubeconfig_path() else {
         return;
     };
-    let path = PathBuf::from(path);
-    let kubeconfig = Kubeconfig::read_from(&path)
-        .unwrap_or_else(|e| panic!("{ENV}={}: cannot read the kubeconfig: {e}", path.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("{ENV}={}: unusable kubeconfig: {e}", path.display()));
+    let config = load_config(&path).await;
     let client = Client::try_from(config.clone()).expect("a client from the kubeconfig");
 
     let run = run_token();
@@ -495,29 +490,6 @@ fn run_token() -> String {
             .map_or(0, |d| d.as_nanos()),
     );
     format!("{:08x}", h.finish() as u32)
-}
-
-async fn install_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = ModelInstance::crd();
-    let name = crd.name_any();
-    crds.patch(
-        &name,
-        &PatchParams::apply("tessera-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("applying the CRD {name}: {e}"));
-    wait(SETTLE, "the CRD to be established", || async {
-        let found = crds.get(&name).await.ok()?;
-        let established = found
-            .status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        established.then_some(())
-    })
-    .await;
 }
 
 async fn create_namespace(client: &Client, ns: &str, run: &str, cleanup: &mut Cleanup) {

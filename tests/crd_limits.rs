@@ -9,16 +9,15 @@
 //! server as a server-side dry-run create (nothing is stored), and the API
 //! server must decide the same way: it is the reference the other two follow.
 
-use std::path::PathBuf;
+#[path = "common/real_cluster.rs"]
+mod real_cluster;
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
-use kube::{Client, Config, CustomResourceExt};
+use kube::{Client, CustomResourceExt};
+use real_cluster::{install_crd, kubeconfig_path, load_config};
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ResourceName};
-
-const ENV: &str = "TESSERA_TEST_KUBECONFIG";
 
 /// A valid instance with a pod template, so the controller can judge it too.
 fn base() -> Value {
@@ -244,18 +243,13 @@ fn place_and_the_controller_hold_every_boundary_the_schema_declares() {
 
 #[tokio::test]
 async fn the_api_server_decides_every_boundary_the_same_way() {
-    let Some(path) = std::env::var_os(ENV).filter(|p| !p.is_empty()) else {
-        println!("skipped: {ENV} is not set");
+    let Some(path) = kubeconfig_path() else {
         return;
     };
-    let path = PathBuf::from(path);
-    let kubeconfig = Kubeconfig::read_from(&path)
-        .unwrap_or_else(|e| panic!("{ENV}={}: cannot read the kubeconfig: {e}", path.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("{ENV}={}: unusable kubeconfig: {e}", path.display()));
-    let client = Client::try_from(config).expect("a client from the kubeconfig");
+    let client = Client::try_from(load_config(&path).await).expect("a client from the kubeconfig");
     install_crd(&client).await;
+    // A freshly changed schema takes a moment to reach the serving handler.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let resource = ApiResource::erase::<ModelInstance>(&());
     let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &resource);
     let dry_run = PostParams {
@@ -274,41 +268,4 @@ async fn the_api_server_decides_every_boundary_the_same_way() {
         judge(&case, "the API server", verdict, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-async fn install_crd(client: &Client) {
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(client.clone());
-    let crd = ModelInstance::crd();
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    crds.patch(
-        &name,
-        &PatchParams::apply("tessera-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("applying the CRD {name}: {e}"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let established = crds
-            .get(&name)
-            .await
-            .ok()
-            .and_then(|c| c.status)
-            .and_then(|s| s.conditions)
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        if established {
-            // A freshly changed schema takes a moment to reach the serving handler.
-            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the CRD {name} was not established in 60 s"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
 }

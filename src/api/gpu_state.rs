@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use super::limits::number;
@@ -146,6 +147,15 @@ impl NodeGpuState {
     /// The owner in [`NodeGpuState::allocated`] of a device handed to a pod
     /// the agent could not identify.
     pub const UNBOUND_OWNER: &'static str = "unbound";
+
+    /// The state's text as a Node carries it (the `tessera.dev/gpu-state`
+    /// annotation), if it does.
+    pub fn annotation_of(node: &ObjectMeta) -> Option<&str> {
+        node.annotations
+            .as_ref()?
+            .get(super::GPU_STATE_ANNOTATION)
+            .map(String::as_str)
+    }
 
     /// Parses the annotation value, checking the version before the body so a
     /// future format gets the version error rather than a confusing field error.

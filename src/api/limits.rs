@@ -105,15 +105,7 @@ pub fn instance_name_message() -> String {
 /// `Err` with the reason when `name` cannot name a ModelInstance: a DNS-1035
 /// label (what a Service name must be) of at most [`INSTANCE_NAME_MAX`].
 pub fn check_instance_name(name: &str) -> Result<(), String> {
-    let bytes = name.as_bytes();
-    let ok = !bytes.is_empty()
-        && bytes.len() <= INSTANCE_NAME_MAX
-        && bytes[0].is_ascii_lowercase()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes[bytes.len() - 1] != b'-';
-    if ok {
+    if is_dns_label(name, INSTANCE_NAME_MAX, true) {
         return Ok(());
     }
     let shown: String = name.chars().take(64).collect();
@@ -128,21 +120,27 @@ pub fn check_instance_name(name: &str) -> Result<(), String> {
 /// `Err` with the reason when `namespace` is not a DNS-1123 label, as the API
 /// server requires of a namespace name.
 pub fn check_namespace(namespace: &str) -> Result<(), String> {
-    let bytes = namespace.as_bytes();
-    let ok = !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes[0] != b'-'
-        && bytes[bytes.len() - 1] != b'-';
-    if ok {
+    if is_dns_label(namespace, 63, false) {
         Ok(())
     } else {
         Err(format!(
             "metadata.namespace: {namespace:?} is not a valid namespace: at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit"
         ))
     }
+}
+
+/// Lower-case letters, digits and '-', at most `max` of them, starting with a
+/// letter (DNS-1035) or a letter or digit (DNS-1123), ending with either.
+fn is_dns_label(name: &str, max: usize, letter_first: bool) -> bool {
+    let b = name.as_bytes();
+    let (Some(first), Some(last)) = (b.first(), b.last()) else {
+        return false;
+    };
+    b.len() <= max
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && (first.is_ascii_lowercase() || !letter_first && first.is_ascii_digit())
+        && *last != b'-'
 }
 
 /// A number as a person reads it: `1e308` stays short, `0.001` stays exact.

@@ -250,12 +250,8 @@ fn read_node(item: serde_json::Value, origin: &str) -> Result<Option<ClusterNode
     let node: Node = serde_json::from_value(item)
         .map_err(|e| InputError(format!("{origin}: not a valid Node: {e}")))?;
     let meta = node.metadata;
-    let name = meta.name.unwrap_or_default();
-    let Some(text) = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(GPU_STATE_ANNOTATION))
-    else {
+    let name = meta.name.clone().unwrap_or_default();
+    let Some(text) = NodeGpuState::annotation_of(&meta) else {
         return Ok(None);
     };
     let raw: serde_json::Value = serde_json::from_str(text).map_err(|e| {
@@ -266,7 +262,7 @@ fn read_node(item: serde_json::Value, origin: &str) -> Result<Option<ClusterNode
     Ok(Some(ClusterNode {
         gpu_state: strict_gpu_state(&raw, origin, &name)?,
         name,
-        labels: meta.labels.unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
     }))
 }
 

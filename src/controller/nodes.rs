@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::problem::ClusterNode;
-use crate::api::GPU_STATE_ANNOTATION;
+use crate::api::{GPU_STATE_ANNOTATION, NodeGpuState};
 
 /// A GPU node: its published state plus what decides whether it can take work.
 #[derive(Clone, Debug, PartialEq)]
@@ -195,12 +195,8 @@ impl StateReports {
 }
 
 fn state_report(node: &Node) -> Option<String> {
-    let text = node
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(GPU_STATE_ANNOTATION)?;
-    match crate::api::NodeGpuState::from_json_listing_unknown(text) {
+    let text = NodeGpuState::annotation_of(&node.metadata)?;
+    match NodeGpuState::from_json_listing_unknown(text) {
         Err(e) => Some(format!("skipping the node's GPU state: {e}")),
         Ok((_, unknown)) if !unknown.is_empty() => Some(format!(
             "ignoring fields of the node's GPU state this controller does not know: {}",

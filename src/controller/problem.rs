@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{
-    GIB, GPU_STATE_ANNOTATION, GpuStateError, Health, LinkKind as ApiLinkKind, ModelInstanceSpec,
-    NodeGpuState, PipelineStages, PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
+    GIB, GpuStateError, Health, LinkKind as ApiLinkKind, ModelInstanceSpec, NodeGpuState,
+    PipelineStages, PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
     Deadline, Device, Link, LinkKind, ModelShape, NodeState, Plan, Problem, Selector, Stages,
@@ -29,11 +29,7 @@ impl ClusterNode {
     /// CPU node, or one whose agent has not started yet).
     pub fn from_node(node: &Node) -> Result<Option<Self>, GpuStateError> {
         let meta = &node.metadata;
-        let Some(text) = meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(GPU_STATE_ANNOTATION))
-        else {
+        let Some(text) = NodeGpuState::annotation_of(meta) else {
             return Ok(None);
         };
         let gpu_state = NodeGpuState::from_json(text)?;
@@ -203,7 +199,7 @@ impl Deadline for WallDeadline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GPU_STATE_VERSION, GpuDevice, GpuLink};
+    use crate::api::{GPU_STATE_ANNOTATION, GPU_STATE_VERSION, GpuDevice, GpuLink};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn state() -> NodeGpuState {
