@@ -378,6 +378,7 @@ impl Default for ScoreWeights {
 #[serde(rename_all = "camelCase")]
 pub struct ModelInstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = no_null_in_enum)]
     pub phase: Option<Phase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -399,6 +400,15 @@ pub struct ModelInstanceStatus {
     /// the pod template alone keeps the plan and replaces the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement_hash: Option<String>,
+}
+
+/// An optional enum is `nullable: true` already; a `null` among the enum's
+/// values makes kubectl's client-side validation against 1.24 API servers
+/// refuse the whole CRD ("unknown object type nil").
+fn no_null_in_enum(schema: &mut schemars::Schema) {
+    if let Some(serde_json::Value::Array(values)) = schema.get_mut("enum") {
+        values.retain(|v| !v.is_null());
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -640,6 +650,25 @@ model:
         let h = s.model.effective_hidden_size();
         assert!((4000.0..5000.0).contains(&h), "{h}");
         assert_eq!(DType::Int4.bytes_per_parameter(), 0.5);
+    }
+
+    #[test]
+    fn no_enum_in_the_crd_lists_null() {
+        fn walk(v: &serde_json::Value, path: &str) {
+            match v {
+                serde_json::Value::Object(map) => {
+                    if let Some(serde_json::Value::Array(values)) = map.get("enum") {
+                        assert!(!values.iter().any(|e| e.is_null()), "{path}: {values:?}");
+                    }
+                    for (k, sub) in map {
+                        walk(sub, &format!("{path}.{k}"));
+                    }
+                }
+                serde_json::Value::Array(items) => items.iter().for_each(|i| walk(i, path)),
+                _ => {}
+            }
+        }
+        walk(&serde_json::to_value(ModelInstance::crd()).unwrap(), "crd");
     }
 
     #[test]
