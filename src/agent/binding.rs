@@ -406,6 +406,7 @@ enum Note {
     Forgot(String, String, Vec<String>),
     Adopted(String, Vec<String>),
     ForgotUnbound(Vec<String>),
+    Resolved(String, Vec<String>),
     Allocated(String, Vec<String>),
     AllocatedUnbound(Vec<String>),
 }
@@ -418,6 +419,9 @@ impl Note {
             }
             Note::Adopted(pod, devices) => {
                 tracing::info!(pod = %pod, devices = ?devices, "a running bound pod has no recorded allocation; recording its planned devices")
+            }
+            Note::Resolved(pod, devices) => {
+                tracing::info!(pod = %pod, devices = ?devices, "devices allocated before the pod's binding was seen were this pod's; recording them for it")
             }
             Note::ForgotUnbound(devices) => {
                 tracing::info!(devices = ?devices, "no pod without a binding can still hold these devices; forgetting them")
@@ -468,6 +472,35 @@ impl State {
             }
             keep
         });
+        // Kubelet may admit a bound pod before the watch shows its binding: its
+        // Allocate then matched no plan and went under `unbound`. Once the pod
+        // shows up, an `unbound` allocation of exactly its planned devices,
+        // made after the pod was created, was that pod's.
+        for (uid, info) in pods {
+            let Some((_, sorted)) = &info.plan else {
+                continue;
+            };
+            if !info.live() || self.checkpoint.pods.contains_key(uid) {
+                continue;
+            }
+            let made_after_pod = |a: &Allocation| match (info.created, a.time.parse::<Timestamp>())
+            {
+                (Some(created), Ok(at)) => at >= created,
+                _ => false,
+            };
+            let Some(i) = self
+                .checkpoint
+                .unbound
+                .iter()
+                .position(|a| sorted_set(&a.devices) == *sorted && made_after_pod(a))
+            else {
+                continue;
+            };
+            let mut allocation = self.checkpoint.unbound.remove(i);
+            notes.push(Note::Resolved(info.key.clone(), allocation.devices.clone()));
+            allocation.pod = info.key.clone();
+            self.checkpoint.pods.insert(uid.clone(), allocation);
+        }
         for (uid, info) in pods {
             if info.phase == Phase::Running
                 && !self.checkpoint.pods.contains_key(uid)
@@ -1156,6 +1189,58 @@ mod tests {
         let (other, other_rx) = crate::agent::state::channel("fake");
         index.keep_view(other);
         assert!(owners(&other_rx).is_empty());
+    }
+
+    #[test]
+    fn an_allocation_made_before_the_binding_was_seen_is_resolved_to_the_pod() {
+        let index = BindingIndex::open(BindingConfig::in_memory());
+        index.resync([]);
+        // Kubelet admits the shard before the watch has shown it.
+        index.check_allocate(&s(&["g5", "g4"])).unwrap();
+        assert_eq!(
+            index.allocated_devices(),
+            [("g4", UNBOUND), ("g5", UNBOUND)]
+                .map(|(d, o)| (d.to_string(), o.to_string()))
+                .into()
+        );
+        let mut shard = pod("uid-s", "Pending", "g4,g5");
+        shard.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-01-01T00:00:00Z".parse().unwrap(),
+            ));
+        // A pod whose plan is only part of the allocation is not it.
+        let mut partial = pod("uid-p", "Pending", "g4");
+        partial.metadata.creation_timestamp = shard.metadata.creation_timestamp.clone();
+        index.apply_pod(&partial);
+        assert_eq!(index.allocated_devices()["g4"], UNBOUND);
+        index.delete_pod(&partial);
+
+        index.apply_pod(&shard);
+        let owners = index.allocated_devices();
+        assert_eq!(owners["g4"], "uid-s");
+        assert_eq!(owners["g5"], "uid-s");
+        assert!(index.checkpoint().unbound.is_empty());
+        // The shard's next container is admitted on the same devices; no one else is.
+        index.check_allocate(&s(&["g4", "g5"])).unwrap();
+        let refused = index.check_allocate(&s(&["g4"])).unwrap_err();
+        assert!(
+            refused.contains("already allocated to pod ns/pod-uid-s"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn an_unbound_allocation_older_than_the_pod_is_not_the_pods() {
+        let index = BindingIndex::open(BindingConfig::in_memory());
+        index.resync([]);
+        index.check_allocate(&s(&["g4"])).unwrap();
+        let mut later = pod("uid-l", "Pending", "g4");
+        later.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(60),
+            ));
+        index.apply_pod(&later);
+        assert_eq!(index.allocated_devices()["g4"], UNBOUND);
     }
 
     #[test]

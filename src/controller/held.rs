@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::nodes::NodeInfo;
 use super::problem::pod_holder;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard};
+use crate::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard};
 
 /// `(node, device ID)` → who holds it, for the explanation of a refusal.
 pub type Held = HashMap<(String, String), String>;
@@ -65,8 +65,17 @@ pub fn held_devices<'a>(
             held.insert((node.clone(), d.to_string()), owner.clone());
         }
     }
+    let mut my_devices = HashSet::new();
     for mi in instances {
+        let plan = match mi.metadata.uid.as_ref().and_then(|uid| claimed.get(uid)) {
+            Some(plan) => plan.as_slice(),
+            None => mi.status.as_ref().map_or(&[][..], |s| s.plan.as_slice()),
+        };
         if mi.metadata.uid.as_deref() == Some(me) {
+            my_devices.extend(
+                plan.iter()
+                    .flat_map(|s| s.devices.iter().map(|d| (s.node.as_str(), d.as_str()))),
+            );
             continue;
         }
         let owner = format!(
@@ -74,10 +83,6 @@ pub fn held_devices<'a>(
             mi.metadata.namespace.as_deref().unwrap_or(""),
             mi.metadata.name.as_deref().unwrap_or("")
         );
-        let plan = match mi.metadata.uid.as_ref().and_then(|uid| claimed.get(uid)) {
-            Some(plan) => plan.as_slice(),
-            None => mi.status.as_ref().map_or(&[][..], |s| s.plan.as_slice()),
-        };
         for shard in plan {
             for d in &shard.devices {
                 held.insert((shard.node.clone(), d.clone()), owner.clone());
@@ -86,7 +91,14 @@ pub fn held_devices<'a>(
     }
     for n in nodes {
         for (device, pod_uid) in &n.gpus.gpu_state.allocated {
-            if !mine.contains(pod_uid) {
+            // A hold the agent cannot tie to a pod, on a device of this
+            // instance's own plan, is most likely this instance's shard
+            // admitted before the agent saw its binding: no proof the shard
+            // lost the device. Were it another pod's, the shard's admission
+            // fails and the shard is re-placed then.
+            let unexplained_on_mine = pod_uid == NodeGpuState::UNBOUND_OWNER
+                && my_devices.contains(&(n.name(), device.as_str()));
+            if !mine.contains(pod_uid) && !unexplained_on_mine {
                 held.entry((n.name().to_string(), device.clone()))
                     .or_insert_with(|| pod_holder(n.name(), pod_uid));
             }
@@ -169,6 +181,42 @@ mod tests {
         assert_eq!(who("a-g4"), None, "my own shard's devices are mine");
         assert!(who("a-g5").unwrap().contains("without a planned binding"));
         assert_eq!(held.len(), 4);
+    }
+
+    #[test]
+    fn an_unexplained_hold_on_my_own_planned_device_is_not_taken_from_me() {
+        // Kubelet admitted my shard before the agent saw its binding: the agent
+        // publishes the devices as held by a pod it cannot name.
+        let mut me = instance("me", SMALL);
+        me.status = Some(crate::api::ModelInstanceStatus {
+            plan: vec![PlannedShard {
+                shard: 0,
+                node: "a".into(),
+                devices: vec!["a-g4".into(), "a-g5".into()],
+                layer_start: 0,
+                layer_end: 32,
+                predicted_memory_gib: 1.0,
+            }],
+            ..Default::default()
+        });
+        let mut s: NodeGpuState = state("a", 8, H100);
+        for d in ["a-g4", "a-g5", "a-g6"] {
+            s.allocated
+                .insert(d.into(), NodeGpuState::UNBOUND_OWNER.into());
+        }
+        let nodes = infos(&[node_with("a", &s)]);
+        let none: [&Pod; 0] = [];
+        let held = held_devices("uid-me", [&me], &Claims::new(), none, &nodes);
+        let who = |d: &str| held.get(&("a".to_string(), d.to_string())).cloned();
+        assert_eq!(who("a-g4"), None);
+        assert_eq!(who("a-g5"), None);
+        assert!(
+            who("a-g6").is_some(),
+            "outside my plan an unexplained hold still counts"
+        );
+        // For any other instance the same devices are taken.
+        let held = held_devices("uid-other", [&me], &Claims::new(), none, &nodes);
+        assert_eq!(held.len(), 3);
     }
 
     fn shard(node: &str, device: &str) -> PlannedShard {
