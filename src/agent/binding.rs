@@ -895,6 +895,15 @@ impl BindingIndex {
         self.save(state, &notes);
     }
 
+    /// Applies the rules no pod event triggers: an `unbound` hold past its
+    /// grace that no pod without a binding explains is dropped.
+    pub fn tidy(&self) {
+        let mut state = self.lock();
+        let mut notes = Vec::new();
+        state.tidy(&mut notes);
+        self.save(state, &notes);
+    }
+
     /// A pod left this node (deleted).
     pub fn delete_pod(&self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
@@ -1072,9 +1081,19 @@ pub async fn run_pod_watch(
         |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str());
     // The list being read, between `Init` and `InitDone`.
     let mut listing: Option<Vec<Pod>> = None;
+    // Holds that only time ends (an `unbound` hold past its grace) must end
+    // also when no pod event comes.
+    let mut tidy = tokio::time::interval(std::time::Duration::from_secs(
+        UNBOUND_GRACE_SECS.unsigned_abs() / 4,
+    ));
+    tidy.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
+            _ = tidy.tick() => {
+                index.tidy();
+                continue;
+            }
             _ = &mut shutdown => break,
         };
         match event {
