@@ -127,6 +127,10 @@ impl Agent {
     /// A view set once from a fake spec, with the backend renamed (so the
     /// vendor runtime answers are produced as for real devices).
     fn with_snapshot(dir: &Path, spec: &str, backend: &str) -> Self {
+        Self::with_snapshot_and(config(dir), spec, backend)
+    }
+
+    fn with_snapshot_and(config: PluginConfig, spec: &str, backend: &str) -> Self {
         let mut fake = FakeBackend::new(spec).unwrap();
         let mut snap = snapshot(&mut fake).unwrap();
         snap.backend = backend.to_string();
@@ -135,14 +139,18 @@ impl Agent {
             v.snapshot = snap;
             v.ready = true;
         });
-        Self::start(dir, tx, rx)
+        Self::start_with(config, tx, rx)
     }
 
     fn start(dir: &Path, tx: ViewTx, rx: state::ViewRx) -> Self {
+        Self::start_with(config(dir), tx, rx)
+    }
+
+    fn start_with(config: PluginConfig, tx: ViewTx, rx: state::ViewRx) -> Self {
         let status = Arc::new(PluginStatus::default());
         let (shutdown, signal) = oneshot::channel::<()>();
         let task = tokio::spawn(run_device_plugin(
-            config(dir),
+            config,
             status.clone(),
             rx,
             tx.clone(),
@@ -235,6 +243,35 @@ fn health_of<'a>(list: &'a [(String, String, Vec<i64>)], id: &str) -> &'a str {
 
 const H100X2_L4X4: &str =
     "  - {profile: H100-80GiB, count: 2}\n  - {profile: L4-24GiB, count: 4}\n";
+
+/// Kubelets before 1.26 register the plugin, then send its socket path as the
+/// HTTP/2 `:authority` of every call, which the plugin's server refuses: no
+/// call ever arrives. The agent says so (log and `/readyz`) instead of
+/// looking healthy, and takes it back once kubelet does call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_that_registers_but_never_calls_is_reported() {
+    let dir = TempDir::new("silent");
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let config = PluginConfig {
+        list_and_watch_grace: Duration::from_millis(300),
+        ..config(dir.path())
+    };
+    let mut agent = Agent::with_snapshot_and(config, "2xH100-80GiB", "fake");
+    kubelet.next_registration().await;
+    eventually("the silence to be reported", || {
+        agent.status.kubelet_silent()
+    })
+    .await;
+    assert!(agent.status.is_registered());
+    assert_eq!(agent.status.list_and_watch_calls(), 0);
+
+    let mut plugin = client(&dir.socket()).await;
+    let mut stream = plugin.list_and_watch(Empty {}).await.unwrap().into_inner();
+    next_list(&mut stream).await;
+    eventually("the report to clear", || !agent.status.kubelet_silent()).await;
+    assert_eq!(agent.status.list_and_watch_calls(), 1);
+    agent.stop().await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_and_streams_device_health() {

@@ -18,7 +18,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::publisher::PublisherStats;
-use super::registration::PluginStatus;
+use super::registration::{PluginStatus, SILENT_KUBELET};
 use super::state::ViewRx;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -174,6 +174,16 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "not registered with kubelet yet\n".to_string(),
+        );
+    }
+    if s.counters
+        .plugin
+        .as_ref()
+        .is_some_and(|p| p.kubelet_silent())
+    {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{SILENT_KUBELET}\n"),
         );
     }
     (StatusCode::OK, "ready\n".to_string())

@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::net::UnixListener;
@@ -112,6 +113,8 @@ pub struct PluginService {
     /// Turns true (or its sender goes away) when the server stops, ending
     /// open `ListAndWatch` streams; `None` outside a [`PluginServer`].
     stop: Option<watch::Receiver<bool>>,
+    /// Counts `ListAndWatch` calls, for a runner that watches whether kubelet calls at all.
+    list_and_watch_calls: Arc<AtomicU64>,
 }
 
 impl PluginService {
@@ -130,12 +133,19 @@ impl PluginService {
             runtime,
             metrics: AllocationMetrics::default(),
             stop: None,
+            list_and_watch_calls: Arc::default(),
         }
     }
 
     /// Records Allocate counts and latency into `metrics`.
     pub fn with_metrics(mut self, metrics: AllocationMetrics) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Counts `ListAndWatch` calls into `calls`.
+    pub fn counting_list_and_watch(mut self, calls: Arc<AtomicU64>) -> Self {
+        self.list_and_watch_calls = calls;
         self
     }
 
@@ -273,6 +283,7 @@ impl DevicePlugin for PluginService {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        self.list_and_watch_calls.fetch_add(1, Ordering::Relaxed);
         let (out, stream) = mpsc::channel(4);
         let mut view = self.view.clone();
         let mut stop = self.stop.clone();

@@ -60,6 +60,9 @@ pub struct PluginConfig {
     pub poll_interval: Duration,
     /// Where Allocate counts and latencies are recorded.
     pub allocation_metrics: AllocationMetrics,
+    /// How long after a registration kubelet may take to open `ListAndWatch`
+    /// before the plugin reports that kubelet cannot reach it.
+    pub list_and_watch_grace: Duration,
 }
 
 impl Default for PluginConfig {
@@ -74,6 +77,7 @@ impl Default for PluginConfig {
             procfs_root: runtime.procfs_root,
             poll_interval: Duration::from_millis(500),
             allocation_metrics: AllocationMetrics::default(),
+            list_and_watch_grace: Duration::from_secs(20),
         }
     }
 }
@@ -117,7 +121,12 @@ pub struct PluginStatus {
     registrations: AtomicU64,
     registered: AtomicBool,
     serving: AtomicBool,
+    list_and_watch_calls: Arc<AtomicU64>,
+    kubelet_silent: AtomicBool,
 }
+
+/// Why kubelet may register a plugin and then never call it.
+pub const SILENT_KUBELET: &str = "registered with kubelet, but kubelet has not opened ListAndWatch: kubelets before v1.26 (without kubernetes/kubernetes#112597) send the socket path as the HTTP/2 :authority, which this plugin's HTTP/2 server must refuse; tessera needs kubelet v1.26 or later, or one with that fix";
 
 impl PluginStatus {
     /// Successful registrations with kubelet since start.
@@ -133,6 +142,17 @@ impl PluginStatus {
     /// Our socket is being served.
     pub fn is_serving(&self) -> bool {
         self.serving.load(Ordering::Relaxed)
+    }
+
+    /// `ListAndWatch` streams kubelet has opened since start.
+    pub fn list_and_watch_calls(&self) -> u64 {
+        self.list_and_watch_calls.load(Ordering::Relaxed)
+    }
+
+    /// Registered, but kubelet has not called within the grace period
+    /// ([`SILENT_KUBELET`] says why that happens).
+    pub fn kubelet_silent(&self) -> bool {
+        self.kubelet_silent.load(Ordering::Relaxed)
     }
 
     /// A registration with kubelet succeeded.
@@ -260,7 +280,8 @@ impl PluginRunner {
                 procfs_root: config.procfs_root.clone(),
             },
         )
-        .with_metrics(config.allocation_metrics.clone());
+        .with_metrics(config.allocation_metrics.clone())
+        .counting_list_and_watch(status.list_and_watch_calls.clone());
         let socket = config.socket_path();
         let endpoint = config.socket_name();
         let kubelet = config.kubelet_socket();
@@ -274,6 +295,8 @@ impl PluginRunner {
         let mut next_attempt = Instant::now();
         // Log a failing bind once, not every poll.
         let mut serve_failing = false;
+        // When we last registered, and how many ListAndWatch calls there were then.
+        let mut awaiting_call: Option<(Instant, u64)> = None;
 
         loop {
             // Our socket: (re)serve when it is gone or replaced.
@@ -336,6 +359,7 @@ impl PluginRunner {
                     Ok(()) => {
                         registered_with = current;
                         status.record_registration();
+                        awaiting_call = Some((Instant::now(), status.list_and_watch_calls()));
                         backoff = BACKOFF_START;
                         tracing::info!(
                             resource = %config.resource_name,
@@ -348,6 +372,22 @@ impl PluginRunner {
                         next_attempt = Instant::now() + backoff;
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
+                }
+            }
+
+            if registered_with.is_none() {
+                awaiting_call = None;
+            }
+            if let Some((since, calls)) = awaiting_call {
+                if status.list_and_watch_calls() > calls {
+                    awaiting_call = None;
+                    if status.kubelet_silent.swap(false, Ordering::Relaxed) {
+                        tracing::info!("kubelet opened ListAndWatch after all");
+                    }
+                } else if since.elapsed() >= config.list_and_watch_grace
+                    && !status.kubelet_silent.swap(true, Ordering::Relaxed)
+                {
+                    tracing::error!(waited = ?config.list_and_watch_grace, "{SILENT_KUBELET}");
                 }
             }
 
