@@ -19,7 +19,10 @@
 #
 # Environment: E2E_NAMESPACE (tessera-e2e) where the instances go; TESSERA_NAMESPACE
 # (tessera-system) and FAKE_CONFIGMAP (tessera-fake-gpus) where the chart is; TIMEOUT
-# (300) seconds for each wait; RESOURCE_NAME (tessera.dev/gpu).
+# (300) seconds for each wait; RESOURCE_NAME (tessera.dev/gpu); KUBELET_CHECKPOINT, when
+# it names kubelet's device plugin checkpoint file (readable on a node the shards run on,
+# .../device-plugins/kubelet_internal_checkpoint), also compares what kubelet allocated
+# to each shard's container with the plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +32,7 @@ readonly FAKE_CONFIGMAP="${FAKE_CONFIGMAP:-tessera-fake-gpus}"
 readonly TIMEOUT="${TIMEOUT:-300}"
 readonly RESOURCE_NAME="${RESOURCE_NAME:-tessera.dev/gpu}"
 readonly KEEP="${KEEP:-0}"
+readonly KUBELET_CHECKPOINT="${KUBELET_CHECKPOINT:-}"
 readonly INSTANCES=(llama-7b llama-70b)
 readonly TOO_BIG=tessera-e2e-too-big
 # The instance whose shard 0 gets a fault injected.
@@ -126,6 +130,17 @@ shards_match_plan() {
     if [[ "$(sorted_csv <<<"$seen")" != "$(sorted_csv <<<"$devices")" ]]; then
       echo "pod $name sees TESSERA_VISIBLE_DEVICES='$seen'; the plan says $devices"
       return 1
+    fi
+    if [[ -n "$KUBELET_CHECKPOINT" ]]; then
+      local uid allocated
+      uid=$(jq -r '.metadata.uid' <<<"$pod")
+      allocated=$(jq -r --arg uid "$uid" --arg res "$RESOURCE_NAME" \
+        '[.Data.PodDeviceEntries[]? | select(.PodUID == $uid and .ResourceName == $res)
+          | .DeviceIDs | to_entries[] | .value[]] | join(",")' "$KUBELET_CHECKPOINT")
+      if [[ "$(sorted_csv <<<"$allocated")" != "$(sorted_csv <<<"$devices")" ]]; then
+        echo "kubelet allocated '$allocated' to pod $name; the plan says $devices"
+        return 1
+      fi
     fi
   done
   return 0

@@ -273,6 +273,24 @@ async fn a_kubelet_that_registers_but_never_calls_is_reported() {
     agent.stop().await;
 }
 
+/// A kubelet that opens `ListAndWatch` while it handles the registration (as
+/// v1.24 does) is not mistaken for one that never calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_that_calls_before_answering_the_registration_is_not_reported() {
+    let dir = TempDir::new("calls-back");
+    let mut kubelet = FakeKubelet::start_calling_back(dir.path());
+    let config = PluginConfig {
+        list_and_watch_grace: Duration::from_millis(300),
+        ..config(dir.path())
+    };
+    let mut agent = Agent::with_snapshot_and(config, "2xH100-80GiB", "fake");
+    kubelet.next_registration().await;
+    assert_eq!(agent.status.list_and_watch_calls(), 1);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!agent.status.kubelet_silent());
+    agent.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_and_streams_device_health() {
     let dir = TempDir::new("stream");

@@ -350,6 +350,9 @@ impl PluginRunner {
                 && registered_with.is_none()
                 && Instant::now() >= next_attempt
             {
+                // Counted before the call: kubelet may open ListAndWatch
+                // before it answers the registration.
+                let calls_before = status.list_and_watch_calls();
                 let attempt = register(&kubelet, &endpoint, &config.resource_name);
                 let result = tokio::select! {
                     r = attempt => r,
@@ -359,7 +362,7 @@ impl PluginRunner {
                     Ok(()) => {
                         registered_with = current;
                         status.record_registration();
-                        awaiting_call = Some((Instant::now(), status.list_and_watch_calls()));
+                        awaiting_call = Some((Instant::now(), calls_before));
                         backoff = BACKOFF_START;
                         tracing::info!(
                             resource = %config.resource_name,
