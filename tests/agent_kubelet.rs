@@ -142,6 +142,15 @@ impl Agent {
         Self::start_with(config, tx, rx)
     }
 
+    /// Two fake H100s, reporting a kubelet that has not called 300 ms after registering.
+    fn expecting_a_call_soon(dir: &Path) -> Self {
+        let config = PluginConfig {
+            list_and_watch_grace: Duration::from_millis(300),
+            ..config(dir)
+        };
+        Self::with_snapshot_and(config, "2xH100-80GiB", "fake")
+    }
+
     fn start(dir: &Path, tx: ViewTx, rx: state::ViewRx) -> Self {
         Self::start_with(config(dir), tx, rx)
     }
@@ -252,11 +261,7 @@ const H100X2_L4X4: &str =
 async fn a_kubelet_that_registers_but_never_calls_is_reported() {
     let dir = TempDir::new("silent");
     let mut kubelet = FakeKubelet::start(dir.path());
-    let config = PluginConfig {
-        list_and_watch_grace: Duration::from_millis(300),
-        ..config(dir.path())
-    };
-    let mut agent = Agent::with_snapshot_and(config, "2xH100-80GiB", "fake");
+    let mut agent = Agent::expecting_a_call_soon(dir.path());
     kubelet.next_registration().await;
     eventually("the silence to be reported", || {
         agent.status.kubelet_silent()
@@ -279,11 +284,7 @@ async fn a_kubelet_that_registers_but_never_calls_is_reported() {
 async fn a_kubelet_that_calls_before_answering_the_registration_is_not_reported() {
     let dir = TempDir::new("calls-back");
     let mut kubelet = FakeKubelet::start_calling_back(dir.path());
-    let config = PluginConfig {
-        list_and_watch_grace: Duration::from_millis(300),
-        ..config(dir.path())
-    };
-    let mut agent = Agent::with_snapshot_and(config, "2xH100-80GiB", "fake");
+    let mut agent = Agent::expecting_a_call_soon(dir.path());
     kubelet.next_registration().await;
     assert_eq!(agent.status.list_and_watch_calls(), 1);
     tokio::time::sleep(Duration::from_millis(900)).await;
