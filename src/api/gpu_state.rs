@@ -150,8 +150,8 @@ impl NodeGpuState {
 
     /// The state's text as a Node carries it (the `tessera.dev/gpu-state`
     /// annotation), if it does.
-    pub fn annotation_of(node: &ObjectMeta) -> Option<&str> {
-        node.annotations
+    pub fn annotation_of(meta: &ObjectMeta) -> Option<&str> {
+        meta.annotations
             .as_ref()?
             .get(super::GPU_STATE_ANNOTATION)
             .map(String::as_str)

@@ -97,8 +97,12 @@ pub fn instance_name_rule() -> String {
 }
 
 pub fn instance_name_message() -> String {
+    format!("metadata.name {}", instance_name_requirement())
+}
+
+fn instance_name_requirement() -> String {
     format!(
-        "metadata.name must be at most {INSTANCE_NAME_MAX} characters of lower-case letters, digits and '-', start with a letter and end with a letter or digit (it names the shard pods and their Service)"
+        "must be at most {INSTANCE_NAME_MAX} characters of lower-case letters, digits and '-', start with a letter and end with a letter or digit (it names the shard pods and their Service)"
     )
 }
 
@@ -113,7 +117,7 @@ pub fn check_instance_name(name: &str) -> Result<(), String> {
     Err(format!(
         "metadata.name: {shown:?}{more} ({} characters) is not a valid name: {}",
         name.chars().count(),
-        instance_name_message().trim_start_matches("metadata.name ")
+        instance_name_requirement()
     ))
 }
 
@@ -131,7 +135,7 @@ pub fn check_namespace(namespace: &str) -> Result<(), String> {
 
 /// Lower-case letters, digits and '-', at most `max` of them, starting with a
 /// letter (DNS-1035) or a letter or digit (DNS-1123), ending with either.
-fn is_dns_label(name: &str, max: usize, letter_first: bool) -> bool {
+pub(crate) fn is_dns_label(name: &str, max: usize, letter_first: bool) -> bool {
     let b = name.as_bytes();
     let (Some(first), Some(last)) = (b.first(), b.last()) else {
         return false;

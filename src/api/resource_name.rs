@@ -7,6 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::Vendor;
+use super::limits::is_dns_label;
 
 const PLACEHOLDER: &str = "{vendor}";
 
@@ -91,15 +92,7 @@ fn check(name: &str) -> Result<(), String> {
     if domain.is_empty() || domain.len() > 253 {
         return Err("the domain must have 1 to 253 characters".into());
     }
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if !domain.split('.').all(label_ok) {
+    if !domain.split('.').all(|l| is_dns_label(l, 63, false)) {
         return Err(format!(
             "the domain {domain:?} must be a DNS subdomain: lower-case letters, digits, '-' and '.'"
         ));

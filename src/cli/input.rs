@@ -10,10 +10,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::InputError;
-use crate::api::{
-    GPU_STATE_ANNOTATION, GROUP, Health, LinkKind, ModelInstance, NodeGpuState, VERSION, Vendor,
-    limits,
-};
+use crate::api::{GROUP, Health, LinkKind, ModelInstance, NodeGpuState, VERSION, Vendor, limits};
 use crate::controller::problem::ClusterNode;
 
 /// Parses YAML into a type, refusing unknown fields (as `kubectl apply` does with
@@ -195,7 +192,7 @@ pub fn parse_cluster(text: &str, origin: &str) -> Result<Vec<ClusterNode>, Input
             file.nodes
                 .into_iter()
                 .map(|n| {
-                    let gpu_state = strict_gpu_state(&n.gpu_state, origin, &n.name)?;
+                    let gpu_state = strict_gpu_state(&n.gpu_state.to_string(), origin, &n.name)?;
                     if n.name.trim().is_empty() {
                         return Err(InputError(format!("{origin}: a node has an empty name")));
                     }
@@ -254,13 +251,8 @@ fn read_node(item: serde_json::Value, origin: &str) -> Result<Option<ClusterNode
     let Some(text) = NodeGpuState::annotation_of(&meta) else {
         return Ok(None);
     };
-    let raw: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        InputError(format!(
-            "{origin}: node {name}: {GPU_STATE_ANNOTATION} is not JSON: {e}"
-        ))
-    })?;
     Ok(Some(ClusterNode {
-        gpu_state: strict_gpu_state(&raw, origin, &name)?,
+        gpu_state: strict_gpu_state(text, origin, &name)?,
         name,
         labels: meta.labels.clone().unwrap_or_default(),
     }))
@@ -271,21 +263,19 @@ fn read_node(item: serde_json::Value, origin: &str) -> Result<Option<ClusterNode
 /// (a typo would otherwise drop a reading or a device silently), while the
 /// controller reads what agents publish tolerantly, since a newer agent may
 /// add fields.
-fn strict_gpu_state(
-    raw: &serde_json::Value,
-    origin: &str,
-    node: &str,
-) -> Result<NodeGpuState, InputError> {
+fn strict_gpu_state(text: &str, origin: &str, node: &str) -> Result<NodeGpuState, InputError> {
     let fail = |what: String| InputError(format!("{origin}: node {node}: gpuState: {what}"));
-    let (state, unknown) = NodeGpuState::from_json_listing_unknown(&raw.to_string())
+    let (state, unknown) = NodeGpuState::from_json_listing_unknown(text)
         .map_err(|e| InputError(format!("{origin}: node {node}: {e}")))?;
+    // The values this build does not know are read again only to be named.
+    let raw = || serde_json::from_str::<serde_json::Value>(text).unwrap_or_default();
     if let Some(field) = unknown.first() {
         return Err(fail(format!(
             "unknown field {field} (cluster files are read strictly)"
         )));
     }
     for (i, d) in state.devices.iter().enumerate() {
-        let given = |field: &str| raw["devices"][i][field].to_string();
+        let given = |field: &str| raw()["devices"][i][field].to_string();
         if d.vendor == Vendor::Unknown {
             return Err(fail(format!(
                 "devices.{i}.vendor: {} is not one of \"nvidia\", \"amd\"",
@@ -302,7 +292,7 @@ fn strict_gpu_state(
     if let Some(i) = state.links.iter().position(|l| l.kind == LinkKind::Unknown) {
         return Err(fail(format!(
             "links.{i}.kind: {} is not one of \"nvlink\", \"xgmi\", \"pcie\"",
-            raw["links"][i]["kind"]
+            raw()["links"][i]["kind"]
         )));
     }
     Ok(state)
