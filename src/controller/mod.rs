@@ -16,6 +16,7 @@ pub mod problem;
 pub mod reconcile;
 pub mod run;
 pub mod status;
+mod synced;
 pub mod validate;
 
 #[cfg(test)]

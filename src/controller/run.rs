@@ -21,6 +21,7 @@ use super::metrics::{InstanceCache, Metrics, router};
 use super::nodes::{StateReports, trim_node};
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
+use super::synced::{Cache, CacheSync};
 use crate::api::ModelInstance;
 use crate::process::{kube_client, terminated};
 
@@ -226,12 +227,14 @@ async fn run_controller(
             ),
         };
     let managed = watcher::Config::default().labels(&managed_selector());
+    let sync = CacheSync::new(Arc::clone(&metrics.synced));
 
     let (nodes, node_writer) = reflector::store();
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .modify(trim_node)
         .reflect(node_writer)
+        .inspect(sync.observer(Cache::Nodes))
         .touched_objects()
         .inspect({
             let mut reports = StateReports::default();
@@ -246,17 +249,24 @@ async fn run_controller(
         .default_backoff()
         .modify(|p: &mut Pod| p.managed_fields_mut().clear())
         .reflect(pod_writer)
+        .inspect(sync.observer(Cache::Pods))
         .touched_objects();
     let (services, service_writer) = reflector::store();
     let service_stream = watcher(services_api, managed)
         .default_backoff()
         .modify(|s: &mut Service| s.managed_fields_mut().clear())
         .reflect(service_writer)
+        .inspect(sync.observer(Cache::Services))
         .touched_objects();
+    let (instances, instance_writer) = reflector::store();
+    let instance_stream = watcher(instances_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(instance_writer)
+        .inspect(sync.observer(Cache::Instances))
+        .applied_objects();
 
-    let controller = Controller::new(instances_api, watcher::Config::default())
+    let controller = Controller::for_stream(instance_stream, instances.clone())
         .with_config(controller::Config::default().debounce(std::time::Duration::from_millis(500)));
-    let instances = controller.store();
     if let Ok(mut slot) = cache.lock() {
         *slot = Some(instances.clone());
     }
@@ -266,10 +276,10 @@ async fn run_controller(
         instance: std::env::var("POD_NAME").ok(),
     };
     let caches = Caches {
-        nodes: nodes.clone(),
-        pods: pods.clone(),
-        services: services.clone(),
-        instances: instances.clone(),
+        nodes,
+        pods,
+        services,
+        instances,
     };
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -278,15 +288,6 @@ async fn run_controller(
         Recorder::new(client, reporter),
         Arc::clone(metrics),
     ));
-    let synced = Arc::clone(&metrics.synced);
-    let ready = tokio::spawn(async move {
-        let _ = nodes.wait_until_ready().await;
-        let _ = pods.wait_until_ready().await;
-        let _ = services.wait_until_ready().await;
-        let _ = instances.wait_until_ready().await;
-        synced.store(true, Ordering::Relaxed);
-        tracing::info!("caches synced");
-    });
     controller
         .owns_stream(pod_stream)
         .owns_stream(service_stream)
@@ -304,6 +305,5 @@ async fn run_controller(
             }
         })
         .await;
-    ready.abort();
     metrics.synced.store(false, Ordering::Relaxed);
 }
