@@ -31,6 +31,8 @@ helm="${HELM:-helm}"
 readonly RELEASE=tessera
 readonly TESSERA_NAMESPACE=tessera-system
 export KUBELET_CHECKPOINT="${KUBELET_CHECKPOINT:-/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint}"
+# The kit keeps its PID files next to the kubeconfig it writes.
+KUBELET_PIDFILE="${KUBELET_PIDFILE:-$(dirname "${TESSERA_TEST_KUBECONFIG:-.}")/run/kubelet.pid}"
 
 log() { printf '[real-node %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() {
@@ -108,8 +110,26 @@ done
 [ "$gpus" = 8 ] || die "node $NODE offers '$gpus' tessera.dev/gpu, not the 8 fake GPUs"
 log "the agent registered 8 GPUs with kubelet; running e2e/check.sh"
 
-KUBECONFIG="$TESSERA_TEST_KUBECONFIG" PATH="$(dirname "$(command -v "$kubectl")"):$PATH" \
-  E2E_NAMESPACE=tessera-e2e-chart e2e/check.sh
+no_forbidden() {
+  local component logs
+  for component in agent controller; do
+    logs=$(k -n "$TESSERA_NAMESPACE" logs -l "app.kubernetes.io/component=$component" --tail=-1 2>&1)
+    if grep -qi forbidden <<<"$logs"; then
+      die "the API server refused the $component something its RBAC should allow:
+$(grep -i forbidden <<<"$logs" | head -5)"
+    fi
+  done
+}
+
+export KUBECONFIG="$TESSERA_TEST_KUBECONFIG"
+PATH="$(dirname "$(command -v "$kubectl")"):$PATH"
+E2E_NAMESPACE=tessera-e2e-chart e2e/check.sh
+# The components' logs before the checks below delete their pods.
+no_forbidden
+log "running e2e/real-node-checks.sh"
+export NODE KUBELET_PIDFILE
+e2e/real-node-checks.sh
+no_forbidden
 
 for component in agent controller; do
   ready=$(k -n "$TESSERA_NAMESPACE" get pods -l "app.kubernetes.io/component=$component" \
@@ -117,11 +137,6 @@ for component in agent controller; do
   if [ -z "$ready" ] || grep -qv True <<<"${ready// /$'\n'}"; then
     die "the $component is not Ready after the checks ($ready):
 $(k -n "$TESSERA_NAMESPACE" logs -l "app.kubernetes.io/component=$component" --tail=20 2>&1)"
-  fi
-  logs=$(k -n "$TESSERA_NAMESPACE" logs -l "app.kubernetes.io/component=$component" --tail=-1 2>&1)
-  if grep -qi forbidden <<<"$logs"; then
-    die "the API server refused the $component something its RBAC should allow:
-$(grep -i forbidden <<<"$logs" | head -5)"
   fi
 done
 log "ok: the chart runs tessera on the real node; agent and controller Ready; nothing was forbidden"

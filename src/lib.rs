@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod api_requests;
 pub mod backend;
 pub mod cli;
 pub mod controller;

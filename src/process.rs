@@ -4,11 +4,17 @@
 
 use std::path::Path;
 
+use crate::api_requests::ApiRequests;
+
 /// A client from `--kubeconfig`, or else the in-cluster configuration (or
 /// `KUBECONFIG`). The error is one line naming the file and what is wrong
 /// with it (parser errors also draw the offending line; that part is dropped).
-pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
-    client(kubeconfig).await.map_err(|e| {
+/// Every request the client sends is counted in `requests`.
+pub async fn kube_client(
+    kubeconfig: Option<&Path>,
+    requests: &ApiRequests,
+) -> Result<kube::Client, String> {
+    client(kubeconfig, requests).await.map_err(|e| {
         e.lines()
             .next()
             .unwrap_or("unusable configuration")
@@ -16,7 +22,7 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, Stri
     })
 }
 
-async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+async fn client(kubeconfig: Option<&Path>, requests: &ApiRequests) -> Result<kube::Client, String> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -27,7 +33,16 @@ async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
         }
         None => kube::Config::infer().await.map_err(|e| e.to_string())?,
     };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    let requests = requests.clone();
+    let counting =
+        tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+            requests.count(&request);
+            request
+        });
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| e.to_string())?
+        .with_layer(&counting)
+        .build())
 }
 
 /// Resolves on SIGTERM (how Kubernetes stops a pod) or SIGINT.

@@ -150,6 +150,43 @@ fn mark_ready(fake: &FakeApiServer, pod: &str) {
     });
 }
 
+/// What node agents do once kubelet has allocated a bound pod's devices:
+/// record them as the pod's in the node's published GPU state.
+fn report_allocations(fake: &FakeApiServer) {
+    for pod in fake.list(Kind::Pod) {
+        let (Some(node), Some(uid), Some(devices)) = (
+            pod["spec"]["nodeName"].as_str(),
+            pod["metadata"]["uid"].as_str(),
+            pod["metadata"]["annotations"]["tessera.dev/devices"].as_str(),
+        ) else {
+            continue;
+        };
+        let Some(mut state) = fake
+            .get(Kind::Node, "", node)
+            .and_then(|n| {
+                n["metadata"]["annotations"]["tessera.dev/gpu-state"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        else {
+            continue;
+        };
+        if devices
+            .split(',')
+            .all(|d| state["allocated"][d] == json!(uid))
+        {
+            continue;
+        }
+        for device in devices.split(',') {
+            state["allocated"][device] = json!(uid);
+        }
+        fake.modify(Kind::Node, "", node, |n| {
+            n["metadata"]["annotations"]["tessera.dev/gpu-state"] = json!(state.to_string());
+        });
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Controller processes.
 
@@ -1025,6 +1062,9 @@ async fn instances_created_together_get_distinct_devices() {
         &fake,
         &mut [&mut ctl],
         || {
+            // The node agents report what kubelet allocated; the controller
+            // binds the next pod of a node only then.
+            report_allocations(&fake);
             let placed = placements(&fake, &names)?;
             // The status is written before the events are.
             for name in names {

@@ -23,8 +23,10 @@
 //!
 //! Kubelet does not say which pod it is admitting, so a request is matched to
 //! a plan by its devices alone. Kubelet admits pods oldest first, hence the
-//! oldest-first rule; two pending pods with plans of the same size on one
-//! node can still be confused if kubelet admits the younger one first.
+//! oldest-first rule. Two pending pods with plans of the same size on one
+//! node could still be confused if kubelet admitted the younger one first;
+//! the controller never lets that arise (it binds the next such pod to a node
+//! only once this agent reports the previous one's devices allocated).
 //!
 //! ## The checkpoint
 //!

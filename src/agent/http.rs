@@ -114,6 +114,11 @@ impl AgentMetrics {
         }
     }
 
+    /// For metrics kept elsewhere (the client's request counts).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// The exposition text, with gauges brought up to date from the view.
     pub fn render(&self, view: &ViewRx, counters: &Counters) -> String {
         let v = view.borrow().clone();

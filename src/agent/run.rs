@@ -16,6 +16,7 @@ use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use super::registration::{PluginConfig, PluginRunner};
 use super::state::{ViewRx, channel, spawn_poller_with_ids};
 use crate::api::{ResourceName, Vendor};
+use crate::api_requests::ApiRequests;
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
@@ -95,9 +96,10 @@ pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
         }
     };
 
+    let api_requests = ApiRequests::default();
     let client = match &config.publish {
         Some(p) => Some(
-            kube_client(p.kubeconfig.as_deref())
+            kube_client(p.kubeconfig.as_deref(), &api_requests)
                 .await
                 .map_err(AgentError::Kube)?,
         ),
@@ -197,11 +199,9 @@ pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
         plugin: Some(plugin_status),
         publisher: publisher.as_ref().map(|_| publisher_stats.clone()),
     };
-    let app = router(
-        rx.clone(),
-        counters,
-        Arc::new(AgentMetrics::new(&allocation)),
-    );
+    let mut metrics = AgentMetrics::new(&allocation);
+    api_requests.register(metrics.registry_mut());
+    let app = router(rx.clone(), counters, Arc::new(metrics));
     let http = tokio::spawn(serve(listener, app, stopped()));
 
     terminated().await;

@@ -143,10 +143,13 @@ pub async fn service(
 
 /// Brings the shard pods to `desired` (shard order) and binds them. Returns
 /// each desired shard's state afterwards.
+/// `may_bind(node, pod)` says whether a pod may be bound now; one that may
+/// not stays unbound (`Created`) for a later reconcile.
 pub async fn pods(
     api: &Api<Pod>,
     desired: &[(Pod, String)],
     existing: &BTreeMap<String, Arc<Pod>>,
+    may_bind: impl Fn(&str, &Pod) -> bool,
     notes: &mut Vec<Note>,
 ) -> Result<Vec<ShardState>, ApplyError> {
     let mut states = Vec::with_capacity(desired.len());
@@ -195,6 +198,9 @@ pub async fn pods(
         return Ok(states);
     }
     for (index, pod, node) in unbound {
+        if !may_bind(node, &pod) {
+            continue;
+        }
         bind(api, &pod, node).await?;
         notes.push(Note {
             warning: false,

@@ -95,6 +95,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// For metrics kept elsewhere (the client's request counts).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     pub fn failure(&self, reason: &str) {
         self.failures
             .get_or_create(&ReasonLabel {

@@ -10,6 +10,7 @@ pub mod apply;
 pub mod build;
 pub mod held;
 pub mod metrics;
+mod node_gate;
 pub mod nodes;
 pub mod plan;
 pub mod problem;

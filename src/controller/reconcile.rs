@@ -10,18 +10,21 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
 use super::apply::{self, ApplyError, Note};
 use super::build::{headless_service, shard_pod_name, shard_pods, shard_resource};
 use super::held::{Claims, held_devices};
 use super::metrics::Metrics;
+use super::node_gate::{BoundPod, NodeGate};
 use super::nodes::{NodeInfo, ParsedNodes, Readiness};
 use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
 use super::status::{self, Outcome, PLACED, StatusInputs};
 use super::validate;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard, ResourceName, SHARD_ANNOTATION};
+use crate::api::{
+    DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard, ResourceName, SHARD_ANNOTATION,
+};
 use crate::placement::Unsatisfiable;
 
 /// How the controller plans; set by flags.
@@ -68,6 +71,7 @@ pub struct Context {
     /// others just took although the cache shows their status a moment later.
     claims: tokio::sync::Mutex<Claims>,
     parsed_nodes: ParsedNodes,
+    node_gate: NodeGate,
 }
 
 impl Context {
@@ -88,6 +92,7 @@ impl Context {
             failures: Mutex::default(),
             claims: tokio::sync::Mutex::default(),
             parsed_nodes: ParsedNodes::default(),
+            node_gate: NodeGate::default(),
         }
     }
 }
@@ -387,7 +392,23 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         .await?;
     }
     apply::remove_extra(&pods_api, &mine, &desired).await?;
-    let mut shards = apply::pods(&pods_api, &desired, &mine, &mut notes).await?;
+    let now_instant = Instant::now();
+    let may_bind = |node: &str, pod: &Pod| {
+        let devices = pod
+            .annotations()
+            .get(DEVICES_ANNOTATION)
+            .map_or(0, |d| d.split(',').filter(|id| !id.is_empty()).count());
+        ctx.node_gate.try_enter(
+            node,
+            devices,
+            pod.uid().as_deref().unwrap_or_default(),
+            |uid| bound_pod(&ctx.caches, node, uid),
+            now_instant,
+        )
+    };
+    let mut shards = apply::pods(&pods_api, &desired, &mine, may_bind, &mut notes).await?;
+    // A pod left unbound (its node busy with another) is bound on a later pass.
+    let deferred = shards.contains(&status::ShardState::Created);
     // Broken shards kept in a degraded plan count as missing.
     shards.extend(broken.keys().map(|_| status::ShardState::Missing));
 
@@ -404,7 +425,39 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     apply::status(&api, mi, &new_status).await?;
 
     publish(ctx, mi, &notes).await;
+    if deferred {
+        return Ok(Action::requeue(BIND_RETRY));
+    }
     Ok(next_check(&outcome, plan, &nodes, now, settings.node_grace))
+}
+
+/// How soon a reconcile that left a shard unbound looks again (the agent's
+/// report of the allocation it waits for usually wakes it sooner).
+const BIND_RETRY: Duration = Duration::from_secs(1);
+
+/// What the caches say about a pod bound to `node` (see [`NodeGate`]).
+fn bound_pod(caches: &Caches, node: &str, uid: &str) -> BoundPod {
+    let allocated = caches
+        .nodes
+        .get(&ObjectRef::new(node))
+        .and_then(|n| NodeGpuState::annotation_of(&n.metadata).map(str::to_string))
+        .and_then(|text| NodeGpuState::from_json(&text).ok())
+        .is_some_and(|state| state.allocated.values().any(|owner| owner == uid));
+    if allocated {
+        return BoundPod::Admitted;
+    }
+    let pods = caches.pods.state();
+    let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(uid)) else {
+        return BoundPod::Unseen;
+    };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if pod.metadata.deletion_timestamp.is_some()
+        || matches!(phase, Some("Running" | "Succeeded" | "Failed"))
+    {
+        BoundPod::Admitted
+    } else {
+        BoundPod::Waiting
+    }
 }
 
 /// The solver's reason and what excluded the rest, short enough for a condition.

@@ -23,6 +23,7 @@ use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
 use super::synced::{Cache, CacheSync};
 use crate::api::ModelInstance;
+use crate::api_requests::ApiRequests;
 use crate::process::{kube_client, terminated};
 
 pub struct ControllerConfig {
@@ -71,10 +72,13 @@ async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
 }
 
 pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
-    let client = kube_client(config.kubeconfig.as_deref())
+    let api_requests = ApiRequests::default();
+    let client = kube_client(config.kubeconfig.as_deref(), &api_requests)
         .await
         .map_err(ControllerError::Kube)?;
-    let metrics = Arc::new(Metrics::default());
+    let mut metrics = Metrics::default();
+    api_requests.register(metrics.registry_mut());
+    let metrics = Arc::new(metrics);
     let cache = InstanceCache::default();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -300,6 +304,10 @@ async fn run_controller(
             if let Err(e) = result {
                 match e {
                     controller::Error::ReconcilerFailed(..) => {}
+                    // An instance deleted while its pods' events were queued.
+                    controller::Error::ObjectNotFound(obj) => {
+                        tracing::debug!(object = %obj, "gone before its reconcile");
+                    }
                     other => tracing::warn!(error = %other, "controller"),
                 }
             }

@@ -1,0 +1,97 @@
+# shellcheck shell=bash
+# Helpers shared by the end-to-end scripts (sourced, not run). The caller sets
+# NAMESPACE (where the instances are), RESOURCE_NAME, KUBELET_CHECKPOINT (may be empty)
+# and defines die MESSAGE.
+
+mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
+
+# wait_until SECONDS DESCRIPTION COMMAND...: runs COMMAND every 3 s until it succeeds;
+# on timeout fails with DESCRIPTION and the command's last output.
+wait_until() {
+  local seconds="$1" what="$2"
+  shift 2
+  local deadline=$((SECONDS + seconds)) out=""
+  while true; do
+    if out=$("$@" 2>&1); then
+      return 0
+    fi
+    if ((SECONDS >= deadline)); then
+      die "timed out after ${seconds}s waiting for: ${what}. Last check: ${out}"
+    fi
+    sleep 3
+  done
+}
+
+sorted_csv() { tr ',' '\n' | sed '/^$/d' | sort | paste -sd, -; }
+
+# shards_match_plan INSTANCE: every planned shard has its pod Running on the planned
+# node, with the planned devices in its annotation and in what the container sees, and
+# no other pods belong to the instance. Prints the first mismatch.
+shards_match_plan() {
+  local instance="$1" status plan count pods
+  status=$(mi "$instance")
+  plan=$(jq -c '.status.plan // []' <<<"$status")
+  count=$(jq 'length' <<<"$plan")
+  if [[ "$count" -eq 0 ]]; then
+    echo "$instance has no plan yet (phase $(jq -r '.status.phase // "-"' <<<"$status"))"
+    return 1
+  fi
+  pods=$(kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$instance" -o json)
+  local npods
+  npods=$(jq '[.items[] | select(.metadata.deletionTimestamp == null)] | length' <<<"$pods")
+  if [[ "$npods" -ne "$count" ]]; then
+    echo "$instance: $npods live pods for $count planned shards"
+    return 1
+  fi
+  local i
+  for ((i = 0; i < count; i++)); do
+    local shard node devices pod name
+    shard=$(jq -c ".[$i]" <<<"$plan")
+    node=$(jq -r '.node' <<<"$shard")
+    devices=$(jq -r '.devices | join(",")' <<<"$shard")
+    name="$instance-shard-$(jq -r '.shard // '"$i" <<<"$shard")"
+    pod=$(jq -c --arg name "$name" '.items[] | select(.metadata.name == $name)' <<<"$pods")
+    if [[ -z "$pod" ]]; then
+      echo "pod $name does not exist"
+      return 1
+    fi
+    local phase pod_node pod_devices
+    phase=$(jq -r '.status.phase' <<<"$pod")
+    pod_node=$(jq -r '.spec.nodeName // ""' <<<"$pod")
+    pod_devices=$(jq -r '.metadata.annotations["tessera.dev/devices"] // ""' <<<"$pod")
+    if [[ "$phase" != Running ]]; then
+      echo "pod $name is $phase, not Running"
+      return 1
+    fi
+    if [[ "$pod_node" != "$node" ]]; then
+      echo "pod $name runs on $pod_node; the plan says $node"
+      return 1
+    fi
+    if [[ "$(sorted_csv <<<"$pod_devices")" != "$(sorted_csv <<<"$devices")" ]]; then
+      echo "pod $name is annotated with devices $pod_devices; the plan says $devices"
+      return 1
+    fi
+    local seen
+    seen=$(kubectl logs -n "$NAMESPACE" "$name" 2>/dev/null | sed -n 's/.*sees devices: //p' | tail -n 1)
+    if [[ "$(sorted_csv <<<"$seen")" != "$(sorted_csv <<<"$devices")" ]]; then
+      echo "pod $name sees TESSERA_VISIBLE_DEVICES='$seen'; the plan says $devices"
+      return 1
+    fi
+    if [[ -n "$KUBELET_CHECKPOINT" ]]; then
+      local uid allocated
+      uid=$(jq -r '.metadata.uid' <<<"$pod")
+      allocated=$(jq -r --arg uid "$uid" --arg res "$RESOURCE_NAME" \
+        '[.Data.PodDeviceEntries[]? | select(.PodUID == $uid and .ResourceName == $res)
+          | .DeviceIDs | to_entries[] | .value[]] | join(",")' "$KUBELET_CHECKPOINT")
+      if [[ "$(sorted_csv <<<"$allocated")" != "$(sorted_csv <<<"$devices")" ]]; then
+        echo "kubelet allocated '$allocated' to pod $name; the plan says $devices"
+        return 1
+      fi
+    fi
+  done
+  return 0
+}
+
+print_plan() {
+  mi "$1" | jq -r '.status.plan[] | "  shard \(.shard): \(.node) [\(.devices | join(","))] layers \(.layerStart)-\(.layerEnd)"'
+}
