@@ -4,6 +4,8 @@
 # the run with the reason and the cluster's state.
 #   what_users_see     `kubectl get mi` columns and values, the instance's events, the
 #                      controller's and the agent's /metrics
+#   hand_edits         a shard pod's devices annotation and the instance's Service edited
+#                      by hand: the controller puts both back, the pod is not recreated
 #   agent_restart      the agent pod deleted: the new one keeps every binding, running
 #                      pods keep their devices, and no device is handed out twice
 #   controller_failover the leader pod deleted while a standby replica (under the chart's
@@ -39,7 +41,7 @@ readonly KUBELET_PIDFILE="${KUBELET_PIDFILE:-}"
 readonly NODE="${NODE:-node-1}"
 readonly GPUS="${GPUS:-8}"
 readonly TIMEOUT="${TIMEOUT:-180}"
-readonly TESTS=(what_users_see agent_restart controller_failover device_fault kubelet_restart instance_deleted least_privilege)
+readonly TESTS=(what_users_see hand_edits agent_restart controller_failover device_fault kubelet_restart instance_deleted least_privilege)
 readonly ONLY="${ONLY:-${TESTS[*]}}"
 readonly STANDBY=tessera-e2e-standby-controller
 
@@ -452,6 +454,30 @@ pod_port() {
   kubectl -n "$TESSERA_NAMESPACE" get pod "$1" -o jsonpath='{.spec.containers[0].ports[?(@.name=="metrics")].containerPort}'
 }
 
+# field_is KIND NAME JSONPATH VALUE: the object in the test namespace has VALUE there.
+field_is() {
+  local now
+  now=$(kubectl -n "$NAMESPACE" get "$1" "$2" -o jsonpath="$3")
+  [[ "$now" == "$4" ]] || {
+    echo "$1 $2 has '$now' at $3, not '$4'"
+    return 1
+  }
+}
+
+test_hand_edits() {
+  local before planned
+  before=$(pods_of pair solo)
+  planned=$(mi solo | jq -r '.status.plan[0].devices | join(",")')
+  kubectl -n "$NAMESPACE" annotate pod solo-shard-0 tessera.dev/devices=fake-h100-80gib-99 --overwrite >/dev/null
+  kubectl -n "$NAMESPACE" patch service pair --type merge -p '{"spec": {"publishNotReadyAddresses": false}}' >/dev/null
+  wait_until "$TIMEOUT" "the controller to put solo-shard-0's devices annotation back" \
+    field_is pod solo-shard-0 '{.metadata.annotations.tessera\.dev/devices}' "$planned"
+  wait_until "$TIMEOUT" "the controller to put Service pair back" \
+    field_is service pair '{.spec.publishNotReadyAddresses}' true
+  [[ "$(pods_of pair solo)" == "$before" ]] || die "a hand edit got a shard pod recreated"
+  log "the devices annotation and the Service were put back; no pod recreated"
+}
+
 test_agent_restart() {
   local before old
   before=$(pods_of pair solo)
@@ -500,9 +526,10 @@ test_controller_failover() {
   successor=$(lease_holder)
   instance after-failover 1
   wait_until "$TIMEOUT" "after-failover to run" all_running after-failover pair solo
-  local binders
+  local binders uid
+  uid=$(mi after-failover | jq -r '.metadata.uid')
   binders=$(kubectl get events.events.k8s.io -n "$NAMESPACE" -o json \
-    | jq -r '.items[] | select(.regarding.name == "after-failover") | .reportingInstance' | sort -u | paste -sd' ' -)
+    | jq -r --arg uid "$uid" '.items[] | select(.regarding.uid == $uid) | .reportingInstance' | sort -u | paste -sd' ' -)
   [[ "$binders" == "$successor" ]] || die "after-failover's events come from '$binders', not only the new leader $successor"
   [[ "$(pods_of pair solo)" == "$before" ]] || die "the shard pods changed across the failover"
   no_device_twice || die "$(no_device_twice)"
@@ -614,8 +641,9 @@ test_least_privilege() {
 
 # --- run -------------------------------------------------------------------------
 
-# A namespace left by an earlier run may still be terminating.
-kubectl wait --for=delete "namespace/$NAMESPACE" --timeout="${TIMEOUT}s" >/dev/null 2>&1 || true
+# A fresh namespace: one left by an earlier run (KEEP=1) holds its instances and events.
+kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout="${TIMEOUT}s" >/dev/null \
+  || die "namespace $NAMESPACE left by an earlier run is not gone"
 kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 # An earlier check's fault may still be clearing (kubelet refreshes the ConfigMap).
 wait_until "$TIMEOUT" "all $GPUS GPUs to be healthy" all_healthy

@@ -96,6 +96,9 @@ log "ok: the image runs \`tessera place\` under the real kubelet as user 65532 a
 
 log "installing the chart"
 "$helm" --kubeconfig "$TESSERA_TEST_KUBECONFIG" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
+# From scratch: an earlier run's namespace keeps the leader Lease, whose creation the
+# least-privilege check expects to see.
+k delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
 k label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
 "$helm" --kubeconfig "$TESSERA_TEST_KUBECONFIG" install "$RELEASE" charts/tessera \
   -n "$TESSERA_NAMESPACE" --create-namespace -f e2e/values-real-node.yaml --wait --timeout 180s >/dev/null \

@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus, Service};
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
@@ -575,5 +576,133 @@ async fn a_shard_that_failed_admission_moves_to_other_devices() {
         echo(c, StatusCode::CREATED);
     }
     assert_eq!(reasons, ["Replanned", "ShardLost"]);
+    run.await.unwrap().unwrap();
+}
+
+/// Kubelet does not say which pod it admits, so the controller never leaves
+/// two same-sized pods bound to one node and waiting for their devices: the
+/// second shard is bound only once the node's agent reports the first one's
+/// devices allocated.
+#[tokio::test]
+async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mut spec = serde_json::to_value(instance()).unwrap();
+    spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
+    let mi: ModelInstance = serde_json::from_value(spec).unwrap();
+    let (nodes, mut node_writer) = filled(vec![node("a", 2)]);
+    let (pods, mut pod_writer) = filled(Vec::<Pod>::new());
+    let (services, mut service_writer) = filled(Vec::<Service>::new());
+    let caches = Caches {
+        nodes,
+        pods,
+        services,
+        instances: filled(vec![mi.clone()]).0,
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tessera-controller".into(),
+            instance: None,
+        },
+    );
+    let ctx = Arc::new(Context::new(
+        client,
+        Settings::default(),
+        caches,
+        recorder,
+        Arc::new(Metrics::default()),
+    ));
+
+    // First pass: Service, both pods, one binding, status, events.
+    let run = tokio::spawn(reconcile(Arc::new(mi.clone()), Arc::clone(&ctx)));
+    let service = echo(next(&mut api).await, StatusCode::CREATED);
+    let mut created = Vec::new();
+    for shard in 0..2 {
+        let c = next(&mut api).await;
+        assert_eq!(
+            (&c.method, c.path.as_str()),
+            (&Method::POST, "/api/v1/namespaces/ml/pods?")
+        );
+        let mut pod = c.body.clone();
+        pod["metadata"]["uid"] = json!(format!("uid-shard-{shard}"));
+        respond(c.send, StatusCode::CREATED, &pod);
+        created.push(pod);
+    }
+    let c = next(&mut api).await;
+    assert_eq!(
+        c.path, "/api/v1/namespaces/ml/pods/llama-shard-0/binding?",
+        "shard 0 is bound first"
+    );
+    respond(
+        c.send,
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "code": 201}),
+    );
+    let c = next(&mut api).await;
+    assert!(
+        c.path.contains("/modelinstances/llama/status?"),
+        "shard 1 waits for shard 0's devices, yet: {} {}",
+        c.method,
+        c.path
+    );
+    let status = c.body["status"].clone();
+    respond(c.send, StatusCode::OK, &serde_json::to_value(&mi).unwrap());
+    for _ in 0..2 {
+        echo(next(&mut api).await, StatusCode::CREATED);
+    }
+    let action = run.await.unwrap().unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+
+    // The agent reports shard 0's devices allocated: shard 1 is bound.
+    let mut bound = created[0].clone();
+    bound["spec"]["nodeName"] = json!("a");
+    let devices = bound["metadata"]["annotations"]["tessera.dev/devices"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    service_writer.apply_watcher_event(&watcher::Event::Apply(
+        serde_json::from_value(service).unwrap(),
+    ));
+    for pod in [&bound, &created[1]] {
+        pod_writer.apply_watcher_event(&watcher::Event::Apply(
+            serde_json::from_value(pod.clone()).unwrap(),
+        ));
+    }
+    let mut a = serde_json::to_value(node("a", 2)).unwrap();
+    let mut state: Value = serde_json::from_str(
+        a["metadata"]["annotations"]["tessera.dev/gpu-state"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    state["allocated"] = json!({ devices: "uid-shard-0" });
+    a["metadata"]["annotations"]["tessera.dev/gpu-state"] = json!(state.to_string());
+    node_writer.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(a).unwrap()));
+    let mut mi = serde_json::to_value(&mi).unwrap();
+    mi["status"] = status;
+    let mi: ModelInstance = serde_json::from_value(mi).unwrap();
+    let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (
+            &Method::POST,
+            "/api/v1/namespaces/ml/pods/llama-shard-1/binding?"
+        )
+    );
+    respond(
+        c.send,
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "code": 201}),
+    );
+    let c = next(&mut api).await;
+    assert!(c.path.contains("/status?"), "{}", c.path);
+    respond(
+        c.send,
+        StatusCode::OK,
+        &serde_json::to_value(instance()).unwrap(),
+    );
+    echo(next(&mut api).await, StatusCode::CREATED);
     run.await.unwrap().unwrap();
 }

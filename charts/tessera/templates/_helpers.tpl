@@ -142,16 +142,16 @@ controller.watchNamespace).
 # ModelInstances: watched and reconciled (no finalizers: owner references clean up).
 - apiGroups: ["tessera.dev"]
   resources: ["modelinstances"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 # Status (phase, conditions, plan) is written with server-side apply on the status subresource.
 - apiGroups: ["tessera.dev"]
   resources: ["modelinstances/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # Shard pods: created from the instance's template, deleted when lost or re-placed,
 # patched to put back hand-edited device annotations.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
 # Shard pods use schedulerName tessera: the controller binds them to the planned node.
 - apiGroups: [""]
   resources: ["pods/binding"]
@@ -160,7 +160,7 @@ controller.watchNamespace).
 # references delete it with the instance.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 # Events on ModelInstances (placement decisions, lost shards, errors).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
