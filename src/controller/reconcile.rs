@@ -392,21 +392,8 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         .await?;
     }
     apply::remove_extra(&pods_api, &mine, &desired).await?;
-    let now_instant = Instant::now();
-    let may_bind = |node: &str, pod: &Pod| {
-        let devices = pod
-            .annotations()
-            .get(DEVICES_ANNOTATION)
-            .map_or(0, |d| d.split(',').filter(|id| !id.is_empty()).count());
-        ctx.node_gate.try_enter(
-            node,
-            devices,
-            pod.uid().as_deref().unwrap_or_default(),
-            |uid| bound_pod(&ctx.caches, node, uid),
-            now_instant,
-        )
-    };
-    let mut shards = apply::pods(&pods_api, &desired, &mine, may_bind, &mut notes).await?;
+    let gate = may_bind(ctx, Instant::now());
+    let mut shards = apply::pods(&pods_api, &desired, &mine, gate, &mut notes).await?;
     // A pod left unbound (its node busy with another) is bound on a later pass.
     let deferred = shards.contains(&status::ShardState::Created);
     // Broken shards kept in a degraded plan count as missing.
@@ -435,14 +422,30 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
 /// report of the allocation it waits for usually wakes it sooner).
 const BIND_RETRY: Duration = Duration::from_secs(1);
 
-/// What the caches say about a pod bound to `node` (see [`NodeGate`]).
+/// Whether a shard pod may be bound to `node` now (see [`NodeGate`]).
+fn may_bind(ctx: &Context, now: Instant) -> impl Fn(&str, &Pod) -> bool + '_ {
+    move |node, pod| {
+        let devices = pod
+            .annotations()
+            .get(DEVICES_ANNOTATION)
+            .map_or(0, |d| d.split(',').filter(|id| !id.is_empty()).count());
+        ctx.node_gate.try_enter(
+            node,
+            devices,
+            pod.uid().as_deref().unwrap_or_default(),
+            |uid| bound_pod(&ctx.caches, node, uid),
+            now,
+        )
+    }
+}
+
+/// What the caches say about a pod bound to `node`.
 fn bound_pod(caches: &Caches, node: &str, uid: &str) -> BoundPod {
-    let allocated = caches
-        .nodes
-        .get(&ObjectRef::new(node))
-        .and_then(|n| NodeGpuState::annotation_of(&n.metadata).map(str::to_string))
-        .and_then(|text| NodeGpuState::from_json(&text).ok())
-        .is_some_and(|state| state.allocated.values().any(|owner| owner == uid));
+    let allocated = caches.nodes.get(&ObjectRef::new(node)).is_some_and(|n| {
+        NodeGpuState::annotation_of(&n.metadata)
+            .and_then(|text| NodeGpuState::from_json(text).ok())
+            .is_some_and(|state| state.allocated.values().any(|owner| owner == uid))
+    });
     if allocated {
         return BoundPod::Admitted;
     }
