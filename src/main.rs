@@ -65,7 +65,7 @@ enum Command {
         plugin_dir: PathBuf,
         /// Extended resource the GPUs are registered as; `{vendor}` in it
         /// (e.g. `tessera.dev/{vendor}-gpu`) gives each vendor its own.
-        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu", value_parser = resource_name)]
+        #[arg(long, value_name = "NAME", default_value = tessera::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
         resource_name: ResourceName,
         /// Also name allocated devices as CDI devices.
         #[arg(long)]
@@ -132,7 +132,7 @@ enum Command {
         identity: Option<String>,
         /// Extended resource the node agents register the GPUs as (the same
         /// value as theirs, `{vendor}` included).
-        #[arg(long, value_name = "NAME", default_value = "tessera.dev/gpu", value_parser = resource_name)]
+        #[arg(long, value_name = "NAME", default_value = tessera::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
         resource_name: ResourceName,
         /// Seconds a NotReady node keeps its shards before they are re-placed.
         #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = clap::value_parser!(u64).range(0..=86400))]
@@ -363,20 +363,7 @@ fn main() -> ExitCode {
                 publish,
                 listen,
             };
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::from(1);
-                }
-            };
-            match runtime.block_on(run(config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::from(1)
-                }
-            }
+            block_on(run(config))
         }
         Command::Controller {
             kubeconfig,
