@@ -11,12 +11,11 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::allocation_metrics::AllocationMetrics;
 use super::publisher::PublisherStats;
 use super::registration::{PluginStatus, SILENT_KUBELET};
 use super::state::ViewRx;
@@ -24,26 +23,6 @@ use super::state::ViewRx;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HealthLabel {
     health: String,
-}
-
-/// Allocate calls answered and how long they took; recorded by the device
-/// plugin, exported with the agent's other metrics (the two share the values).
-#[derive(Clone, Debug)]
-pub struct AllocationMetrics {
-    pub answered: Counter,
-    pub seconds: Histogram,
-}
-
-impl Default for AllocationMetrics {
-    fn default() -> Self {
-        Self {
-            answered: Counter::default(),
-            // 50 µs to about 1.6 s: the target is well under a millisecond.
-            seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                0.00005, 2.0, 16,
-            )),
-        }
-    }
 }
 
 /// Everything the agent counts. Counters others own (registrations, publish

@@ -3,6 +3,7 @@
 //! can hand devices to containers, and publishes the node's GPU state on its
 //! Node object for the controller.
 
+pub mod allocation_metrics;
 pub mod binding;
 pub mod devices_env;
 pub mod http;

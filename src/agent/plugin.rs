@@ -31,8 +31,8 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
 
+use super::allocation_metrics::AllocationMetrics;
 use super::devices_env::{RuntimeOptions, container_response};
-use super::http::AllocationMetrics;
 use super::kubelet_api::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use super::kubelet_api::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerPreferredAllocationRequest,

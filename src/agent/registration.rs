@@ -27,8 +27,8 @@ use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::allocation_metrics::AllocationMetrics;
 use super::devices_env::RuntimeOptions;
-use super::http::AllocationMetrics;
 use super::kubelet_api::v1beta1::RegisterRequest;
 use super::kubelet_api::v1beta1::registration_client::RegistrationClient;
 use super::kubelet_api::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET, VERSION};

@@ -10,7 +10,6 @@ use serde::Serialize;
 
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
-use super::render;
 use crate::api::{ModelInstance, PlannedShard};
 use crate::controller::problem::{
     ClusterNode, WallDeadline, build_problem, planned_shards, pod_holder,
@@ -78,15 +77,6 @@ pub struct Report {
 impl Report {
     pub fn all_placed(&self) -> bool {
         self.placements.iter().all(|p| p.plan.is_some())
-    }
-
-    pub fn render(&self, output: Output) -> String {
-        match output {
-            Output::Table => render::table(self),
-            // Both serializers only see our own plain structs here.
-            Output::Json => serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
-            Output::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
-        }
     }
 }
 

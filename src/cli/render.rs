@@ -1,10 +1,21 @@
-//! The human-readable form of a placement report.
+//! A placement report as text: the human-readable table, JSON or YAML.
 
 use std::fmt::Write;
 
-use super::place::Report;
+use super::place::{Output, Report};
 use crate::api::GIB;
 use crate::placement::Score;
+
+impl Report {
+    pub fn render(&self, output: Output) -> String {
+        match output {
+            Output::Table => table(self),
+            // Both serializers only see our own plain structs here.
+            Output::Json => serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
+            Output::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
+        }
+    }
+}
 
 fn score_line(score: &Score) -> String {
     format!(
@@ -13,7 +24,7 @@ fn score_line(score: &Score) -> String {
     )
 }
 
-pub(super) fn table(report: &Report) -> String {
+fn table(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "cluster: {}", report.cluster);
     for p in &report.placements {

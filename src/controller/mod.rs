@@ -16,6 +16,7 @@ pub mod plan;
 pub mod problem;
 pub mod reconcile;
 pub mod run;
+mod settings;
 pub mod status;
 mod synced;
 pub mod validate;

@@ -14,6 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::held::Held;
 use super::nodes::NodeInfo;
 use super::problem::{WallDeadline, build_problem, planned_shards};
+use super::settings::Settings;
 use crate::api::{Health, ModelInstanceSpec, PlannedShard, Vendor};
 use crate::placement::{
     Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
@@ -35,7 +36,7 @@ pub struct PlanInputs<'a> {
 impl<'a> PlanInputs<'a> {
     /// Inputs with the controller's default grace period and step budget.
     pub fn new(nodes: &'a [Arc<NodeInfo>], held: &'a Held, now: Timestamp) -> Self {
-        let defaults = super::reconcile::Settings::default();
+        let defaults = Settings::default();
         Self {
             nodes,
             held,

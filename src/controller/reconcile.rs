@@ -20,32 +20,11 @@ use super::metrics::Metrics;
 use super::node_gate::{BoundPod, NodeGate};
 use super::nodes::{NodeInfo, ParsedNodes, Readiness};
 use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
+pub use super::settings::Settings;
 use super::status::{self, Outcome, PLACED, StatusInputs};
 use super::validate;
-use crate::api::{
-    DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard, ResourceName, SHARD_ANNOTATION,
-};
+use crate::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard, SHARD_ANNOTATION};
 use crate::placement::Unsatisfiable;
-
-/// How the controller plans; set by flags.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub resource_name: ResourceName,
-    /// How long a NotReady node keeps its shards before they are re-placed.
-    pub node_grace: Duration,
-    /// Solver step budget per plan.
-    pub max_steps: u64,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            resource_name: ResourceName::default(),
-            node_grace: Duration::from_secs(300),
-            max_steps: crate::placement::SolveOptions::default().max_steps,
-        }
-    }
-}
 
 /// The caches the controller reads; the writes go through `client`.
 pub struct Caches {

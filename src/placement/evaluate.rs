@@ -6,26 +6,10 @@
 use std::cell::OnceCell;
 use std::collections::HashMap;
 
+use super::exclusion::{Exclusion, exclusion_text};
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
 use super::problem::{Device, LinkKind, NodeState, Problem, Weights};
 use super::split::split_layers;
-
-/// Why a device cannot take part in any plan.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Exclusion {
-    Allocated(String),
-    Unhealthy(Option<String>),
-    TooHot(f64),
-    BadTelemetry,
-    Vendor,
-    Product,
-    NodeSelector,
-    /// Free bytes vs. bytes one layer (plus overhead) needs on one device.
-    TooLittleMemory {
-        free: f64,
-        need: f64,
-    },
-}
 
 /// A stage given by names, as a caller outside the solver knows it.
 #[derive(Clone, Debug, PartialEq)]
@@ -330,7 +314,7 @@ impl<'p> Context<'p> {
                         "device {} on {} is not eligible: {}",
                         self.device(*node, d).id,
                         p.nodes[*node].name,
-                        super::explain::exclusion_text(e, p)
+                        exclusion_text(e, p)
                     ));
                 }
             }

@@ -1,7 +1,8 @@
 //! Deciding the stage count, and saying in words why there is no plan: which
 //! shard, how much memory, the best device there is, and what excluded the rest.
 
-use super::evaluate::{Context, Exclusion};
+use super::evaluate::Context;
+use super::exclusion::{Exclusion, exclusion_text};
 use super::plan::Unsatisfiable;
 use super::problem::{Problem, Stages};
 use crate::api::GIB;
@@ -12,26 +13,6 @@ fn gib(bytes: f64) -> String {
 
 fn unsat(reason: String, details: Vec<String>) -> Unsatisfiable {
     Unsatisfiable { reason, details }
-}
-
-pub(crate) fn exclusion_text(e: &Exclusion, p: &Problem) -> String {
-    match e {
-        Exclusion::Allocated(holder) => format!("allocated to {holder}"),
-        Exclusion::Unhealthy(Some(r)) => format!("unhealthy ({r})"),
-        Exclusion::Unhealthy(None) => "unhealthy".into(),
-        // Raw values: the comparison is made on them, so a rounded figure could
-        // show a device "at 85 °C" refused by an 85.4 °C limit.
-        Exclusion::TooHot(t) => {
-            format!("at {t} °C, not below the {} °C limit", p.max_temperature_c)
-        }
-        Exclusion::BadTelemetry => "reports no usable throughput or bandwidth".into(),
-        Exclusion::Vendor => format!("vendor not in {:?}", p.selector.vendors),
-        Exclusion::Product => format!("product not matching {:?}", p.selector.products),
-        Exclusion::NodeSelector => "node does not match the node selector".into(),
-        Exclusion::TooLittleMemory { free, need } => {
-            format!("{} free, one layer needs {}", gib(*free), gib(*need))
-        }
-    }
 }
 
 /// Problems no cluster could satisfy, caught before looking at devices.

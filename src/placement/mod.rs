@@ -12,6 +12,7 @@
 
 mod compile;
 mod evaluate;
+mod exclusion;
 mod exhaustive;
 mod explain;
 mod greedy;

@@ -1,0 +1,24 @@
+//! How the controller plans; set by flags.
+
+use std::time::Duration;
+
+use crate::api::ResourceName;
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub resource_name: ResourceName,
+    /// How long a NotReady node keeps its shards before they are re-placed.
+    pub node_grace: Duration,
+    /// Solver step budget per plan.
+    pub max_steps: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            resource_name: ResourceName::default(),
+            node_grace: Duration::from_secs(300),
+            max_steps: crate::placement::SolveOptions::default().max_steps,
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Why a device cannot take part in any plan, and that reason in words.
+
+use super::problem::Problem;
+use crate::api::GIB;
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Exclusion {
+    Allocated(String),
+    Unhealthy(Option<String>),
+    TooHot(f64),
+    BadTelemetry,
+    Vendor,
+    Product,
+    NodeSelector,
+    /// Free bytes vs. bytes one layer (plus overhead) needs on one device.
+    TooLittleMemory {
+        free: f64,
+        need: f64,
+    },
+}
+
+pub(crate) fn exclusion_text(e: &Exclusion, p: &Problem) -> String {
+    match e {
+        Exclusion::Allocated(holder) => format!("allocated to {holder}"),
+        Exclusion::Unhealthy(Some(r)) => format!("unhealthy ({r})"),
+        Exclusion::Unhealthy(None) => "unhealthy".into(),
+        // Raw values: the comparison is made on them, so a rounded figure could
+        // show a device "at 85 °C" refused by an 85.4 °C limit.
+        Exclusion::TooHot(t) => {
+            format!("at {t} °C, not below the {} °C limit", p.max_temperature_c)
+        }
+        Exclusion::BadTelemetry => "reports no usable throughput or bandwidth".into(),
+        Exclusion::Vendor => format!("vendor not in {:?}", p.selector.vendors),
+        Exclusion::Product => format!("product not matching {:?}", p.selector.products),
+        Exclusion::NodeSelector => "node does not match the node selector".into(),
+        Exclusion::TooLittleMemory { free, need } => {
+            format!("{} free, one layer needs {}", gib(*free), gib(*need))
+        }
+    }
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.1} GiB", bytes / GIB)
+}
