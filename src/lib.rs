@@ -9,3 +9,4 @@ pub mod cli;
 pub mod controller;
 pub mod placement;
 pub mod process;
+pub mod translate;

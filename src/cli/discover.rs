@@ -15,7 +15,7 @@ use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
 use crate::backend::{GpuBackend, Snapshot, nvml, snapshot};
-use crate::controller::problem::ClusterNode;
+use crate::translate::ClusterNode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use super::InputError;
 use crate::api::{GROUP, Health, LinkKind, ModelInstance, NodeGpuState, VERSION, Vendor, limits};
-use crate::controller::problem::ClusterNode;
+use crate::translate::ClusterNode;
 
 /// Parses YAML into a type, refusing unknown fields (as `kubectl apply` does with
 /// strict field validation) and naming the path of whatever does not fit.

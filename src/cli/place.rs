@@ -11,10 +11,8 @@ use serde::Serialize;
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
 use crate::api::{ModelInstance, PlannedShard};
-use crate::controller::problem::{
-    ClusterNode, WallDeadline, build_problem, planned_shards, pod_holder,
-};
 use crate::placement::{Plan, SolveOptions, Unsatisfiable, solve};
+use crate::translate::{ClusterNode, WallDeadline, build_problem, planned_shards, pod_holder};
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
 /// and three model sizes, compiled in so `tessera place` works anywhere.

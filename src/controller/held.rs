@@ -8,8 +8,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::nodes::NodeInfo;
-use super::problem::pod_holder;
 use crate::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard};
+use crate::translate::pod_holder;
 
 /// `(node, device ID)` → who holds it, for the explanation of a refusal.
 pub type Held = HashMap<(String, String), String>;

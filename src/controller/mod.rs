@@ -2,8 +2,8 @@
 //!
 //! A reconcile runs in stages, the pure ones apart from the API calls:
 //! observe (caches) → `validate` → `plan` → `build` → `apply` → `status`.
-//! `problem` translates between Kubernetes objects and the solver; `nodes` and
-//! `held` read the cluster; `reconcile` ties the stages together and `run`
+//! `crate::translate` (shared with `tessera place`) turns Kubernetes objects into
+//! the solver's problem; `nodes` and `held` read the cluster; `reconcile` ties the stages together and `run`
 //! wires caches, leader election and HTTP endpoints.
 
 pub mod apply;
@@ -13,7 +13,6 @@ pub mod metrics;
 mod node_gate;
 pub mod nodes;
 pub mod plan;
-pub mod problem;
 pub mod reconcile;
 pub mod run;
 mod settings;

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Tain
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
-use super::problem::ClusterNode;
 use crate::api::{GPU_STATE_ANNOTATION, NodeGpuState};
+use crate::translate::ClusterNode;
 
 /// A GPU node: its published state plus what decides whether it can take work.
 #[derive(Clone, Debug, PartialEq)]

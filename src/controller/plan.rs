@@ -13,12 +13,12 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::held::Held;
 use super::nodes::NodeInfo;
-use super::problem::{WallDeadline, build_problem, planned_shards};
 use super::settings::Settings;
 use crate::api::{Health, ModelInstanceSpec, PlannedShard, Vendor};
 use crate::placement::{
     Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
 };
+use crate::translate::{WallDeadline, build_problem, planned_shards};
 
 /// Everything the plan stage reads besides the instance.
 pub struct PlanInputs<'a> {
@@ -220,7 +220,7 @@ pub fn decide(
 fn eligible<'a>(
     inputs: &'a PlanInputs,
     tolerations: &[Toleration],
-) -> (Vec<&'a super::problem::ClusterNode>, Vec<String>) {
+) -> (Vec<&'a crate::translate::ClusterNode>, Vec<String>) {
     let mut ok = Vec::new();
     let mut excluded = Vec::new();
     for n in inputs.nodes {
