@@ -10,14 +10,18 @@
 #      agent has registered the GPUs with kubelet and the controller is ready,
 #   4. runs e2e/check.sh (placement, pods Running on their planned devices as kubelet's
 #      own checkpoint records them, an unsatisfiable instance, a fault re-placed, clean
-#      deletion), and
-#   5. fails if the API server refused the agent or the controller anything
+#      deletion),
+#   5. runs e2e/real-node-checks.sh (what users see, hand edits, agent and leader pods
+#      deleted, a device fault, kubelet restarted, deletion, least privilege), and
+#   6. fails if the API server refused the agent or the controller anything
 #      ("forbidden" in their logs: the chart's RBAC misses a permission).
 # Needs TESSERA_TEST_KUBECONFIG (a cluster whose node runs the pods: its name in
 # NODE, default node-1; a scheduler must run for the chart's pods), TESSERA_K8S_KIT
 # (the single-node Kubernetes kit: its import-image.sh loads the image), kubectl
 # (KUBECTL, else on PATH), helm (HELM, else on PATH), jq, cargo, python3.
-# KUBELET_CHECKPOINT: kubelet's device plugin checkpoint on the node.
+# KUBELET_CHECKPOINT: kubelet's device plugin checkpoint on the node; KUBELET_PIDFILE:
+# the file with the PID of the node's kubelet (default: the kit's, next to the
+# kubeconfig), for the kubelet restart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
