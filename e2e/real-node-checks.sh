@@ -623,6 +623,13 @@ test_instance_deleted() {
   delete_instances "${next[@]}"
 }
 
+# Grants a run may not use, with why they are needed all the same.
+readonly MAY_GO_UNUSED=(
+  # kube-runtime's event recorder patches an event that repeats for the same object
+  # version into a series; whether a run repeats one depends on timing.
+  "controller patch events.k8s.io/events"
+)
+
 test_least_privilege() {
   local component unused missing
   # shellcheck disable=SC2046 # pod names are words
@@ -630,7 +637,8 @@ test_least_privilege() {
   # shellcheck disable=SC2046
   record_api_use controller $(component_pods controller)
   for component in agent controller; do
-    unused=$(comm -23 <(granted "$component") <(used "$component"))
+    unused=$(comm -23 <(granted "$component") <(used "$component") \
+      | grep -vxF -f <(printf '%s\n' "${MAY_GO_UNUSED[@]}" | sed -n "s/^$component //p") || true)
     missing=$(comm -13 <(granted "$component") <(used "$component"))
     [[ -z "$missing" ]] || die "the $component used what its roles do not grant: $(paste -sd';' <<<"$missing")"
     [[ -z "$unused" ]] || die "the $component is granted what it never used here: $(paste -sd';' <<<"$unused")
