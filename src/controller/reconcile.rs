@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 
 use super::apply::{self, ApplyError, Note};
@@ -23,7 +23,7 @@ use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placemen
 pub use super::settings::Settings;
 use super::status::{self, Outcome, PLACED, StatusInputs};
 use super::validate;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard, SHARD_ANNOTATION};
+use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard, SHARD_ANNOTATION};
 use crate::placement::Unsatisfiable;
 
 /// The caches the controller reads; the writes go through `client`.
@@ -371,7 +371,7 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         .await?;
     }
     apply::remove_extra(&pods_api, &mine, &desired).await?;
-    let gate = may_bind(ctx, Instant::now());
+    let gate = may_bind(&ctx.node_gate, &nodes, &all_pods, Instant::now());
     let mut shards = apply::pods(&pods_api, &desired, &mine, gate, &mut notes).await?;
     // A pod left unbound (its node busy with another) is bound on a later pass.
     let deferred = shards.contains(&status::ShardState::Created);
@@ -401,34 +401,42 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
 /// report of the allocation it waits for usually wakes it sooner).
 const BIND_RETRY: Duration = Duration::from_secs(1);
 
-/// Whether a shard pod may be bound to `node` now (see [`NodeGate`]).
-fn may_bind(ctx: &Context, now: Instant) -> impl Fn(&str, &Pod) -> bool + '_ {
+/// Whether a shard pod may be bound to `node` now (see [`NodeGate`]), judged
+/// from what this reconcile observed.
+fn may_bind<'a>(
+    gate: &'a NodeGate,
+    nodes: &'a [Arc<NodeInfo>],
+    pods: &'a [Arc<Pod>],
+    now: Instant,
+) -> impl Fn(&str, &Pod) -> bool + 'a {
     move |node, pod| {
         let devices = pod
             .annotations()
             .get(DEVICES_ANNOTATION)
             .map_or(0, |d| d.split(',').filter(|id| !id.is_empty()).count());
-        ctx.node_gate.try_enter(
+        gate.try_enter(
             node,
             devices,
             pod.uid().as_deref().unwrap_or_default(),
-            |uid| bound_pod(&ctx.caches, node, uid),
+            |uid| bound_pod(nodes, pods, node, uid),
             now,
         )
     }
 }
 
-/// What the caches say about a pod bound to `node`.
-fn bound_pod(caches: &Caches, node: &str, uid: &str) -> BoundPod {
-    let allocated = caches.nodes.get(&ObjectRef::new(node)).is_some_and(|n| {
-        NodeGpuState::annotation_of(&n.metadata)
-            .and_then(|text| NodeGpuState::from_json(text).ok())
-            .is_some_and(|state| state.allocated.values().any(|owner| owner == uid))
+/// What the observed nodes and pods say about a pod bound to `node`.
+fn bound_pod(nodes: &[Arc<NodeInfo>], pods: &[Arc<Pod>], node: &str, uid: &str) -> BoundPod {
+    let allocated = nodes.iter().any(|n| {
+        n.name() == node
+            && n.gpus
+                .gpu_state
+                .allocated
+                .values()
+                .any(|owner| owner == uid)
     });
     if allocated {
         return BoundPod::Admitted;
     }
-    let pods = caches.pods.state();
     let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(uid)) else {
         return BoundPod::Unseen;
     };
