@@ -71,15 +71,12 @@ kubectl get configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 
   || die "ConfigMap $TESSERA_NAMESPACE/$FAKE_CONFIGMAP not found: this check needs the fake backend"
 
 created_namespace=0
-fault_key=""
-fault_original=""
-fault_had_key=0
 
 cleanup() {
   local rc=$?
   if [[ -n "$fault_key" ]]; then
     log "restoring ConfigMap $FAKE_CONFIGMAP"
-    restore_fake_configmap || echo "warning: could not restore ConfigMap $FAKE_CONFIGMAP key $fault_key" >&2
+    restore_fault || echo "warning: could not restore ConfigMap $FAKE_CONFIGMAP key $fault_key" >&2
   fi
   if [[ "$created_namespace" -eq 1 && "$KEEP" != 1 ]]; then
     kubectl delete namespace "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
@@ -87,17 +84,6 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-
-restore_fake_configmap() {
-  local patch
-  if [[ "$fault_had_key" -eq 1 ]]; then
-    patch=$(jq -n --arg k "$fault_key" --arg v "$fault_original" '{data: {($k): $v}}')
-  else
-    patch=$(jq -n --arg k "$fault_key" '{data: {($k): null}}')
-  fi
-  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge -p "$patch" >/dev/null
-  fault_key=""
-}
 
 if ! kubectl get namespace "$NAMESPACE" >/dev/null 2>&1; then
   kubectl create namespace "$NAMESPACE" >/dev/null
@@ -170,29 +156,8 @@ index=$(kubectl get node "$node" -o json \
   | jq -r --arg id "$device" '.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .devices[] | select(.id == $id) | .index')
 [[ "$index" =~ ^[0-9]+$ ]] || die "device $device is not in node $node's published GPU state"
 
-cm=$(kubectl get configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" -o json)
-if jq -e --arg k "$node.yaml" '.data[$k] != null' <<<"$cm" >/dev/null; then
-  key="$node.yaml"
-  fault_had_key=1
-else
-  key=default.yaml
-  fault_had_key=0
-fi
-original=$(jq -r --arg k "$key" '.data[$k] // ""' <<<"$cm")
-[[ -n "$original" ]] || die "ConfigMap $FAKE_CONFIGMAP has neither $node.yaml nor default.yaml"
-if grep -q '^faults:' <<<"$original"; then
-  die "$FAKE_CONFIGMAP/$key already has faults; clear them before running this check"
-fi
-if [[ "$key" == default.yaml ]]; then
-  # Fault only this node: give it its own copy of the default file.
-  key="$node.yaml"
-fi
-faulty=$(printf '%s\nfaults:\n  - {device: %s, unhealthy: "e2e: injected fault"}\n' "${original%$'\n'}" "$index")
-fault_key="$key"
-fault_original="$original"
 log "injecting a fault into $node device $index ($device), shard 0 of $FAULTED"
-kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
-  -p "$(jq -n --arg k "$key" --arg v "$faulty" '{data: {($k): $v}}')" >/dev/null
+inject_fault "$node" "$index"
 
 device_unhealthy() {
   kubectl get node "$node" -o json \
@@ -221,7 +186,7 @@ kubectl wait -n "$NAMESPACE" "mi/$FAULTED" --for=jsonpath='{.status.phase}'=Runn
 wait_until "$TIMEOUT" "$FAULTED shard pods to match the new plan" shards_match_plan "$FAULTED"
 log "$FAULTED re-placed:"
 print_plan "$FAULTED"
-restore_fake_configmap
+restore_fault
 log "fault cleared"
 
 # --- 4. deleting the instances cleans up -----------------------------------------

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Helpers shared by the end-to-end scripts (sourced, not run). The caller sets
-# NAMESPACE (where the instances are), RESOURCE_NAME, KUBELET_CHECKPOINT (may be empty)
-# and defines die MESSAGE.
+# NAMESPACE (where the instances are), RESOURCE_NAME, KUBELET_CHECKPOINT (may be empty),
+# TESSERA_NAMESPACE and FAKE_CONFIGMAP (the fake GPU ConfigMap) and defines die MESSAGE.
 
 mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
 
@@ -94,4 +94,45 @@ shards_match_plan() {
 
 print_plan() {
   mi "$1" | jq -r '.status.plan[] | "  shard \(.shard): \(.node) [\(.devices | join(","))] layers \(.layerStart)-\(.layerEnd)"'
+}
+
+# inject_fault NODE INDEX: marks NODE's fake device INDEX unhealthy in the fake GPU
+# ConfigMap, in NODE's own file (a copy of default.yaml when it has none);
+# restore_fault undoes it (a no-op when nothing is injected).
+fault_key=""
+fault_original=""
+fault_had_key=0
+inject_fault() {
+  local node="$1" index="$2" cm key original faulty
+  cm=$(kubectl get configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" -o json)
+  if jq -e --arg k "$node.yaml" '.data[$k] != null' <<<"$cm" >/dev/null; then
+    key="$node.yaml"
+    fault_had_key=1
+  else
+    key=default.yaml
+    fault_had_key=0
+  fi
+  original=$(jq -r --arg k "$key" '.data[$k] // ""' <<<"$cm")
+  [[ -n "$original" ]] || die "ConfigMap $FAKE_CONFIGMAP has neither $node.yaml nor default.yaml"
+  if grep -q '^faults:' <<<"$original"; then
+    die "$FAKE_CONFIGMAP/$key already has faults; clear them before running this check"
+  fi
+  # Fault only this node: it gets its own copy of the default file.
+  key="$node.yaml"
+  faulty=$(printf '%s\nfaults:\n  - {device: %s, unhealthy: "e2e: injected fault"}\n' "${original%$'\n'}" "$index")
+  fault_key="$key"
+  fault_original="$original"
+  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
+    -p "$(jq -n --arg k "$key" --arg v "$faulty" '{data: {($k): $v}}')" >/dev/null
+}
+restore_fault() {
+  [[ -n "$fault_key" ]] || return 0
+  local patch
+  if [[ "$fault_had_key" -eq 1 ]]; then
+    patch=$(jq -n --arg k "$fault_key" --arg v "$fault_original" '{data: {($k): $v}}')
+  else
+    patch=$(jq -n --arg k "$fault_key" '{data: {($k): null}}')
+  fi
+  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge -p "$patch" >/dev/null
+  fault_key=""
 }

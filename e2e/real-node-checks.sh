@@ -342,26 +342,6 @@ placed_false() {
 
 # --- the fake GPU file -----------------------------------------------------------
 
-fault_key=""
-fault_original=""
-restore_fault() {
-  [[ -n "$fault_key" ]] || return 0
-  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
-    -p "$(jq -n --arg k "$fault_key" --arg v "$fault_original" '{data: {($k): $v}}')" >/dev/null
-  fault_key=""
-}
-# inject_fault INDEX: marks the node's fake device INDEX unhealthy (the chart's values
-# give the node its own file, NODE.yaml).
-inject_fault() {
-  local key="$NODE.yaml" original
-  original=$(kubectl get configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" -o json | jq -r --arg k "$key" '.data[$k] // ""')
-  [[ -n "$original" ]] || die "ConfigMap $FAKE_CONFIGMAP has no $key"
-  grep -q '^faults:' <<<"$original" && die "$FAKE_CONFIGMAP/$key already has faults"
-  fault_key="$key"
-  fault_original="$original"
-  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
-    -p "$(jq -n --arg k "$key" --arg v "$(printf '%s\nfaults:\n  - {device: %s, unhealthy: "e2e: injected fault"}\n' "${original%$'\n'}" "$1")" '{data: {($k): $v}}')" >/dev/null
-}
 health_is() {
   local health
   health=$(device_health "$1")
@@ -554,7 +534,7 @@ test_device_fault() {
   [[ "$index" =~ ^[0-9]+$ ]] || die "device $device of pair's shard 1 is not in $NODE's GPU state"
   shard0=$(grep '^pair-shard-0 ' <<<"$before")
   log "injecting a fault into $device (index $index), shard 1 of pair"
-  inject_fault "$index"
+  inject_fault "$NODE" "$index"
   # kubelet refreshes ConfigMap volumes about once a minute.
   wait_until "$TIMEOUT" "$device to be published Unhealthy" health_is "$device" Unhealthy
   wait_until "$TIMEOUT" "pair's shard 1 to be re-placed" shard_moved pair 1 "$device"
