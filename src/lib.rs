@@ -2,11 +2,12 @@
 //! every shard to the devices it was planned for.
 
 pub mod agent;
-pub mod api;
 pub mod api_requests;
 pub mod backend;
 pub mod cli;
 pub mod controller;
-pub mod placement;
 pub mod process;
-pub mod translate;
+
+// The pure core lives in its own crate so the compiler keeps it free of I/O; it is
+// re-exported under the paths the rest of tessera and its users have always used.
+pub use tessera_core::{api, placement, translate};

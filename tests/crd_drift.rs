@@ -1,5 +1,5 @@
 //! The committed CRD must be exactly what the code generates: regenerate it with
-//! `cargo run -- crd > crds/modelinstance.yaml` after changing `src/api`. The Helm
+//! `cargo run -- crd > crds/modelinstance.yaml` after changing `crates/tessera-core/src/api`. The Helm
 //! chart carries an identical copy (Helm installs CRDs from the chart's `crds/`), and
 //! `deploy/tessera.yaml` (the chart rendered for `kubectl apply`) embeds it too.
 

@@ -432,10 +432,7 @@ fn read_file(path: &Path) -> Result<FakeFile, BackendError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| BackendError::Failed(format!("fake GPUs {origin}: {e}")))?;
     let file: FakeFile = serde_saphyr::from_str(&text).map_err(|e| {
-        BackendError::Failed(format!(
-            "fake GPUs {origin}: {}",
-            crate::api::yaml_error_line(&e)
-        ))
+        BackendError::Failed(format!("fake GPUs {origin}: {}", yaml_error_line(&e)))
     })?;
     check(&file, &origin)?;
     Ok(file)
@@ -537,6 +534,14 @@ fn profile_of(d: &DeviceInfo) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| {
         d.id.starts_with(&format!("fake-{}-", p.name.to_ascii_lowercase()))
     })
+}
+
+/// The first line of a YAML parser error, without its own `error:` prefix, for
+/// one-line messages that already say where the YAML came from.
+fn yaml_error_line(e: &impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    let line = text.lines().next().unwrap_or("malformed YAML");
+    line.strip_prefix("error: ").unwrap_or(line).to_string()
 }
 
 #[cfg(test)]

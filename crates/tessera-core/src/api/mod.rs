@@ -41,11 +41,3 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 pub const RACK_LABEL: &str = "topology.tessera.dev/rack";
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-
-/// The first line of a YAML parser error, without its own `error:` prefix, for
-/// one-line messages that already say where the YAML came from.
-pub(crate) fn yaml_error_line(e: &impl std::fmt::Display) -> String {
-    let text = e.to_string();
-    let line = text.lines().next().unwrap_or("malformed YAML");
-    line.strip_prefix("error: ").unwrap_or(line).to_string()
-}

@@ -1,0 +1,15 @@
+//! tessera's pure core: what the node agent, the controller and `tessera place` agree
+//! on, and the decision they all rely on.
+//!
+//! - [`api`]: the `ModelInstance` custom resource, the `NodeGpuState` a node agent
+//!   publishes, extended resource names, and every input limit.
+//! - [`placement`]: the solver, `Problem -> Plan | Unsatisfiable`, deterministic and
+//!   bounded by an injected deadline.
+//! - [`translate`]: Kubernetes Nodes and a ModelInstance spec -> a placement `Problem`.
+//!
+//! Nothing here talks to a cluster, a device or a clock of its own; the crate builds
+//! without a Kubernetes client, an async runtime or gRPC, so that stays true.
+
+pub mod api;
+pub mod placement;
+pub mod translate;
