@@ -19,9 +19,9 @@ use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Node;
 use tessera::api::ResourceName;
 use tessera::controller::build::{shard_pods, shard_resource};
+use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
 use tessera::controller::held::Held;
 use tessera::controller::nodes::{NodeInfo, ParsedNodes};
-use tessera::controller::plan::{Current, Decision, PlanInputs, decide};
 
 use support::cluster;
 use support::objects::{instance_1_8t, to_node};
@@ -37,11 +37,16 @@ fn bench(c: &mut Criterion) {
     assert_eq!(infos.len(), 1000);
     let mi = instance_1_8t();
     let held = Held::new();
-    let inputs = PlanInputs::new(&infos, &held, k8s_openapi::jiff::Timestamp::now());
+    let inputs = PlanInputs::new(
+        &infos,
+        &held,
+        k8s_openapi::jiff::Timestamp::now(),
+        &tessera::controller::reconcile::Settings::default(),
+    );
     let current = Current::NONE;
     let per_vendor: ResourceName = "tessera.dev/{vendor}-gpu".parse().expect("a valid name");
     match decide(&mi.spec, &[], &current, &inputs) {
-        Decision::Planned(p) => eprintln!(
+        PlanDecision::Planned(p) => eprintln!(
             "REPORT controller: 64-stage plan over 1000x8, {} shards, {:.1} tokens/s predicted",
             p.plan.len(),
             p.tokens_per_second.unwrap_or(0.0)
@@ -69,7 +74,8 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("plan_and_build/64_stages_over_1000x8", |b| {
         b.iter(|| {
-            let Decision::Planned(p) = decide(black_box(&mi.spec), &[], &current, &inputs) else {
+            let PlanDecision::Planned(p) = decide(black_box(&mi.spec), &[], &current, &inputs)
+            else {
                 unreachable!("planned above")
             };
             shard_pods(&mi, &p.plan, |s| {

@@ -15,10 +15,10 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, Phase};
 use tessera::controller::build::{headless_service, shard_pods};
+use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
 use tessera::controller::held::Held;
 use tessera::controller::metrics::Metrics;
 use tessera::controller::nodes::NodeInfo;
-use tessera::controller::plan::{Current, Decision, PlanInputs, decide};
 use tessera::controller::reconcile::{Caches, Context, Settings, reconcile};
 use tower_test::mock::{self, Handle, SendResponse};
 
@@ -385,9 +385,14 @@ fn settled() -> (ModelInstance, Vec<Node>, Pod) {
         .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
         .collect();
     let held = Held::new();
-    let inputs = PlanInputs::new(&infos, &held, k8s_openapi::jiff::Timestamp::now());
+    let inputs = PlanInputs::new(
+        &infos,
+        &held,
+        k8s_openapi::jiff::Timestamp::now(),
+        &tessera::controller::reconcile::Settings::default(),
+    );
     let current = Current::NONE;
-    let Decision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
+    let PlanDecision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
         panic!("no plan")
     };
     let mut pod = shard_pods(&mi, &new.plan, |_| "tessera.dev/gpu".into()).remove(0);
@@ -397,7 +402,7 @@ fn settled() -> (ModelInstance, Vec<Node>, Pod) {
     mi.status = Some(ModelInstanceStatus {
         phase: Some(Phase::Running),
         plan: new.plan,
-        placement_hash: Some(tessera::controller::plan::placement_hash(&mi.spec)),
+        placement_hash: Some(tessera::controller::hashes::placement_hash(&mi.spec)),
         ..Default::default()
     });
     (mi, nodes, pod)

@@ -15,13 +15,26 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::build::{INSTANCE_LABEL, desired_hash};
+use super::build::INSTANCE_LABEL;
+use super::events::EventNote;
+use super::hashes::recorded_pod_hash;
 use super::held::finished;
-use super::status::ShardState;
 use crate::api::{DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, SHARD_ANNOTATION};
 
 /// The name the controller writes under (field manager, event reporter).
 pub const MANAGER: &str = "tessera-controller";
+
+/// Where one shard is after the apply stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardState {
+    /// No pod (not created yet, or the old one is going away).
+    Missing,
+    /// Created, not bound to its node yet.
+    Created,
+    /// Bound to its planned node; not ready.
+    Bound,
+    Ready,
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("{action}: {source}")]
@@ -29,14 +42,6 @@ pub struct ApplyError {
     pub action: String,
     #[source]
     pub source: kube::Error,
-}
-
-/// Something worth an Event, found while applying.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Note {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
 }
 
 /// Retries transient failures: HTTP 409 (except "already exists"), 429, 5xx
@@ -92,7 +97,7 @@ pub async fn service(
     desired: &Service,
     existing: Option<&Service>,
     owner_uid: &str,
-    notes: &mut Vec<Note>,
+    notes: &mut Vec<EventNote>,
 ) -> Result<(), ApplyError> {
     let name = desired.name_any();
     match existing {
@@ -109,7 +114,7 @@ pub async fn service(
             }
         }
         Some(s) if !s.owner_references().iter().any(|o| o.uid == owner_uid) => {
-            notes.push(Note {
+            notes.push(EventNote {
                 warning: true,
                 reason: "ServiceConflict",
                 message: format!(
@@ -150,7 +155,7 @@ pub async fn pods(
     desired: &[(Pod, String)],
     existing: &BTreeMap<String, Arc<Pod>>,
     may_bind: impl Fn(&str, &Pod) -> bool,
-    notes: &mut Vec<Note>,
+    notes: &mut Vec<EventNote>,
 ) -> Result<Vec<ShardState>, ApplyError> {
     let mut states = Vec::with_capacity(desired.len());
     let mut unbound = Vec::new();
@@ -174,7 +179,7 @@ pub async fn pods(
         }
         if let Some(why) = replace_reason(have, want, node) {
             delete(api, have).await?;
-            notes.push(Note {
+            notes.push(EventNote {
                 warning: why.1,
                 reason: if why.1 { "ShardLost" } else { "ShardReplaced" },
                 message: format!("{name}: {}; recreating it", why.0),
@@ -202,7 +207,7 @@ pub async fn pods(
             continue;
         }
         bind(api, &pod, node).await?;
-        notes.push(Note {
+        notes.push(EventNote {
             warning: false,
             reason: "Bound",
             message: format!(
@@ -238,7 +243,7 @@ fn replace_reason(have: &Pod, want: &Pod, node: &str) -> Option<(String, bool)> 
             true,
         ));
     }
-    if desired_hash(have) != desired_hash(want) {
+    if recorded_pod_hash(have) != recorded_pod_hash(want) {
         return Some(("the plan or the pod template changed".to_string(), false));
     }
     None

@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
+use super::hashes::{SPEC_HASH_ANNOTATION, pod_hash};
 use super::nodes::NodeInfo;
-use super::plan::fnv;
 use crate::api::{
     DEVICES_ANNOTATION, ModelInstance, PlannedShard, ResourceName, SCHEDULER_NAME,
     SHARD_ANNOTATION, Vendor,
@@ -18,9 +18,6 @@ use crate::api::{
 
 /// Label on every shard pod and on the Service: the instance's name.
 pub const INSTANCE_LABEL: &str = "tessera.dev/instance";
-/// Hash of everything the controller puts into a shard pod; a pod whose hash
-/// differs from the desired one is replaced (pod specs are mostly immutable).
-pub const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
 
 pub fn shard_pod_name(instance: &str, shard: u32) -> String {
     format!("{instance}-shard-{shard}")
@@ -161,18 +158,11 @@ fn shard_pod(
         spec: Some(spec),
         status: None,
     };
-    let hash = spec_hash(&pod);
+    let hash = pod_hash(&pod);
     if let Some(a) = pod.metadata.annotations.as_mut() {
         a.insert(SPEC_HASH_ANNOTATION.to_string(), hash);
     }
     pod
-}
-
-/// Hash of a desired pod as built (before its own hash annotation).
-fn spec_hash(pod: &Pod) -> String {
-    // A pod built from deserialized parts always serializes.
-    let json = serde_json::to_vec(pod).unwrap_or_default();
-    format!("{:016x}", fnv(&json))
 }
 
 fn add_env(c: &mut Container, vars: &[(&str, String)]) {
@@ -237,19 +227,10 @@ pub fn headless_service(mi: &ModelInstance) -> Service {
     }
 }
 
-/// The desired pod's spec, for comparing with `PodSpec`s that came back from
-/// the API server (which adds defaults).
-pub fn desired_hash(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(SPEC_HASH_ANNOTATION))
-        .map(String::as_str)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::hashes::recorded_pod_hash;
     use crate::controller::testkit::*;
 
     const GPU: &str = "tessera.dev/gpu";
@@ -348,20 +329,20 @@ mod tests {
         let mi = instance("llama", SMALL);
         let a = shard_pods(&mi, &plan(), |_| GPU.into());
         let again = shard_pods(&mi, &plan(), |_| GPU.into());
-        assert_eq!(desired_hash(&a[0]), desired_hash(&again[0]));
+        assert_eq!(recorded_pod_hash(&a[0]), recorded_pod_hash(&again[0]));
         let mut moved = plan();
         moved[0].devices = vec!["n0-g2".into(), "n0-g3".into()];
         let b = shard_pods(&mi, &moved, |_| GPU.into());
-        assert_ne!(desired_hash(&a[0]), desired_hash(&b[0]));
+        assert_ne!(recorded_pod_hash(&a[0]), recorded_pod_hash(&b[0]));
         assert_eq!(
-            desired_hash(&a[1]),
-            desired_hash(&b[1]),
+            recorded_pod_hash(&a[1]),
+            recorded_pod_hash(&b[1]),
             "an unmoved shard keeps its pod"
         );
         let mut edited = mi.clone();
         pod_spec(&mut edited).containers[0].image = Some("busybox:1.38".into());
         let c = shard_pods(&edited, &plan(), |_| GPU.into());
-        assert_ne!(desired_hash(&a[1]), desired_hash(&c[1]));
+        assert_ne!(recorded_pod_hash(&a[1]), recorded_pod_hash(&c[1]));
     }
 
     #[test]

@@ -1,18 +1,22 @@
 //! The controller: reconciles ModelInstances into placed, bound shard pods.
 //!
 //! A reconcile runs in stages, the pure ones apart from the API calls:
-//! observe (caches) → `validate` → `plan` → `build` → `apply` → `status`.
-//! `crate::translate` (shared with `tessera place`) turns Kubernetes objects into
-//! the solver's problem; `nodes` and `held` read the cluster; `reconcile` ties the stages together and `run`
-//! wires caches, leader election and HTTP endpoints.
+//! observe (`nodes`, `held`) → `validate` → `decide` → `build` → `apply`
+//! (with `node_gate`) → `status`, then `events`. `reconcile` calls them in that
+//! order and nothing else does; `hashes` holds every hash they compare;
+//! `crate::translate` (shared with `tessera place`) turns Kubernetes objects
+//! into the solver's problem; `run` wires caches (`synced`), leader election
+//! and the HTTP endpoints.
 
 pub mod apply;
 pub mod build;
+pub mod decide;
+mod events;
+pub mod hashes;
 pub mod held;
 pub mod metrics;
 mod node_gate;
 pub mod nodes;
-pub mod plan;
 pub mod reconcile;
 pub mod run;
 mod settings;

@@ -10,8 +10,14 @@
 //! allocated, or the pod runs, ends or goes), or [`HOLD_LIMIT`] passes.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::nodes::NodeInfo;
+use crate::api::DEVICES_ANNOTATION;
 
 /// How long a bound pod may hold its node before the next is bound anyway
 /// (an agent that does not report allocations, a kubelet that is down).
@@ -82,6 +88,55 @@ impl NodeGate {
             },
         );
         true
+    }
+}
+
+/// Whether a shard pod may be bound to `node` now (see [`NodeGate`]), judged
+/// from what this reconcile observed.
+pub(crate) fn may_bind<'a>(
+    gate: &'a NodeGate,
+    nodes: &'a [Arc<NodeInfo>],
+    pods: &'a [Arc<Pod>],
+    now: Instant,
+) -> impl Fn(&str, &Pod) -> bool + 'a {
+    move |node, pod| {
+        let devices = pod
+            .annotations()
+            .get(DEVICES_ANNOTATION)
+            .map_or(0, |d| d.split(',').filter(|id| !id.is_empty()).count());
+        gate.try_enter(
+            node,
+            devices,
+            pod.uid().as_deref().unwrap_or_default(),
+            |uid| bound_pod(nodes, pods, node, uid),
+            now,
+        )
+    }
+}
+
+/// What the observed nodes and pods say about a pod bound to `node`.
+fn bound_pod(nodes: &[Arc<NodeInfo>], pods: &[Arc<Pod>], node: &str, uid: &str) -> BoundPod {
+    let allocated = nodes.iter().any(|n| {
+        n.name() == node
+            && n.gpus
+                .gpu_state
+                .allocated
+                .values()
+                .any(|owner| owner == uid)
+    });
+    if allocated {
+        return BoundPod::Admitted;
+    }
+    let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(uid)) else {
+        return BoundPod::Unseen;
+    };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if pod.metadata.deletion_timestamp.is_some()
+        || matches!(phase, Some("Running" | "Succeeded" | "Failed"))
+    {
+        BoundPod::Admitted
+    } else {
+        BoundPod::Waiting
     }
 }
 

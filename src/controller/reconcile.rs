@@ -1,29 +1,33 @@
-//! One reconcile of a ModelInstance: observe (from the caches) → validate →
-//! plan → build → apply → status, then the Events for what was decided.
+//! One reconcile of a ModelInstance, as a plain sequence of stages:
+//! observe (the caches) → validate → decide (plan) → build → apply → status,
+//! then the Events for what was decided. The stages themselves live in their
+//! own modules; this file only hands each one what the earlier ones produced.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
-use super::apply::{self, ApplyError, Note};
+use super::apply::{self, ApplyError, ShardState};
 use super::build::{headless_service, shard_pod_name, shard_pods, shard_resource};
-use super::held::{Claims, held_devices};
+use super::decide::{Current, PlanDecision, PlanInputs, broken_shards, decide};
+use super::events::{self, EventNote, plan_notes, unsatisfiable_text};
+use super::hashes::placement_hash;
+use super::held::{Claims, Held, held_devices};
 use super::metrics::Metrics;
-use super::node_gate::{BoundPod, NodeGate};
+use super::node_gate::{NodeGate, may_bind};
 use super::nodes::{NodeInfo, ParsedNodes, Readiness};
-use super::plan::{Current, Decision, PlanInputs, broken_shards, decide, placement_hash};
 pub use super::settings::Settings;
 use super::status::{self, Outcome, PLACED, StatusInputs};
 use super::validate;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance, PlannedShard, SHARD_ANNOTATION};
+use crate::api::{DEVICES_ANNOTATION, InvalidSpec, ModelInstance, PlannedShard, SHARD_ANNOTATION};
 use crate::placement::Unsatisfiable;
 
 /// The caches the controller reads; the writes go through `client`.
@@ -144,6 +148,277 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How soon a reconcile that left a shard unbound looks again (the agent's
+/// report of the allocation it waits for usually wakes it sooner).
+const BIND_RETRY: Duration = Duration::from_secs(1);
+
+async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Error> {
+    let instance = Instance::of(mi)?;
+    let now = Timestamp::now();
+    let mut notes = Vec::new();
+
+    let observed = observe(ctx, &instance);
+    // Planning is serialised from here to the claim (no await in between but
+    // the solver's), so each instance plans against the devices others took.
+    let mut claims = ctx.claims.lock().await;
+    let held = held_by_others(ctx, &instance, &observed, &mut claims);
+    let decided = match validate::check(mi, &ctx.settings.resource_name) {
+        Err(invalid) => refuse(mi, invalid, &mut notes),
+        Ok(()) => plan(mi, ctx, &instance, &observed, held, now, &mut notes).await?,
+    };
+    claims.insert(instance.uid.clone(), decided.outcome.plan().to_vec());
+    drop(claims);
+
+    let desired = build(mi, &ctx.settings, &observed, &decided);
+    let shards = apply(
+        mi, ctx, &instance, &observed, &desired, &decided, &mut notes,
+    )
+    .await?;
+    write_status(mi, ctx, &instance, &decided, &shards, now).await?;
+    events::publish(&ctx.recorder, mi, &notes).await;
+
+    // A pod left unbound (its node busy with another) is bound on a later pass.
+    if shards.contains(&ShardState::Created) {
+        return Ok(Action::requeue(BIND_RETRY));
+    }
+    Ok(next_check(
+        &decided.outcome,
+        &observed.nodes,
+        now,
+        ctx.settings.node_grace,
+    ))
+}
+
+/// The instance's identity, which every write needs.
+struct Instance {
+    uid: String,
+    namespace: String,
+    name: String,
+}
+
+impl Instance {
+    fn of(mi: &ModelInstance) -> Result<Self, Error> {
+        Ok(Self {
+            uid: mi.uid().ok_or(Error::Incomplete("metadata.uid"))?,
+            namespace: mi
+                .namespace()
+                .ok_or(Error::Incomplete("metadata.namespace"))?,
+            name: mi.name_any(),
+        })
+    }
+}
+
+/// What the caches showed when this reconcile started.
+struct Observed {
+    nodes: Vec<Arc<NodeInfo>>,
+    pods: Vec<Arc<Pod>>,
+    /// This instance's shard pods by name.
+    mine: BTreeMap<String, Arc<Pod>>,
+}
+
+fn observe(ctx: &Context, instance: &Instance) -> Observed {
+    let nodes = ctx.parsed_nodes.read(&ctx.caches.nodes.state());
+    let pods = ctx.caches.pods.state();
+    let mine = pods
+        .iter()
+        .filter(|p| {
+            p.namespace().as_deref() == Some(instance.namespace.as_str())
+                && p.owner_references().iter().any(|o| o.uid == instance.uid)
+        })
+        .map(|p| (p.name_any(), Arc::clone(p)))
+        .collect();
+    Observed { nodes, pods, mine }
+}
+
+/// The devices other instances hold or have just claimed. Claims of deleted
+/// instances are dropped on the way.
+fn held_by_others(
+    ctx: &Context,
+    instance: &Instance,
+    observed: &Observed,
+    claims: &mut Claims,
+) -> Held {
+    let instances = ctx.caches.instances.state();
+    let live: HashSet<&str> = instances
+        .iter()
+        .filter_map(|i| i.metadata.uid.as_deref())
+        .collect();
+    claims.retain(|claimed, _| live.contains(claimed.as_str()));
+    held_devices(
+        &instance.uid,
+        instances.iter().map(AsRef::as_ref),
+        claims,
+        observed.pods.iter().map(AsRef::as_ref),
+        &observed.nodes,
+    )
+}
+
+/// What validate and decide settled on.
+struct Decided {
+    outcome: Outcome,
+    /// Shards of a degraded plan that lost their devices, with why: kept in
+    /// the plan, but no pod is made for them.
+    broken: BTreeMap<u32, String>,
+}
+
+/// An invalid spec: no plan, and an Event when the reason is new.
+fn refuse(mi: &ModelInstance, invalid: InvalidSpec, notes: &mut Vec<EventNote>) -> Decided {
+    let text = format!("invalid spec: {}", invalid.problems.join("; "));
+    let unchanged = mi
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == PLACED))
+        .is_some_and(|c| c.message == text);
+    if !unchanged {
+        notes.push(EventNote {
+            warning: true,
+            reason: "InvalidSpec",
+            message: text,
+        });
+    }
+    Decided {
+        outcome: Outcome::Invalid {
+            problems: invalid.problems,
+        },
+        broken: BTreeMap::new(),
+    }
+}
+
+/// The decide stage: keep, repair or re-plan (`decide`), run off the async
+/// workers because the solver may search up to the instance's deadline.
+async fn plan(
+    mi: &ModelInstance,
+    ctx: &Context,
+    instance: &Instance,
+    observed: &Observed,
+    held: Held,
+    now: Timestamp,
+    notes: &mut Vec<EventNote>,
+) -> Result<Decided, Error> {
+    let previous = mi.status.as_ref();
+    let current_plan: Vec<PlannedShard> = previous.map(|s| s.plan.clone()).unwrap_or_default();
+    let failed = failed_admissions(&observed.mine, &current_plan);
+    let known = lock(&ctx.unsatisfiable).get(&instance.uid).cloned();
+    let tolerations = mi
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    let current_hash = previous.and_then(|s| s.placement_hash.clone());
+    // When nothing fits, a running plan of the same spec that only lost
+    // shards keeps the rest.
+    let keep = current_hash.as_deref() == Some(placement_hash(&mi.spec).as_str());
+    let job = {
+        let (spec, nodes, plan) = (
+            mi.spec.clone(),
+            observed.nodes.clone(),
+            current_plan.clone(),
+        );
+        let (node_grace, max_steps) = (ctx.settings.node_grace, ctx.settings.max_steps);
+        move || {
+            let inputs = PlanInputs {
+                nodes: &nodes,
+                held: &held,
+                now,
+                node_grace,
+                max_steps,
+                known_unsatisfiable: known.as_ref(),
+            };
+            let current = Current {
+                plan: &plan,
+                placement_hash: current_hash.as_deref(),
+                failed_admission: &failed,
+            };
+            let decision = decide(&spec, &tolerations, &current, &inputs);
+            let broken = match decision {
+                PlanDecision::Unsatisfiable { .. } if keep => {
+                    broken_shards(&plan, &failed, &inputs)
+                }
+                _ => BTreeMap::new(),
+            };
+            (decision, broken)
+        }
+    };
+    let planning = Instant::now();
+    let (decision, broken) = tokio::task::spawn_blocking(job)
+        .await
+        .map_err(|e| Error::Planning(e.to_string()))?;
+    if decision != PlanDecision::Keep {
+        ctx.metrics
+            .plan_seconds
+            .observe(planning.elapsed().as_secs_f64());
+    }
+    Ok(match decision {
+        PlanDecision::Keep => Decided {
+            outcome: Outcome::Placed {
+                tokens_per_second: previous.and_then(|s| s.predicted_tokens_per_second),
+                plan: current_plan,
+                replanned: Vec::new(),
+            },
+            broken: BTreeMap::new(),
+        },
+        PlanDecision::Planned(new) => {
+            lock(&ctx.unsatisfiable).remove(&instance.uid);
+            notes.extend(plan_notes(
+                &current_plan,
+                &new.plan,
+                &new.moved,
+                &new.reasons,
+                new.whole,
+            ));
+            Decided {
+                outcome: Outcome::Placed {
+                    plan: new.plan,
+                    tokens_per_second: new.tokens_per_second,
+                    replanned: new.reasons,
+                },
+                broken: BTreeMap::new(),
+            }
+        }
+        PlanDecision::Unsatisfiable {
+            explanation,
+            reasons,
+            inputs: tried,
+            repeated,
+        } => {
+            let text = unsatisfiable_text(&explanation);
+            if !repeated {
+                notes.push(EventNote {
+                    warning: true,
+                    reason: "Unsatisfiable",
+                    message: text.clone(),
+                });
+            }
+            lock(&ctx.unsatisfiable).insert(instance.uid.clone(), (tried, explanation));
+            Decided {
+                outcome: Outcome::Unsatisfiable {
+                    explanation: text,
+                    plan: if keep { current_plan } else { Vec::new() },
+                    lost: if keep { reasons } else { Vec::new() },
+                },
+                broken: if keep { broken } else { BTreeMap::new() },
+            }
+        }
+    })
+}
+
+/// Shards whose pod failed admission on its planned devices. Only a pod made
+/// for the current plan says something about it: an old one still in the
+/// cache must not move the shard a second time.
+fn failed_admissions(mine: &BTreeMap<String, Arc<Pod>>, current_plan: &[PlannedShard]) -> Vec<u32> {
+    mine.values()
+        .filter(|p| apply::failed_admission(p))
+        .filter_map(|p| {
+            let shard = shard_of(p)?;
+            let planned = current_plan.iter().find(|s| s.shard == shard)?;
+            let devices = p.annotations().get(DEVICES_ANNOTATION)?;
+            (*devices == planned.devices.join(",")).then_some(shard)
+        })
+        .collect()
+}
+
 fn shard_of(pod: &Pod) -> Option<u32> {
     pod.metadata
         .annotations
@@ -152,410 +427,102 @@ fn shard_of(pod: &Pod) -> Option<u32> {
         .and_then(|s| s.parse().ok())
 }
 
-async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Error> {
-    let uid = mi.uid().ok_or(Error::Incomplete("metadata.uid"))?;
-    let namespace = mi
-        .namespace()
-        .ok_or(Error::Incomplete("metadata.namespace"))?;
-    let name = mi.name_any();
-    let now = Timestamp::now();
-    let settings = &ctx.settings;
-
-    // Observe.
-    let nodes = ctx.parsed_nodes.read(&ctx.caches.nodes.state());
-    let all_pods = ctx.caches.pods.state();
-    let mine: BTreeMap<String, Arc<Pod>> = all_pods
+/// The build stage: the shard pods the plan asks for, each with its node.
+fn build(
+    mi: &ModelInstance,
+    settings: &Settings,
+    observed: &Observed,
+    decided: &Decided,
+) -> Vec<(Pod, String)> {
+    let runnable: Vec<PlannedShard> = decided
+        .outcome
+        .plan()
         .iter()
-        .filter(|p| {
-            p.namespace().as_deref() == Some(namespace.as_str())
-                && p.owner_references().iter().any(|o| o.uid == uid)
-        })
-        .map(|p| (p.name_any(), Arc::clone(p)))
-        .collect();
-    // Planning is serialised from here to the claim below (no await between).
-    let mut claims = ctx.claims.lock().await;
-    let instances = ctx.caches.instances.state();
-    let live: HashSet<&str> = instances
-        .iter()
-        .filter_map(|i| i.metadata.uid.as_deref())
-        .collect();
-    claims.retain(|claimed, _| live.contains(claimed.as_str()));
-    let held = held_devices(
-        &uid,
-        instances.iter().map(AsRef::as_ref),
-        &claims,
-        all_pods.iter().map(AsRef::as_ref),
-        &nodes,
-    );
-    let previous = mi.status.as_ref();
-    let hash = placement_hash(&mi.spec);
-
-    // Validate, then plan.
-    let mut notes = Vec::new();
-    let mut broken = BTreeMap::new();
-    let outcome = match validate::check(mi, &settings.resource_name) {
-        Err(invalid) => Outcome::Invalid {
-            problems: invalid.problems,
-        },
-        Ok(()) => {
-            let current_plan: &[PlannedShard] = previous.map(|s| s.plan.as_slice()).unwrap_or(&[]);
-            // Only a pod made for the current plan says something about it: an
-            // old one still in the cache must not move the shard a second time.
-            let failed: Vec<u32> = mine
-                .values()
-                .filter(|p| apply::failed_admission(p))
-                .filter_map(|p| {
-                    let shard = shard_of(p)?;
-                    let planned = current_plan.iter().find(|s| s.shard == shard)?;
-                    let devices = p.annotations().get(DEVICES_ANNOTATION)?;
-                    (*devices == planned.devices.join(",")).then_some(shard)
-                })
-                .collect();
-            let known = lock(&ctx.unsatisfiable).get(&uid).cloned();
-            let tolerations = mi
-                .spec
-                .template
-                .as_ref()
-                .and_then(|t| t.spec.as_ref())
-                .and_then(|s| s.tolerations.clone())
-                .unwrap_or_default();
-            let current_hash = previous.and_then(|s| s.placement_hash.clone());
-            // When nothing fits, a running plan of the same spec that only lost
-            // shards keeps the rest.
-            let keep = current_hash.as_deref() == Some(hash.as_str());
-            // The solver may search for up to the instance's deadline: off the
-            // async workers, so watches, the Lease and the endpoints keep going.
-            let job = {
-                let (spec, nodes, plan) = (mi.spec.clone(), nodes.clone(), current_plan.to_vec());
-                let (node_grace, max_steps) = (settings.node_grace, settings.max_steps);
-                move || {
-                    let inputs = PlanInputs {
-                        nodes: &nodes,
-                        held: &held,
-                        now,
-                        node_grace,
-                        max_steps,
-                        known_unsatisfiable: known.as_ref(),
-                    };
-                    let current = Current {
-                        plan: &plan,
-                        placement_hash: current_hash.as_deref(),
-                        failed_admission: &failed,
-                    };
-                    let decision = decide(&spec, &tolerations, &current, &inputs);
-                    let broken = match decision {
-                        Decision::Unsatisfiable { .. } if keep => {
-                            broken_shards(&plan, &failed, &inputs)
-                        }
-                        _ => BTreeMap::new(),
-                    };
-                    (decision, broken)
-                }
-            };
-            let planning = Instant::now();
-            let (decision, broken_now) = tokio::task::spawn_blocking(job)
-                .await
-                .map_err(|e| Error::Planning(e.to_string()))?;
-            if decision != Decision::Keep {
-                ctx.metrics
-                    .plan_seconds
-                    .observe(planning.elapsed().as_secs_f64());
-            }
-            match decision {
-                Decision::Keep => Outcome::Placed {
-                    plan: current_plan.to_vec(),
-                    tokens_per_second: previous.and_then(|s| s.predicted_tokens_per_second),
-                    replanned: Vec::new(),
-                },
-                Decision::Planned(new) => {
-                    lock(&ctx.unsatisfiable).remove(&uid);
-                    notes.extend(plan_notes(
-                        current_plan,
-                        &new.plan,
-                        &new.moved,
-                        &new.reasons,
-                        new.whole,
-                    ));
-                    Outcome::Placed {
-                        plan: new.plan,
-                        tokens_per_second: new.tokens_per_second,
-                        replanned: new.reasons,
-                    }
-                }
-                Decision::Unsatisfiable {
-                    explanation,
-                    reasons,
-                    inputs: tried,
-                    repeated,
-                } => {
-                    let text = explain(&explanation);
-                    if !repeated {
-                        notes.push(Note {
-                            warning: true,
-                            reason: "Unsatisfiable",
-                            message: text.clone(),
-                        });
-                    }
-                    lock(&ctx.unsatisfiable).insert(uid.clone(), (tried, explanation));
-                    let kept = if keep {
-                        current_plan.to_vec()
-                    } else {
-                        Vec::new()
-                    };
-                    broken = broken_now;
-                    Outcome::Unsatisfiable {
-                        explanation: text,
-                        plan: kept,
-                        lost: if keep { reasons } else { Vec::new() },
-                    }
-                }
-            }
-        }
-    };
-    if let Outcome::Invalid { problems } = &outcome {
-        let text = format!("invalid spec: {}", problems.join("; "));
-        let unchanged = previous
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == PLACED))
-            .is_some_and(|c| c.message == text);
-        if !unchanged {
-            notes.push(Note {
-                warning: true,
-                reason: "InvalidSpec",
-                message: text,
-            });
-        }
-    }
-
-    let plan: &[PlannedShard] = match &outcome {
-        Outcome::Invalid { .. } => &[],
-        Outcome::Unsatisfiable { plan, .. } | Outcome::Placed { plan, .. } => plan,
-    };
-    claims.insert(uid.clone(), plan.to_vec());
-    drop(claims);
-
-    // Build.
-    let runnable: Vec<PlannedShard> = plan
-        .iter()
-        .filter(|s| !broken.contains_key(&s.shard))
+        .filter(|s| !decided.broken.contains_key(&s.shard))
         .cloned()
         .collect();
+    let name = mi.name_any();
     let resource = |s: &PlannedShard| {
-        let existing = mine.get(&shard_pod_name(&name, s.shard));
+        let existing = observed.mine.get(&shard_pod_name(&name, s.shard));
         shard_resource(
             &settings.resource_name,
             s,
-            &nodes,
+            &observed.nodes,
             existing.map(AsRef::as_ref),
         )
     };
-    let desired: Vec<(Pod, String)> = shard_pods(mi, &runnable, resource)
+    shard_pods(mi, &runnable, resource)
         .into_iter()
         .zip(runnable.iter().map(|s| s.node.clone()))
-        .collect();
+        .collect()
+}
 
-    // Apply.
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if !plan.is_empty() {
-        let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+/// The apply stage: the Service, the pods, their bindings. Returns each
+/// shard's state; broken shards of a degraded plan count as missing.
+async fn apply(
+    mi: &ModelInstance,
+    ctx: &Context,
+    instance: &Instance,
+    observed: &Observed,
+    desired: &[(Pod, String)],
+    decided: &Decided,
+    notes: &mut Vec<EventNote>,
+) -> Result<Vec<ShardState>, Error> {
+    let namespace = instance.namespace.as_str();
+    if !decided.outcome.plan().is_empty() {
+        let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
         let existing =
             ctx.caches.services.state().into_iter().find(|s| {
-                s.namespace().as_deref() == Some(namespace.as_str()) && s.name_any() == name
+                s.namespace().as_deref() == Some(namespace) && s.name_any() == instance.name
             });
         apply::service(
             &services,
             &headless_service(mi),
             existing.as_deref(),
-            &uid,
-            &mut notes,
+            &instance.uid,
+            notes,
         )
         .await?;
     }
-    apply::remove_extra(&pods_api, &mine, &desired).await?;
-    let gate = may_bind(&ctx.node_gate, &nodes, &all_pods, Instant::now());
-    let mut shards = apply::pods(&pods_api, &desired, &mine, gate, &mut notes).await?;
-    // A pod left unbound (its node busy with another) is bound on a later pass.
-    let deferred = shards.contains(&status::ShardState::Created);
-    // Broken shards kept in a degraded plan count as missing.
-    shards.extend(broken.keys().map(|_| status::ShardState::Missing));
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    apply::remove_extra(&pods_api, &observed.mine, desired).await?;
+    let gate = may_bind(
+        &ctx.node_gate,
+        &observed.nodes,
+        &observed.pods,
+        Instant::now(),
+    );
+    let mut shards = apply::pods(&pods_api, desired, &observed.mine, gate, notes).await?;
+    shards.extend(decided.broken.keys().map(|_| ShardState::Missing));
+    Ok(shards)
+}
 
-    // Status.
+/// The status stage: computed from the outcome and the shards' states.
+async fn write_status(
+    mi: &ModelInstance,
+    ctx: &Context,
+    instance: &Instance,
+    decided: &Decided,
+    shards: &[ShardState],
+    now: Timestamp,
+) -> Result<(), Error> {
     let new_status = status::compute(&StatusInputs {
-        previous,
+        previous: mi.status.as_ref(),
         generation: mi.metadata.generation,
-        placement_hash: Some(hash),
-        outcome: &outcome,
-        shards: &shards,
+        placement_hash: Some(placement_hash(&mi.spec)),
+        outcome: &decided.outcome,
+        shards,
         now,
     });
-    let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);
     apply::status(&api, mi, &new_status).await?;
-
-    publish(ctx, mi, &notes).await;
-    if deferred {
-        return Ok(Action::requeue(BIND_RETRY));
-    }
-    Ok(next_check(&outcome, plan, &nodes, now, settings.node_grace))
-}
-
-/// How soon a reconcile that left a shard unbound looks again (the agent's
-/// report of the allocation it waits for usually wakes it sooner).
-const BIND_RETRY: Duration = Duration::from_secs(1);
-
-/// Whether a shard pod may be bound to `node` now (see [`NodeGate`]), judged
-/// from what this reconcile observed.
-fn may_bind<'a>(
-    gate: &'a NodeGate,
-    nodes: &'a [Arc<NodeInfo>],
-    pods: &'a [Arc<Pod>],
-    now: Instant,
-) -> impl Fn(&str, &Pod) -> bool + 'a {
-    move |node, pod| {
-        let devices = pod
-            .annotations()
-            .get(DEVICES_ANNOTATION)
-            .map_or(0, |d| d.split(',').filter(|id| !id.is_empty()).count());
-        gate.try_enter(
-            node,
-            devices,
-            pod.uid().as_deref().unwrap_or_default(),
-            |uid| bound_pod(nodes, pods, node, uid),
-            now,
-        )
-    }
-}
-
-/// What the observed nodes and pods say about a pod bound to `node`.
-fn bound_pod(nodes: &[Arc<NodeInfo>], pods: &[Arc<Pod>], node: &str, uid: &str) -> BoundPod {
-    let allocated = nodes.iter().any(|n| {
-        n.name() == node
-            && n.gpus
-                .gpu_state
-                .allocated
-                .values()
-                .any(|owner| owner == uid)
-    });
-    if allocated {
-        return BoundPod::Admitted;
-    }
-    let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(uid)) else {
-        return BoundPod::Unseen;
-    };
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if pod.metadata.deletion_timestamp.is_some()
-        || matches!(phase, Some("Running" | "Succeeded" | "Failed"))
-    {
-        BoundPod::Admitted
-    } else {
-        BoundPod::Waiting
-    }
-}
-
-/// The solver's reason and what excluded the rest, short enough for a condition.
-fn explain(u: &Unsatisfiable) -> String {
-    let mut text = u.reason.clone();
-    for d in &u.details {
-        if text.len() + d.len() > 900 {
-            text.push_str("; …");
-            break;
-        }
-        text.push_str("; ");
-        text.push_str(d);
-    }
-    text
-}
-
-fn show(s: &PlannedShard) -> String {
-    format!("node {} [{}]", s.node, s.devices.join(","))
-}
-
-/// Events for a new plan: the whole plan, or each move.
-fn plan_notes(
-    old: &[PlannedShard],
-    new: &[PlannedShard],
-    moved: &[u32],
-    reasons: &[String],
-    whole: bool,
-) -> Vec<Note> {
-    if whole {
-        let shards: Vec<String> = new
-            .iter()
-            .map(|s| {
-                format!(
-                    "shard {} layers {}-{} on {}",
-                    s.shard,
-                    s.layer_start,
-                    s.layer_end,
-                    show(s)
-                )
-            })
-            .collect();
-        let (reason, why) = if old.is_empty() {
-            ("Planned", String::new())
-        } else {
-            ("Replanned", format!(" because {}", reasons.join("; ")))
-        };
-        return vec![Note {
-            warning: false,
-            reason,
-            message: format!("planned {} shards{why}: {}", new.len(), shards.join("; ")),
-        }];
-    }
-    moved
-        .iter()
-        .filter_map(|&i| {
-            let from = old.iter().find(|s| s.shard == i)?;
-            let to = new.iter().find(|s| s.shard == i)?;
-            let why = reasons
-                .iter()
-                .find(|r| r.starts_with(&format!("shard {i}:")))
-                .map(|r| r.split_once(": ").map_or(r.as_str(), |(_, w)| w))
-                .unwrap_or("its devices were lost");
-            Some(Note {
-                warning: false,
-                reason: "Replanned",
-                message: format!("shard {i} moved from {} to {}: {why}", show(from), show(to)),
-            })
-        })
-        .collect()
-}
-
-/// What the events are about: the instance at the version the reconcile
-/// read, as client-go refers to objects. The recorder folds events with the
-/// same reason about the same reference into one series that keeps the first
-/// note; without the version a second move of a shard (or the binding of its
-/// new pod) would only count up the first event and its message be lost.
-fn regarding(mi: &ModelInstance) -> ObjectReference {
-    let mut reference = mi.object_ref(&());
-    reference.resource_version = mi.resource_version();
-    reference
-}
-
-async fn publish(ctx: &Context, mi: &ModelInstance, notes: &[Note]) {
-    let reference = regarding(mi);
-    for n in notes {
-        let event = Event {
-            type_: if n.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: n.reason.to_string(),
-            note: Some(n.message.chars().take(1000).collect()),
-            action: n.reason.to_string(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            tracing::warn!(instance = %mi.name_any(), error = %e, reason = n.reason, "cannot record event");
-        }
-        tracing::info!(instance = %mi.name_any(), reason = n.reason, "{}", n.message);
-    }
+    Ok(())
 }
 
 /// When to look again without an event: when a NotReady node's grace period
 /// runs out (no event marks that moment), else a slow resync.
 fn next_check(
     outcome: &Outcome,
-    plan: &[PlannedShard],
     nodes: &[Arc<NodeInfo>],
     now: Timestamp,
     grace: Duration,
@@ -566,7 +533,7 @@ fn next_check(
     };
     for n in nodes
         .iter()
-        .filter(|n| plan.iter().any(|s| s.node == n.name()))
+        .filter(|n| outcome.plan().iter().any(|s| s.node == n.name()))
     {
         if let Readiness::NotReady { since: Some(t) } = &n.readiness
             && let Ok(elapsed) = Duration::try_from(now.duration_since(*t))
@@ -576,24 +543,4 @@ fn next_check(
         }
     }
     Action::requeue(next)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::controller::testkit::{SMALL, instance};
-
-    #[test]
-    fn events_refer_to_the_version_they_are_about() {
-        let mut mi = instance("llama", SMALL);
-        mi.metadata.resource_version = Some("41".into());
-        let before = regarding(&mi);
-        mi.metadata.resource_version = Some("42".into());
-        let after = regarding(&mi);
-        assert_eq!(before.resource_version.as_deref(), Some("41"));
-        assert_eq!(before.uid.as_deref(), Some("uid-llama"));
-        assert_eq!(before.name, after.name);
-        // Different references: the recorder starts a new event, not a series.
-        assert_ne!(before, after);
-    }
 }

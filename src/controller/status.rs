@@ -5,23 +5,12 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::apply::ShardState;
 use crate::api::{ModelInstanceStatus, Phase, PlannedShard};
 
 pub const PLACED: &str = "Placed";
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
-
-/// Where one shard is after the apply stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShardState {
-    /// No pod (not created yet, or the old one is going away).
-    Missing,
-    /// Created, not bound to its node yet.
-    Created,
-    /// Bound to its planned node; not ready.
-    Bound,
-    Ready,
-}
 
 /// What the earlier stages concluded.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,6 +30,16 @@ pub enum Outcome {
         /// Set when this reconcile moved shards: the reasons.
         replanned: Vec<String>,
     },
+}
+
+impl Outcome {
+    /// The shards the outcome keeps or places (none for an invalid spec).
+    pub fn plan(&self) -> &[PlannedShard] {
+        match self {
+            Outcome::Invalid { .. } => &[],
+            Outcome::Unsatisfiable { plan, .. } | Outcome::Placed { plan, .. } => plan,
+        }
+    }
 }
 
 pub struct StatusInputs<'a> {

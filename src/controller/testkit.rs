@@ -6,9 +6,9 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::decide::PlanInputs;
 use super::held::Held;
 use super::nodes::NodeInfo;
-use super::plan::PlanInputs;
 use crate::api::{
     GPU_STATE_ANNOTATION, GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, ModelInstance,
     NodeGpuState, Vendor,
@@ -128,7 +128,7 @@ pub fn infos(nodes: &[Node]) -> Vec<Arc<NodeInfo>> {
 }
 
 pub fn inputs<'a>(nodes: &'a [Arc<NodeInfo>], held: &'a Held) -> PlanInputs<'a> {
-    PlanInputs::new(nodes, held, now())
+    PlanInputs::new(nodes, held, now(), &super::settings::Settings::default())
 }
 
 /// A ModelInstance `ml/<name>` (UID `uid-<name>`, generation 1) with a

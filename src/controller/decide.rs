@@ -1,16 +1,16 @@
-//! The plan stage: keep the current plan while it holds, re-plan only the
+//! The decide stage: keep the current plan while it holds, re-plan only the
 //! shards that lost their devices, and plan from scratch when the spec changed
 //! or a partial repair cannot be found. Pure: the solver gets an injected
 //! deadline and everything else comes in as values.
 
 use std::collections::{BTreeMap, HashSet};
-use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::jiff::Timestamp;
 
+use super::hashes::{placement_hash, problem_hash};
 use super::held::Held;
 use super::nodes::NodeInfo;
 use super::settings::Settings;
@@ -34,15 +34,19 @@ pub struct PlanInputs<'a> {
 }
 
 impl<'a> PlanInputs<'a> {
-    /// Inputs with the controller's default grace period and step budget.
-    pub fn new(nodes: &'a [Arc<NodeInfo>], held: &'a Held, now: Timestamp) -> Self {
-        let defaults = Settings::default();
+    /// Inputs with the grace period and step budget of `settings`.
+    pub fn new(
+        nodes: &'a [Arc<NodeInfo>],
+        held: &'a Held,
+        now: Timestamp,
+        settings: &Settings,
+    ) -> Self {
         Self {
             nodes,
             held,
             now,
-            node_grace: defaults.node_grace,
-            max_steps: defaults.max_steps,
+            node_grace: settings.node_grace,
+            max_steps: settings.max_steps,
             known_unsatisfiable: None,
         }
     }
@@ -66,7 +70,7 @@ impl Current<'_> {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum Decision {
+pub enum PlanDecision {
     /// The current plan still holds.
     Keep,
     Planned(NewPlan),
@@ -92,21 +96,6 @@ pub struct NewPlan {
     pub whole: bool,
     /// Why (empty for a first plan).
     pub reasons: Vec<String>,
-}
-
-/// Hash of the spec parts a plan depends on. FNV-1a over the JSON form: stable
-/// across builds, so an upgraded controller keeps existing plans.
-pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
-    let parts = (&spec.model, &spec.parallelism, &spec.placement);
-    // Plain structs of numbers and strings always serialize.
-    let json = serde_json::to_vec(&parts).unwrap_or_default();
-    format!("{:016x}", fnv(&json))
-}
-
-pub(crate) fn fnv(bytes: &[u8]) -> u64 {
-    let mut h = fnv::FnvHasher::default();
-    h.write(bytes);
-    h.finish()
 }
 
 /// Why each shard of `plan` can no longer stay where it is, by shard.
@@ -181,7 +170,7 @@ pub fn decide(
     tolerations: &[Toleration],
     current: &Current,
     inputs: &PlanInputs,
-) -> Decision {
+) -> PlanDecision {
     let hash = placement_hash(spec);
     if current.plan.is_empty() {
         return whole(spec, tolerations, inputs, &HashSet::new(), Vec::new());
@@ -197,7 +186,7 @@ pub fn decide(
     }
     let broken = broken_shards(current.plan, current.failed_admission, inputs);
     if broken.is_empty() {
-        return Decision::Keep;
+        return PlanDecision::Keep;
     }
     let reasons: Vec<String> = broken
         .iter()
@@ -211,7 +200,7 @@ pub fn decide(
         .flat_map(|s| s.devices.iter().map(|d| (s.node.clone(), d.clone())))
         .collect();
     match repair(spec, tolerations, current.plan, &broken, &avoid, inputs) {
-        Some(new) => Decision::Planned(NewPlan { reasons, ..new }),
+        Some(new) => PlanDecision::Planned(NewPlan { reasons, ..new }),
         None => whole(spec, tolerations, inputs, &avoid, reasons),
     }
 }
@@ -264,15 +253,15 @@ fn whole(
     inputs: &PlanInputs,
     avoid: &HashSet<(String, String)>,
     reasons: Vec<String>,
-) -> Decision {
+) -> PlanDecision {
     let (problem, excluded) = problem_for(spec, tolerations, inputs, avoid.iter().cloned());
     // Hashing a large cluster costs about as much as solving it: only done
     // when there is a failed attempt to compare with, or a new one to record.
-    let hash = || fnv(&serde_json::to_vec(&(&problem.canonical(), &excluded)).unwrap_or_default());
+    let hash = || problem_hash(&(&problem.canonical(), &excluded));
     if let Some((known, explanation)) = inputs.known_unsatisfiable
         && *known == hash()
     {
-        return Decision::Unsatisfiable {
+        return PlanDecision::Unsatisfiable {
             explanation: explanation.clone(),
             reasons,
             inputs: *known,
@@ -281,7 +270,7 @@ fn whole(
     }
     let limit = deadline(spec);
     match solve(&problem, &options(&limit, inputs.max_steps)) {
-        Ok(plan) => Decision::Planned(NewPlan {
+        Ok(plan) => PlanDecision::Planned(NewPlan {
             moved: (0..plan.stages.len() as u32).collect(),
             tokens_per_second: Some(plan.performance.tokens_per_second),
             plan: planned_shards(&plan),
@@ -291,7 +280,7 @@ fn whole(
         Err(mut explanation) => {
             let inputs = hash();
             explanation.details.extend(excluded);
-            Decision::Unsatisfiable {
+            PlanDecision::Unsatisfiable {
                 explanation,
                 reasons,
                 inputs,
@@ -364,9 +353,9 @@ mod tests {
     use super::*;
     use crate::controller::testkit::*;
 
-    fn plan_of(d: &Decision) -> &NewPlan {
+    fn plan_of(d: &PlanDecision) -> &NewPlan {
         match d {
-            Decision::Planned(p) => p,
+            PlanDecision::Planned(p) => p,
             other => panic!("expected a plan, got {other:?}"),
         }
     }
@@ -424,7 +413,7 @@ mod tests {
         let held = Held::new();
         let current = Current::NONE;
         let d = decide(&spec, &[], &current, &inputs(&nodes, &held));
-        let Decision::Unsatisfiable {
+        let PlanDecision::Unsatisfiable {
             explanation,
             inputs: tried,
             repeated,
@@ -441,7 +430,7 @@ mod tests {
             ..inputs(&nodes, &held)
         };
         match decide(&spec, &[], &current, &again) {
-            Decision::Unsatisfiable { repeated, .. } => assert!(repeated),
+            PlanDecision::Unsatisfiable { repeated, .. } => assert!(repeated),
             other => panic!("{other:?}"),
         }
         // A changed cluster is tried again.
@@ -452,7 +441,7 @@ mod tests {
         };
         assert!(matches!(
             decide(&spec, &[], &current, &changed),
-            Decision::Planned(_)
+            PlanDecision::Planned(_)
         ));
     }
 
@@ -468,10 +457,10 @@ mod tests {
         // 84.6 °C is below the default 85 °C limit: rounding made it 85 and refused it.
         assert!(matches!(
             decide(&spec, &[], &Current::NONE, &inputs(&at(84.6), &held)),
-            Decision::Planned(_)
+            PlanDecision::Planned(_)
         ));
         let hot = at(85.3);
-        let Decision::Unsatisfiable {
+        let PlanDecision::Unsatisfiable {
             explanation,
             inputs: tried,
             ..
@@ -490,12 +479,12 @@ mod tests {
         assert!(
             matches!(
                 again(&at(85.1)),
-                Decision::Unsatisfiable { repeated: true, .. }
+                PlanDecision::Unsatisfiable { repeated: true, .. }
             ),
             "still over the limit: nothing the solver sees has changed"
         );
         assert!(
-            matches!(again(&at(84.9)), Decision::Planned(_)),
+            matches!(again(&at(84.9)), PlanDecision::Planned(_)),
             "under the limit again: solved again and placed"
         );
     }
@@ -573,7 +562,7 @@ mod tests {
             failed_admission: &[],
         };
         match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
-            Decision::Unsatisfiable { reasons, .. } => {
+            PlanDecision::Unsatisfiable { reasons, .. } => {
                 assert!(
                     reasons.iter().any(|r| r.contains("node b is gone")),
                     "{reasons:?}"
@@ -623,7 +612,7 @@ mod tests {
         };
         assert_eq!(
             decide(&spec, &[], &current, &inputs(&nodes, &held)),
-            Decision::Keep
+            PlanDecision::Keep
         );
         // The pod template is not part of the plan.
         let mut with_other_image = instance("m", &format!("{SMALL}\nparallelism: {{pipeline: 2}}"));
@@ -675,7 +664,7 @@ mod tests {
         let recent = not_ready("2026-06-01T11:58:00Z");
         assert_eq!(
             decide(&spec, &[], &current, &inputs(&recent, &held)),
-            Decision::Keep
+            PlanDecision::Keep
         );
         let long = not_ready("2026-06-01T11:50:00Z");
         let d = decide(&spec, &[], &current, &inputs(&long, &held));
@@ -712,7 +701,7 @@ mod tests {
         let held = Held::new();
         let current = Current::NONE;
         match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
-            Decision::Unsatisfiable { explanation, .. } => {
+            PlanDecision::Unsatisfiable { explanation, .. } => {
                 assert!(explanation.reason.contains("16"), "{}", explanation.reason);
                 assert!(explanation.reason.contains('8'), "{}", explanation.reason);
             }
@@ -737,7 +726,7 @@ mod tests {
         let held = Held::new();
         let current = Current::NONE;
         match decide(&spec, &[], &current, &inputs(&nodes, &held)) {
-            Decision::Unsatisfiable { explanation, .. } => assert!(
+            PlanDecision::Unsatisfiable { explanation, .. } => assert!(
                 explanation
                     .details
                     .iter()
@@ -753,7 +742,7 @@ mod tests {
         };
         assert!(matches!(
             decide(&spec, &[tolerate], &current, &inputs(&nodes, &held)),
-            Decision::Planned(_)
+            PlanDecision::Planned(_)
         ));
     }
 }

@@ -1,0 +1,50 @@
+//! The controller's hashes, all FNV-1a over JSON: stable across builds and
+//! platforms, so an upgraded controller recognises the plans and pods an older
+//! one made.
+
+use std::hash::Hasher;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::api::ModelInstanceSpec;
+
+/// Pod annotation: the hash of everything the controller put into a shard pod.
+/// A pod whose hash differs from the desired one is replaced (pod specs are
+/// mostly immutable).
+pub const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
+
+/// Hash of the spec parts a plan depends on (`status.placementHash`).
+pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
+    let parts = (&spec.model, &spec.parallelism, &spec.placement);
+    // Plain structs of numbers and strings always serialize.
+    let json = serde_json::to_vec(&parts).unwrap_or_default();
+    format!("{:016x}", fnv(&json))
+}
+
+/// Hash of a desired pod as built, before its own hash annotation is added.
+pub(crate) fn pod_hash(pod: &Pod) -> String {
+    // A pod built from deserialized parts always serializes.
+    let json = serde_json::to_vec(pod).unwrap_or_default();
+    format!("{:016x}", fnv(&json))
+}
+
+/// The hash a pod was built with, for comparing a desired pod with one that
+/// came back from the API server (which adds defaults to the spec).
+pub(crate) fn recorded_pod_hash(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SPEC_HASH_ANNOTATION))
+        .map(String::as_str)
+}
+
+/// Identifies a planning problem, so an unsatisfiable one is not solved twice.
+pub(crate) fn problem_hash(value: &impl serde::Serialize) -> u64 {
+    fnv(&serde_json::to_vec(value).unwrap_or_default())
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(bytes);
+    hasher.finish()
+}
