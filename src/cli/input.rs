@@ -43,7 +43,8 @@ fn strict<T: DeserializeOwned>(value: serde_json::Value, origin: &str) -> Result
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;
 /// YAML nodes (scalars, lists, maps) one file may hold: enough for about
 /// 8,000 such nodes, where the parser's own default (250,000) stops near 570.
-/// Peak memory at this limit (about 450 MB) is in the README.
+/// Peak memory at this limit (about 450 MB) is in docs/benchmarks.md
+/// ("Reading cluster files").
 pub const MAX_YAML_NODES: usize = 4_000_000;
 
 /// Reads an input file (`-` for stdin) as text, naming it in every error.
