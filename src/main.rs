@@ -84,9 +84,6 @@ enum Command {
             default_value = "/var/lib/tessera/checkpoint.json"
         )]
         checkpoint: PathBuf,
-        /// This node's name (from the downward API).
-        #[arg(long, env = "NODE_NAME", value_name = "NAME")]
-        node_name: Option<String>,
         /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
         #[arg(long, value_name = "FILE")]
         kubeconfig: Option<PathBuf>,
@@ -189,6 +186,10 @@ struct BackendFlags {
     /// Where the host's sysfs is mounted (AMD discovery, AMD render nodes).
     #[arg(long, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
+    /// This node's name (from the downward API): the agent publishes on this
+    /// Node, and a --fake directory gives this node its `<name>.yaml`.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node_name: Option<String>,
 }
 
 impl BackendFlags {
@@ -199,11 +200,7 @@ impl BackendFlags {
             sysfs_root: self.sysfs_root,
             // An empty TESSERA_FAKE_GPUS means "no fake devices".
             fake: self.fake.filter(|s| !s.trim().is_empty()),
-            // For a directory of per-node fake GPU files; `agent` also takes
-            // --node-name.
-            node_name: std::env::var("NODE_NAME")
-                .ok()
-                .filter(|n| !n.trim().is_empty()),
+            node_name: self.node_name.filter(|n| !n.trim().is_empty()),
         }
     }
 }
@@ -313,7 +310,6 @@ fn main() -> ExitCode {
             cdi,
             registry,
             checkpoint,
-            node_name,
             kubeconfig,
             no_publish,
             publish_interval,
@@ -324,14 +320,11 @@ fn main() -> ExitCode {
             use std::time::Duration;
             use tessera::agent::registration::PluginConfig;
             use tessera::agent::run::{AgentConfig, PublishOptions, run};
-            let detect = DetectOptions {
-                node_name: node_name.clone().filter(|n| !n.trim().is_empty()),
-                ..gpus.options()
-            };
+            let detect = gpus.options();
             let publish = if no_publish {
                 None
             } else {
-                match node_name.filter(|n| !n.trim().is_empty()) {
+                match detect.node_name.clone() {
                     Some(node_name) => Some(PublishOptions {
                         node_name,
                         kubeconfig,
