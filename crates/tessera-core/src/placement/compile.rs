@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::evaluate::{Context, scored_temperature};
+use super::evaluate::{PreparedProblem, scored_temperature};
 use super::problem::LinkKind;
 
 pub(crate) struct CNode {
@@ -42,7 +42,7 @@ pub(crate) struct Group {
 }
 
 pub(crate) struct Compiled<'p> {
-    pub ctx: Context<'p>,
+    pub ctx: PreparedProblem<'p>,
     /// Nodes that can hold at least one group, in network order.
     pub nodes: Vec<CNode>,
     /// Candidate groups, most promising first.
@@ -53,8 +53,8 @@ pub(crate) struct Compiled<'p> {
 
 impl<'p> Compiled<'p> {
     /// `stages` is the resolved stage count (see `greedy::start`).
-    pub(crate) fn new(ctx: Context<'p>, stages: u32) -> Self {
-        let p = ctx.p;
+    pub(crate) fn new(ctx: PreparedProblem<'p>, stages: u32) -> Self {
+        let p = ctx.problem;
         let t = p.tensor as usize;
         let mut order: Vec<usize> = (0..p.nodes.len()).collect();
         order.sort_by(|&a, &b| ctx.position_cmp(a, b));
@@ -88,7 +88,7 @@ impl<'p> Compiled<'p> {
             });
         }
         let max_free = groups.iter().map(|g| g.free).fold(0.0, f64::max);
-        let w = ctx.w;
+        let w = ctx.weights;
         let key = |g: &Group| {
             let free = if max_free > 0.0 {
                 g.free / max_free
@@ -116,7 +116,7 @@ fn same_bits(a: f64, b: f64) -> bool {
     a.to_bits() == b.to_bits()
 }
 
-fn twins(ctx: &Context, node: usize, eligible: &[usize], a: usize, b: usize) -> bool {
+fn twins(ctx: &PreparedProblem, node: usize, eligible: &[usize], a: usize, b: usize) -> bool {
     let (x, y) = (ctx.device(node, a), ctx.device(node, b));
     let same = x.vendor == y.vendor
         && x.product == y.product
@@ -133,7 +133,7 @@ fn twins(ctx: &Context, node: usize, eligible: &[usize], a: usize, b: usize) -> 
     })
 }
 
-fn twin_classes(ctx: &Context, node: usize, eligible: &[usize]) -> Vec<Vec<usize>> {
+fn twin_classes(ctx: &PreparedProblem, node: usize, eligible: &[usize]) -> Vec<Vec<usize>> {
     let mut classes: Vec<Vec<usize>> = Vec::new();
     for &d in eligible {
         match classes
@@ -161,8 +161,8 @@ struct NodeKey<'a> {
     links: Vec<Option<(LinkKind, u64)>>,
 }
 
-fn node_key<'a>(ctx: &'a Context, node: usize, classes: &[Vec<usize>]) -> NodeKey<'a> {
-    let n = &ctx.p.nodes[node];
+fn node_key<'a>(ctx: &'a PreparedProblem, node: usize, classes: &[Vec<usize>]) -> NodeKey<'a> {
+    let n = &ctx.problem.nodes[node];
     let link = |a: usize, b: usize| ctx.links(node).get(a, b).map(|(k, g)| (k, g.to_bits()));
     let mut links = Vec::new();
     for (i, a) in classes.iter().enumerate() {
@@ -228,7 +228,12 @@ fn enumerate_counts(
     }
 }
 
-fn make_group(ctx: &Context, ni: usize, n: &CNode, counts: &[(usize, u32)]) -> Option<Group> {
+fn make_group(
+    ctx: &PreparedProblem,
+    ni: usize,
+    n: &CNode,
+    counts: &[(usize, u32)],
+) -> Option<Group> {
     let devices: Vec<usize> = counts
         .iter()
         .flat_map(|&(c, k)| n.classes[c][..k as usize].iter().copied())
@@ -249,7 +254,7 @@ fn make_group(ctx: &Context, ni: usize, n: &CNode, counts: &[(usize, u32)]) -> O
     if cap == 0 {
         return None;
     }
-    let w = &ctx.w;
+    let w = &ctx.weights;
     Some(Group {
         node: ni,
         counts: counts.to_vec(),
@@ -272,7 +277,7 @@ mod tests {
     use super::*;
 
     fn compiled(p: &Problem) -> Compiled<'_> {
-        Compiled::new(Context::new(p), 1)
+        Compiled::new(PreparedProblem::new(p), 1)
     }
 
     #[test]

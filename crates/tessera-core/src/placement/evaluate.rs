@@ -1,6 +1,6 @@
 //! Turning a chosen set of device groups into a plan: pipeline order, layer
 //! split, score and predicted speed. The search, the exhaustive reference and
-//! callers checking an existing plan all go through `Context::evaluate`, so they
+//! callers checking an existing plan all go through `PreparedProblem::evaluate`, so they
 //! agree on what a plan is worth.
 
 use std::cell::OnceCell;
@@ -91,9 +91,9 @@ impl NodeLinks {
 }
 
 /// Everything about a problem that does not depend on the choice of groups.
-pub(crate) struct Context<'p> {
-    pub p: &'p Problem,
-    pub w: Weights,
+pub(crate) struct PreparedProblem<'p> {
+    pub problem: &'p Problem,
+    pub weights: Weights,
     /// Bytes one layer occupies (weights + KV cache), across a whole group.
     pub layer_bytes: f64,
     pub max_tflops: f64,
@@ -104,7 +104,7 @@ pub(crate) struct Context<'p> {
     pub exclusions: Vec<Vec<Option<Exclusion>>>,
 }
 
-impl<'p> Context<'p> {
+impl<'p> PreparedProblem<'p> {
     pub(crate) fn new(p: &'p Problem) -> Self {
         let layer_bytes = p.model.weight_bytes_per_layer + p.model.kv_bytes_per_layer;
         let tensor = f64::from(p.tensor.max(1));
@@ -135,8 +135,8 @@ impl<'p> Context<'p> {
             }
         }
         Self {
-            p,
-            w: p.weights.normalized(),
+            problem: p,
+            weights: p.weights.normalized(),
             layer_bytes,
             max_tflops,
             max_bandwidth,
@@ -146,13 +146,13 @@ impl<'p> Context<'p> {
     }
 
     pub(crate) fn links(&self, node: usize) -> &NodeLinks {
-        self.links[node].get_or_init(|| NodeLinks::new(&self.p.nodes[node]))
+        self.links[node].get_or_init(|| NodeLinks::new(&self.problem.nodes[node]))
     }
 
     /// Network position of a node: pipelines visit nodes in this order, so stages
     /// in one rack, then one zone, are neighbours.
     pub(crate) fn position_cmp(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        let (x, y) = (&self.p.nodes[a], &self.p.nodes[b]);
+        let (x, y) = (&self.problem.nodes[a], &self.problem.nodes[b]);
         (&x.zone, &x.rack, &x.name, a).cmp(&(&y.zone, &y.rack, &y.name, b))
     }
 
@@ -161,12 +161,12 @@ impl<'p> Context<'p> {
     }
 
     pub(crate) fn device(&self, node: usize, device: usize) -> &Device {
-        &self.p.nodes[node].devices[device]
+        &self.problem.nodes[node].devices[device]
     }
 
     /// Cost of a pipeline hop between two different nodes.
     pub(crate) fn node_distance(&self, a: usize, b: usize) -> f64 {
-        let (x, y) = (&self.p.nodes[a], &self.p.nodes[b]);
+        let (x, y) = (&self.problem.nodes[a], &self.problem.nodes[b]);
         let same_zone = x.zone.is_some() && x.zone == y.zone;
         if same_zone && x.rack.is_some() && x.rack == y.rack {
             HOP_SAME_RACK
@@ -181,7 +181,7 @@ impl<'p> Context<'p> {
     pub(crate) fn device_parts(&self, d: &Device) -> (f64, f64, f64) {
         let compute = ratio(d.fp16_tflops, self.max_tflops);
         let bandwidth = ratio(d.memory_bandwidth_gbps, self.max_bandwidth);
-        let limit = self.p.max_temperature_c;
+        let limit = self.problem.max_temperature_c;
         let thermal = match scored_temperature(d) {
             Some(t) if limit > 0.0 => ((limit - t) / limit).clamp(0.0, 1.0),
             _ => 0.5,
@@ -192,18 +192,18 @@ impl<'p> Context<'p> {
     /// Layers a group of devices can hold: every device carries the overhead plus
     /// its `1/tensor` share of each layer, so the tightest device decides.
     pub(crate) fn capacity(&self, min_free: f64) -> u32 {
-        let per_device = self.layer_bytes / f64::from(self.p.tensor.max(1));
-        let room = min_free - self.p.model.overhead_bytes_per_device;
+        let per_device = self.layer_bytes / f64::from(self.problem.tensor.max(1));
+        let room = min_free - self.problem.model.overhead_bytes_per_device;
         if room < per_device || per_device <= 0.0 {
             return if room >= 0.0 && per_device <= 0.0 {
-                self.p.model.layers
+                self.problem.model.layers
             } else {
                 0
             };
         }
         let layers = (room / per_device).floor();
-        if layers >= f64::from(self.p.model.layers) {
-            self.p.model.layers
+        if layers >= f64::from(self.problem.model.layers) {
+            self.problem.model.layers
         } else {
             layers as u32
         }
@@ -223,7 +223,7 @@ impl<'p> Context<'p> {
     /// Normaliser of the network part: pipeline hops plus one term per tensor group.
     pub(crate) fn network_terms(&self, stages: u32) -> f64 {
         let hops = f64::from(stages.saturating_sub(1));
-        let groups = if self.p.tensor > 1 {
+        let groups = if self.problem.tensor > 1 {
             f64::from(stages)
         } else {
             0.0
@@ -233,14 +233,14 @@ impl<'p> Context<'p> {
 
     /// Bytes the whole plan needs across its devices.
     pub(crate) fn demand(&self, stages: u32) -> f64 {
-        f64::from(self.p.model.layers) * self.layer_bytes
-            + f64::from(stages * self.p.tensor) * self.p.model.overhead_bytes_per_device
+        f64::from(self.problem.model.layers) * self.layer_bytes
+            + f64::from(stages * self.problem.tensor) * self.problem.model.overhead_bytes_per_device
     }
 
     /// Time one layer takes for one token on a group, in seconds.
     fn layer_seconds(&self, node: usize, devices: &[usize]) -> f64 {
-        let t = f64::from(self.p.tensor.max(1));
-        let m = &self.p.model;
+        let t = f64::from(self.problem.tensor.max(1));
+        let m = &self.problem.model;
         let mut tflops = f64::INFINITY;
         let mut bw = f64::INFINITY;
         for &d in devices {
@@ -280,163 +280,201 @@ impl<'p> Context<'p> {
     /// order does not matter. Fails with a sentence when the groups are not a
     /// valid plan for this problem.
     pub(crate) fn evaluate(&self, groups: &[(usize, Vec<usize>)]) -> Result<Plan, String> {
-        let p = self.p;
-        let k = u32::try_from(groups.len()).map_err(|_| "too many stages".to_string())?;
-        if k == 0 {
+        let stage_count = self.check_groups(groups)?;
+        let ordered = self.pipeline_order(groups);
+        let min_free: Vec<f64> = ordered
+            .iter()
+            .map(|(node, devices)| self.min_free(*node, devices))
+            .collect();
+        let capacities: Vec<u32> = min_free.iter().map(|&free| self.capacity(free)).collect();
+        let total_capacity: u64 = capacities.iter().map(|&c| u64::from(c)).sum();
+        if capacities.contains(&0) || total_capacity < u64::from(self.problem.model.layers) {
+            return Err(format!(
+                "the stages hold {total_capacity} of {} layers",
+                self.problem.model.layers
+            ));
+        }
+        let layer_seconds: Vec<f64> = ordered
+            .iter()
+            .map(|(node, devices)| self.layer_seconds(*node, devices))
+            .collect();
+        let layers = split_layers(self.problem.model.layers, &capacities, &layer_seconds);
+
+        let mut totals = PlanTotals::default();
+        let mut stages = Vec::with_capacity(ordered.len());
+        let mut transfer_ms = Vec::new();
+        let mut layer_start = 0;
+        for (i, (node, devices)) in ordered.iter().enumerate() {
+            let next_node = ordered.get(i + 1).map(|(next, _)| *next);
+            let stage = self.stage_plan(
+                *node,
+                devices,
+                next_node,
+                (layer_start, layers[i]),
+                min_free[i],
+                &mut totals,
+            );
+            if next_node.is_some() {
+                let (bytes_per_s, latency) = hop_transfer(stage.parts.next_hop_cost);
+                transfer_ms.push(
+                    (self.problem.model.activation_bytes_per_token / bytes_per_s + latency) * 1e3,
+                );
+            }
+            stages.push(stage);
+            layer_start += layers[i];
+        }
+        let stage_ms: Vec<f64> = layer_seconds
+            .iter()
+            .zip(&layers)
+            .map(|(seconds, &count)| seconds * f64::from(count) * 1e3)
+            .collect();
+        Ok(Plan {
+            stages,
+            score: self.plan_score(stage_count, &totals),
+            optimal: false,
+            steps: 0,
+            performance: performance(stage_ms, transfer_ms),
+        })
+    }
+
+    /// The number of stages, or why the groups are not a plan: each stage has
+    /// `tensor` eligible devices, none used twice, at least a layer each.
+    fn check_groups(&self, groups: &[(usize, Vec<usize>)]) -> Result<u32, String> {
+        let problem = self.problem;
+        let stage_count = u32::try_from(groups.len()).map_err(|_| "too many stages".to_string())?;
+        if stage_count == 0 {
             return Err("a plan needs at least one stage".into());
         }
-        if k > p.model.layers {
+        if stage_count > problem.model.layers {
             return Err(format!(
-                "{k} stages for {} layers: every stage needs a layer",
-                p.model.layers
+                "{stage_count} stages for {} layers: every stage needs a layer",
+                problem.model.layers
             ));
         }
         let mut seen = std::collections::HashSet::new();
-        for (node, devs) in groups {
-            if devs.len() != p.tensor as usize {
+        for (node, devices) in groups {
+            let node_name = &problem.nodes[*node].name;
+            if devices.len() != problem.tensor as usize {
                 return Err(format!(
-                    "a stage on {} has {} devices; tensor is {}",
-                    p.nodes[*node].name,
-                    devs.len(),
-                    p.tensor
+                    "a stage on {node_name} has {} devices; tensor is {}",
+                    devices.len(),
+                    problem.tensor
                 ));
             }
-            for &d in devs {
-                if !seen.insert((*node, d)) {
-                    return Err(format!(
-                        "device {} on {} is used twice",
-                        self.device(*node, d).id,
-                        p.nodes[*node].name
-                    ));
+            for &device in devices {
+                let id = &self.device(*node, device).id;
+                if !seen.insert((*node, device)) {
+                    return Err(format!("device {id} on {node_name} is used twice"));
                 }
-                if let Some(e) = &self.exclusions[*node][d] {
+                if let Some(excluded) = &self.exclusions[*node][device] {
                     return Err(format!(
-                        "device {} on {} is not eligible: {}",
-                        self.device(*node, d).id,
-                        p.nodes[*node].name,
-                        exclusion_text(e, p)
+                        "device {id} on {node_name} is not eligible: {}",
+                        exclusion_text(excluded, problem)
                     ));
                 }
             }
         }
+        Ok(stage_count)
+    }
 
-        // Pipeline order: by network position, then by first device.
-        let mut order: Vec<usize> = (0..groups.len()).collect();
-        let first = |g: &(usize, Vec<usize>)| g.1.iter().copied().min().unwrap_or(0);
-        order.sort_by(|&a, &b| {
-            self.position_cmp(groups[a].0, groups[b].0)
-                .then(first(&groups[a]).cmp(&first(&groups[b])))
-        });
-        let ordered: Vec<&(usize, Vec<usize>)> = order.iter().map(|&i| &groups[i]).collect();
+    /// The groups in pipeline order: by network position, then by first device.
+    fn pipeline_order<'g>(
+        &self,
+        groups: &'g [(usize, Vec<usize>)],
+    ) -> Vec<&'g (usize, Vec<usize>)> {
+        let first = |group: &(usize, Vec<usize>)| group.1.iter().copied().min().unwrap_or(0);
+        let mut ordered: Vec<&(usize, Vec<usize>)> = groups.iter().collect();
+        ordered.sort_by(|a, b| self.position_cmp(a.0, b.0).then(first(a).cmp(&first(b))));
+        ordered
+    }
 
-        let min_free: Vec<f64> = ordered
+    /// The free memory of the group's tightest device.
+    fn min_free(&self, node: usize, devices: &[usize]) -> f64 {
+        devices
             .iter()
-            .map(|(n, ds)| {
-                ds.iter()
-                    .map(|&d| self.device(*n, d).memory_free_bytes as f64)
-                    .fold(f64::INFINITY, f64::min)
-            })
-            .collect();
-        let caps: Vec<u32> = min_free.iter().map(|&f| self.capacity(f)).collect();
-        let total_cap: u64 = caps.iter().map(|&c| u64::from(c)).sum();
-        if caps.contains(&0) || total_cap < u64::from(p.model.layers) {
-            return Err(format!(
-                "the stages hold {total_cap} of {} layers",
-                p.model.layers
-            ));
-        }
-        let per_layer: Vec<f64> = ordered
-            .iter()
-            .map(|(n, ds)| self.layer_seconds(*n, ds))
-            .collect();
-        let layers = split_layers(p.model.layers, &caps, &per_layer);
+            .map(|&device| self.device(node, device).memory_free_bytes as f64)
+            .fold(f64::INFINITY, f64::min)
+    }
 
-        let tensor = f64::from(p.tensor.max(1));
-        let mut stages = Vec::with_capacity(groups.len());
-        let (mut compute, mut thermal, mut bandwidth) = (0.0, 0.0, 0.0);
-        let mut free_total = 0.0;
-        let mut network_cost = 0.0;
-        let mut transfer_ms = Vec::new();
-        let mut start = 0;
-        for (i, (node, devs)) in ordered.iter().enumerate() {
-            let (mut c, mut t, mut b) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
-            for &d in devs.iter() {
-                let dev = self.device(*node, d);
-                let (dc, dt, db) = self.device_parts(dev);
-                c = c.min(dc);
-                t = t.min(dt);
-                b = b.min(db);
-                free_total += dev.memory_free_bytes as f64;
-            }
-            compute += c;
-            thermal += t;
-            bandwidth += b;
-            let intra = self.intra_cost(*node, devs);
-            network_cost += intra;
-            let next_hop_cost = match ordered.get(i + 1) {
-                Some((next, _)) if next == node => HOP_SAME_NODE,
-                Some((next, _)) => self.node_distance(*node, *next),
-                None => 0.0,
-            };
-            if i + 1 < ordered.len() {
-                network_cost += next_hop_cost;
-                let (bytes_per_s, latency) = hop_transfer(next_hop_cost);
-                transfer_ms
-                    .push((p.model.activation_bytes_per_token / bytes_per_s + latency) * 1e3);
-            }
-            let memory = p.model.overhead_bytes_per_device
-                + f64::from(layers[i]) * self.layer_bytes / tensor;
-            let mut sorted = devs.clone();
-            sorted.sort_unstable();
-            stages.push(StagePlan {
-                node: p.nodes[*node].name.clone(),
-                devices: sorted
-                    .iter()
-                    .map(|&d| self.device(*node, d).id.clone())
-                    .collect(),
-                device_indices: sorted
-                    .iter()
-                    .map(|&d| self.device(*node, d).index)
-                    .collect(),
-                layer_start: start,
-                layer_end: start + layers[i],
-                memory_per_device_bytes: memory,
-                parts: StageParts {
-                    compute: c,
-                    memory: (1.0 - memory / min_free[i]).clamp(0.0, 1.0),
-                    thermal: t,
-                    bandwidth: b,
-                    next_hop_cost,
-                },
-            });
-            start += layers[i];
+    /// One stage of the plan, holding `layers` = (first, count); adds its parts
+    /// to `totals`. `next_node` is the next stage's node (none for the last).
+    fn stage_plan(
+        &self,
+        node: usize,
+        devices: &[usize],
+        next_node: Option<usize>,
+        layers: (u32, u32),
+        min_free: f64,
+        totals: &mut PlanTotals,
+    ) -> StagePlan {
+        let (layer_start, layer_count) = layers;
+        let (mut compute, mut thermal, mut bandwidth) =
+            (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+        for &device in devices {
+            let gpu = self.device(node, device);
+            let (device_compute, device_thermal, device_bandwidth) = self.device_parts(gpu);
+            compute = compute.min(device_compute);
+            thermal = thermal.min(device_thermal);
+            bandwidth = bandwidth.min(device_bandwidth);
+            totals.free_bytes += gpu.memory_free_bytes as f64;
         }
-        let kf = f64::from(k);
-        let terms = self.network_terms(k);
+        totals.compute += compute;
+        totals.thermal += thermal;
+        totals.bandwidth += bandwidth;
+        totals.network_cost += self.intra_cost(node, devices);
+        let next_hop_cost = match next_node {
+            Some(next) if next == node => HOP_SAME_NODE,
+            Some(next) => self.node_distance(node, next),
+            None => 0.0,
+        };
+        if next_node.is_some() {
+            totals.network_cost += next_hop_cost;
+        }
+        let tensor = f64::from(self.problem.tensor.max(1));
+        let memory = self.problem.model.overhead_bytes_per_device
+            + f64::from(layer_count) * self.layer_bytes / tensor;
+        let mut sorted = devices.to_vec();
+        sorted.sort_unstable();
+        StagePlan {
+            node: self.problem.nodes[node].name.clone(),
+            devices: sorted
+                .iter()
+                .map(|&device| self.device(node, device).id.clone())
+                .collect(),
+            device_indices: sorted
+                .iter()
+                .map(|&device| self.device(node, device).index)
+                .collect(),
+            layer_start,
+            layer_end: layer_start + layer_count,
+            memory_per_device_bytes: memory,
+            parts: StageParts {
+                compute,
+                memory: (1.0 - memory / min_free).clamp(0.0, 1.0),
+                thermal,
+                bandwidth,
+                next_hop_cost,
+            },
+        }
+    }
+
+    /// The plan's score from its stages' summed parts.
+    fn plan_score(&self, stage_count: u32, totals: &PlanTotals) -> Score {
+        let stages = f64::from(stage_count);
+        let terms = self.network_terms(stage_count);
         let network = if terms > 0.0 {
-            (1.0 - network_cost / terms).clamp(0.0, 1.0)
+            (1.0 - totals.network_cost / terms).clamp(0.0, 1.0)
         } else {
             1.0
         };
-        let memory = memory_part(self.demand(k), free_total);
-        let score = self.score(compute / kf, memory, network, thermal / kf, bandwidth / kf);
-        let stage_ms: Vec<f64> = per_layer
-            .iter()
-            .zip(&layers)
-            .map(|(s, &l)| s * f64::from(l) * 1e3)
-            .collect();
-        let token_ms: f64 = stage_ms.iter().sum::<f64>() + transfer_ms.iter().sum::<f64>();
-        Ok(Plan {
-            stages,
-            score,
-            optimal: false,
-            steps: 0,
-            performance: Performance {
-                tokens_per_second: if token_ms > 0.0 { 1e3 / token_ms } else { 0.0 },
-                stage_ms,
-                transfer_ms,
-            },
-        })
+        let memory = memory_part(self.demand(stage_count), totals.free_bytes);
+        self.score(
+            totals.compute / stages,
+            memory,
+            network,
+            totals.thermal / stages,
+            totals.bandwidth / stages,
+        )
     }
 
     pub(crate) fn score(
@@ -447,7 +485,7 @@ impl<'p> Context<'p> {
         thermal: f64,
         bandwidth: f64,
     ) -> Score {
-        let w = &self.w;
+        let w = &self.weights;
         Score {
             total: w.compute * compute
                 + w.memory * memory
@@ -460,6 +498,28 @@ impl<'p> Context<'p> {
             thermal,
             bandwidth,
         }
+    }
+}
+
+/// The stages' parts, summed in pipeline order.
+#[derive(Default)]
+struct PlanTotals {
+    compute: f64,
+    thermal: f64,
+    bandwidth: f64,
+    /// Free memory of every planned device.
+    free_bytes: f64,
+    /// Tensor-group link costs plus pipeline hop costs.
+    network_cost: f64,
+}
+
+/// Predicted speed: a token passes every stage and every hop in turn.
+fn performance(stage_ms: Vec<f64>, transfer_ms: Vec<f64>) -> Performance {
+    let token_ms: f64 = stage_ms.iter().sum::<f64>() + transfer_ms.iter().sum::<f64>();
+    Performance {
+        tokens_per_second: if token_ms > 0.0 { 1e3 / token_ms } else { 0.0 },
+        stage_ms,
+        transfer_ms,
     }
 }
 
@@ -537,7 +597,7 @@ fn exclusion(p: &Problem, node_ok: bool, d: &Device, need_one_layer: f64) -> Opt
 /// Scores a plan given by names. Used to check that an existing plan is still
 /// valid and to compare plans from elsewhere (e.g. a baseline) on our objective.
 pub fn evaluate(problem: &Problem, stages: &[StageChoice]) -> Result<Plan, String> {
-    let ctx = Context::new(problem);
+    let ctx = PreparedProblem::new(problem);
     let mut groups = Vec::with_capacity(stages.len());
     for s in stages {
         let node = problem

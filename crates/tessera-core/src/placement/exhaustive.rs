@@ -1,15 +1,15 @@
 //! Plain enumeration of every plan, for checking the search on small problems.
-//! It shares only the objective (`Context::evaluate`) and device eligibility
+//! It shares only the objective (`PreparedProblem::evaluate`) and device eligibility
 //! with the search: no twin classes, no bounds, no greedy.
 
-use super::evaluate::Context;
+use super::evaluate::PreparedProblem;
 use super::plan::Plan;
 use super::problem::{Problem, Stages};
 
 /// The best plan by trying every set of disjoint device groups; `None` when no
 /// set holds the model. Exponential: only for small problems (tests).
 pub fn best_by_enumeration(problem: &Problem) -> Option<Plan> {
-    let ctx = Context::new(problem);
+    let ctx = PreparedProblem::new(problem);
     let t = problem.tensor as usize;
     if t == 0 || problem.model.layers == 0 {
         return None;
@@ -37,7 +37,7 @@ pub fn best_by_enumeration(problem: &Problem) -> Option<Plan> {
 }
 
 fn pick(
-    ctx: &Context,
+    ctx: &PreparedProblem,
     groups: &[(usize, Vec<usize>)],
     k: usize,
     start: usize,

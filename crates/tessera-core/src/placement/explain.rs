@@ -1,7 +1,7 @@
 //! Deciding the stage count, and saying in words why there is no plan: which
 //! shard, how much memory, the best device there is, and what excluded the rest.
 
-use super::evaluate::Context;
+use super::evaluate::PreparedProblem;
 use super::exclusion::{Exclusion, exclusion_text};
 use super::plan::Unsatisfiable;
 use super::problem::{Problem, Stages};
@@ -53,8 +53,8 @@ pub(crate) fn check_shape(p: &Problem) -> Result<(), Unsatisfiable> {
 }
 
 /// One line per reason devices were excluded, with a few examples each.
-fn exclusion_details(ctx: &Context) -> Vec<String> {
-    let p = ctx.p;
+fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
+    let p = ctx.problem;
     let kinds = [
         "allocated",
         "unhealthy",
@@ -107,9 +107,9 @@ fn device_total(p: &Problem) -> usize {
 
 /// The largest free device among the healthy, allowed ones (ignoring memory),
 /// which is what a person compares a shard's need with.
-fn largest_free_device(ctx: &Context) -> Option<(f64, String, String)> {
+fn largest_free_device(ctx: &PreparedProblem) -> Option<(f64, String, String)> {
     let mut best: Option<(f64, String, String)> = None;
-    for (ni, n) in ctx.p.nodes.iter().enumerate() {
+    for (ni, n) in ctx.problem.nodes.iter().enumerate() {
         for (di, d) in n.devices.iter().enumerate() {
             let usable = matches!(
                 ctx.exclusions[ni][di],
@@ -128,11 +128,11 @@ fn largest_free_device(ctx: &Context) -> Option<(f64, String, String)> {
 /// layer capacities of the disjoint groups with the most room, largest first.
 /// Explanations are only built on the way out: a solvable problem pays nothing.
 pub(crate) fn stage_count(
-    ctx: &Context,
+    ctx: &PreparedProblem,
     caps: &[u32],
     any_node_fits_tensor: bool,
 ) -> Result<u32, Unsatisfiable> {
-    let p = ctx.p;
+    let p = ctx.problem;
     let m = &p.model;
     let t = p.tensor;
     let total = device_total(p);
@@ -167,7 +167,7 @@ pub(crate) fn stage_count(
     }
     if !any_node_fits_tensor {
         let (most, node) = ctx
-            .p
+            .problem
             .nodes
             .iter()
             .enumerate()

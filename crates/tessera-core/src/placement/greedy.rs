@@ -4,7 +4,7 @@
 
 use std::cmp::Reverse;
 
-use super::evaluate::Context;
+use super::evaluate::PreparedProblem;
 use super::explain;
 use super::plan::{Plan, Unsatisfiable};
 
@@ -22,10 +22,10 @@ pub(crate) struct Start {
     pub plan: Plan,
 }
 
-pub(crate) fn start(ctx: &Context) -> Result<Start, Unsatisfiable> {
-    let p = ctx.p;
+pub(crate) fn start(ctx: &PreparedProblem) -> Result<Start, Unsatisfiable> {
+    let p = ctx.problem;
     let t = p.tensor as usize;
-    let w = ctx.w;
+    let w = ctx.weights;
 
     // Eligible devices of all nodes in one list, a node's devices contiguous.
     let mut by_free: Vec<usize> = Vec::new();

@@ -32,7 +32,7 @@ pub use problem::{
 /// Finds the best plan within the options' budget.
 pub fn solve(problem: &Problem, options: &SolveOptions) -> Result<Plan, Unsatisfiable> {
     explain::check_shape(problem)?;
-    let ctx = evaluate::Context::new(problem);
+    let ctx = evaluate::PreparedProblem::new(problem);
     let start = greedy::start(&ctx)?;
     let compiled = compile::Compiled::new(ctx, start.stages);
     Ok(search::run(&compiled, options, start.plan))
@@ -42,7 +42,7 @@ pub fn solve(problem: &Problem, options: &SolveOptions) -> Result<Plan, Unsatisf
 /// the deadline hits before the search has found anything better.
 pub fn solve_greedy(problem: &Problem) -> Result<Plan, Unsatisfiable> {
     explain::check_shape(problem)?;
-    let ctx = evaluate::Context::new(problem);
+    let ctx = evaluate::PreparedProblem::new(problem);
     Ok(greedy::start(&ctx)?.plan)
 }
 

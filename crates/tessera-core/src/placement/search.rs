@@ -42,7 +42,7 @@ struct Usage {
 impl Usage {
     fn new(c: &Compiled) -> Self {
         Self {
-            tensor: c.ctx.p.tensor,
+            tensor: c.ctx.problem.tensor,
             used: c.nodes.iter().map(|n| vec![0; n.classes.len()]).collect(),
             groups_on: vec![0; c.nodes.len()],
             free_devices: c
@@ -117,7 +117,7 @@ fn materialize(c: &Compiled, chosen: &[usize]) -> Vec<(usize, Vec<usize>)> {
         .map(|&gi| {
             let g = &c.groups[gi];
             let node = &c.nodes[g.node];
-            let mut devices = Vec::with_capacity(c.ctx.p.tensor as usize);
+            let mut devices = Vec::with_capacity(c.ctx.problem.tensor as usize);
             for &(cl, k) in &g.counts {
                 let start = next[g.node][cl];
                 devices.extend_from_slice(&node.classes[cl][start..start + k as usize]);
@@ -212,7 +212,7 @@ pub(crate) fn run(c: &Compiled, opts: &SolveOptions, incumbent: Plan) -> Plan {
         suffix_max_cap[i] = suffix_max_cap[i + 1].max(g.cap);
     }
     let k = c.stages;
-    let t = c.ctx.p.tensor;
+    let t = c.ctx.problem.tensor;
     let max_slots = c
         .nodes
         .iter()
@@ -224,7 +224,7 @@ pub(crate) fn run(c: &Compiled, opts: &SolveOptions, incumbent: Plan) -> Plan {
         c,
         opts,
         k: k as usize,
-        layers: u64::from(c.ctx.p.model.layers),
+        layers: u64::from(c.ctx.problem.model.layers),
         demand: c.ctx.demand(k),
         terms: c.ctx.network_terms(k),
         usage: Usage::new(c),
@@ -295,7 +295,7 @@ impl Search<'_, '_> {
     /// part takes the best the remaining groups could offer, ignoring conflicts.
     fn upper_bound(&self, gi: usize, path_delta: f64, new_node: bool) -> f64 {
         let c = self.c;
-        let w = &c.ctx.w;
+        let w = &c.ctx.weights;
         let g = &c.groups[gi];
         let rest = (self.k - self.chosen.len() - 1) as u64;
         let rest_f = rest as f64;
@@ -325,7 +325,7 @@ impl Search<'_, '_> {
     /// The parts of `suffix_bound` that do not depend on the candidate index.
     fn level_bounds(&self, rest: u64) -> LevelBounds {
         let c = self.c;
-        let w = &c.ctx.w;
+        let w = &c.ctx.weights;
         let in_use = self.usage.nodes_in_use.len() as u64;
         let new_nodes = rest
             .saturating_sub(self.usage.slots_in_use)
@@ -354,7 +354,7 @@ impl Search<'_, '_> {
 
     /// Optimistic score of any completion whose next group is at index `gi` or later.
     fn suffix_bound(&self, gi: usize, rest: u64, level: &LevelBounds) -> f64 {
-        let w = &self.c.ctx.w;
+        let w = &self.c.ctx.weights;
         let rest_f = rest as f64;
         let additive = (self.additive_sum
             + (rest_f * self.suffix_max_additive[gi]).min(level.top_additive))
