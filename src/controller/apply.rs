@@ -22,11 +22,11 @@ use super::held::finished;
 use crate::api::{DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, SHARD_ANNOTATION};
 
 /// The name the controller writes under (field manager, event reporter).
-pub const MANAGER: &str = "tessera-controller";
+pub(crate) const MANAGER: &str = "tessera-controller";
 
 /// Where one shard is after the apply stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShardState {
+pub(crate) enum ShardState {
     /// No pod (not created yet, or the old one is going away).
     Missing,
     /// Created, not bound to its node yet.
@@ -46,7 +46,7 @@ pub struct ApplyError {
 
 /// Retries transient failures: HTTP 409 (except "already exists"), 429, 5xx
 /// and transport errors, three attempts in all.
-pub async fn retry<T, F, Fut>(action: &str, mut call: F) -> Result<T, ApplyError>
+pub(crate) async fn retry<T, F, Fut>(action: &str, mut call: F) -> Result<T, ApplyError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, kube::Error>>,
@@ -92,7 +92,7 @@ fn not_found(e: &ApplyError) -> bool {
 
 /// Makes the Service match `desired`. A Service of that name that is not
 /// ours is left alone (with a warning note).
-pub async fn service(
+pub(crate) async fn service(
     api: &Api<Service>,
     desired: &Service,
     existing: Option<&Service>,
@@ -150,7 +150,7 @@ pub async fn service(
 /// each desired shard's state afterwards.
 /// `may_bind(node, pod)` says whether a pod may be bound now; one that may
 /// not stays unbound (`Created`) for a later reconcile.
-pub async fn pods(
+pub(crate) async fn pods(
     api: &Api<Pod>,
     desired: &[(Pod, String)],
     existing: &BTreeMap<String, Arc<Pod>>,
@@ -251,7 +251,7 @@ fn replace_reason(have: &Pod, want: &Pod, node: &str) -> Option<(String, bool)> 
 
 /// A shard pod whose containers never started because kubelet refused it
 /// (device allocation failed, resources short).
-pub fn failed_admission(pod: &Pod) -> bool {
+pub(crate) fn failed_admission(pod: &Pod) -> bool {
     let status = pod.status.as_ref();
     status.and_then(|s| s.phase.as_deref()) == Some("Failed")
         && status
@@ -297,7 +297,7 @@ async fn restore_annotations(api: &Api<Pod>, have: &Pod, want: &Pod) -> Result<(
 }
 
 /// Deletes a pod, but only the very object seen (UID precondition).
-pub async fn delete(api: &Api<Pod>, pod: &Pod) -> Result<(), ApplyError> {
+pub(crate) async fn delete(api: &Api<Pod>, pod: &Pod) -> Result<(), ApplyError> {
     let name = pod.name_any();
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -344,7 +344,7 @@ async fn bind(api: &Api<Pod>, pod: &Pod, node: &str) -> Result<(), ApplyError> {
 }
 
 /// Writes the status with server-side apply if it differs from the current one.
-pub async fn status(
+pub(crate) async fn status(
     api: &Api<ModelInstance>,
     mi: &ModelInstance,
     status: &ModelInstanceStatus,
@@ -367,7 +367,7 @@ pub async fn status(
 }
 
 /// Pods labelled as shards of this instance that its plan no longer has.
-pub async fn remove_extra(
+pub(crate) async fn remove_extra(
     api: &Api<Pod>,
     existing: &BTreeMap<String, Arc<Pod>>,
     desired: &[(Pod, String)],
@@ -384,6 +384,6 @@ pub async fn remove_extra(
 }
 
 /// Label selector for every shard pod and Service the controller manages.
-pub fn managed_selector() -> String {
+pub(crate) fn managed_selector() -> String {
     INSTANCE_LABEL.to_string()
 }

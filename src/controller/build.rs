@@ -17,14 +17,14 @@ use crate::api::{
 };
 
 /// Label on every shard pod and on the Service: the instance's name.
-pub const INSTANCE_LABEL: &str = "tessera.dev/instance";
+pub(crate) const INSTANCE_LABEL: &str = "tessera.dev/instance";
 
-pub fn shard_pod_name(instance: &str, shard: u32) -> String {
+pub(crate) fn shard_pod_name(instance: &str, shard: u32) -> String {
     format!("{instance}-shard-{shard}")
 }
 
 /// The stable DNS name of a shard: `<pod>.<service>.<namespace>.svc`.
-pub fn shard_address(instance: &str, namespace: &str, shard: u32) -> String {
+pub(crate) fn shard_address(instance: &str, namespace: &str, shard: u32) -> String {
     format!(
         "{}.{instance}.{namespace}.svc",
         shard_pod_name(instance, shard)

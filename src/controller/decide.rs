@@ -22,15 +22,15 @@ use crate::translate::{WallDeadline, build_problem, planned_shards};
 
 /// Everything the plan stage reads besides the instance.
 pub struct PlanInputs<'a> {
-    pub nodes: &'a [Arc<NodeInfo>],
-    pub held: &'a Held,
-    pub now: Timestamp,
+    pub(crate) nodes: &'a [Arc<NodeInfo>],
+    pub(crate) held: &'a Held,
+    pub(crate) now: Timestamp,
     /// How long a NotReady node keeps its shards before they count as lost.
-    pub node_grace: Duration,
-    pub max_steps: u64,
+    pub(crate) node_grace: Duration,
+    pub(crate) max_steps: u64,
     /// The inputs and answer of this instance's last unsatisfiable attempt:
     /// the same problem is not solved twice.
-    pub known_unsatisfiable: Option<&'a (u64, Unsatisfiable)>,
+    pub(crate) known_unsatisfiable: Option<&'a (u64, Unsatisfiable)>,
 }
 
 impl<'a> PlanInputs<'a> {
@@ -54,10 +54,10 @@ impl<'a> PlanInputs<'a> {
 
 /// The instance's current plan as its status records it.
 pub struct Current<'a> {
-    pub plan: &'a [PlannedShard],
-    pub placement_hash: Option<&'a str>,
+    pub(crate) plan: &'a [PlannedShard],
+    pub(crate) placement_hash: Option<&'a str>,
     /// Shards whose pod failed admission: re-planned away from their devices.
-    pub failed_admission: &'a [u32],
+    pub(crate) failed_admission: &'a [u32],
 }
 
 impl Current<'_> {
@@ -99,7 +99,7 @@ pub struct NewPlan {
 }
 
 /// Why each shard of `plan` can no longer stay where it is, by shard.
-pub fn broken_shards(
+pub(crate) fn broken_shards(
     plan: &[PlannedShard],
     failed_admission: &[u32],
     inputs: &PlanInputs,

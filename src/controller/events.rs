@@ -11,10 +11,10 @@ use crate::placement::Unsatisfiable;
 
 /// Something worth an Event.
 #[derive(Clone, Debug, PartialEq)]
-pub struct EventNote {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct EventNote {
+    pub(crate) warning: bool,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 /// The solver's reason and what excluded the rest, short enough for a condition.

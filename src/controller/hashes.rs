@@ -11,7 +11,7 @@ use crate::api::ModelInstanceSpec;
 /// Pod annotation: the hash of everything the controller put into a shard pod.
 /// A pod whose hash differs from the desired one is replaced (pod specs are
 /// mostly immutable).
-pub const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
+pub(crate) const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
 
 /// Hash of the spec parts a plan depends on (`status.placementHash`).
 pub fn placement_hash(spec: &ModelInstanceSpec) -> String {

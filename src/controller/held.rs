@@ -16,13 +16,13 @@ pub type Held = HashMap<(String, String), String>;
 
 /// Plans this controller decided, by instance UID, that its cache may not
 /// show yet (the status write has not come back through the watch).
-pub type Claims = HashMap<String, Vec<PlannedShard>>;
+pub(crate) type Claims = HashMap<String, Vec<PlannedShard>>;
 
 /// Devices held by anything but the instance with UID `me`. An instance's
 /// plan is its entry in `claimed` when it has one (newer than the cached
 /// status), else its cached `status.plan`. The instance's own shard pods'
 /// allocations are its own.
-pub fn held_devices<'a>(
+pub(crate) fn held_devices<'a>(
     me: &str,
     instances: impl IntoIterator<Item = &'a ModelInstance>,
     claimed: &Claims,
@@ -108,7 +108,7 @@ pub fn held_devices<'a>(
 }
 
 /// A pod that has ended holds no devices any more.
-pub fn finished(pod: &Pod) -> bool {
+pub(crate) fn finished(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")

@@ -33,15 +33,15 @@ struct PhaseLabel {
 
 pub struct Metrics {
     registry: Registry,
-    pub reconciles: Counter,
+    pub(crate) reconciles: Counter,
     failures: Family<ReasonLabel, Counter>,
-    pub reconcile_seconds: Histogram,
-    pub plan_seconds: Histogram,
+    pub(crate) reconcile_seconds: Histogram,
+    pub(crate) plan_seconds: Histogram,
     instances: Family<PhaseLabel, Gauge>,
     leader: Gauge,
     /// Set once the caches have their first full list.
-    pub synced: Arc<AtomicBool>,
-    pub is_leader: Arc<AtomicBool>,
+    pub(crate) synced: Arc<AtomicBool>,
+    pub(crate) is_leader: Arc<AtomicBool>,
 }
 
 impl Default for Metrics {
@@ -96,11 +96,11 @@ impl Default for Metrics {
 
 impl Metrics {
     /// For metrics kept elsewhere (the client's request counts).
-    pub fn registry_mut(&mut self) -> &mut Registry {
+    pub(crate) fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
     }
 
-    pub fn failure(&self, reason: &str) {
+    pub(crate) fn failure(&self, reason: &str) {
         self.failures
             .get_or_create(&ReasonLabel {
                 reason: reason.to_string(),
@@ -109,7 +109,7 @@ impl Metrics {
     }
 
     /// The exposition text, with the per-phase gauge counted from the cache.
-    pub fn render(&self, instances: Option<&Store<ModelInstance>>) -> String {
+    pub(crate) fn render(&self, instances: Option<&Store<ModelInstance>>) -> String {
         let mut counts = std::collections::BTreeMap::new();
         for p in [
             Phase::Pending,
@@ -149,7 +149,7 @@ struct AppState {
 
 /// Where the HTTP endpoints find the instance cache once the controller
 /// (which only the leader runs) has one.
-pub type InstanceCache = Arc<std::sync::Mutex<Option<Store<ModelInstance>>>>;
+pub(crate) type InstanceCache = Arc<std::sync::Mutex<Option<Store<ModelInstance>>>>;
 
 async fn healthz() -> &'static str {
     "ok\n"
@@ -178,7 +178,7 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-pub fn router(metrics: Arc<Metrics>, instances: InstanceCache) -> Router {
+pub(crate) fn router(metrics: Arc<Metrics>, instances: InstanceCache) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -8,7 +8,7 @@
 //! into the solver's problem; `run` wires caches (`synced`), leader election
 //! and the HTTP endpoints.
 
-pub mod apply;
+pub(crate) mod apply;
 pub mod build;
 pub mod decide;
 mod events;
@@ -20,7 +20,7 @@ pub mod nodes;
 pub mod reconcile;
 pub mod run;
 mod settings;
-pub mod status;
+pub(crate) mod status;
 mod synced;
 pub mod validate;
 

@@ -16,15 +16,15 @@ use crate::translate::ClusterNode;
 /// A GPU node: its published state plus what decides whether it can take work.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeInfo {
-    pub gpus: ClusterNode,
-    pub readiness: Readiness,
+    pub(crate) gpus: ClusterNode,
+    pub(crate) readiness: Readiness,
     /// `spec.unschedulable` (cordoned).
-    pub cordoned: bool,
-    pub taints: Vec<Taint>,
+    pub(crate) cordoned: bool,
+    pub(crate) taints: Vec<Taint>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum Readiness {
+pub(crate) enum Readiness {
     Ready,
     /// Ready is `False` or `Unknown`; `since` is the condition's last transition.
     NotReady {
@@ -51,13 +51,13 @@ impl NodeInfo {
         }))
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.gpus.name
     }
 
     /// True when the node has been NotReady for longer than `grace`: its
     /// shards count as lost.
-    pub fn lost(&self, now: Timestamp, grace: Duration) -> bool {
+    pub(crate) fn lost(&self, now: Timestamp, grace: Duration) -> bool {
         match &self.readiness {
             Readiness::NotReady { since: Some(t) } => now
                 .duration_since(*t)
@@ -71,7 +71,7 @@ impl NodeInfo {
 
     /// Whether a new shard with these tolerations may be placed here, and if
     /// not, why (for the explanation of an unsatisfiable plan).
-    pub fn accepts(&self, tolerations: &[Toleration]) -> Result<(), String> {
+    pub(crate) fn accepts(&self, tolerations: &[Toleration]) -> Result<(), String> {
         if self.cordoned {
             return Err(format!("node {} is cordoned", self.name()));
         }
@@ -175,11 +175,11 @@ impl ParsedNodes {
 /// with a typo). Each is logged when it first appears for a node, not on
 /// every Node update.
 #[derive(Default)]
-pub struct StateReports(HashMap<String, String>);
+pub(crate) struct StateReports(HashMap<String, String>);
 
 impl StateReports {
     /// Logs what is new about this node's state; returns it too.
-    pub fn observe(&mut self, node: &Node) -> Option<String> {
+    pub(crate) fn observe(&mut self, node: &Node) -> Option<String> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let Some(report) = state_report(node) else {
             self.0.remove(&name);

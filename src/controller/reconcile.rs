@@ -130,7 +130,7 @@ pub async fn reconcile(mi: Arc<ModelInstance>, ctx: Arc<Context>) -> Result<Acti
 }
 
 /// Exponential backoff per instance: 1 s doubling to 5 minutes.
-pub fn error_policy(mi: Arc<ModelInstance>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(mi: Arc<ModelInstance>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failure(&error.reason());
     let n = {
         let mut failures = lock(&ctx.failures);

@@ -8,13 +8,13 @@ use k8s_openapi::jiff::Timestamp;
 use super::apply::ShardState;
 use crate::api::{ModelInstanceStatus, Phase, PlannedShard};
 
-pub const PLACED: &str = "Placed";
-pub const READY: &str = "Ready";
-pub const PROGRESSING: &str = "Progressing";
+pub(crate) const PLACED: &str = "Placed";
+pub(crate) const READY: &str = "Ready";
+pub(crate) const PROGRESSING: &str = "Progressing";
 
 /// What the earlier stages concluded.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The spec cannot run: `problems` say why.
     Invalid { problems: Vec<String> },
     /// No plan. `lost` is non-empty when a running plan lost shards that could
@@ -34,7 +34,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The shards the outcome keeps or places (none for an invalid spec).
-    pub fn plan(&self) -> &[PlannedShard] {
+    pub(crate) fn plan(&self) -> &[PlannedShard] {
         match self {
             Outcome::Invalid { .. } => &[],
             Outcome::Unsatisfiable { plan, .. } | Outcome::Placed { plan, .. } => plan,
@@ -42,16 +42,16 @@ impl Outcome {
     }
 }
 
-pub struct StatusInputs<'a> {
-    pub previous: Option<&'a ModelInstanceStatus>,
-    pub generation: Option<i64>,
-    pub placement_hash: Option<String>,
-    pub outcome: &'a Outcome,
-    pub shards: &'a [ShardState],
-    pub now: Timestamp,
+pub(crate) struct StatusInputs<'a> {
+    pub(crate) previous: Option<&'a ModelInstanceStatus>,
+    pub(crate) generation: Option<i64>,
+    pub(crate) placement_hash: Option<String>,
+    pub(crate) outcome: &'a Outcome,
+    pub(crate) shards: &'a [ShardState],
+    pub(crate) now: Timestamp,
 }
 
-pub fn compute(i: &StatusInputs) -> ModelInstanceStatus {
+pub(crate) fn compute(i: &StatusInputs) -> ModelInstanceStatus {
     let prev_phase = i.previous.and_then(|p| p.phase);
     let was_serving = matches!(prev_phase, Some(Phase::Running | Phase::Degraded));
     let total = i.shards.len() as u32;

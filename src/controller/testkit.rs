@@ -15,29 +15,29 @@ use crate::api::{
 };
 
 #[derive(Clone, Copy)]
-pub struct Kind {
-    pub vendor: Vendor,
-    pub product: &'static str,
-    pub memory_gib: u64,
-    pub tflops: f64,
-    pub bandwidth: f64,
+pub(crate) struct Kind {
+    pub(crate) vendor: Vendor,
+    pub(crate) product: &'static str,
+    pub(crate) memory_gib: u64,
+    pub(crate) tflops: f64,
+    pub(crate) bandwidth: f64,
 }
 
-pub const H100: Kind = Kind {
+pub(crate) const H100: Kind = Kind {
     vendor: Vendor::Nvidia,
     product: "NVIDIA H100 80GB HBM3",
     memory_gib: 80,
     tflops: 989.0,
     bandwidth: 3350.0,
 };
-pub const MI300X: Kind = Kind {
+pub(crate) const MI300X: Kind = Kind {
     vendor: Vendor::Amd,
     product: "AMD Instinct MI300X",
     memory_gib: 192,
     tflops: 1307.0,
     bandwidth: 5300.0,
 };
-pub const RTX4090: Kind = Kind {
+pub(crate) const RTX4090: Kind = Kind {
     vendor: Vendor::Nvidia,
     product: "NVIDIA GeForce RTX 4090",
     memory_gib: 24,
@@ -45,15 +45,15 @@ pub const RTX4090: Kind = Kind {
     bandwidth: 1008.0,
 };
 
-pub const NOW: &str = "2026-06-01T12:00:00Z";
+pub(crate) const NOW: &str = "2026-06-01T12:00:00Z";
 
-pub fn now() -> Timestamp {
+pub(crate) fn now() -> Timestamp {
     NOW.parse().unwrap()
 }
 
 /// The published state of `count` devices of one kind, all linked by NVLink
 /// or xGMI. Device IDs are `<node>-g<i>`.
-pub fn state(node: &str, count: u32, kind: Kind) -> NodeGpuState {
+pub(crate) fn state(node: &str, count: u32, kind: Kind) -> NodeGpuState {
     let devices = (0..count)
         .map(|i| GpuDevice {
             id: format!("{node}-g{i}"),
@@ -96,7 +96,7 @@ pub fn state(node: &str, count: u32, kind: Kind) -> NodeGpuState {
     s
 }
 
-pub fn node_with(name: &str, state: &NodeGpuState) -> Node {
+pub(crate) fn node_with(name: &str, state: &NodeGpuState) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -116,24 +116,24 @@ pub fn node_with(name: &str, state: &NodeGpuState) -> Node {
     }
 }
 
-pub fn node(name: &str, count: u32, kind: Kind) -> Node {
+pub(crate) fn node(name: &str, count: u32, kind: Kind) -> Node {
     node_with(name, &state(name, count, kind))
 }
 
-pub fn infos(nodes: &[Node]) -> Vec<Arc<NodeInfo>> {
+pub(crate) fn infos(nodes: &[Node]) -> Vec<Arc<NodeInfo>> {
     nodes
         .iter()
         .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
         .collect()
 }
 
-pub fn inputs<'a>(nodes: &'a [Arc<NodeInfo>], held: &'a Held) -> PlanInputs<'a> {
+pub(crate) fn inputs<'a>(nodes: &'a [Arc<NodeInfo>], held: &'a Held) -> PlanInputs<'a> {
     PlanInputs::new(nodes, held, now(), &super::settings::Settings::default())
 }
 
 /// A ModelInstance `ml/<name>` (UID `uid-<name>`, generation 1) with a
 /// one-container template; `spec` is the YAML of the rest of its spec.
-pub fn instance(name: &str, spec: &str) -> ModelInstance {
+pub(crate) fn instance(name: &str, spec: &str) -> ModelInstance {
     let template =
         "template:\n  spec:\n    containers:\n      - name: shard\n        image: busybox:1.37\n";
     let yaml = format!("{spec}\n{template}");
@@ -145,7 +145,7 @@ pub fn instance(name: &str, spec: &str) -> ModelInstance {
 }
 
 /// The pod spec of an instance made by [`instance`], for tests that edit it.
-pub fn pod_spec(mi: &mut ModelInstance) -> &mut PodSpec {
+pub(crate) fn pod_spec(mi: &mut ModelInstance) -> &mut PodSpec {
     mi.spec
         .template
         .as_mut()
@@ -154,4 +154,4 @@ pub fn pod_spec(mi: &mut ModelInstance) -> &mut PodSpec {
 }
 
 /// A 7B model in bf16: about 14 GB of weights, fits one GPU of 24 GiB or more.
-pub const SMALL: &str = "model: {name: small, parametersBillions: 7, layers: 32, kvCacheGiB: 2}";
+pub(crate) const SMALL: &str = "model: {name: small, parametersBillions: 7, layers: 32, kvCacheGiB: 2}";
