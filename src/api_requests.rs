@@ -18,12 +18,12 @@ struct RequestLabels {
 
 /// Shared by the client (which counts) and the component's registry.
 #[derive(Clone, Default)]
-pub struct ApiRequests {
+pub(crate) struct ApiRequests {
     counts: Family<RequestLabels, Counter>,
 }
 
 impl ApiRequests {
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "api_requests",
             "Kubernetes API requests by RBAC verb and resource (group/resource[/subresource], core for the core group)",

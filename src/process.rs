@@ -10,7 +10,7 @@ use crate::api_requests::ApiRequests;
 /// `KUBECONFIG`). The error is one line naming the file and what is wrong
 /// with it (parser errors also draw the offending line; that part is dropped).
 /// Every request the client sends is counted in `requests`.
-pub async fn kube_client(
+pub(crate) async fn kube_client(
     kubeconfig: Option<&Path>,
     requests: &ApiRequests,
 ) -> Result<kube::Client, String> {
@@ -46,7 +46,7 @@ async fn client(kubeconfig: Option<&Path>, requests: &ApiRequests) -> Result<kub
 }
 
 /// Resolves on SIGTERM (how Kubernetes stops a pod) or SIGINT.
-pub async fn terminated() {
+pub(crate) async fn terminated() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

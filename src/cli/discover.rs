@@ -35,12 +35,12 @@ pub struct DiscoverArgs {
 /// One discovery: backend state with the registry's stable IDs, and probe
 /// results when asked for (reused from the registry when they cover the same
 /// devices).
-pub struct Discovery {
-    pub snapshot: Snapshot,
-    pub probe: Option<Result<ProbeReport, String>>,
+pub(crate) struct Discovery {
+    pub(crate) snapshot: Snapshot,
+    pub(crate) probe: Option<Result<ProbeReport, String>>,
 }
 
-pub struct Discoverer {
+pub(crate) struct Discoverer {
     backend: Box<dyn GpuBackend>,
     tracker: HealthTracker,
     registry: Option<(PathBuf, Registry)>,
@@ -48,7 +48,7 @@ pub struct Discoverer {
 }
 
 impl Discoverer {
-    pub fn new(args: &DiscoverArgs) -> Result<Self, InputError> {
+    pub(crate) fn new(args: &DiscoverArgs) -> Result<Self, InputError> {
         let backend = detect(&args.detect).map_err(|e| InputError(e.to_string()))?;
         let registry = args.registry.as_ref().map(|p| {
             let r = Registry::load(p).unwrap_or_else(|| Registry::new(Vec::new()));
@@ -62,7 +62,7 @@ impl Discoverer {
         })
     }
 
-    pub fn discover(&mut self) -> Result<Discovery, InputError> {
+    pub(crate) fn discover(&mut self) -> Result<Discovery, InputError> {
         let mut snap = snapshot(self.backend.as_mut()).map_err(|e| InputError(e.to_string()))?;
         if let Some((_, r)) = &self.registry {
             r.stabilize_snapshot(&mut snap, nvml::is_fallback_id);
@@ -106,7 +106,7 @@ fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
-pub fn render(d: &Discovery, output: Output) -> String {
+pub(crate) fn render(d: &Discovery, output: Output) -> String {
     let state = d.snapshot.to_gpu_state(Some(now_rfc3339()));
     match output {
         Output::Json => serde_json::to_string_pretty(&state).unwrap_or_default() + "\n",
@@ -254,19 +254,19 @@ pub fn run(args: &DiscoverArgs, watch: Option<Duration>) -> Result<(), InputErro
 /// Totals over many nodes' published states.
 #[derive(Debug, PartialEq)]
 pub struct ClusterSummary {
-    pub nodes: usize,
-    pub devices: usize,
-    pub healthy: usize,
-    pub memory_bytes: u64,
-    pub free_bytes: u64,
-    pub by_vendor: BTreeMap<String, usize>,
-    pub by_product: BTreeMap<String, usize>,
+    pub(crate) nodes: usize,
+    pub(crate) devices: usize,
+    pub(crate) healthy: usize,
+    pub(crate) memory_bytes: u64,
+    pub(crate) free_bytes: u64,
+    pub(crate) by_vendor: BTreeMap<String, usize>,
+    pub(crate) by_product: BTreeMap<String, usize>,
     /// Fastest over slowest healthy device by FP16 throughput (1 = homogeneous).
-    pub compute_ratio: f64,
+    pub(crate) compute_ratio: f64,
     /// Largest over smallest device memory.
-    pub memory_ratio: f64,
+    pub(crate) memory_ratio: f64,
     /// The slowest GPU-to-GPU connection inside any multi-GPU node.
-    pub bottleneck: Option<String>,
+    pub(crate) bottleneck: Option<String>,
 }
 
 pub fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {

@@ -40,7 +40,7 @@ fn strict<T: DeserializeOwned>(value: serde_json::Value, origin: &str) -> Result
 
 /// The largest input file read. A cluster of 5,000 nodes with 8 GPUs each and
 /// a link between every pair of them is about 22 MB of YAML.
-pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_INPUT_BYTES: u64 = 64 << 20;
 /// YAML nodes (scalars, lists, maps) one file may hold: enough for about
 /// 8,000 such nodes, where the parser's own default (250,000) stops near 570.
 /// Peak memory at this limit (about 450 MB) is in docs/benchmarks.md
@@ -48,7 +48,7 @@ pub const MAX_INPUT_BYTES: u64 = 64 << 20;
 pub const MAX_YAML_NODES: usize = 4_000_000;
 
 /// Reads an input file (`-` for stdin) as text, naming it in every error.
-pub fn read_input(path: &Path) -> Result<String, InputError> {
+pub(crate) fn read_input(path: &Path) -> Result<String, InputError> {
     let (origin, reader): (String, Box<dyn Read>) = if path.as_os_str() == "-" {
         ("stdin".to_string(), Box::new(std::io::stdin()))
     } else {

@@ -16,11 +16,11 @@ use crate::translate::{ClusterNode, WallDeadline, build_problem, planned_shards,
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
 /// and three model sizes, compiled in so `tessera place` works anywhere.
-pub const SAMPLE_CLUSTER: (&str, &str) = (
+pub(crate) const SAMPLE_CLUSTER: (&str, &str) = (
     "examples/cluster-mixed.yaml",
     include_str!("../../examples/cluster-mixed.yaml"),
 );
-pub const SAMPLE_INSTANCES: [(&str, &str); 3] = [
+pub(crate) const SAMPLE_INSTANCES: [(&str, &str); 3] = [
     (
         "examples/llama-7b.yaml",
         include_str!("../../examples/llama-7b.yaml"),
@@ -55,20 +55,20 @@ pub struct PlaceArgs {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
-    pub name: String,
-    pub model: String,
+    pub(crate) name: String,
+    pub(crate) model: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
     /// The plan as the controller writes it into `status.plan`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub status_plan: Vec<PlannedShard>,
+    pub(crate) status_plan: Vec<PlannedShard>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsatisfiable: Option<Unsatisfiable>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Report {
-    pub cluster: String,
+    pub(crate) cluster: String,
     pub placements: Vec<Placement>,
 }
 
