@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// Where the agent keeps its allocation checkpoint unless told otherwise.
-pub const DEFAULT_CHECKPOINT_PATH: &str = "/var/lib/tessera/checkpoint.json";
+pub(crate) const DEFAULT_CHECKPOINT_PATH: &str = "/var/lib/tessera/checkpoint.json";
 /// The checkpoint format written and understood.
 pub const CHECKPOINT_VERSION: u32 = 1;
 
@@ -46,7 +46,7 @@ impl Allocation {
 /// The checkpoint file's contents.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
-    pub version: u32,
+    pub(crate) version: u32,
     /// Pod UID → its allocation.
     #[serde(default)]
     pub pods: BTreeMap<String, Allocation>,

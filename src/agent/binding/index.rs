@@ -146,7 +146,7 @@ impl BindingIndex {
 
     /// Applies the rules no pod event triggers: an `unbound` hold past its
     /// grace that no pod without a binding explains is dropped.
-    pub fn tidy(&self) {
+    pub(crate) fn tidy(&self) {
         self.tidy_and_save(self.lock());
     }
 
@@ -215,7 +215,7 @@ impl BindingIndex {
         self.lock().checkpoint.clone()
     }
 
-    pub fn checkpoint_path(&self) -> Option<&Path> {
+    pub(crate) fn checkpoint_path(&self) -> Option<&Path> {
         self.writer.as_ref().map(CheckpointWriter::path)
     }
 

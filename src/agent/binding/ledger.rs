@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, HashSet};
 use super::checkpoint::Checkpoint;
 use super::pods::{Plan, PodInfo};
 
-/// The owner [`Ledger::allocated_map`] gives devices recorded under `unbound`.
+/// The owner [`BindingIndex::allocated_devices`](super::BindingIndex::allocated_devices)
+/// gives devices recorded under `unbound`.
 pub const UNBOUND: &str = crate::api::NodeGpuState::UNBOUND_OWNER;
 
 pub(super) struct Ledger {

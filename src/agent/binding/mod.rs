@@ -31,7 +31,7 @@
 //!
 //! ## The checkpoint
 //!
-//! A small JSON file (default [`DEFAULT_CHECKPOINT_PATH`]; written compact,
+//! A small JSON file (default `/var/lib/tessera/checkpoint.json`; written compact,
 //! shown indented here):
 //!
 //! ```json
@@ -93,8 +93,7 @@ mod view;
 mod watch;
 
 pub use checkpoint::{
-    Allocation, CHECKPOINT_VERSION, Checkpoint, CheckpointError, DEFAULT_CHECKPOINT_PATH,
-    load_checkpoint,
+    Allocation, CHECKPOINT_VERSION, Checkpoint, CheckpointError, load_checkpoint,
 };
 pub use config::BindingConfig;
 pub use index::{BindingIndex, PendingBinding};
