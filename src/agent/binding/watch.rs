@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use tokio_stream::StreamExt;
+use tokio::time::{Interval, MissedTickBehavior};
+use tokio_stream::{Stream, StreamExt};
 
 use super::index::BindingIndex;
 use super::tidy::UNBOUND_GRACE_SECS;
@@ -31,16 +32,10 @@ pub async fn run_pod_watch(
     index: Arc<BindingIndex>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let pods: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(&node_field_selector(&node_name));
-    let events = watcher::watcher(pods, config).default_backoff();
+    let events = pods_on_node(client, &node_name);
     tokio::pin!(events);
     tokio::pin!(shutdown);
-    // Holds that only time ends (an `unbound` hold past its grace) must end
-    // also when no pod event comes.
-    let mut tidy_timer =
-        tokio::time::interval(Duration::from_secs(UNBOUND_GRACE_SECS.unsigned_abs() / 4));
-    tidy_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tidy_timer = tidy_timer();
     let mut feed = IndexFeed {
         index,
         node_name,
@@ -67,6 +62,25 @@ pub async fn run_pod_watch(
         }
     }
     tracing::info!("pod watch stopped");
+}
+
+/// The watch events of the pods bound to `node_name`, retried with backoff.
+fn pods_on_node(
+    client: kube::Client,
+    node_name: &str,
+) -> impl Stream<Item = Result<Event<Pod>, watcher::Error>> + use<> {
+    let pods: Api<Pod> = Api::all(client);
+    let config = watcher::Config::default().fields(&node_field_selector(node_name));
+    watcher::watcher(pods, config).default_backoff()
+}
+
+/// Holds that only time ends (an `unbound` hold past its grace) must end
+/// also when no pod event comes.
+fn tidy_timer() -> Interval {
+    let mut timer =
+        tokio::time::interval(Duration::from_secs(UNBOUND_GRACE_SECS.unsigned_abs() / 4));
+    timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    timer
 }
 
 /// Turns watch events into index updates.
