@@ -208,20 +208,9 @@ impl Ledger {
             return Err(already_allocated(uid, allocation, &wanted, requested));
         }
         if let Some(oldest) = PendingPlan::oldest(overlapping.iter().copied()) {
-            let exact = overlapping
-                .iter()
-                .copied()
-                .filter(|pending| pending.plan.sorted == wanted);
-            let Some(exact) = PendingPlan::oldest(exact) else {
-                return Err(not_the_plan(oldest, overlapping.len() - 1, requested));
-            };
-            let (uid, allocation) = self.allocation_for(exact)?;
-            let change = CheckpointChange::Allocated {
-                pod: allocation.pod.clone(),
-                devices: allocation.devices.clone(),
-            };
-            self.checkpoint.pods.insert(uid, allocation);
-            return Ok(Some(change));
+            let (uid, allocation) =
+                self.planned_allocation(&overlapping, oldest, &wanted, requested)?;
+            return Ok(Some(self.record_for_pod(uid, allocation)));
         }
         if let Some(refusal) = self.planned_pod_passed_over(&wanted, requested) {
             return Err(refusal);
@@ -258,13 +247,24 @@ impl Ledger {
                 .is_some_and(|pod| pod.phase == Phase::Waiting)
     }
 
-    /// What to record for `exact`, the oldest pending pod planned on exactly
-    /// the requested devices: its UID and allocation, or a refusal while a
-    /// device of its plan is still recorded under `unbound`.
-    fn allocation_for(
+    /// The request overlaps the pending plans `overlapping` (`oldest` the
+    /// oldest of them): what to record for the oldest pod planned on exactly
+    /// the requested devices, or a refusal when there is none or a device of
+    /// its plan is still recorded under `unbound`.
+    fn planned_allocation(
         &self,
-        exact: PendingPlan<'_>,
+        overlapping: &[PendingPlan<'_>],
+        oldest: PendingPlan<'_>,
+        wanted: &[String],
+        requested: &[String],
     ) -> Result<(String, Allocation), AllocationRefused> {
+        let exact = overlapping
+            .iter()
+            .copied()
+            .filter(|pending| pending.plan.sorted == wanted);
+        let Some(exact) = PendingPlan::oldest(exact) else {
+            return Err(not_the_plan(oldest, overlapping.len() - 1, requested));
+        };
         let held_unbound = self.held_unbound(&exact.plan.sorted);
         if !held_unbound.is_empty() {
             return Err(AllocationRefused::PlanHeldUnbound {
@@ -276,6 +276,16 @@ impl Ledger {
         let allocation =
             Allocation::recorded_now(exact.pod.key.clone(), exact.plan.devices.clone());
         Ok((exact.uid.to_string(), allocation))
+    }
+
+    /// Records `allocation` for the pod `uid`.
+    fn record_for_pod(&mut self, uid: String, allocation: Allocation) -> CheckpointChange {
+        let change = CheckpointChange::Allocated {
+            pod: allocation.pod.clone(),
+            devices: allocation.devices.clone(),
+        };
+        self.checkpoint.pods.insert(uid, allocation);
+        change
     }
 
     /// Devices of the sorted set `devices` recorded under `unbound`.
