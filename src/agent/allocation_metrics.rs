@@ -6,8 +6,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 #[derive(Clone, Debug)]
 pub struct AllocationMetrics {
-    pub answered: Counter,
-    pub seconds: Histogram,
+    pub(crate) answered: Counter,
+    pub(crate) seconds: Histogram,
 }
 
 impl Default for AllocationMetrics {

@@ -27,7 +27,7 @@ struct HealthLabel {
 
 /// Everything the agent counts. Counters others own (registrations, publish
 /// results) are read at scrape time.
-pub struct AgentMetrics {
+pub(crate) struct AgentMetrics {
     registry: Registry,
     devices: Family<HealthLabel, Gauge>,
     allocated: Gauge,
@@ -39,13 +39,13 @@ pub struct AgentMetrics {
 /// Status kept by the device plugin and the publisher, read at scrape time.
 /// `None` for a part the agent does not run.
 #[derive(Clone, Default)]
-pub struct Counters {
-    pub plugin: Option<Arc<PluginStatus>>,
-    pub publisher: Option<Arc<PublisherStats>>,
+pub(crate) struct Counters {
+    pub(crate) plugin: Option<Arc<PluginStatus>>,
+    pub(crate) publisher: Option<Arc<PublisherStats>>,
 }
 
 impl AgentMetrics {
-    pub fn new(allocation: &AllocationMetrics) -> Self {
+    pub(crate) fn new(allocation: &AllocationMetrics) -> Self {
         let mut registry = Registry::with_prefix("tessera_agent");
         let devices = Family::<HealthLabel, Gauge>::default();
         registry.register("devices", "GPUs on this node by health", devices.clone());
@@ -94,12 +94,12 @@ impl AgentMetrics {
     }
 
     /// For metrics kept elsewhere (the client's request counts).
-    pub fn registry_mut(&mut self) -> &mut Registry {
+    pub(crate) fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
     }
 
     /// The exposition text, with gauges brought up to date from the view.
-    pub fn render(&self, view: &ViewRx, counters: &Counters) -> String {
+    pub(crate) fn render(&self, view: &ViewRx, counters: &Counters) -> String {
         let v = view.borrow().clone();
         let (mut healthy, mut unhealthy) = (0, 0);
         for (_, ok) in v.health() {
@@ -183,7 +183,7 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-pub fn router(view: ViewRx, counters: Counters, metrics: Arc<AgentMetrics>) -> Router {
+pub(crate) fn router(view: ViewRx, counters: Counters, metrics: Arc<AgentMetrics>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -196,7 +196,7 @@ pub fn router(view: ViewRx, counters: Counters, metrics: Arc<AgentMetrics>) -> R
 }
 
 /// Serves the endpoints on `listener` until `shutdown` resolves.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,

@@ -8,15 +8,15 @@ pub mod v1beta1 {
 }
 
 /// The API version sent in `RegisterRequest.version`.
-pub const VERSION: &str = "v1beta1";
+pub(crate) const VERSION: &str = "v1beta1";
 /// Where kubelet expects device plugin sockets (and serves its own).
-pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins/";
+pub(crate) const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins/";
 /// File name of kubelet's registration socket inside the plugin dir.
-pub const KUBELET_SOCKET: &str = "kubelet.sock";
+pub(crate) const KUBELET_SOCKET: &str = "kubelet.sock";
 /// `Device.health` of a device kubelet may hand out.
-pub const HEALTHY: &str = "Healthy";
+pub(crate) const HEALTHY: &str = "Healthy";
 /// `Device.health` of a device kubelet must not hand out.
-pub const UNHEALTHY: &str = "Unhealthy";
+pub(crate) const UNHEALTHY: &str = "Unhealthy";
 
 #[cfg(test)]
 mod tests {

@@ -3,13 +3,13 @@
 //! can hand devices to containers, and publishes the node's GPU state on its
 //! Node object for the controller.
 
-pub mod allocation_metrics;
+mod allocation_metrics;
 pub mod binding;
 pub mod devices_env;
-pub mod http;
+mod http;
 pub mod kubelet_api;
 pub mod plugin;
-pub mod preferred;
+mod preferred;
 pub mod publisher;
 pub mod registration;
 pub mod run;

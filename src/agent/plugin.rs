@@ -6,14 +6,14 @@
 //!   count). It waits on the view's `watch` channel, so a change reaches
 //!   kubelet as soon as the poller publishes it.
 //! - `GetPreferredAllocation` asks the [`Binder`] for the controller's plan,
-//!   else picks by topology ([`super::preferred`]).
+//!   else picks by topology (`super::preferred`).
 //! - `Allocate` refuses unknown or unhealthy devices and whatever the binder
 //!   vetoes, and answers with what the vendor runtime needs
 //!   ([`super::devices_env`]). The view's `allocated` map is kept by the
 //!   binder when it can ([`Binder::keeps_allocated_view`]: the binding index,
 //!   which knows the pods and forgets their devices when they end); otherwise
 //!   (no API server, `--no-publish`) the devices handed out are recorded
-//!   there under [`UNBOUND`] and stay until the agent restarts, since nothing
+//!   there under `UNBOUND` and stay until the agent restarts, since nothing
 //!   tells the agent when a pod ends.
 //!
 //! [`DeviceView`]: super::state::DeviceView
@@ -47,10 +47,10 @@ use crate::backend::{DeviceInfo, RawHealth};
 
 /// The owner `Allocate` records in `DeviceView::allocated` when the binder
 /// does not keep that map: kubelet does not say which pod it allocates for.
-pub const UNBOUND: &str = crate::api::NodeGpuState::UNBOUND_OWNER;
+pub(crate) const UNBOUND: &str = crate::api::NodeGpuState::UNBOUND_OWNER;
 
 /// What we tell kubelet about ourselves.
-pub fn plugin_options() -> DevicePluginOptions {
+pub(crate) fn plugin_options() -> DevicePluginOptions {
     DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,
@@ -81,7 +81,7 @@ pub trait Binder: Send + Sync {
 
     /// Whether the binder keeps the device view's `allocated` map itself (it
     /// knows which pod holds what, and when pods end). When it does not,
-    /// `Allocate` records what it hands out under [`UNBOUND`].
+    /// `Allocate` records what it hands out under `UNBOUND`.
     fn keeps_allocated_view(&self) -> bool {
         false
     }
@@ -138,13 +138,13 @@ impl PluginService {
     }
 
     /// Records Allocate counts and latency into `metrics`.
-    pub fn with_metrics(mut self, metrics: AllocationMetrics) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: AllocationMetrics) -> Self {
         self.metrics = metrics;
         self
     }
 
     /// Counts `ListAndWatch` calls into `calls`.
-    pub fn counting_list_and_watch(mut self, calls: Arc<AtomicU64>) -> Self {
+    pub(crate) fn counting_list_and_watch(mut self, calls: Arc<AtomicU64>) -> Self {
         self.list_and_watch_calls = calls;
         self
     }
@@ -203,7 +203,7 @@ fn check_plan(
 }
 
 /// The device list kubelet sees.
-pub fn device_list(view: &DeviceView) -> ListAndWatchResponse {
+pub(crate) fn device_list(view: &DeviceView) -> ListAndWatchResponse {
     ListAndWatchResponse {
         devices: view
             .snapshot
@@ -436,13 +436,9 @@ impl PluginServer {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Whether our socket file is still there (not removed or replaced) and
     /// the server still runs.
-    pub fn is_intact(&self) -> bool {
+    pub(crate) fn is_intact(&self) -> bool {
         !self.task.is_finished()
             && self.identity.is_some()
             && file_identity(&self.path) == self.identity
@@ -471,7 +467,7 @@ impl PluginServer {
 }
 
 /// Device and inode of a file (not following symlinks).
-pub fn file_identity(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(path).ok()?;
     Some((m.dev(), m.ino()))

@@ -25,7 +25,7 @@ use crate::api::LinkKind;
 use crate::backend::Snapshot;
 
 /// Above this many candidate sets the search is greedy.
-pub const EXHAUSTIVE_LIMIT: u64 = 20_000;
+pub(crate) const EXHAUSTIVE_LIMIT: u64 = 20_000;
 
 /// The greedy search starts from at most this many first devices, spread
 /// evenly over the candidates (only nodes with more devices than this are
@@ -38,7 +38,7 @@ const MAX_SEEDS: usize = 64;
 /// `size` devices exist, all of them are. IDs the snapshot does not know are
 /// plain candidates with no links and no NUMA node, after the known ones.
 /// The answer is in the node's device order.
-pub fn preferred_allocation(
+pub(crate) fn preferred_allocation(
     snapshot: &Snapshot,
     available: &[String],
     must_include: &[String],

@@ -2,7 +2,7 @@
 //! annotation and `tessera.dev/gpu.*` labels in step with the agent's device
 //! view, so the controller plans against what the node has right now.
 //!
-//! When to write is decided by [`needs_publish`] (pure, no I/O):
+//! When to write is decided by `needs_publish` (pure, no I/O):
 //!
 //! - **at once** when something the controller must react to changed: the set
 //!   of devices or anything static about them, a device's health or its reason
@@ -15,7 +15,7 @@
 //! - **not at all** when nothing that is published changed.
 //!
 //! The write is a JSON merge patch of the Node's metadata that names only our
-//! own keys ([`patch_body`]), so other annotations and labels on the Node are
+//! own keys (`patch_body`), so other annotations and labels on the Node are
 //! never touched, and a hand-edited (even malformed) value of our annotation is
 //! simply replaced. A failed write is logged, counted and retried with a
 //! doubling backoff; the retry always carries the newest view, so views keep
@@ -45,7 +45,7 @@ const LABEL_VALUE_MAX: usize = 63;
 #[derive(Clone, Debug, PartialEq)]
 pub struct PublisherConfig {
     /// The Node to patch (the agent's own node, usually from `NODE_NAME`).
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// Telemetry-only changes are published at most this often.
     pub min_interval: Duration,
     /// Free-memory changes smaller than this (per device, against the last
@@ -60,11 +60,11 @@ pub struct PublisherConfig {
 }
 
 impl PublisherConfig {
-    pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(30);
-    pub const DEFAULT_FREE_MEMORY_THRESHOLD_BYTES: u64 = 1 << 30;
-    pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
-    pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
-    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+    pub(crate) const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(30);
+    pub(crate) const DEFAULT_FREE_MEMORY_THRESHOLD_BYTES: u64 = 1 << 30;
+    pub(crate) const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
+    pub(crate) const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+    pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
     /// The defaults: drift every 30 s at most, 1 GiB free-memory threshold,
     /// retries from 1 s doubling to 30 s, 30 s for the API server to answer.
@@ -84,9 +84,9 @@ impl PublisherConfig {
 #[derive(Debug, Default)]
 pub struct PublisherStats {
     /// Patches the API server accepted.
-    pub published: AtomicU64,
+    pub(crate) published: AtomicU64,
     /// Patches that failed (each retry that fails counts again).
-    pub errors: AtomicU64,
+    pub(crate) errors: AtomicU64,
 }
 
 impl PublisherStats {
@@ -110,14 +110,14 @@ pub enum PublisherError {
 
 /// The view last accepted by the API server, and when it was accepted.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Published {
-    pub view: DeviceView,
-    pub at: Instant,
+pub(crate) struct Published {
+    pub(crate) view: DeviceView,
+    pub(crate) at: Instant,
 }
 
 /// What [`needs_publish`] says to do about the current view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Something the controller must see changed, or drift is due: write now.
     Now,
     /// Only telemetry drifted; write at this time unless something else comes first.
@@ -127,7 +127,7 @@ pub enum Decision {
 }
 
 /// Decides whether `view` must be published, given what was published last.
-pub fn needs_publish(
+pub(crate) fn needs_publish(
     last: &Published,
     view: &DeviceView,
     now: Instant,
@@ -188,7 +188,7 @@ fn same_reading(a: Option<f64>, b: Option<f64>) -> bool {
 ///
 /// With no devices only the count (`0`) is written; the vendor, product and
 /// memory labels keep their last values.
-pub fn patch_body(state: &NodeGpuState) -> Value {
+pub(crate) fn patch_body(state: &NodeGpuState) -> Value {
     let mut labels = Map::new();
     labels.insert(
         LABEL_GPU_COUNT.to_string(),
@@ -251,7 +251,7 @@ fn common_product(devices: &[GpuDevice]) -> Option<(&str, u64)> {
 /// A label-safe form of a free-text name: every run of characters outside
 /// `[A-Za-z0-9._-]` becomes one `-`, at most 63 characters, starting and ending
 /// alphanumeric; `unknown` if nothing usable is left.
-pub fn label_value(text: &str) -> String {
+pub(crate) fn label_value(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(LABEL_VALUE_MAX));
     let mut replaced = false;
     for c in text.chars() {
@@ -275,7 +275,7 @@ pub fn label_value(text: &str) -> String {
 
 /// The state as it is published now: the view's snapshot and allocated set,
 /// stamped with the current time (RFC 3339).
-pub fn state_of(view: &DeviceView) -> NodeGpuState {
+pub(crate) fn state_of(view: &DeviceView) -> NodeGpuState {
     let timestamp = k8s_openapi::jiff::Timestamp::now().to_string();
     let mut state = view.snapshot.to_gpu_state(Some(timestamp));
     state.allocated = view.allocated.clone();
@@ -297,7 +297,7 @@ type PatchFuture = Pin<Box<dyn Future<Output = (DeviceView, Result<(), PatchErro
 /// `shutdown` completes (then `Ok`).
 ///
 /// Waits for the first ready view, publishes it, then publishes changes as
-/// [`needs_publish`] decides. Successes and failures are counted in `stats`;
+/// `needs_publish` decides. Successes and failures are counted in `stats`;
 /// a failed patch is retried with backoff and never ends the publisher. It
 /// ends with an error only if the node name is empty or the view's sender goes
 /// away (the poller is gone, so there is nothing left to publish).

@@ -36,7 +36,7 @@ use super::plugin::{Binder, NoBinder, PluginServer, PluginService, plugin_option
 use super::state::{ViewRx, ViewTx};
 
 /// The extended resource offered unless configured otherwise.
-pub const DEFAULT_RESOURCE_NAME: &str = "tessera.dev/gpu";
+pub(crate) const DEFAULT_RESOURCE_NAME: &str = "tessera.dev/gpu";
 
 /// Connecting to and calling kubelet's registration socket may take this long.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,7 +97,7 @@ impl std::fmt::Debug for PluginConfig {
 
 impl PluginConfig {
     /// Our socket's file name: `tessera-<resource name, / and . as ->.sock`.
-    pub fn socket_name(&self) -> String {
+    pub(crate) fn socket_name(&self) -> String {
         socket_name(&self.resource_name)
     }
 
@@ -105,13 +105,13 @@ impl PluginConfig {
         self.plugin_dir.join(self.socket_name())
     }
 
-    pub fn kubelet_socket(&self) -> PathBuf {
+    pub(crate) fn kubelet_socket(&self) -> PathBuf {
         self.plugin_dir.join(KUBELET_SOCKET)
     }
 }
 
 /// `tessera.dev/gpu` → `tessera-tessera-dev-gpu.sock`.
-pub fn socket_name(resource_name: &str) -> String {
+pub(crate) fn socket_name(resource_name: &str) -> String {
     format!("tessera-{}.sock", resource_name.replace(['/', '.'], "-"))
 }
 
@@ -126,7 +126,7 @@ pub struct PluginStatus {
 }
 
 /// Why kubelet may register a plugin and then never call it.
-pub const SILENT_KUBELET: &str = "registered with kubelet, but kubelet has not opened ListAndWatch: kubelets before v1.26 (without kubernetes/kubernetes#112597) send the socket path as the HTTP/2 :authority, which this plugin's HTTP/2 server must refuse; tessera needs kubelet v1.26 or later, or one with that fix";
+pub(crate) const SILENT_KUBELET: &str = "registered with kubelet, but kubelet has not opened ListAndWatch: kubelets before v1.26 (without kubernetes/kubernetes#112597) send the socket path as the HTTP/2 :authority, which this plugin's HTTP/2 server must refuse; tessera needs kubelet v1.26 or later, or one with that fix";
 
 impl PluginStatus {
     /// Successful registrations with kubelet since start.
@@ -150,13 +150,13 @@ impl PluginStatus {
     }
 
     /// Registered, but kubelet has not called within the grace period
-    /// ([`SILENT_KUBELET`] says why that happens).
+    /// (`SILENT_KUBELET` says why that happens).
     pub fn kubelet_silent(&self) -> bool {
         self.kubelet_silent.load(Ordering::Relaxed)
     }
 
     /// A registration with kubelet succeeded.
-    pub fn record_registration(&self) {
+    pub(crate) fn record_registration(&self) {
         self.registrations.fetch_add(1, Ordering::Relaxed);
         self.registered.store(true, Ordering::Relaxed);
     }
@@ -182,7 +182,7 @@ pub async fn connect_unix(path: &Path) -> Result<Channel, tonic::transport::Erro
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
+pub(crate) enum RegisterError {
     #[error("connecting to kubelet at {path}: {source}")]
     Connect {
         path: String,
@@ -196,7 +196,7 @@ pub enum RegisterError {
 
 /// Registers our socket `endpoint` (a file name in kubelet's directory) for
 /// `resource_name` with the kubelet listening at `kubelet_socket`.
-pub async fn register(
+pub(crate) async fn register(
     kubelet_socket: &Path,
     endpoint: &str,
     resource_name: &str,
@@ -235,7 +235,7 @@ fn kubelet_identity(path: &Path) -> Option<(u64, u64, i64, i64)> {
 
 /// The device plugin: serve, register, watch for kubelet restarts, until
 /// `shutdown` resolves; then stop serving and remove our socket.
-pub struct PluginRunner {
+pub(crate) struct PluginRunner {
     config: PluginConfig,
     view: ViewRx,
     tx: ViewTx,
@@ -243,7 +243,7 @@ pub struct PluginRunner {
 }
 
 impl PluginRunner {
-    pub fn new(config: PluginConfig, view: ViewRx, tx: ViewTx) -> Self {
+    pub(crate) fn new(config: PluginConfig, view: ViewRx, tx: ViewTx) -> Self {
         Self {
             config,
             view,
@@ -253,11 +253,11 @@ impl PluginRunner {
     }
 
     /// Shared with `/readyz` and the metrics.
-    pub fn status(&self) -> Arc<PluginStatus> {
+    pub(crate) fn status(&self) -> Arc<PluginStatus> {
         self.status.clone()
     }
 
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), PluginError> {
+    pub(crate) async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), PluginError> {
         tokio::pin!(shutdown);
         let config = &self.config;
         let status = &self.status;
@@ -415,7 +415,7 @@ impl PluginRunner {
     }
 }
 
-/// Runs the device plugin until `shutdown` resolves (see [`PluginRunner`]);
+/// Runs the device plugin until `shutdown` resolves (see `PluginRunner`);
 /// progress is visible through `status`.
 pub async fn run_device_plugin(
     config: PluginConfig,

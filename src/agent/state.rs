@@ -28,7 +28,7 @@ pub struct DeviceView {
 }
 
 impl DeviceView {
-    pub fn empty(backend: &str) -> Self {
+    pub(crate) fn empty(backend: &str) -> Self {
         Self {
             snapshot: Snapshot {
                 backend: backend.to_string(),
@@ -42,7 +42,7 @@ impl DeviceView {
     }
 
     /// `(device ID, healthy)` in device order: what kubelet needs to know.
-    pub fn health(&self) -> Vec<(String, bool)> {
+    pub(crate) fn health(&self) -> Vec<(String, bool)> {
         self.snapshot
             .devices
             .iter()
@@ -75,7 +75,7 @@ pub fn spawn_poller(
 /// lost NVIDIA GPU) gets the ID `registry` knew it by (see
 /// [`Registry::stabilize_ids`]), so device IDs stay the same across agent
 /// restarts for kubelet, the allocation checkpoint and the controller's plans.
-pub fn spawn_poller_with_ids(
+pub(crate) fn spawn_poller_with_ids(
     mut backend: Box<dyn GpuBackend>,
     mut tracker: HealthTracker,
     interval: Duration,
