@@ -30,6 +30,8 @@ use crate::api::{GIB, LinkKind, Vendor};
 
 /// Environment variable naming the fake devices: a spec or a file path.
 pub const ENV_VAR: &str = "TESSERA_FAKE_GPUS";
+/// The backend's name, as snapshots carry it.
+pub(crate) const BACKEND_NAME: &str = "fake";
 
 /// A GPU model the fake backend can pretend to be (datasheet numbers).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -447,7 +449,7 @@ fn device_id(p: &Profile, position: u32) -> String {
 
 impl GpuBackend for FakeBackend {
     fn name(&self) -> &'static str {
-        "fake"
+        BACKEND_NAME
     }
 
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {

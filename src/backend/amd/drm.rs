@@ -1,6 +1,7 @@
 //! AMD DRM devices (`<sysfs>/class/drm/card<N>/device`): which card belongs to
 //! which KFD GPU, matched by PCI address (`uevent`'s `PCI_SLOT_NAME`, else the
-//! name of the `device` link's target), else by render node.
+//! name of the `device` link's target), else by render node; and the numbers
+//! of a GPU's DRM nodes, which name its files in `/dev/dri`.
 
 use std::path::{Path, PathBuf};
 
@@ -21,11 +22,58 @@ pub(super) struct Card {
 
 impl Card {
     fn has_render_minor(&self, minor: u64) -> bool {
-        self.device
-            .join("drm")
+        drm_nodes_dir(&self.device)
             .join(format!("renderD{minor}"))
             .exists()
     }
+}
+
+/// The numbers of a PCI device's DRM nodes: `/dev/dri/renderD<render>` and
+/// `/dev/dri/card<card>`.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct DrmMinors {
+    pub(super) render: Option<u32>,
+    pub(super) card: Option<u32>,
+}
+
+/// Where a PCI device's directory lists its DRM nodes (`renderD<N>`, `card<M>`).
+fn drm_nodes_dir(pci_device: &Path) -> PathBuf {
+    pci_device.join("drm")
+}
+
+/// The DRM nodes of the PCI device at `pci_bus_id`, from
+/// `<sysfs>/bus/pci/devices/<id>/drm/`: the first of each kind by name;
+/// none when sysfs has no answer.
+pub(super) fn drm_minors(sysfs_root: &Path, pci_bus_id: &str) -> DrmMinors {
+    let mut minors = DrmMinors::default();
+    if pci_bus_id.is_empty() {
+        return minors;
+    }
+    let pci_device = sysfs_root
+        .join("bus/pci/devices")
+        .join(pci_bus_id.to_ascii_lowercase());
+    let Ok(entries) = std::fs::read_dir(drm_nodes_dir(&pci_device)) else {
+        return minors;
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    for name in names {
+        if let Some(render) = name
+            .strip_prefix("renderD")
+            .and_then(|number| number.parse().ok())
+        {
+            minors.render.get_or_insert(render);
+        } else if let Some(card) = name
+            .strip_prefix("card")
+            .and_then(|number| number.parse().ok())
+        {
+            minors.card.get_or_insert(card);
+        }
+    }
+    minors
 }
 
 /// The directory of DRM devices under a sysfs root.

@@ -83,8 +83,10 @@
 //! `kfd` (the topology, with `properties` for its files), `drm` (cards),
 //! `sensors` (hwmon, RAS), `sysfs_files` (reading one file), `device_info`,
 //! `telemetry`, `device_health` and `links` (one trait method each),
-//! `estimates` and `products` (the figures).
+//! `estimates` and `products` (the figures); `container` says what a
+//! container given AMD GPUs needs.
 
+mod container;
 mod device_health;
 mod device_info;
 mod drm;
@@ -101,6 +103,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+pub(crate) use container::wire_container;
 use device_info::describe;
 use drm::{find_card, read_cards};
 use kfd::{kfd_nodes_dir, read_topology};

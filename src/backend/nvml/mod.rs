@@ -36,10 +36,16 @@
 //!
 //! [`NvmlBackend::health`] then reports it unhealthy ("GPU is lost ...").
 //!
+//! # Containers
+//!
+//! What a container given NVIDIA GPUs needs (variables, device nodes, CDI
+//! names) is in `container`.
+//!
 //! # Unsafe code
 //!
 //! Only in `events`, which says why it is needed and why it is sound.
 
+mod container;
 mod device_health;
 mod devices;
 mod errors;
@@ -60,6 +66,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
 use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+pub(crate) use container::wire_container;
 #[cfg(test)]
 pub(crate) use devices::fallback_id;
 pub use devices::is_fallback_id;
