@@ -191,7 +191,7 @@ mod tests {
         fn links(
             &mut self,
             devices: &[crate::backend::DeviceInfo],
-        ) -> Result<Vec<crate::backend::Link>, crate::backend::BackendError> {
+        ) -> Result<Vec<crate::backend::DeviceLink>, crate::backend::BackendError> {
             self.0.links(devices)
         }
     }

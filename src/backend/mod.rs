@@ -15,7 +15,7 @@ pub mod health;
 pub mod nvml;
 pub mod registry;
 #[cfg(feature = "rocm-smi")]
-pub mod rocm_smi;
+mod rocm_smi;
 mod vendor_wiring;
 
 use serde::{Deserialize, Serialize};
@@ -69,7 +69,7 @@ pub enum RawHealth {
 /// A connection between two devices of the node.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Link {
+pub struct DeviceLink {
     pub a: String,
     pub b: String,
     pub kind: LinkKind,
@@ -98,7 +98,7 @@ pub trait GpuBackend: Send {
     fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError>;
     /// Current health, including faults reported by events since the last call.
     fn health(&mut self, device: &DeviceInfo) -> Result<RawHealth, BackendError>;
-    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError>;
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError>;
 }
 
 /// Whether a device ID is a positional stand-in a backend gave a device that
@@ -122,7 +122,7 @@ pub struct DeviceState {
 pub struct Snapshot {
     pub backend: String,
     pub devices: Vec<DeviceState>,
-    pub links: Vec<Link>,
+    pub links: Vec<DeviceLink>,
 }
 
 /// Reads a full snapshot. A device whose telemetry cannot be read is reported

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::super::{BackendError, DeviceInfo, Link};
+use super::super::{BackendError, DeviceInfo, DeviceLink};
 use super::drm::{Card, find_card, read_cards};
 use super::estimates::{FALLBACK_PCIE_GBPS, pcie_gbps_one_way, round1, xgmi_gbps};
 use super::kfd::{Gpu, IOLINK_PCIE, IOLINK_XGMI, RawLink, read_topology};
@@ -17,7 +17,7 @@ use crate::api::LinkKind;
 pub(super) fn pair_links(
     sysfs_root: &Path,
     devices: &[DeviceInfo],
-) -> Result<Vec<Link>, BackendError> {
+) -> Result<Vec<DeviceLink>, BackendError> {
     let topology = read_topology(sysfs_root)?;
     topology.check()?;
     let cards = read_cards(sysfs_root);
@@ -54,14 +54,14 @@ pub(super) fn pair_links(
                     Some(best.map_or(gbps, |best| best.max(gbps)))
                 });
             let link = match xgmi {
-                Some(gbps) => Link {
+                Some(gbps) => DeviceLink {
                     a: first.id.clone(),
                     b: second.id.clone(),
                     kind: LinkKind::Xgmi,
                     bandwidth_gbps: gbps,
                     p2p: true,
                 },
-                None => Link {
+                None => DeviceLink {
                     a: first.id.clone(),
                     b: second.id.clone(),
                     kind: LinkKind::Pcie,

@@ -102,7 +102,7 @@ mod telemetry;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
 pub(crate) use container::wire_container;
 use device_info::describe;
 use drm::{find_card, read_cards};
@@ -213,7 +213,7 @@ impl GpuBackend for AmdBackend {
         Ok(device_health::read_health(&self.root, device))
     }
 
-    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError> {
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError> {
         links::pair_links(&self.root, devices)
     }
 }

@@ -21,7 +21,7 @@ use nvml_wrapper::Device;
 use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TopologyLevel};
 use nvml_wrapper::error::NvmlError;
 
-use super::super::{BackendError, DeviceInfo, Link};
+use super::super::{BackendError, DeviceInfo, DeviceLink};
 use super::NvmlBackend;
 use super::errors::library_failed;
 use super::link_speeds::{nvlink_gbps_per_link, pcie_gbps};
@@ -45,7 +45,10 @@ struct NvLinkView {
 
 impl NvmlBackend {
     /// The links between `devices`, by the rules in this module's docs.
-    pub(super) fn pair_links(&self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError> {
+    pub(super) fn pair_links(
+        &self,
+        devices: &[DeviceInfo],
+    ) -> Result<Vec<DeviceLink>, BackendError> {
         let mut listed: Vec<&DeviceInfo> = devices.iter().collect();
         listed.sort_by_key(|device| device.index);
         let count = self
@@ -123,7 +126,7 @@ impl NvmlBackend {
                         self.pcie_p2p(first_handle, second_handle),
                     )
                 };
-                links.push(Link {
+                links.push(DeviceLink {
                     a: listed[first].id.clone(),
                     b: listed[second].id.clone(),
                     kind,

@@ -65,7 +65,7 @@ use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
 pub(crate) use container::wire_container;
 #[cfg(test)]
 pub(crate) use devices::fallback_id;
@@ -192,7 +192,7 @@ impl GpuBackend for NvmlBackend {
 
     /// One link per pair of readable devices: NVLink where they share links,
     /// else PCIe; the rules are in `links`.
-    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError> {
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError> {
         self.pair_links(devices)
     }
 }
