@@ -4,7 +4,7 @@
 //! Always: `TESSERA_VISIBLE_DEVICES` = the device IDs, comma-separated, in the
 //! order kubelet asked for them. Everything else (the vendor runtime's
 //! variables, device nodes, CDI device names) is what the backend layer says
-//! those devices need ([`container_wiring`]), put into kubelet's message; CDI
+//! those devices need (`backend::container_wiring`), put into kubelet's message; CDI
 //! names only with `cdi` on.
 
 use std::collections::HashMap;

@@ -73,7 +73,7 @@ pub fn spawn_poller(
 
 /// [`spawn_poller`], and a device that now reports only a fallback ID (a
 /// lost GPU) gets the ID `registry` knew it by (see
-/// [`Registry::stabilize_ids`]), so device IDs stay the same across agent
+/// `Registry::stabilize_ids`), so device IDs stay the same across agent
 /// restarts for kubelet, the allocation checkpoint and the controller's plans.
 pub fn spawn_poller_with_ids(
     mut backend: Box<dyn GpuBackend>,

@@ -336,7 +336,7 @@ pub struct FakeBackend {
 impl FakeBackend {
     /// From a spec (`4xH100-80GiB`) or, if it names an existing file or ends in
     /// `.yaml`/`.yml`, from that file. A directory needs `default.yaml`
-    /// (there is no node name here; see [`FakeBackend::for_node`]).
+    /// (there is no node name here; see `FakeBackend::for_node`).
     pub fn new(spec_or_path: &str) -> Result<Self, BackendError> {
         Self::for_node(spec_or_path, None)
     }

@@ -3,8 +3,8 @@
 //! plus a fake for clusters and tests without GPUs; `detect` picks and merges.
 //! The result is a `Snapshot`, which becomes the published `NodeGpuState`.
 //! Vendor knowledge stays here: what a container needs for its devices is
-//! asked of [`container_wiring`], and a stand-in device ID is recognised by
-//! [`is_fallback_id`], so callers never name a vendor.
+//! asked of `container_wiring`, and a stand-in device ID is recognised by
+//! `is_fallback_id`, so callers never name a vendor.
 
 pub mod amd;
 pub(crate) mod container;
