@@ -4,8 +4,8 @@
 //! Always: `TESSERA_VISIBLE_DEVICES` = the device IDs, comma-separated, in the
 //! order kubelet asked for them. Everything else (the vendor runtime's
 //! variables, device nodes, CDI device names) is what the backend layer says
-//! those devices need (`backend::container_wiring`), put into kubelet's message; CDI
-//! names only with `cdi` on.
+//! those devices need (`backend::container_wiring`), put into kubelet's
+//! message; CDI names only with `cdi` on.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
