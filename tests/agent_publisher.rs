@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tessera::agent::publisher::{PublisherConfig, PublisherError, PublisherStats, run_publisher};
 use tessera::agent::state::{DeviceView, ViewTx, channel};
 use tessera::api::{LinkKind, NodeGpuState, Vendor};
-use tessera::backend::{DeviceInfo, DeviceState, Link, RawHealth, Snapshot, Telemetry};
+use tessera::backend::{DeviceInfo, DeviceLink, DeviceState, RawHealth, Snapshot, Telemetry};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
@@ -61,7 +61,7 @@ fn ready_view() -> DeviceView {
                 device("GPU-0a", 0, 35.0, 115.0),
                 device("GPU-1b", 1, 36.0, 116.5),
             ],
-            links: vec![Link {
+            links: vec![DeviceLink {
                 a: "GPU-0a".into(),
                 b: "GPU-1b".into(),
                 kind: LinkKind::Nvlink,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use tessera::api::{LinkKind, Vendor};
 use tessera::backend::cuda_probe::{self, DeviceProbe, ProbeReport};
-use tessera::backend::{BackendError, DeviceInfo, GpuBackend, Link};
+use tessera::backend::{BackendError, DeviceInfo, DeviceLink, GpuBackend};
 
 fn device(id: &str, index: u32) -> DeviceInfo {
     DeviceInfo {
@@ -41,8 +41,8 @@ fn without_libcuda_the_probe_is_unavailable() {
     }
 }
 
-fn link(a: &str, b: &str, p2p: bool) -> Link {
-    Link {
+fn link(a: &str, b: &str, p2p: bool) -> DeviceLink {
+    DeviceLink {
         a: a.into(),
         b: b.into(),
         kind: LinkKind::Pcie,

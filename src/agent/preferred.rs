@@ -339,7 +339,7 @@ fn binomial(n: u64, k: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::api::Vendor;
-    use crate::backend::{DeviceInfo, DeviceState, Link, RawHealth, Telemetry};
+    use crate::backend::{DeviceInfo, DeviceLink, DeviceState, RawHealth, Telemetry};
 
     fn device(id: &str, index: u32, numa: Option<i32>) -> DeviceState {
         DeviceState {
@@ -361,8 +361,8 @@ mod tests {
         }
     }
 
-    fn link(a: usize, b: usize, kind: LinkKind, gbps: f64) -> Link {
-        Link {
+    fn link(a: usize, b: usize, kind: LinkKind, gbps: f64) -> DeviceLink {
+        DeviceLink {
             a: format!("g{a}"),
             b: format!("g{b}"),
             kind,

@@ -569,7 +569,7 @@ mod tests {
                 v.allocated.insert("GPU-a".into(), "pod-uid-1".into());
             }),
             ("links", |v| {
-                v.snapshot.links.push(crate::backend::Link {
+                v.snapshot.links.push(crate::backend::DeviceLink {
                     a: "GPU-a".into(),
                     b: "GPU-b".into(),
                     kind: crate::api::LinkKind::Nvlink,

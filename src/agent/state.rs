@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use crate::backend::health::HealthTracker;
 use crate::backend::registry::Registry;
-use crate::backend::{GpuBackend, RawHealth, Snapshot, nvml, snapshot};
+use crate::backend::{GpuBackend, RawHealth, Snapshot, is_fallback_id, snapshot};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceView {
@@ -72,8 +72,8 @@ pub fn spawn_poller(
 }
 
 /// [`spawn_poller`], and a device that now reports only a fallback ID (a
-/// lost NVIDIA GPU) gets the ID `registry` knew it by (see
-/// [`Registry::stabilize_ids`]), so device IDs stay the same across agent
+/// lost GPU) gets the ID `registry` knew it by (see
+/// `Registry::stabilize_ids`), so device IDs stay the same across agent
 /// restarts for kubelet, the allocation checkpoint and the controller's plans.
 pub(crate) fn spawn_poller_with_ids(
     mut backend: Box<dyn GpuBackend>,
@@ -89,7 +89,7 @@ pub(crate) fn spawn_poller_with_ids(
             match snapshot(backend.as_mut()) {
                 Ok(mut snap) => {
                     if let Some(r) = &registry {
-                        r.stabilize_snapshot(&mut snap, nvml::is_fallback_id);
+                        r.stabilize_snapshot(&mut snap, is_fallback_id);
                     }
                     tracker.apply(&mut snap, Instant::now());
                     tx.send_modify(|v| {
@@ -162,7 +162,7 @@ mod tests {
             &mut self,
         ) -> Result<Vec<crate::backend::DeviceInfo>, crate::backend::BackendError> {
             let mut devices = self.0.devices()?;
-            devices[1].id = nvml::fallback_id(1);
+            devices[1].id = crate::backend::nvml::fallback_id(1);
             devices[1].pci_bus_id.clear();
             Ok(devices)
         }
@@ -181,7 +181,7 @@ mod tests {
             &mut self,
             d: &crate::backend::DeviceInfo,
         ) -> Result<RawHealth, crate::backend::BackendError> {
-            Ok(if nvml::is_fallback_id(&d.id) {
+            Ok(if is_fallback_id(&d.id) {
                 RawHealth::Unhealthy("GPU is lost".into())
             } else {
                 RawHealth::Healthy
@@ -191,7 +191,7 @@ mod tests {
         fn links(
             &mut self,
             devices: &[crate::backend::DeviceInfo],
-        ) -> Result<Vec<crate::backend::Link>, crate::backend::BackendError> {
+        ) -> Result<Vec<crate::backend::DeviceLink>, crate::backend::BackendError> {
             self.0.links(devices)
         }
     }
@@ -233,7 +233,7 @@ mod tests {
         let state = view.snapshot.to_gpu_state(None);
         state.validate().unwrap();
         assert!(
-            state.links.iter().all(|l| !nvml::is_fallback_id(&l.b)),
+            state.links.iter().all(|l| !is_fallback_id(&l.b)),
             "{:?}",
             state.links
         );

@@ -27,7 +27,7 @@ use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use serde::{Deserialize, Serialize};
 
-use super::{BackendError, DeviceInfo, Link};
+use super::{BackendError, DeviceInfo, DeviceLink};
 
 /// The CUDA driver library.
 pub const CUDA_LIBRARY: &str = "libcuda.so.1";
@@ -36,13 +36,13 @@ const MIB: usize = 1 << 20;
 
 /// How much the probe copies.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ProbeOptions {
+struct ProbeOptions {
     /// Buffer copied for each bandwidth measurement.
-    pub buffer_bytes: usize,
+    buffer_bytes: usize,
     /// Timed copies per measurement (after one untimed warm-up copy).
-    pub iterations: u32,
+    iterations: u32,
     /// Bytes written and read back to verify a device.
-    pub verify_bytes: usize,
+    verify_bytes: usize,
 }
 
 impl Default for ProbeOptions {
@@ -104,7 +104,7 @@ impl ProbeReport {
     /// Sets each link's `p2p` from the measured matrix: true only when access
     /// works both ways. Links between devices the probe did not see keep what
     /// the backend said.
-    pub fn apply(&self, links: &mut [Link]) {
+    pub fn apply(&self, links: &mut [DeviceLink]) {
         for l in links {
             match (self.can_access(&l.a, &l.b), self.can_access(&l.b, &l.a)) {
                 (Some(x), Some(y)) => l.p2p = x && y,
@@ -122,15 +122,12 @@ pub fn cuda_library_available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// [`probe_with`] with the default options (256 MiB copied 5 times).
+/// `probe_with` with the default options (256 MiB copied 5 times).
 pub fn probe(devices: &[DeviceInfo]) -> Result<ProbeReport, BackendError> {
     probe_with(devices, &ProbeOptions::default())
 }
 
-pub fn probe_with(
-    devices: &[DeviceInfo],
-    options: &ProbeOptions,
-) -> Result<ProbeReport, BackendError> {
+fn probe_with(devices: &[DeviceInfo], options: &ProbeOptions) -> Result<ProbeReport, BackendError> {
     if !cuda_library_available() {
         return Err(BackendError::Unavailable(format!(
             "the CUDA driver library ({CUDA_LIBRARY}) cannot be loaded, so the GPU probe cannot \

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use super::amd::{AmdBackend, DEFAULT_SYSFS_ROOT};
 use super::fake::FakeBackend;
 use super::nvml::NvmlBackend;
-use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendChoice {
@@ -121,7 +121,7 @@ pub fn detect(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
 
 /// Several backends as one: devices of the first come first, indices are
 /// renumbered, and devices of different backends meet over PCIe (no entry).
-pub struct Merged {
+struct Merged {
     name: String,
     backends: Vec<Box<dyn GpuBackend>>,
     /// Merged device ID → (backend, the device as that backend knows it).
@@ -129,7 +129,7 @@ pub struct Merged {
 }
 
 impl Merged {
-    pub fn new(backends: Vec<Box<dyn GpuBackend>>) -> Self {
+    fn new(backends: Vec<Box<dyn GpuBackend>>) -> Self {
         let name = backends
             .iter()
             .map(|b| b.name())
@@ -178,7 +178,7 @@ impl GpuBackend for Merged {
         self.backends[i].health(&own)
     }
 
-    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError> {
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError> {
         let mut links = Vec::new();
         for (i, b) in self.backends.iter_mut().enumerate() {
             let own: Vec<DeviceInfo> = devices

@@ -25,30 +25,32 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{BackendError, DeviceInfo, GpuBackend, Link, RawHealth, Telemetry};
+use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
 use crate::api::{GIB, LinkKind, Vendor};
 
 /// Environment variable naming the fake devices: a spec or a file path.
-pub const ENV_VAR: &str = "TESSERA_FAKE_GPUS";
+pub(crate) const ENV_VAR: &str = "TESSERA_FAKE_GPUS";
+/// The backend's name, as snapshots carry it.
+pub(crate) const BACKEND_NAME: &str = "fake";
 
 /// A GPU model the fake backend can pretend to be (datasheet numbers).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Profile {
-    pub name: &'static str,
-    pub vendor: Vendor,
-    pub product: &'static str,
-    pub memory_gib: f64,
-    pub architecture: &'static str,
-    pub compute_units: u32,
-    pub fp16_tflops: f64,
-    pub memory_bandwidth_gbps: f64,
-    pub idle_power_w: f64,
+struct Profile {
+    name: &'static str,
+    vendor: Vendor,
+    product: &'static str,
+    memory_gib: f64,
+    architecture: &'static str,
+    compute_units: u32,
+    fp16_tflops: f64,
+    memory_bandwidth_gbps: f64,
+    idle_power_w: f64,
     /// Link between two devices of this kind in one node.
-    pub link: LinkKind,
-    pub link_gbps: f64,
+    link: LinkKind,
+    link_gbps: f64,
 }
 
-pub const PROFILES: &[Profile] = &[
+const PROFILES: &[Profile] = &[
     Profile {
         name: "H100-80GiB",
         vendor: Vendor::Nvidia,
@@ -145,7 +147,7 @@ pub const PROFILES: &[Profile] = &[
 /// Memory a fresh device shows as used (driver and context reserve).
 const RESERVED_BYTES: u64 = 512 << 20;
 
-pub fn profile(name: &str) -> Option<&'static Profile> {
+fn profile(name: &str) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| p.name.eq_ignore_ascii_case(name))
 }
 
@@ -334,14 +336,14 @@ pub struct FakeBackend {
 impl FakeBackend {
     /// From a spec (`4xH100-80GiB`) or, if it names an existing file or ends in
     /// `.yaml`/`.yml`, from that file. A directory needs `default.yaml`
-    /// (there is no node name here; see [`FakeBackend::for_node`]).
+    /// (there is no node name here; see `FakeBackend::for_node`).
     pub fn new(spec_or_path: &str) -> Result<Self, BackendError> {
         Self::for_node(spec_or_path, None)
     }
 
     /// As [`FakeBackend::new`], and an existing directory is read as per-node
     /// files: `<dir>/<node>.yaml`, else `<dir>/default.yaml`.
-    pub fn for_node(spec_or_path: &str, node: Option<&str>) -> Result<Self, BackendError> {
+    pub(crate) fn for_node(spec_or_path: &str, node: Option<&str>) -> Result<Self, BackendError> {
         let as_dir = Path::new(spec_or_path);
         if as_dir.is_dir() {
             let dir = as_dir.to_path_buf();
@@ -444,7 +446,7 @@ fn device_id(p: &Profile, position: u32) -> String {
 
 impl GpuBackend for FakeBackend {
     fn name(&self) -> &'static str {
-        "fake"
+        BACKEND_NAME
     }
 
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
@@ -507,7 +509,7 @@ impl GpuBackend for FakeBackend {
         })
     }
 
-    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError> {
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError> {
         let mut links = Vec::new();
         for (i, a) in devices.iter().enumerate() {
             for b in &devices[i + 1..] {
@@ -517,7 +519,7 @@ impl GpuBackend for FakeBackend {
                     (Some(x), Some(y)) if x.name == y.name => (x.link, x.link_gbps),
                     _ => (LinkKind::Pcie, 64.0),
                 };
-                links.push(Link {
+                links.push(DeviceLink {
                     a: a.id.clone(),
                     b: b.id.clone(),
                     kind,

@@ -52,7 +52,7 @@ impl HealthTracker {
     }
 
     /// The health to publish for a device, given what the backend says now.
-    pub fn observe(
+    fn observe(
         &mut self,
         id: &str,
         raw: &RawHealth,
@@ -97,7 +97,7 @@ impl HealthTracker {
     }
 
     /// Replaces every device's raw health in the snapshot with the tracked one.
-    pub fn apply(&mut self, snapshot: &mut Snapshot, now: Instant) {
+    pub(crate) fn apply(&mut self, snapshot: &mut Snapshot, now: Instant) {
         for d in &mut snapshot.devices {
             d.health = self.observe(&d.info.id, &d.health, d.telemetry.temperature_c, now);
         }

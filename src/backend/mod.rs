@@ -2,8 +2,12 @@
 //! connected. One trait, one implementation per vendor library (NVML, AMD sysfs)
 //! plus a fake for clusters and tests without GPUs; `detect` picks and merges.
 //! The result is a `Snapshot`, which becomes the published `NodeGpuState`.
+//! Vendor knowledge stays here: what a container needs for its devices is
+//! asked of `container_wiring`, and a stand-in device ID is recognised by
+//! `is_fallback_id`, so callers never name a vendor.
 
 pub mod amd;
+pub(crate) mod container;
 pub mod cuda_probe;
 pub mod detect;
 pub mod fake;
@@ -11,9 +15,12 @@ pub mod health;
 pub mod nvml;
 pub mod registry;
 #[cfg(feature = "rocm-smi")]
-pub mod rocm_smi;
+mod rocm_smi;
+mod vendor_wiring;
 
 use serde::{Deserialize, Serialize};
+
+pub(crate) use vendor_wiring::container_wiring;
 
 use crate::api::{GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, NodeGpuState, Vendor};
 
@@ -62,7 +69,7 @@ pub enum RawHealth {
 /// A connection between two devices of the node.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Link {
+pub struct DeviceLink {
     pub a: String,
     pub b: String,
     pub kind: LinkKind,
@@ -91,7 +98,14 @@ pub trait GpuBackend: Send {
     fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError>;
     /// Current health, including faults reported by events since the last call.
     fn health(&mut self, device: &DeviceInfo) -> Result<RawHealth, BackendError>;
-    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<Link>, BackendError>;
+    fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError>;
+}
+
+/// Whether a device ID is a positional stand-in a backend gave a device that
+/// could not tell its own (today only NVML does, for a lost GPU), which the
+/// device registry may map back to the ID the device had.
+pub(crate) fn is_fallback_id(id: &str) -> bool {
+    nvml::is_fallback_id(id)
 }
 
 /// One device with everything read about it.
@@ -108,7 +122,7 @@ pub struct DeviceState {
 pub struct Snapshot {
     pub backend: String,
     pub devices: Vec<DeviceState>,
-    pub links: Vec<Link>,
+    pub links: Vec<DeviceLink>,
 }
 
 /// Reads a full snapshot. A device whose telemetry cannot be read is reported

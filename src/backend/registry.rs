@@ -10,24 +10,23 @@ use serde::{Deserialize, Serialize};
 
 use super::{DeviceInfo, Snapshot};
 
-pub const DEFAULT_PATH: &str = "/var/lib/tessera/registry.json";
 const VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Registry {
-    pub version: u32,
-    pub devices: Vec<DeviceInfo>,
+    pub(crate) version: u32,
+    pub(crate) devices: Vec<DeviceInfo>,
     /// The last probe results (see `cuda_probe`), as written by the prober.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<serde_json::Value>,
+    pub(crate) probe: Option<serde_json::Value>,
     /// IDs of the devices the probe measured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub probed_devices: Vec<String>,
+    pub(crate) probed_devices: Vec<String>,
 }
 
 impl Registry {
-    pub fn new(devices: Vec<DeviceInfo>) -> Self {
+    pub(crate) fn new(devices: Vec<DeviceInfo>) -> Self {
         Self {
             version: VERSION,
             devices,
@@ -37,7 +36,7 @@ impl Registry {
     }
 
     /// Reads the registry; any problem gives `None` and a warning.
-    pub fn load(path: &Path) -> Option<Self> {
+    pub(crate) fn load(path: &Path) -> Option<Self> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -60,7 +59,7 @@ impl Registry {
     }
 
     /// Writes atomically (temp file + rename) so a crash never leaves half a file.
-    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+    pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {
@@ -80,7 +79,7 @@ impl Registry {
     /// it from a lost GPU) and the node has as many devices as the registry —
     /// by its index. An ID another device of the node has is never given out.
     /// Returns the renames, `(fallback ID, stable ID)`.
-    pub fn stabilize_ids(
+    pub(crate) fn stabilize_ids(
         &self,
         devices: &mut [DeviceInfo],
         is_fallback_id: impl Fn(&str) -> bool,
@@ -115,7 +114,11 @@ impl Registry {
 
     /// [`Registry::stabilize_ids`] on a snapshot: its devices and the ends of
     /// its links.
-    pub fn stabilize_snapshot(&self, snap: &mut Snapshot, is_fallback_id: impl Fn(&str) -> bool) {
+    pub(crate) fn stabilize_snapshot(
+        &self,
+        snap: &mut Snapshot,
+        is_fallback_id: impl Fn(&str) -> bool,
+    ) {
         let mut infos: Vec<DeviceInfo> = snap.devices.iter().map(|d| d.info.clone()).collect();
         let renames = self.stabilize_ids(&mut infos, is_fallback_id);
         if renames.is_empty() {
@@ -136,7 +139,7 @@ impl Registry {
     }
 
     /// The cached probe results when they cover exactly these devices.
-    pub fn probe_for(&self, devices: &[DeviceInfo]) -> Option<&serde_json::Value> {
+    pub(crate) fn probe_for(&self, devices: &[DeviceInfo]) -> Option<&serde_json::Value> {
         let mut want: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
         let mut have: Vec<&str> = self.probed_devices.iter().map(String::as_str).collect();
         want.sort_unstable();

@@ -30,15 +30,15 @@ use super::BackendError;
 
 /// What ROCm SMI read for one device; `None` where it has no reading.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct SmiReading {
-    pub temperature_c: Option<f64>,
-    pub power_w: Option<f64>,
-    pub utilization_percent: Option<u32>,
+pub(crate) struct SmiReading {
+    pub(crate) temperature_c: Option<f64>,
+    pub(crate) power_w: Option<f64>,
+    pub(crate) utilization_percent: Option<u32>,
 }
 
 /// An initialised ROCm SMI; shut down when dropped.
 #[derive(Debug)]
-pub struct RocmSmiTelemetry {
+pub(crate) struct RocmSmiTelemetry {
     /// PCI bus id (`0000:c1:00.0`) → SMI device index.
     by_pci: HashMap<String, u32>,
 }
@@ -67,7 +67,7 @@ fn check(what: &str, status: rsmi_status_t) -> Result<(), String> {
 }
 
 /// `0000:c1:00.0` from a ROCm SMI BDF id.
-pub fn pci_bus_id_from_bdfid(bdfid: u64) -> String {
+fn pci_bus_id_from_bdfid(bdfid: u64) -> String {
     format!(
         "{:04x}:{:02x}:{:02x}.{:x}",
         (bdfid >> 32) & 0xffff_ffff,
@@ -79,7 +79,7 @@ pub fn pci_bus_id_from_bdfid(bdfid: u64) -> String {
 
 impl RocmSmiTelemetry {
     /// Initialises ROCm SMI and maps its devices by PCI bus id.
-    pub fn init() -> Result<Self, BackendError> {
+    pub(crate) fn init() -> Result<Self, BackendError> {
         // SAFETY: plain C call with a flags value; 0 means default behaviour.
         let status = unsafe { rsmi_init(0) };
         check("rsmi_init", status).map_err(BackendError::Unavailable)?;
@@ -105,14 +105,9 @@ impl RocmSmiTelemetry {
         Ok(smi)
     }
 
-    /// Number of devices ROCm SMI could match by PCI bus id.
-    pub fn device_count(&self) -> usize {
-        self.by_pci.len()
-    }
-
     /// Current readings of the device at `pci_bus_id`; `None` if ROCm SMI does
     /// not know it. A reading the device does not support is `None` inside.
-    pub fn read(&self, pci_bus_id: &str) -> Option<SmiReading> {
+    pub(crate) fn read(&self, pci_bus_id: &str) -> Option<SmiReading> {
         let index = *self.by_pci.get(&pci_bus_id.to_ascii_lowercase())?;
         let temperature_c = [
             rsmi_temperature_type_t_RSMI_TEMP_TYPE_EDGE,
