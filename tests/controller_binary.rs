@@ -966,6 +966,20 @@ async fn a_leader_whose_lease_is_taken_exits_and_leaves_it() {
         },
     )
     .await;
+    // The Lease on the server is not yet the controller knowing it leads: only
+    // a leader that knew can find out it lost.
+    let log = ctl.log.clone();
+    wait_for(
+        "the controller to know it holds the lease",
+        SETTLE,
+        &fake,
+        &mut [&mut ctl],
+        || match std::fs::read_to_string(&log) {
+            Ok(text) if text.contains("acquired the leader lease") => Ok(()),
+            _ => Err("not yet".to_string()),
+        },
+    )
+    .await;
 
     // Another replica (a partition healed, a clock skewed) holds it now.
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
