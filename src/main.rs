@@ -4,11 +4,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tessera::DiscoverArgs;
+use tessera::PlaceArgs;
 use tessera::api::ResourceName;
 use tessera::backend::detect::{BackendChoice, DetectOptions};
 use tessera::backend::health::HealthPolicy;
-use tessera::cli::discover::{DiscoverArgs, Output as DiscoverOutput};
-use tessera::cli::place::{Output, PlaceArgs};
+use tessera::cli::discover::Output as DiscoverOutput;
+use tessera::cli::place::Output;
 use tessera::cli::{LogFormat, init_logging};
 
 /// Places large models across the GPUs of a Kubernetes cluster.
@@ -318,8 +320,7 @@ fn main() -> ExitCode {
             listen,
         } => {
             use std::time::Duration;
-            use tessera::agent::registration::PluginConfig;
-            use tessera::agent::run::{AgentConfig, PublishOptions, run};
+            use tessera::{AgentConfig, PluginConfig, PublishOptions, run_agent as run};
             let detect = gpus.options();
             let publish = if no_publish {
                 None
@@ -370,8 +371,10 @@ fn main() -> ExitCode {
             node_grace_period,
             max_steps,
         } => {
-            use tessera::controller::reconcile::Settings;
-            use tessera::controller::run::{ControllerConfig, LeaderElection, run};
+            use tessera::{
+                ControllerConfig, ControllerSettings as Settings, LeaderElection,
+                run_controller as run,
+            };
             let leader_election = if leader_elect {
                 let Some(lease_namespace) = lease_namespace else {
                     eprintln!(
@@ -413,7 +416,6 @@ fn main() -> ExitCode {
             summary,
             health,
         } => {
-            use tessera::cli::discover;
             let result = if summary.is_empty() {
                 let args = DiscoverArgs {
                     detect: gpus.options(),
@@ -422,14 +424,12 @@ fn main() -> ExitCode {
                     output,
                     health: health.policy(),
                 };
-                discover::run(
+                tessera::discover(
                     &args,
                     watch.then(|| std::time::Duration::from_secs(interval)),
                 )
             } else {
-                discover::read_states(&summary).map(|nodes| {
-                    print!("{}", discover::render_summary(&discover::summarize(&nodes)))
-                })
+                tessera::discover_summary(&summary).map(|table| print!("{table}"))
             };
             match result {
                 Ok(()) => ExitCode::SUCCESS,
@@ -451,7 +451,7 @@ fn main() -> ExitCode {
                 output,
                 max_steps,
             };
-            match tessera::cli::place::run(&args) {
+            match tessera::place(&args) {
                 Ok(report) => {
                     print!("{}", report.render(output));
                     if report.all_placed() {

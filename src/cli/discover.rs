@@ -269,7 +269,13 @@ pub struct ClusterSummary {
     pub(crate) bottleneck: Option<String>,
 }
 
-pub fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {
+/// `tessera discover --summary`: the GPU states in `paths`, summarised as a table.
+pub fn summary(paths: &[PathBuf]) -> Result<String, InputError> {
+    let nodes = read_states(paths)?;
+    Ok(render_summary(&summarize(&nodes)))
+}
+
+pub(crate) fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {
     let mut s = ClusterSummary {
         nodes: nodes.len(),
         devices: 0,
@@ -335,7 +341,7 @@ pub fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {
     s
 }
 
-pub fn render_summary(s: &ClusterSummary) -> String {
+pub(crate) fn render_summary(s: &ClusterSummary) -> String {
     let mut out = String::new();
     let list = |m: &BTreeMap<String, usize>| {
         m.iter()
@@ -368,7 +374,7 @@ pub fn render_summary(s: &ClusterSummary) -> String {
 
 /// Reads states for the summary: cluster descriptions, `kubectl get nodes -o
 /// yaml` output, or single NodeGpuState JSON files (named after the file).
-pub fn read_states(paths: &[PathBuf]) -> Result<Vec<ClusterNode>, InputError> {
+pub(crate) fn read_states(paths: &[PathBuf]) -> Result<Vec<ClusterNode>, InputError> {
     let mut nodes = Vec::new();
     for p in paths {
         let origin = p.display().to_string();

@@ -154,4 +154,5 @@ pub(crate) fn pod_spec(mi: &mut ModelInstance) -> &mut PodSpec {
 }
 
 /// A 7B model in bf16: about 14 GB of weights, fits one GPU of 24 GiB or more.
-pub(crate) const SMALL: &str = "model: {name: small, parametersBillions: 7, layers: 32, kvCacheGiB: 2}";
+pub(crate) const SMALL: &str =
+    "model: {name: small, parametersBillions: 7, layers: 32, kvCacheGiB: 2}";
