@@ -9,8 +9,8 @@ use tessera::PlaceArgs;
 use tessera::api::ResourceName;
 use tessera::backend::detect::{BackendChoice, DetectOptions};
 use tessera::backend::health::HealthPolicy;
-use tessera::cli::discover::Output as DiscoverOutput;
-use tessera::cli::place::Output;
+use tessera::cli::discover::DiscoverOutput;
+use tessera::cli::place::PlaceOutput;
 use tessera::cli::{LogFormat, init_logging};
 
 /// Places large models across the GPUs of a Kubernetes cluster.
@@ -42,7 +42,7 @@ enum Command {
         cluster: Option<PathBuf>,
         /// Output format.
         #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
+        output: PlaceOutput,
         /// Search steps the solver may spend per instance before it returns the
         /// best plan found (the instance's deadlineMs also applies).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]

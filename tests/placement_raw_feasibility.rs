@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use tessera::cli::place::{Output, PlaceArgs, Report, run};
+use tessera::cli::place::{PlaceArgs, PlaceOutput, Report, run};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// Free memory is planned on in 256 MiB steps, rounded down (documented).
@@ -285,13 +285,13 @@ proptest! {
         let report = run(&PlaceArgs {
             instances: vec![instance],
             cluster: Some(cluster),
-            output: Output::Json,
+            output: PlaceOutput::Json,
             max_steps: Some(20_000),
         })
         .map_err(|e| TestCaseError::fail(format!("refused as bad input: {e}")))?;
         let _ = std::fs::remove_dir_all(&dir);
         if let Err(why) = check_plan(&m, &nodes, &report) {
-            return Err(TestCaseError::fail(format!("{why}\n{}", report.render(Output::Table))));
+            return Err(TestCaseError::fail(format!("{why}\n{}", report.render(PlaceOutput::Table))));
         }
     }
 }

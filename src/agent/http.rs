@@ -132,7 +132,7 @@ impl AgentMetrics {
 }
 
 #[derive(Clone)]
-struct AppState {
+struct AgentEndpoints {
     view: ViewRx,
     counters: Counters,
     metrics: Arc<AgentMetrics>,
@@ -142,7 +142,7 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+async fn readyz(State(s): State<AgentEndpoints>) -> impl IntoResponse {
     let v = s.view.borrow().clone();
     if !v.ready {
         return (
@@ -173,7 +173,7 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     (StatusCode::OK, "ready\n".to_string())
 }
 
-async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
+async fn metrics_text(State(s): State<AgentEndpoints>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
@@ -188,7 +188,7 @@ pub(crate) fn router(view: ViewRx, counters: Counters, metrics: Arc<AgentMetrics
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(AppState {
+        .with_state(AgentEndpoints {
             view,
             counters,
             metrics,

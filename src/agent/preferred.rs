@@ -149,7 +149,7 @@ impl Universe {
     }
 
     /// How good a complete set is; larger is better.
-    fn score(&self, set: &[usize]) -> Score {
+    fn score(&self, set: &[usize]) -> CandidateScore {
         let mut inside = vec![false; self.ids.len()];
         for &i in set {
             inside[i] = true;
@@ -175,7 +175,7 @@ impl Universe {
             .filter(|&j| !inside[j])
             .map(|j| self.numa[j])
             .collect();
-        Score {
+        CandidateScore {
             fast_pairs,
             fast_bw,
             numa_nodes: Reverse(taken.len()),
@@ -187,7 +187,7 @@ impl Universe {
 
 /// Compared field by field, in declaration order; larger is better.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Score {
+struct CandidateScore {
     fast_pairs: usize,
     fast_bw: u64,
     numa_nodes: Reverse<usize>,
@@ -198,7 +198,7 @@ struct Score {
 /// Every `k`-subset of the candidates in lexicographic order; the first best wins.
 fn exhaustive(u: &Universe, must: &[usize], candidates: &[usize], k: usize) -> Vec<usize> {
     let mut pick: Vec<usize> = (0..k).collect();
-    let mut best: Option<(Score, Vec<usize>)> = None;
+    let mut best: Option<(CandidateScore, Vec<usize>)> = None;
     let mut set = Vec::with_capacity(must.len() + k);
     loop {
         set.clear();
@@ -232,7 +232,7 @@ fn greedy(u: &Universe, must: &[usize], candidates: &[usize], k: usize) -> Vec<u
     } else {
         vec![None]
     };
-    let mut best: Option<(Score, Vec<usize>)> = None;
+    let mut best: Option<(CandidateScore, Vec<usize>)> = None;
     for seed in seeds {
         let set = grow(u, must, candidates, k, seed);
         let score = u.score(&set);

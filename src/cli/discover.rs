@@ -18,7 +18,7 @@ use crate::backend::{GpuBackend, Snapshot, nvml, snapshot};
 use crate::translate::ClusterNode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub enum DiscoverOutput {
     Table,
     Json,
 }
@@ -28,7 +28,7 @@ pub struct DiscoverArgs {
     /// Registry file; `None` neither reads nor writes one.
     pub registry: Option<PathBuf>,
     pub probe: bool,
-    pub output: Output,
+    pub output: DiscoverOutput,
     pub health: HealthPolicy,
 }
 
@@ -106,11 +106,11 @@ fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
-pub(crate) fn render(d: &Discovery, output: Output) -> String {
+pub(crate) fn render(d: &Discovery, output: DiscoverOutput) -> String {
     let state = d.snapshot.to_gpu_state(Some(now_rfc3339()));
     match output {
-        Output::Json => serde_json::to_string_pretty(&state).unwrap_or_default() + "\n",
-        Output::Table => table(&state, d.probe.as_ref()),
+        DiscoverOutput::Json => serde_json::to_string_pretty(&state).unwrap_or_default() + "\n",
+        DiscoverOutput::Table => table(&state, d.probe.as_ref()),
     }
 }
 
@@ -239,7 +239,7 @@ pub fn run(args: &DiscoverArgs, watch: Option<Duration>) -> Result<(), InputErro
     let mut d = Discoverer::new(args)?;
     loop {
         let found = d.discover()?;
-        if watch.is_some() && args.output == Output::Table {
+        if watch.is_some() && args.output == DiscoverOutput::Table {
             // Clear the screen and home the cursor, like `watch`.
             print!("\x1b[2J\x1b[H{}\n\n", now_rfc3339());
         }
@@ -417,7 +417,7 @@ mod tests {
             },
             registry: None,
             probe: false,
-            output: Output::Table,
+            output: DiscoverOutput::Table,
             health: HealthPolicy::default(),
         }
     }
@@ -425,7 +425,7 @@ mod tests {
     #[test]
     fn table_lists_devices_and_the_link_matrix() {
         let mut d = Discoverer::new(&fake_args("2xH100-80GiB,1xRTX4090-24GiB")).unwrap();
-        let text = render(&d.discover().unwrap(), Output::Table);
+        let text = render(&d.discover().unwrap(), DiscoverOutput::Table);
         assert!(text.starts_with("backend fake: 3 GPUs"), "{text}");
         assert!(text.contains("NVIDIA H100 80GB HBM3"), "{text}");
         assert!(text.contains("79.5/80.0 GiB"), "{text}");
@@ -436,7 +436,7 @@ mod tests {
     #[test]
     fn json_is_the_published_state() {
         let mut d = Discoverer::new(&fake_args("2xMI300X-192GiB")).unwrap();
-        let text = render(&d.discover().unwrap(), Output::Json);
+        let text = render(&d.discover().unwrap(), DiscoverOutput::Json);
         let state = NodeGpuState::from_json(&text).unwrap();
         assert_eq!(state.devices.len(), 2);
         assert!(state.timestamp.is_some());

@@ -36,7 +36,7 @@ pub(crate) const SAMPLE_INSTANCES: [(&str, &str); 3] = [
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub enum PlaceOutput {
     Table,
     Json,
     Yaml,
@@ -47,7 +47,7 @@ pub struct PlaceArgs {
     pub instances: Vec<PathBuf>,
     /// Cluster description; `None` uses the built-in sample cluster.
     pub cluster: Option<PathBuf>,
-    pub output: Output,
+    pub output: PlaceOutput,
     /// Overrides the solver's step budget.
     pub max_steps: Option<u64>,
 }
@@ -191,12 +191,12 @@ mod tests {
         let report = run(&PlaceArgs {
             instances: vec![],
             cluster: None,
-            output: Output::Table,
+            output: PlaceOutput::Table,
             max_steps: Some(20_000),
         })
         .unwrap();
         assert_eq!(report.placements.len(), 3);
-        assert!(report.all_placed(), "{}", report.render(Output::Table));
+        assert!(report.all_placed(), "{}", report.render(PlaceOutput::Table));
         let mut seen = std::collections::HashSet::new();
         for p in &report.placements {
             for s in &p.plan.as_ref().unwrap().stages {

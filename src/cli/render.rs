@@ -2,17 +2,17 @@
 
 use std::fmt::Write;
 
-use super::place::{Output, Report};
+use super::place::{PlaceOutput, Report};
 use crate::api::GIB;
 use crate::placement::Score;
 
 impl Report {
-    pub fn render(&self, output: Output) -> String {
+    pub fn render(&self, output: PlaceOutput) -> String {
         match output {
-            Output::Table => table(self),
+            PlaceOutput::Table => table(self),
             // Both serializers only see our own plain structs here.
-            Output::Json => serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
-            Output::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
+            PlaceOutput::Json => serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
+            PlaceOutput::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
         }
     }
 }

@@ -142,7 +142,7 @@ impl Metrics {
 }
 
 #[derive(Clone)]
-struct AppState {
+struct ControllerEndpoints {
     metrics: Arc<Metrics>,
     instances: Arc<std::sync::Mutex<Option<Store<ModelInstance>>>>,
 }
@@ -155,7 +155,7 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+async fn readyz(State(s): State<ControllerEndpoints>) -> impl IntoResponse {
     if s.metrics.synced.load(Ordering::Relaxed) || !s.metrics.is_leader.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n")
     } else {
@@ -163,7 +163,7 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
+async fn metrics_text(State(s): State<ControllerEndpoints>) -> impl IntoResponse {
     let store = s
         .instances
         .lock()
@@ -183,5 +183,5 @@ pub(crate) fn router(metrics: Arc<Metrics>, instances: InstanceCache) -> Router 
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(AppState { metrics, instances })
+        .with_state(ControllerEndpoints { metrics, instances })
 }

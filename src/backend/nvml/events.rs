@@ -40,7 +40,7 @@ pub(super) struct EventFault {
 }
 
 /// One event, copied out of NVML's event data.
-struct Observed {
+struct ObservedEvent {
     handle: usize,
     uuid: Option<String>,
     types: EventTypes,
@@ -140,7 +140,7 @@ impl NvmlBackend {
                         Ok(data) => {
                             // SAFETY: the handle is compared as an address only.
                             let handle = unsafe { data.device.handle() }.addr();
-                            observed.push(Observed {
+                            observed.push(ObservedEvent {
                                 handle,
                                 uuid: data.device.uuid().ok(),
                                 types: data.event_type,
@@ -223,7 +223,7 @@ fn build_event_set<'n>(
 }
 
 /// Why an event makes its GPU unhealthy; `None` for application-level Xids.
-fn event_reason(event: &Observed) -> Option<String> {
+fn event_reason(event: &ObservedEvent) -> Option<String> {
     if event.types.contains(EventTypes::CRITICAL_XID_ERROR) {
         return match &event.xid {
             Some(XidError::Value(code)) if !xid_is_critical(*code) => None,
