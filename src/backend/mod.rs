@@ -203,3 +203,22 @@ impl Snapshot {
         }
     }
 }
+
+/// A device with made-up figures, for tests of code that reads only its
+/// identity, vendor and PCI address.
+#[cfg(test)]
+pub(crate) fn test_device(id: &str, index: u32, vendor: Vendor, pci_bus_id: &str) -> DeviceInfo {
+    DeviceInfo {
+        id: id.to_string(),
+        index,
+        vendor,
+        product: "test".into(),
+        memory_total_bytes: 1 << 30,
+        architecture: String::new(),
+        compute_units: 1,
+        fp16_tflops: 1.0,
+        memory_bandwidth_gbps: 1.0,
+        pci_bus_id: pci_bus_id.to_string(),
+        numa_node: None,
+    }
+}

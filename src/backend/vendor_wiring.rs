@@ -49,19 +49,7 @@ mod tests {
     use super::*;
 
     fn device(id: &str, index: u32, vendor: Vendor) -> DeviceInfo {
-        DeviceInfo {
-            id: id.to_string(),
-            index,
-            vendor,
-            product: "test".into(),
-            memory_total_bytes: 1 << 30,
-            architecture: String::new(),
-            compute_units: 1,
-            fp16_tflops: 1.0,
-            memory_bandwidth_gbps: 1.0,
-            pci_bus_id: String::new(),
-            numa_node: None,
-        }
+        crate::backend::test_device(id, index, vendor, "")
     }
 
     fn nowhere() -> HostRoots<'static> {

@@ -65,19 +65,7 @@ mod tests {
     use crate::api::Vendor;
 
     fn gpu(id: &str, index: u32, pci: &str) -> DeviceInfo {
-        DeviceInfo {
-            id: id.to_string(),
-            index,
-            vendor: Vendor::Amd,
-            product: "test".into(),
-            memory_total_bytes: 1 << 30,
-            architecture: String::new(),
-            compute_units: 1,
-            fp16_tflops: 1.0,
-            memory_bandwidth_gbps: 1.0,
-            pci_bus_id: pci.to_string(),
-            numa_node: None,
-        }
+        crate::backend::test_device(id, index, Vendor::Amd, pci)
     }
 
     fn wired(devices: &[&DeviceInfo], sysfs_root: &Path) -> ContainerWiring {
