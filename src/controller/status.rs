@@ -51,168 +51,243 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) now: Timestamp,
 }
 
-pub(crate) fn compute(i: &StatusInputs) -> ModelInstanceStatus {
-    let prev_phase = i.previous.and_then(|p| p.phase);
-    let was_serving = matches!(prev_phase, Some(Phase::Running | Phase::Degraded));
-    let total = i.shards.len() as u32;
-    let ready = i.shards.iter().filter(|s| **s == ShardState::Ready).count() as u32;
-    let bound = i
-        .shards
-        .iter()
-        .filter(|s| matches!(s, ShardState::Bound | ShardState::Ready))
-        .count() as u32;
-
-    let (phase, placed, readiness, progressing, plan, tps, message);
-    match i.outcome {
-        Outcome::Invalid { problems } => {
-            let text = format!("invalid spec: {}", problems.join("; "));
-            phase = Phase::Failed;
-            placed = ("False", "InvalidSpec", text.clone());
-            readiness = ("False", "InvalidSpec", "the spec cannot run".to_string());
-            progressing = (
-                "False",
-                "InvalidSpec",
-                "fix the spec to continue".to_string(),
-            );
-            plan = Vec::new();
-            tps = None;
-            message = text;
-        }
+pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
+    let counts = ShardCounts::of(inputs.shards);
+    let verdict = match inputs.outcome {
+        Outcome::Invalid { problems } => invalid(problems),
         Outcome::Unsatisfiable {
             explanation,
-            plan: kept,
+            plan,
             lost,
-        } => {
-            let text = if lost.is_empty() {
-                format!("no placement: {explanation}")
-            } else {
-                format!(
-                    "lost shards could not be re-placed ({}): {explanation}",
-                    lost.join("; ")
-                )
-            };
-            phase = if kept.is_empty() {
-                Phase::Pending
-            } else {
-                Phase::Degraded
-            };
-            placed = ("False", "Unsatisfiable", text.clone());
-            readiness = ready_condition(ready, total.max(kept.len() as u32));
-            progressing = (
-                "False",
-                "Unsatisfiable",
-                "waiting for the cluster to change".to_string(),
-            );
-            plan = kept.clone();
-            tps = i
-                .previous
-                .and_then(|p| p.predicted_tokens_per_second)
-                .filter(|_| !kept.is_empty());
-            message = text;
-        }
+        } => unsatisfiable(explanation, plan, lost, &counts, inputs.previous),
         Outcome::Placed {
-            plan: p,
+            plan,
             tokens_per_second,
             replanned,
-        } => {
-            let nodes: std::collections::BTreeSet<&str> =
-                p.iter().map(|s| s.node.as_str()).collect();
-            let where_ = format!(
-                "{} shard{} on {}",
-                p.len(),
-                if p.len() == 1 { "" } else { "s" },
-                nodes.into_iter().collect::<Vec<_>>().join(", ")
-            );
-            placed = if replanned.is_empty() {
-                ("True", "Planned", where_.clone())
-            } else {
-                (
-                    "True",
-                    "Replanned",
-                    format!("{where_}; moved: {}", replanned.join("; ")),
-                )
-            };
-            readiness = ready_condition(ready, total);
-            phase = if total > 0 && ready == total {
-                Phase::Running
-            } else if was_serving {
-                Phase::Degraded
-            } else if total > 0 && bound == total {
-                Phase::Bound
-            } else {
-                Phase::Placing
-            };
-            progressing = if total > 0 && ready == total {
-                ("False", "Settled", "every shard is ready".to_string())
-            } else if i.shards.contains(&ShardState::Missing) {
-                (
-                    "True",
-                    "CreatingShards",
-                    format!("{} of {total} shard pods exist", total - missing(i.shards)),
-                )
-            } else if bound < total {
-                (
-                    "True",
-                    "BindingShards",
-                    format!("{bound} of {total} shards bound"),
-                )
-            } else {
-                (
-                    "True",
-                    "WaitingForShards",
-                    format!("{ready} of {total} shards ready"),
-                )
-            };
-            plan = p.clone();
-            tps = *tokens_per_second;
-            message = match phase {
-                Phase::Running => format!("{where_}, all ready"),
-                _ => progressing.2.clone(),
-            };
-        }
-    }
-
-    let prev_conditions = i.previous.map(|p| p.conditions.as_slice()).unwrap_or(&[]);
+        } => placed(plan, *tokens_per_second, replanned, &counts, inputs),
+    };
+    let previous_conditions = inputs
+        .previous
+        .map(|status| status.conditions.as_slice())
+        .unwrap_or(&[]);
     let conditions = [
-        (PLACED, placed),
-        (READY, readiness),
-        (PROGRESSING, progressing),
+        (PLACED, verdict.placed),
+        (READY, verdict.ready),
+        (PROGRESSING, verdict.progressing),
     ]
     .into_iter()
     .map(|(type_, (status, reason, message))| {
         condition(
-            prev_conditions,
+            previous_conditions,
             type_,
             status,
             reason,
             message,
-            i.generation,
-            i.now,
+            inputs.generation,
+            inputs.now,
         )
     })
     .collect();
     ModelInstanceStatus {
-        phase: Some(phase),
-        observed_generation: i.generation,
+        phase: Some(verdict.phase),
+        observed_generation: inputs.generation,
         conditions,
-        shards: plan.len() as u32,
-        ready_shards: ready,
-        plan,
-        predicted_tokens_per_second: tps.map(|t| (t * 10.0).round() / 10.0),
-        message: Some(message),
-        placement_hash: match i.outcome {
+        shards: verdict.plan.len() as u32,
+        ready_shards: counts.ready,
+        plan: verdict.plan,
+        predicted_tokens_per_second: verdict
+            .tokens_per_second
+            .map(|tps| (tps * 10.0).round() / 10.0),
+        message: Some(verdict.message),
+        placement_hash: match inputs.outcome {
             Outcome::Invalid { .. } => None,
             Outcome::Unsatisfiable { plan, .. } if plan.is_empty() => None,
-            _ => i.placement_hash.clone(),
+            _ => inputs.placement_hash.clone(),
         },
     }
 }
 
-fn missing(shards: &[ShardState]) -> u32 {
-    shards.iter().filter(|s| **s == ShardState::Missing).count() as u32
+/// A condition's status, reason and message.
+type ConditionText = (&'static str, &'static str, String);
+
+/// What the status says, before the conditions get their transition times.
+struct Verdict {
+    phase: Phase,
+    placed: ConditionText,
+    ready: ConditionText,
+    progressing: ConditionText,
+    plan: Vec<PlannedShard>,
+    tokens_per_second: Option<f64>,
+    message: String,
 }
 
-fn ready_condition(ready: u32, total: u32) -> (&'static str, &'static str, String) {
+/// How many shards there are and how far they got.
+#[derive(Clone, Copy)]
+struct ShardCounts {
+    total: u32,
+    ready: u32,
+    /// Bound to their node, ready or not.
+    bound: u32,
+    missing: u32,
+}
+
+impl ShardCounts {
+    fn of(shards: &[ShardState]) -> Self {
+        let count = |wanted: &dyn Fn(&ShardState) -> bool| {
+            shards.iter().filter(|state| wanted(state)).count() as u32
+        };
+        Self {
+            total: shards.len() as u32,
+            ready: count(&|state| *state == ShardState::Ready),
+            bound: count(&|state| matches!(state, ShardState::Bound | ShardState::Ready)),
+            missing: count(&|state| *state == ShardState::Missing),
+        }
+    }
+
+    fn all_ready(&self) -> bool {
+        self.total > 0 && self.ready == self.total
+    }
+}
+
+fn invalid(problems: &[String]) -> Verdict {
+    let text = format!("invalid spec: {}", problems.join("; "));
+    Verdict {
+        phase: Phase::Failed,
+        placed: ("False", "InvalidSpec", text.clone()),
+        ready: ("False", "InvalidSpec", "the spec cannot run".to_string()),
+        progressing: (
+            "False",
+            "InvalidSpec",
+            "fix the spec to continue".to_string(),
+        ),
+        plan: Vec::new(),
+        tokens_per_second: None,
+        message: text,
+    }
+}
+
+/// No plan; a running plan that lost shards which could not move is kept.
+fn unsatisfiable(
+    explanation: &str,
+    kept: &[PlannedShard],
+    lost: &[String],
+    counts: &ShardCounts,
+    previous: Option<&ModelInstanceStatus>,
+) -> Verdict {
+    let text = if lost.is_empty() {
+        format!("no placement: {explanation}")
+    } else {
+        format!(
+            "lost shards could not be re-placed ({}): {explanation}",
+            lost.join("; ")
+        )
+    };
+    Verdict {
+        phase: if kept.is_empty() {
+            Phase::Pending
+        } else {
+            Phase::Degraded
+        },
+        placed: ("False", "Unsatisfiable", text.clone()),
+        ready: ready_condition(counts.ready, counts.total.max(kept.len() as u32)),
+        progressing: (
+            "False",
+            "Unsatisfiable",
+            "waiting for the cluster to change".to_string(),
+        ),
+        plan: kept.to_vec(),
+        tokens_per_second: previous
+            .and_then(|status| status.predicted_tokens_per_second)
+            .filter(|_| !kept.is_empty()),
+        message: text,
+    }
+}
+
+fn placed(
+    plan: &[PlannedShard],
+    tokens_per_second: Option<f64>,
+    replanned: &[String],
+    counts: &ShardCounts,
+    inputs: &StatusInputs,
+) -> Verdict {
+    let nodes: std::collections::BTreeSet<&str> =
+        plan.iter().map(|shard| shard.node.as_str()).collect();
+    let where_ = format!(
+        "{} shard{} on {}",
+        plan.len(),
+        if plan.len() == 1 { "" } else { "s" },
+        nodes.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    let placed = if replanned.is_empty() {
+        ("True", "Planned", where_.clone())
+    } else {
+        (
+            "True",
+            "Replanned",
+            format!("{where_}; moved: {}", replanned.join("; ")),
+        )
+    };
+    let was_serving = matches!(
+        inputs.previous.and_then(|status| status.phase),
+        Some(Phase::Running | Phase::Degraded)
+    );
+    let phase = if counts.all_ready() {
+        Phase::Running
+    } else if was_serving {
+        Phase::Degraded
+    } else if counts.total > 0 && counts.bound == counts.total {
+        Phase::Bound
+    } else {
+        Phase::Placing
+    };
+    let progressing = progress(counts);
+    let message = match phase {
+        Phase::Running => format!("{where_}, all ready"),
+        _ => progressing.2.clone(),
+    };
+    Verdict {
+        phase,
+        placed,
+        ready: ready_condition(counts.ready, counts.total),
+        progressing,
+        plan: plan.to_vec(),
+        tokens_per_second,
+        message,
+    }
+}
+
+/// How far a placed instance's shards got.
+fn progress(counts: &ShardCounts) -> ConditionText {
+    let ShardCounts {
+        total,
+        ready,
+        bound,
+        missing,
+    } = *counts;
+    if counts.all_ready() {
+        ("False", "Settled", "every shard is ready".to_string())
+    } else if missing > 0 {
+        (
+            "True",
+            "CreatingShards",
+            format!("{} of {total} shard pods exist", total - missing),
+        )
+    } else if bound < total {
+        (
+            "True",
+            "BindingShards",
+            format!("{bound} of {total} shards bound"),
+        )
+    } else {
+        (
+            "True",
+            "WaitingForShards",
+            format!("{ready} of {total} shards ready"),
+        )
+    }
+}
+
+fn ready_condition(ready: u32, total: u32) -> ConditionText {
     if total > 0 && ready == total {
         (
             "True",
