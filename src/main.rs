@@ -1,4 +1,5 @@
-//! The `tessera` command: flag parsing only; the work lives in the library.
+//! The `tessera` command: flags -> config structs -> library calls; the work lives in
+//! the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,143 +32,336 @@ enum Command {
     /// With no files, plans the built-in sample: three Llama-class models on a
     /// mixed NVIDIA + AMD cluster of four nodes. Exit code 0 when every instance
     /// has a plan, 2 when one is unsatisfiable, 1 for bad input.
-    Place {
-        /// ModelInstance YAML file (several documents allowed; repeat the flag for
-        /// more files; `-` reads stdin). Default: the built-in samples.
-        #[arg(short = 'f', long = "instance", value_name = "FILE")]
-        instances: Vec<PathBuf>,
-        /// Cluster description: a `nodes:` list of NodeGpuStates with labels, or
-        /// `kubectl get nodes -o yaml` output. Default: the built-in sample cluster.
-        #[arg(short, long, value_name = "FILE")]
-        cluster: Option<PathBuf>,
-        /// Output format.
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: PlaceOutput,
-        /// Search steps the solver may spend per instance before it returns the
-        /// best plan found (the instance's deadlineMs also applies).
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-        max_steps: Option<u64>,
-    },
+    Place(PlaceFlags),
     /// Print the ModelInstance CustomResourceDefinition as YAML.
     Crd,
     /// Run the node agent (DaemonSet): kubelet device plugin, GPU health, and the
     /// node's GPU state published on its Node object.
-    Agent {
-        #[command(flatten)]
-        gpus: BackendFlags,
-        /// Where the host's procfs is mounted (NVIDIA device minors).
-        #[arg(long, value_name = "DIR", default_value = "/proc")]
-        procfs_root: PathBuf,
-        /// Kubelet's device plugin directory.
-        #[arg(
-            long,
-            value_name = "DIR",
-            default_value = "/var/lib/kubelet/device-plugins"
-        )]
-        plugin_dir: PathBuf,
-        /// Extended resource the GPUs are registered as; `{vendor}` in it
-        /// (e.g. `tessera.dev/{vendor}-gpu`) gives each vendor its own.
-        #[arg(long, value_name = "NAME", default_value = tessera::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
-        resource_name: ResourceName,
-        /// Also name allocated devices as CDI devices.
-        #[arg(long)]
-        cdi: bool,
-        /// Device registry file.
-        #[arg(
-            long,
-            value_name = "FILE",
-            default_value = "/var/lib/tessera/registry.json"
-        )]
-        registry: PathBuf,
-        /// Allocation checkpoint: which pod got which planned devices, kept across agent restarts.
-        #[arg(
-            long,
-            value_name = "FILE",
-            default_value = "/var/lib/tessera/checkpoint.json"
-        )]
-        checkpoint: PathBuf,
-        /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
-        #[arg(long, value_name = "FILE")]
-        kubeconfig: Option<PathBuf>,
-        /// Do not talk to the API server: serve kubelet only.
-        #[arg(long)]
-        no_publish: bool,
-        /// Seconds between publishes of telemetry-only changes.
-        #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = clap::value_parser!(u64).range(1..=3600))]
-        publish_interval: u64,
-        /// Milliseconds between reads of the GPUs.
-        #[arg(long, value_name = "MS", default_value = "500", value_parser = clap::value_parser!(u64).range(50..=60000))]
-        poll_interval_ms: u64,
-        #[command(flatten)]
-        health: HealthFlags,
-        /// Address of /healthz, /readyz and /metrics.
-        #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
-        listen: std::net::SocketAddr,
-    },
+    Agent(AgentFlags),
     /// Run the controller (Deployment): reconcile ModelInstances into placed
     /// shard pods bound to their planned nodes and devices.
-    Controller {
-        /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
-        #[arg(long, value_name = "FILE")]
-        kubeconfig: Option<PathBuf>,
-        /// Watch ModelInstances (and their pods) in this namespace only; default all.
-        #[arg(long, value_name = "NS", value_parser = non_empty)]
-        namespace: Option<String>,
-        /// Address of /healthz, /readyz and /metrics.
-        #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
-        listen: std::net::SocketAddr,
-        /// Act only while holding a coordination.k8s.io Lease, so that replicas
-        /// never act at once.
-        #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set)]
-        leader_elect: bool,
-        /// Name of the Lease.
-        #[arg(long, value_name = "NAME", default_value = "tessera-controller", value_parser = non_empty)]
-        lease_name: String,
-        /// Namespace of the Lease (the controller's own).
-        #[arg(long, env = "POD_NAMESPACE", value_name = "NS", value_parser = non_empty)]
-        lease_namespace: Option<String>,
-        /// This replica's name in the Lease; default: the host name.
-        #[arg(long, env = "POD_NAME", value_name = "ID", value_parser = non_empty)]
-        identity: Option<String>,
-        /// Extended resource the node agents register the GPUs as (the same
-        /// value as theirs, `{vendor}` included).
-        #[arg(long, value_name = "NAME", default_value = tessera::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
-        resource_name: ResourceName,
-        /// Seconds a NotReady node keeps its shards before they are re-placed.
-        #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = clap::value_parser!(u64).range(0..=86400))]
-        node_grace_period: u64,
-        /// Solver steps per plan before the best plan found is taken.
-        #[arg(long, value_name = "N", default_value = "250000", value_parser = clap::value_parser!(u64).range(1..))]
-        max_steps: u64,
-    },
+    Controller(ControllerFlags),
     /// List this node's GPUs as the node agent sees them, or summarise the GPU
     /// states of a whole cluster (`--summary`).
-    Discover {
-        #[command(flatten)]
-        gpus: BackendFlags,
-        /// Device registry to read and update (keeps device IDs and probe results
-        /// across runs); the agent uses /var/lib/tessera/registry.json.
-        #[arg(long, value_name = "FILE")]
-        registry: Option<PathBuf>,
-        /// Also verify each device with CUDA and measure P2P access and bandwidth.
-        #[arg(long)]
-        probe: bool,
-        /// `table`, or `json`: the exact NodeGpuState the agent publishes.
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: DiscoverOutput,
-        /// Refresh until interrupted.
-        #[arg(long)]
-        watch: bool,
-        /// Seconds between refreshes with --watch.
-        #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = clap::value_parser!(u64).range(1..=3600))]
-        interval: u64,
-        #[command(flatten)]
-        health: HealthFlags,
-        /// Summarise these GPU states instead of this node: cluster descriptions,
-        /// `kubectl get nodes -o yaml` output or `discover -o json` files.
-        #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["probe", "watch", "backend"])]
-        summary: Vec<PathBuf>,
-    },
+    Discover(DiscoverFlags),
+}
+
+// The flags of `tessera place`.
+#[derive(clap::Args)]
+struct PlaceFlags {
+    /// ModelInstance YAML file (several documents allowed; repeat the flag for
+    /// more files; `-` reads stdin). Default: the built-in samples.
+    #[arg(short = 'f', long = "instance", value_name = "FILE")]
+    instances: Vec<PathBuf>,
+    /// Cluster description: a `nodes:` list of NodeGpuStates with labels, or
+    /// `kubectl get nodes -o yaml` output. Default: the built-in sample cluster.
+    #[arg(short, long, value_name = "FILE")]
+    cluster: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: PlaceOutput,
+    /// Search steps the solver may spend per instance before it returns the
+    /// best plan found (the instance's deadlineMs also applies).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_steps: Option<u64>,
+}
+
+impl PlaceFlags {
+    fn run(self) -> ExitCode {
+        let Self {
+            instances,
+            cluster,
+            output,
+            max_steps,
+        } = self;
+        let args = PlaceArgs {
+            instances,
+            cluster,
+            output,
+            max_steps,
+        };
+        match tessera::place(&args) {
+            Ok(report) => {
+                print!("{}", report.render(output));
+                if report.all_placed() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(2)
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+// The flags of `tessera agent`.
+#[derive(clap::Args)]
+struct AgentFlags {
+    #[command(flatten)]
+    gpus: BackendFlags,
+    /// Where the host's procfs is mounted (NVIDIA device minors).
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    procfs_root: PathBuf,
+    /// Kubelet's device plugin directory.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    plugin_dir: PathBuf,
+    /// Extended resource the GPUs are registered as; `{vendor}` in it
+    /// (e.g. `tessera.dev/{vendor}-gpu`) gives each vendor its own.
+    #[arg(long, value_name = "NAME", default_value = tessera::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
+    resource_name: ResourceName,
+    /// Also name allocated devices as CDI devices.
+    #[arg(long)]
+    cdi: bool,
+    /// Device registry file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/tessera/registry.json"
+    )]
+    registry: PathBuf,
+    /// Allocation checkpoint: which pod got which planned devices, kept across agent restarts.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/tessera/checkpoint.json"
+    )]
+    checkpoint: PathBuf,
+    /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Do not talk to the API server: serve kubelet only.
+    #[arg(long)]
+    no_publish: bool,
+    /// Seconds between publishes of telemetry-only changes.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    publish_interval: u64,
+    /// Milliseconds between reads of the GPUs.
+    #[arg(long, value_name = "MS", default_value = "500", value_parser = clap::value_parser!(u64).range(50..=60000))]
+    poll_interval_ms: u64,
+    #[command(flatten)]
+    health: HealthFlags,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+}
+
+impl AgentFlags {
+    fn run(self) -> ExitCode {
+        let Self {
+            gpus,
+            procfs_root,
+            plugin_dir,
+            resource_name,
+            cdi,
+            registry,
+            checkpoint,
+            kubeconfig,
+            no_publish,
+            publish_interval,
+            poll_interval_ms,
+            health,
+            listen,
+        } = self;
+        use std::time::Duration;
+        use tessera::{AgentConfig, PluginConfig, PublishOptions, run_agent as run};
+        let detect = gpus.options();
+        let publish = if no_publish {
+            None
+        } else {
+            match detect.node_name.clone() {
+                Some(node_name) => Some(PublishOptions {
+                    node_name,
+                    kubeconfig,
+                    min_interval: Duration::from_secs(publish_interval),
+                }),
+                None => {
+                    eprintln!(
+                        "error: the node name is needed to publish GPU state: set NODE_NAME or --node-name, or use --no-publish"
+                    );
+                    return ExitCode::from(1);
+                }
+            }
+        };
+        let sysfs_root = detect.sysfs_root.clone();
+        let config = AgentConfig {
+            detect,
+            health: health.policy(),
+            poll_interval: Duration::from_millis(poll_interval_ms),
+            registry: Some(registry),
+            checkpoint,
+            resource: resource_name,
+            plugin: PluginConfig {
+                plugin_dir,
+                cdi,
+                sysfs_root,
+                procfs_root,
+                ..PluginConfig::default()
+            },
+            publish,
+            listen,
+        };
+        block_on(run(config))
+    }
+}
+
+// The flags of `tessera controller`.
+#[derive(clap::Args)]
+struct ControllerFlags {
+    /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch ModelInstances (and their pods) in this namespace only; default all.
+    #[arg(long, value_name = "NS", value_parser = non_empty)]
+    namespace: Option<String>,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
+    listen: std::net::SocketAddr,
+    /// Act only while holding a coordination.k8s.io Lease, so that replicas
+    /// never act at once.
+    #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, value_name = "NAME", default_value = "tessera-controller", value_parser = non_empty)]
+    lease_name: String,
+    /// Namespace of the Lease (the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS", value_parser = non_empty)]
+    lease_namespace: Option<String>,
+    /// This replica's name in the Lease; default: the host name.
+    #[arg(long, env = "POD_NAME", value_name = "ID", value_parser = non_empty)]
+    identity: Option<String>,
+    /// Extended resource the node agents register the GPUs as (the same
+    /// value as theirs, `{vendor}` included).
+    #[arg(long, value_name = "NAME", default_value = tessera::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
+    resource_name: ResourceName,
+    /// Seconds a NotReady node keeps its shards before they are re-placed.
+    #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    node_grace_period: u64,
+    /// Solver steps per plan before the best plan found is taken.
+    #[arg(long, value_name = "N", default_value = "250000", value_parser = clap::value_parser!(u64).range(1..))]
+    max_steps: u64,
+}
+
+impl ControllerFlags {
+    fn run(self) -> ExitCode {
+        let Self {
+            kubeconfig,
+            namespace,
+            listen,
+            leader_elect,
+            lease_name,
+            lease_namespace,
+            identity,
+            resource_name,
+            node_grace_period,
+            max_steps,
+        } = self;
+        use tessera::{
+            ControllerConfig, ControllerSettings as Settings, LeaderElection, run_controller as run,
+        };
+        let leader_election = if leader_elect {
+            let Some(lease_namespace) = lease_namespace else {
+                eprintln!(
+                    "error: leader election needs the Lease's namespace: set POD_NAMESPACE or --lease-namespace, or use --leader-elect=false"
+                );
+                return ExitCode::from(1);
+            };
+            let Some(identity) = identity.or_else(host_name) else {
+                eprintln!("error: no identity for the Lease: set POD_NAME or --identity");
+                return ExitCode::from(1);
+            };
+            Some(LeaderElection {
+                lease_name,
+                lease_namespace,
+                identity,
+            })
+        } else {
+            None
+        };
+        block_on(run(ControllerConfig {
+            kubeconfig,
+            namespace,
+            listen,
+            leader_election,
+            settings: Settings {
+                resource_name,
+                node_grace: std::time::Duration::from_secs(node_grace_period),
+                max_steps,
+            },
+        }))
+    }
+}
+
+// The flags of `tessera discover`.
+#[derive(clap::Args)]
+struct DiscoverFlags {
+    #[command(flatten)]
+    gpus: BackendFlags,
+    /// Device registry to read and update (keeps device IDs and probe results
+    /// across runs); the agent uses /var/lib/tessera/registry.json.
+    #[arg(long, value_name = "FILE")]
+    registry: Option<PathBuf>,
+    /// Also verify each device with CUDA and measure P2P access and bandwidth.
+    #[arg(long)]
+    probe: bool,
+    /// `table`, or `json`: the exact NodeGpuState the agent publishes.
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: DiscoverOutput,
+    /// Refresh until interrupted.
+    #[arg(long)]
+    watch: bool,
+    /// Seconds between refreshes with --watch.
+    #[arg(long, value_name = "SECONDS", default_value = "2", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    interval: u64,
+    #[command(flatten)]
+    health: HealthFlags,
+    /// Summarise these GPU states instead of this node: cluster descriptions,
+    /// `kubectl get nodes -o yaml` output or `discover -o json` files.
+    #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with_all = ["probe", "watch", "backend"])]
+    summary: Vec<PathBuf>,
+}
+
+impl DiscoverFlags {
+    fn run(self) -> ExitCode {
+        let Self {
+            gpus,
+            registry,
+            probe,
+            output,
+            watch,
+            interval,
+            summary,
+            health,
+        } = self;
+        let result = if summary.is_empty() {
+            let args = DiscoverArgs {
+                detect: gpus.options(),
+                registry,
+                probe,
+                output,
+                health: health.policy(),
+            };
+            tessera::discover(
+                &args,
+                watch.then(|| std::time::Duration::from_secs(interval)),
+            )
+        } else {
+            tessera::discover_summary(&summary).map(|table| print!("{table}"))
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        }
+    }
 }
 
 /// Where the GPUs come from; shared by `agent` and `discover`.
@@ -304,167 +498,9 @@ fn main() -> ExitCode {
             print!("{}", tessera::api::crd_yaml());
             ExitCode::SUCCESS
         }
-        Command::Agent {
-            gpus,
-            procfs_root,
-            plugin_dir,
-            resource_name,
-            cdi,
-            registry,
-            checkpoint,
-            kubeconfig,
-            no_publish,
-            publish_interval,
-            poll_interval_ms,
-            health,
-            listen,
-        } => {
-            use std::time::Duration;
-            use tessera::{AgentConfig, PluginConfig, PublishOptions, run_agent as run};
-            let detect = gpus.options();
-            let publish = if no_publish {
-                None
-            } else {
-                match detect.node_name.clone() {
-                    Some(node_name) => Some(PublishOptions {
-                        node_name,
-                        kubeconfig,
-                        min_interval: Duration::from_secs(publish_interval),
-                    }),
-                    None => {
-                        eprintln!(
-                            "error: the node name is needed to publish GPU state: set NODE_NAME or --node-name, or use --no-publish"
-                        );
-                        return ExitCode::from(1);
-                    }
-                }
-            };
-            let sysfs_root = detect.sysfs_root.clone();
-            let config = AgentConfig {
-                detect,
-                health: health.policy(),
-                poll_interval: Duration::from_millis(poll_interval_ms),
-                registry: Some(registry),
-                checkpoint,
-                resource: resource_name,
-                plugin: PluginConfig {
-                    plugin_dir,
-                    cdi,
-                    sysfs_root,
-                    procfs_root,
-                    ..PluginConfig::default()
-                },
-                publish,
-                listen,
-            };
-            block_on(run(config))
-        }
-        Command::Controller {
-            kubeconfig,
-            namespace,
-            listen,
-            leader_elect,
-            lease_name,
-            lease_namespace,
-            identity,
-            resource_name,
-            node_grace_period,
-            max_steps,
-        } => {
-            use tessera::{
-                ControllerConfig, ControllerSettings as Settings, LeaderElection,
-                run_controller as run,
-            };
-            let leader_election = if leader_elect {
-                let Some(lease_namespace) = lease_namespace else {
-                    eprintln!(
-                        "error: leader election needs the Lease's namespace: set POD_NAMESPACE or --lease-namespace, or use --leader-elect=false"
-                    );
-                    return ExitCode::from(1);
-                };
-                let Some(identity) = identity.or_else(host_name) else {
-                    eprintln!("error: no identity for the Lease: set POD_NAME or --identity");
-                    return ExitCode::from(1);
-                };
-                Some(LeaderElection {
-                    lease_name,
-                    lease_namespace,
-                    identity,
-                })
-            } else {
-                None
-            };
-            block_on(run(ControllerConfig {
-                kubeconfig,
-                namespace,
-                listen,
-                leader_election,
-                settings: Settings {
-                    resource_name,
-                    node_grace: std::time::Duration::from_secs(node_grace_period),
-                    max_steps,
-                },
-            }))
-        }
-        Command::Discover {
-            gpus,
-            registry,
-            probe,
-            output,
-            watch,
-            interval,
-            summary,
-            health,
-        } => {
-            let result = if summary.is_empty() {
-                let args = DiscoverArgs {
-                    detect: gpus.options(),
-                    registry,
-                    probe,
-                    output,
-                    health: health.policy(),
-                };
-                tessera::discover(
-                    &args,
-                    watch.then(|| std::time::Duration::from_secs(interval)),
-                )
-            } else {
-                tessera::discover_summary(&summary).map(|table| print!("{table}"))
-            };
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
-        Command::Place {
-            instances,
-            cluster,
-            output,
-            max_steps,
-        } => {
-            let args = PlaceArgs {
-                instances,
-                cluster,
-                output,
-                max_steps,
-            };
-            match tessera::place(&args) {
-                Ok(report) => {
-                    print!("{}", report.render(output));
-                    if report.all_placed() {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(2)
-                    }
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
+        Command::Agent(flags) => flags.run(),
+        Command::Controller(flags) => flags.run(),
+        Command::Discover(flags) => flags.run(),
+        Command::Place(flags) => flags.run(),
     }
 }
