@@ -227,7 +227,7 @@ pub(crate) async fn register(
 
 /// Identity of `kubelet.sock`: device, inode and change time. A restarted
 /// kubelet makes a new socket, which differs in at least one of them.
-fn kubelet_identity(path: &Path) -> Option<(u64, u64, i64, i64)> {
+fn kubelet_identity(path: &Path) -> Option<KubeletId> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::symlink_metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
@@ -286,70 +286,12 @@ impl PluginRunner {
         let endpoint = config.socket_name();
         let kubelet = config.kubelet_socket();
 
-        let mut server: Option<PluginServer> = None;
-        // The kubelet socket we are registered with, if any.
-        let mut registered_with = None;
-        // The kubelet socket last seen, to notice a new one.
-        let mut seen = None;
-        let mut backoff = BACKOFF_START;
-        let mut next_attempt = Instant::now();
-        // Log a failing bind once, not every poll.
-        let mut serve_failing = false;
-        // When we last registered, and how many ListAndWatch calls there were then.
-        let mut awaiting_call: Option<(Instant, u64)> = None;
-
+        let mut state = RegistrationState::new();
         loop {
-            // Our socket: (re)serve when it is gone or replaced.
-            if !server.as_ref().is_some_and(PluginServer::is_intact) {
-                if let Some(old) = server.take() {
-                    tracing::warn!(socket = %socket.display(), "our socket is gone; serving again");
-                    old.stop().await;
-                }
-                status.serving.store(false, Ordering::Relaxed);
-                status.registered.store(false, Ordering::Relaxed);
-                registered_with = None;
-                match PluginServer::start(&socket, service.clone()).await {
-                    Ok(s) => {
-                        server = Some(s);
-                        serve_failing = false;
-                        status.serving.store(true, Ordering::Relaxed);
-                        next_attempt = Instant::now();
-                        backoff = BACKOFF_START;
-                    }
-                    Err(e) if !serve_failing => {
-                        serve_failing = true;
-                        tracing::warn!(socket = %socket.display(), error = %e, "cannot serve the device plugin socket; retrying");
-                    }
-                    Err(e) => {
-                        tracing::debug!(socket = %socket.display(), error = %e, "still cannot serve the device plugin socket");
-                    }
-                }
-            }
-
-            // Kubelet: (re)register when its socket is new or we are not registered.
+            state.keep_serving(&socket, &service, status).await;
             let current = kubelet_identity(&kubelet);
-            if current != seen {
-                if current.is_some() && seen.is_some() {
-                    tracing::info!(
-                        "kubelet.sock was recreated (kubelet restarted?); registering again"
-                    );
-                }
-                seen = current;
-                next_attempt = Instant::now();
-                backoff = BACKOFF_START;
-            }
-            if current.is_none() && registered_with.is_some() {
-                tracing::warn!(socket = %kubelet.display(), "kubelet.sock is gone");
-            }
-            if registered_with.is_some() && registered_with != current {
-                registered_with = None;
-                status.registered.store(false, Ordering::Relaxed);
-            }
-            if server.is_some()
-                && current.is_some()
-                && registered_with.is_none()
-                && Instant::now() >= next_attempt
-            {
+            state.notice_kubelet(current, &kubelet, status);
+            if state.registration_due(current) {
                 // Counted before the call: kubelet may open ListAndWatch
                 // before it answers the registration.
                 let calls_before = status.list_and_watch_calls();
@@ -360,58 +302,178 @@ impl PluginRunner {
                 };
                 match result {
                     Ok(()) => {
-                        registered_with = current;
-                        status.record_registration();
-                        awaiting_call = Some((Instant::now(), calls_before));
-                        backoff = BACKOFF_START;
+                        state.registered(current, calls_before, status);
                         tracing::info!(
                             resource = %config.resource_name,
                             endpoint = %endpoint,
                             "registered with kubelet"
                         );
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "registering with kubelet failed");
-                        next_attempt = Instant::now() + backoff;
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                    }
+                    Err(e) => state.registration_failed(&e),
                 }
             }
-
-            if registered_with.is_none() {
-                awaiting_call = None;
-            }
-            if let Some((since, calls)) = awaiting_call {
-                if status.list_and_watch_calls() > calls {
-                    awaiting_call = None;
-                    if status.kubelet_silent.swap(false, Ordering::Relaxed) {
-                        tracing::info!("kubelet opened ListAndWatch after all");
-                    }
-                } else if since.elapsed() >= config.list_and_watch_grace
-                    && !status.kubelet_silent.swap(true, Ordering::Relaxed)
-                {
-                    tracing::error!(waited = ?config.list_and_watch_grace, "{SILENT_KUBELET}");
-                }
-            }
-
-            // Wake early for a registration retry that is due before the next poll.
-            let mut wake = Instant::now() + config.poll_interval;
-            if registered_with.is_none() && current.is_some() && server.is_some() {
-                wake = wake.min(next_attempt);
-            }
+            state.watch_for_a_silent_kubelet(status, config.list_and_watch_grace);
+            let wake = state.next_wake(current, config.poll_interval);
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = &mut shutdown => break,
             }
         }
-
-        status.registered.store(false, Ordering::Relaxed);
-        status.serving.store(false, Ordering::Relaxed);
-        if let Some(s) = server {
-            s.stop().await;
-        }
+        state.stop(status).await;
         tracing::info!("device plugin stopped");
         Ok(())
+    }
+}
+
+/// `kubelet.sock`'s identity (see [`kubelet_identity`]).
+type KubeletId = (u64, u64, i64, i64);
+
+/// Where the serve-and-register loop stands between two polls.
+struct RegistrationState {
+    server: Option<PluginServer>,
+    /// The kubelet socket we are registered with, if any.
+    registered_with: Option<KubeletId>,
+    /// The kubelet socket last seen, to notice a new one.
+    seen: Option<KubeletId>,
+    backoff: Duration,
+    next_attempt: Instant,
+    /// Log a failing bind once, not every poll.
+    serve_failing: bool,
+    /// When we last registered, and how many ListAndWatch calls there were then.
+    awaiting_call: Option<(Instant, u64)>,
+}
+
+impl RegistrationState {
+    fn new() -> Self {
+        Self {
+            server: None,
+            registered_with: None,
+            seen: None,
+            backoff: BACKOFF_START,
+            next_attempt: Instant::now(),
+            serve_failing: false,
+            awaiting_call: None,
+        }
+    }
+
+    /// Our socket: (re)serve when it is gone or replaced.
+    async fn keep_serving(
+        &mut self,
+        socket: &Path,
+        service: &PluginService,
+        status: &PluginStatus,
+    ) {
+        if self.server.as_ref().is_some_and(PluginServer::is_intact) {
+            return;
+        }
+        if let Some(old) = self.server.take() {
+            tracing::warn!(socket = %socket.display(), "our socket is gone; serving again");
+            old.stop().await;
+        }
+        status.serving.store(false, Ordering::Relaxed);
+        status.registered.store(false, Ordering::Relaxed);
+        self.registered_with = None;
+        match PluginServer::start(socket, service.clone()).await {
+            Ok(server) => {
+                self.server = Some(server);
+                self.serve_failing = false;
+                status.serving.store(true, Ordering::Relaxed);
+                self.next_attempt = Instant::now();
+                self.backoff = BACKOFF_START;
+            }
+            Err(e) if !self.serve_failing => {
+                self.serve_failing = true;
+                tracing::warn!(socket = %socket.display(), error = %e, "cannot serve the device plugin socket; retrying");
+            }
+            Err(e) => {
+                tracing::debug!(socket = %socket.display(), error = %e, "still cannot serve the device plugin socket");
+            }
+        }
+    }
+
+    /// Kubelet: a new socket means a restarted kubelet, to register with at once.
+    fn notice_kubelet(
+        &mut self,
+        current: Option<KubeletId>,
+        kubelet: &Path,
+        status: &PluginStatus,
+    ) {
+        if current != self.seen {
+            if current.is_some() && self.seen.is_some() {
+                tracing::info!(
+                    "kubelet.sock was recreated (kubelet restarted?); registering again"
+                );
+            }
+            self.seen = current;
+            self.next_attempt = Instant::now();
+            self.backoff = BACKOFF_START;
+        }
+        if current.is_none() && self.registered_with.is_some() {
+            tracing::warn!(socket = %kubelet.display(), "kubelet.sock is gone");
+        }
+        if self.registered_with.is_some() && self.registered_with != current {
+            self.registered_with = None;
+            status.registered.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Serving, a kubelet is there, we are not registered with it, and no
+    /// backoff holds us back.
+    fn registration_due(&self, current: Option<KubeletId>) -> bool {
+        self.server.is_some()
+            && current.is_some()
+            && self.registered_with.is_none()
+            && Instant::now() >= self.next_attempt
+    }
+
+    fn registered(&mut self, current: Option<KubeletId>, calls_before: u64, status: &PluginStatus) {
+        self.registered_with = current;
+        status.record_registration();
+        self.awaiting_call = Some((Instant::now(), calls_before));
+        self.backoff = BACKOFF_START;
+    }
+
+    fn registration_failed(&mut self, error: &RegisterError) {
+        tracing::warn!(error = %error, retry_in = ?self.backoff, "registering with kubelet failed");
+        self.next_attempt = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+
+    /// A kubelet that takes the registration but never opens ListAndWatch
+    /// (see [`SILENT_KUBELET`]) is reported once, and again when it recovers.
+    fn watch_for_a_silent_kubelet(&mut self, status: &PluginStatus, grace: Duration) {
+        if self.registered_with.is_none() {
+            self.awaiting_call = None;
+        }
+        let Some((since, calls)) = self.awaiting_call else {
+            return;
+        };
+        if status.list_and_watch_calls() > calls {
+            self.awaiting_call = None;
+            if status.kubelet_silent.swap(false, Ordering::Relaxed) {
+                tracing::info!("kubelet opened ListAndWatch after all");
+            }
+        } else if since.elapsed() >= grace && !status.kubelet_silent.swap(true, Ordering::Relaxed) {
+            tracing::error!(waited = ?grace, "{SILENT_KUBELET}");
+        }
+    }
+
+    /// The next poll, or earlier for a registration retry that is due before it.
+    fn next_wake(&self, current: Option<KubeletId>, poll_interval: Duration) -> Instant {
+        let wake = Instant::now() + poll_interval;
+        if self.registered_with.is_none() && current.is_some() && self.server.is_some() {
+            wake.min(self.next_attempt)
+        } else {
+            wake
+        }
+    }
+
+    async fn stop(self, status: &PluginStatus) {
+        status.registered.store(false, Ordering::Relaxed);
+        status.serving.store(false, Ordering::Relaxed);
+        if let Some(server) = self.server {
+            server.stop().await;
+        }
     }
 }
 
