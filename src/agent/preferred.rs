@@ -54,14 +54,14 @@ pub(crate) fn preferred_allocation(
     let candidates: Vec<usize> = (0..universe.ids.len())
         .filter(|&i| !universe.must[i])
         .collect();
-    let k = size - must.len();
-    if candidates.len() <= k {
+    let count = size - must.len();
+    if candidates.len() <= count {
         return universe.names(&(0..universe.ids.len()).collect::<Vec<_>>());
     }
-    let chosen = if binomial(candidates.len() as u64, k as u64) <= EXHAUSTIVE_LIMIT {
-        exhaustive(&universe, &must, &candidates, k)
+    let chosen = if binomial(candidates.len() as u64, count as u64) <= EXHAUSTIVE_LIMIT {
+        exhaustive(&universe, &must, &candidates, count)
     } else {
-        greedy(&universe, &must, &candidates, k)
+        greedy(&universe, &must, &candidates, count)
     };
     let mut chosen = chosen;
     chosen.sort_unstable();
@@ -87,7 +87,7 @@ impl Universe {
             .devices
             .iter()
             .enumerate()
-            .map(|(i, d)| (d.info.id.as_str(), i))
+            .map(|(i, device)| (device.info.id.as_str(), i))
             .collect();
         // Known devices first in device order, unknown ones after, by ID.
         let mut keyed: BTreeMap<(usize, &str), bool> = BTreeMap::new();
@@ -106,8 +106,8 @@ impl Universe {
             .enumerate()
             .map(|(i, id)| (id.as_str(), i))
             .collect();
-        let n = ids.len();
-        let mut fast = vec![vec![0u64; n]; n];
+        let device_count = ids.len();
+        let mut fast = vec![vec![0u64; device_count]; device_count];
         for link in &snapshot.links {
             if !matches!(link.kind, LinkKind::Nvlink | LinkKind::Xgmi) || link.a == link.b {
                 continue;
@@ -195,26 +195,34 @@ struct CandidateScore {
     split_numa: Reverse<usize>,
 }
 
-/// Every `k`-subset of the candidates in lexicographic order; the first best wins.
-fn exhaustive(u: &Universe, must: &[usize], candidates: &[usize], k: usize) -> Vec<usize> {
-    let mut pick: Vec<usize> = (0..k).collect();
+/// Every `count`-subset of the candidates in lexicographic order; the first best wins.
+fn exhaustive(
+    universe: &Universe,
+    must: &[usize],
+    candidates: &[usize],
+    count: usize,
+) -> Vec<usize> {
+    let mut pick: Vec<usize> = (0..count).collect();
     let mut best: Option<(CandidateScore, Vec<usize>)> = None;
-    let mut set = Vec::with_capacity(must.len() + k);
+    let mut set = Vec::with_capacity(must.len() + count);
     loop {
         set.clear();
         set.extend_from_slice(must);
         set.extend(pick.iter().map(|&p| candidates[p]));
-        let score = u.score(&set);
+        let score = universe.score(&set);
         if best.as_ref().is_none_or(|(b, _)| score > *b) {
             best = Some((score, set.clone()));
         }
         // Next combination: bump the rightmost index that can still move.
-        let n = candidates.len();
-        let Some(i) = (0..k).rev().find(|&i| pick[i] < n - k + i) else {
+        let candidate_count = candidates.len();
+        let Some(i) = (0..count)
+            .rev()
+            .find(|&i| pick[i] < candidate_count - count + i)
+        else {
             break;
         };
         pick[i] += 1;
-        for j in i + 1..k {
+        for j in i + 1..count {
             pick[j] = pick[j - 1] + 1;
         }
     }
@@ -225,7 +233,7 @@ fn exhaustive(u: &Universe, must: &[usize], candidates: &[usize], k: usize) -> V
 /// none, from each candidate in turn, up to [`MAX_SEEDS`]), always adding the device with the most
 /// fast links into the set, then on a NUMA node already used, then with the
 /// fewest fast links to devices left behind; keeps the best grown set.
-fn greedy(u: &Universe, must: &[usize], candidates: &[usize], k: usize) -> Vec<usize> {
+fn greedy(universe: &Universe, must: &[usize], candidates: &[usize], count: usize) -> Vec<usize> {
     let seeds: Vec<Option<usize>> = if must.is_empty() {
         let step = candidates.len().div_ceil(MAX_SEEDS).max(1);
         candidates.iter().step_by(step).map(|&c| Some(c)).collect()
@@ -234,8 +242,8 @@ fn greedy(u: &Universe, must: &[usize], candidates: &[usize], k: usize) -> Vec<u
     };
     let mut best: Option<(CandidateScore, Vec<usize>)> = None;
     for seed in seeds {
-        let set = grow(u, must, candidates, k, seed);
-        let score = u.score(&set);
+        let set = grow(universe, must, candidates, count, seed);
+        let score = universe.score(&set);
         if best.as_ref().is_none_or(|(b, _)| score > *b) {
             best = Some((score, set));
         }
@@ -244,47 +252,47 @@ fn greedy(u: &Universe, must: &[usize], candidates: &[usize], k: usize) -> Vec<u
 }
 
 fn grow(
-    u: &Universe,
+    universe: &Universe,
     must: &[usize],
     candidates: &[usize],
-    k: usize,
+    count: usize,
     seed: Option<usize>,
 ) -> Vec<usize> {
-    let mut g = Growing::new(u, must.len() + k);
+    let mut growing = Growing::new(universe, must.len() + count);
     for &m in must {
-        g.add(m);
+        growing.add(m);
     }
-    let mut left = k;
+    let mut left = count;
     if let Some(s) = seed {
-        g.add(s);
+        growing.add(s);
         left -= 1;
     }
     for _ in 0..left {
         let next = candidates
             .iter()
             .copied()
-            .filter(|&c| !g.inside[c])
+            .filter(|&c| !growing.inside[c])
             .max_by_key(|&c| {
                 (
-                    g.links_in[c],
-                    g.bw_in[c],
-                    g.numa_used.is_empty() || g.numa_used.contains(&u.numa[c]),
+                    growing.links_in[c],
+                    growing.bw_in[c],
+                    growing.numa_used.is_empty() || growing.numa_used.contains(&universe.numa[c]),
                     // Fast links to devices that would stay outside.
-                    Reverse(u.fast_degree[c] - g.links_in[c]),
+                    Reverse(universe.fast_degree[c] - growing.links_in[c]),
                     Reverse(c),
                 )
             });
         match next {
-            Some(c) => g.add(c),
+            Some(c) => growing.add(c),
             None => break,
         }
     }
-    g.set
+    growing.set
 }
 
 /// A set being grown, with what each device would bring to it.
 struct Growing<'a> {
-    u: &'a Universe,
+    universe: &'a Universe,
     set: Vec<usize>,
     inside: Vec<bool>,
     /// Per device: fast links into the set, and their bandwidth.
@@ -294,23 +302,23 @@ struct Growing<'a> {
 }
 
 impl<'a> Growing<'a> {
-    fn new(u: &'a Universe, capacity: usize) -> Self {
-        let n = u.ids.len();
+    fn new(universe: &'a Universe, capacity: usize) -> Self {
+        let device_count = universe.ids.len();
         Self {
-            u,
+            universe,
             set: Vec::with_capacity(capacity),
-            inside: vec![false; n],
-            links_in: vec![0; n],
-            bw_in: vec![0; n],
+            inside: vec![false; device_count],
+            links_in: vec![0; device_count],
+            bw_in: vec![0; device_count],
             numa_used: BTreeSet::new(),
         }
     }
 
-    fn add(&mut self, d: usize) {
-        self.set.push(d);
-        self.inside[d] = true;
-        self.numa_used.insert(self.u.numa[d]);
-        for (j, &bw) in self.u.fast[d].iter().enumerate() {
+    fn add(&mut self, device: usize) {
+        self.set.push(device);
+        self.inside[device] = true;
+        self.numa_used.insert(self.universe.numa[device]);
+        for (j, &bw) in self.universe.fast[device].iter().enumerate() {
             if bw > 0 {
                 self.links_in[j] += 1;
                 self.bw_in[j] = self.bw_in[j].saturating_add(bw);
