@@ -50,9 +50,9 @@ pub(crate) struct Discoverer {
 impl Discoverer {
     pub(crate) fn new(args: &DiscoverArgs) -> Result<Self, InputError> {
         let backend = detect(&args.detect).map_err(|e| InputError(e.to_string()))?;
-        let registry = args.registry.as_ref().map(|p| {
-            let r = Registry::load(p).unwrap_or_else(|| Registry::new(Vec::new()));
-            (p.clone(), r)
+        let registry = args.registry.as_ref().map(|path| {
+            let registry = Registry::load(path).unwrap_or_else(|| Registry::new(Vec::new()));
+            (path.clone(), registry)
         });
         Ok(Self {
             backend,
@@ -106,11 +106,11 @@ fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
-pub(crate) fn render(d: &Discovery, output: DiscoverOutput) -> String {
-    let state = d.snapshot.to_gpu_state(Some(now_rfc3339()));
+pub(crate) fn render(discovery: &Discovery, output: DiscoverOutput) -> String {
+    let state = discovery.snapshot.to_gpu_state(Some(now_rfc3339()));
     match output {
         DiscoverOutput::Json => serde_json::to_string_pretty(&state).unwrap_or_default() + "\n",
-        DiscoverOutput::Table => table(&state, d.probe.as_ref()),
+        DiscoverOutput::Table => table(&state, discovery.probe.as_ref()),
     }
 }
 
@@ -176,16 +176,16 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
             .enumerate()
             .map(|(i, d)| (d.id.as_str(), i))
             .collect();
-        let n = state.devices.len();
-        let mut m = vec![vec!["-".to_string(); n]; n];
-        for (i, row) in m.iter_mut().enumerate() {
+        let count = state.devices.len();
+        let mut matrix = vec![vec!["-".to_string(); count]; count];
+        for (i, row) in matrix.iter_mut().enumerate() {
             row[i] = "X".into();
         }
-        for l in &state.links {
-            if let (Some(&a), Some(&b)) = (pos.get(l.a.as_str()), pos.get(l.b.as_str())) {
-                let cell = format!("{}{:.0}", short(l.kind), l.bandwidth_gbps);
-                m[a][b] = cell.clone();
-                m[b][a] = cell;
+        for link in &state.links {
+            if let (Some(&a), Some(&b)) = (pos.get(link.a.as_str()), pos.get(link.b.as_str())) {
+                let cell = format!("{}{:.0}", short(link.kind), link.bandwidth_gbps);
+                matrix[a][b] = cell.clone();
+                matrix[b][a] = cell;
             }
         }
         let mut rows = vec![
@@ -196,7 +196,7 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
         for (i, d) in state.devices.iter().enumerate() {
             rows.push(
                 std::iter::once(format!("GPU{}", d.index))
-                    .chain(m[i].iter().cloned())
+                    .chain(matrix[i].iter().cloned())
                     .collect(),
             );
         }
@@ -236,9 +236,9 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
 
 /// Runs one discovery, or refreshes every `interval` until interrupted.
 pub fn run(args: &DiscoverArgs, watch: Option<Duration>) -> Result<(), InputError> {
-    let mut d = Discoverer::new(args)?;
+    let mut discoverer = Discoverer::new(args)?;
     loop {
-        let found = d.discover()?;
+        let found = discoverer.discover()?;
         if watch.is_some() && args.output == DiscoverOutput::Table {
             // Clear the screen and home the cursor, like `watch`.
             print!("\x1b[2J\x1b[H{}\n\n", now_rfc3339());
@@ -276,7 +276,7 @@ pub fn summary(paths: &[PathBuf]) -> Result<String, InputError> {
 }
 
 pub(crate) fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {
-    let mut s = ClusterSummary {
+    let mut summary = ClusterSummary {
         nodes: nodes.len(),
         devices: 0,
         healthy: 0,
@@ -291,57 +291,63 @@ pub(crate) fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {
     let (mut tf_min, mut tf_max) = (f64::INFINITY, 0.0f64);
     let (mut mem_min, mut mem_max) = (u64::MAX, 0u64);
     let mut slowest: Option<(f64, String)> = None;
-    for n in nodes {
-        let st = &n.gpu_state;
-        for d in &st.devices {
-            s.devices += 1;
-            s.memory_bytes += d.memory_total_bytes;
-            s.free_bytes += d.memory_free_bytes;
-            *s.by_vendor.entry(d.vendor.to_string()).or_default() += 1;
-            *s.by_product.entry(d.product.clone()).or_default() += 1;
-            mem_min = mem_min.min(d.memory_total_bytes);
-            mem_max = mem_max.max(d.memory_total_bytes);
-            if d.health == Health::Healthy {
-                s.healthy += 1;
-                tf_min = tf_min.min(d.fp16_tflops);
-                tf_max = tf_max.max(d.fp16_tflops);
+    for node in nodes {
+        let state = &node.gpu_state;
+        for device in &state.devices {
+            summary.devices += 1;
+            summary.memory_bytes += device.memory_total_bytes;
+            summary.free_bytes += device.memory_free_bytes;
+            *summary
+                .by_vendor
+                .entry(device.vendor.to_string())
+                .or_default() += 1;
+            *summary
+                .by_product
+                .entry(device.product.clone())
+                .or_default() += 1;
+            mem_min = mem_min.min(device.memory_total_bytes);
+            mem_max = mem_max.max(device.memory_total_bytes);
+            if device.health == Health::Healthy {
+                summary.healthy += 1;
+                tf_min = tf_min.min(device.fp16_tflops);
+                tf_max = tf_max.max(device.fp16_tflops);
             }
         }
-        let ids: Vec<&str> = st.devices.iter().map(|d| d.id.as_str()).collect();
+        let ids: Vec<&str> = state.devices.iter().map(|d| d.id.as_str()).collect();
         for (i, a) in ids.iter().enumerate() {
             for b in &ids[i + 1..] {
-                let link = st
+                let link = state
                     .links
                     .iter()
                     .find(|l| (l.a == *a && l.b == *b) || (l.a == *b && l.b == *a));
                 let (gbps, what) = match link {
-                    Some(l) => (
-                        l.bandwidth_gbps,
+                    Some(link) => (
+                        link.bandwidth_gbps,
                         format!(
                             "{} {:.0} GB/s",
-                            format!("{:?}", l.kind).to_lowercase(),
-                            l.bandwidth_gbps
+                            format!("{:?}", link.kind).to_lowercase(),
+                            link.bandwidth_gbps
                         ),
                     ),
                     None => (0.0, "no direct link (through the host)".to_string()),
                 };
                 if slowest.as_ref().is_none_or(|(g, _)| gbps < *g) {
-                    slowest = Some((gbps, format!("{what} on {}", n.name)));
+                    slowest = Some((gbps, format!("{what} on {}", node.name)));
                 }
             }
         }
     }
     if tf_max > 0.0 && tf_min.is_finite() && tf_min > 0.0 {
-        s.compute_ratio = tf_max / tf_min;
+        summary.compute_ratio = tf_max / tf_min;
     }
     if mem_min > 0 && mem_max > 0 && mem_min != u64::MAX {
-        s.memory_ratio = mem_max as f64 / mem_min as f64;
+        summary.memory_ratio = mem_max as f64 / mem_min as f64;
     }
-    s.bottleneck = slowest.map(|(_, w)| w);
-    s
+    summary.bottleneck = slowest.map(|(_, w)| w);
+    summary
 }
 
-pub(crate) fn render_summary(s: &ClusterSummary) -> String {
+pub(crate) fn render_summary(summary: &ClusterSummary) -> String {
     let mut out = String::new();
     let list = |m: &BTreeMap<String, usize>| {
         m.iter()
@@ -349,25 +355,29 @@ pub(crate) fn render_summary(s: &ClusterSummary) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let _ = writeln!(out, "nodes:          {}", s.nodes);
-    let _ = writeln!(out, "devices:        {} ({} healthy)", s.devices, s.healthy);
+    let _ = writeln!(out, "nodes:          {}", summary.nodes);
+    let _ = writeln!(
+        out,
+        "devices:        {} ({} healthy)",
+        summary.devices, summary.healthy
+    );
     let _ = writeln!(
         out,
         "memory:         {:.1} GiB total, {:.1} GiB free",
-        s.memory_bytes as f64 / GIB,
-        s.free_bytes as f64 / GIB
+        summary.memory_bytes as f64 / GIB,
+        summary.free_bytes as f64 / GIB
     );
-    let _ = writeln!(out, "vendors:        {}", list(&s.by_vendor));
-    let _ = writeln!(out, "products:       {}", list(&s.by_product));
+    let _ = writeln!(out, "vendors:        {}", list(&summary.by_vendor));
+    let _ = writeln!(out, "products:       {}", list(&summary.by_product));
     let _ = writeln!(
         out,
         "heterogeneity:  {:.1}× compute (fastest/slowest healthy GPU), {:.1}× memory (largest/smallest)",
-        s.compute_ratio, s.memory_ratio
+        summary.compute_ratio, summary.memory_ratio
     );
     let _ = writeln!(
         out,
         "bottleneck:     {}",
-        s.bottleneck.as_deref().unwrap_or("no multi-GPU node")
+        summary.bottleneck.as_deref().unwrap_or("no multi-GPU node")
     );
     out
 }
@@ -376,9 +386,9 @@ pub(crate) fn render_summary(s: &ClusterSummary) -> String {
 /// yaml` output, or single NodeGpuState JSON files (named after the file).
 pub(crate) fn read_states(paths: &[PathBuf]) -> Result<Vec<ClusterNode>, InputError> {
     let mut nodes = Vec::new();
-    for p in paths {
-        let origin = p.display().to_string();
-        let text = super::input::read_input(p)?;
+    for path in paths {
+        let origin = path.display().to_string();
+        let text = super::input::read_input(path)?;
         let single = serde_json::from_str::<serde_json::Value>(&text)
             .ok()
             .filter(|v| v.get("version").is_some() && v.get("devices").is_some());
@@ -386,7 +396,7 @@ pub(crate) fn read_states(paths: &[PathBuf]) -> Result<Vec<ClusterNode>, InputEr
             let gpu_state =
                 NodeGpuState::from_json(&text).map_err(|e| InputError(format!("{origin}: {e}")))?;
             nodes.push(ClusterNode {
-                name: node_name(p),
+                name: node_name(path),
                 labels: BTreeMap::new(),
                 gpu_state,
             });
@@ -397,10 +407,10 @@ pub(crate) fn read_states(paths: &[PathBuf]) -> Result<Vec<ClusterNode>, InputEr
     Ok(nodes)
 }
 
-fn node_name(p: &Path) -> String {
-    p.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| p.display().to_string())
+fn node_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|stem| stem.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 #[cfg(test)]
