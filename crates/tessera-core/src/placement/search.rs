@@ -465,80 +465,86 @@ mod tests {
     use super::super::{SolveOptions, solve};
     use crate::api::GIB;
 
-    fn best(p: &super::super::Problem) -> super::super::Plan {
-        solve(p, &SolveOptions::default()).unwrap()
+    fn best(problem: &super::super::Problem) -> super::super::Plan {
+        solve(problem, &SolveOptions::default()).unwrap()
     }
 
     #[test]
     fn auto_takes_the_fewest_stages() {
-        let p = problem(vec![node("r", 8, RTX4090)], 70, 1, Stages::Auto);
+        let problem = problem(vec![node("r", 8, RTX4090)], 70, 1, Stages::Auto);
         // 80 layers of 1.63 GiB; a 24 GiB card keeps 1 GiB overhead and holds 14.
-        assert_eq!(best(&p).stages.len(), 6);
+        assert_eq!(best(&problem).stages.len(), 6);
     }
 
     #[test]
     fn the_score_prefers_faster_cooler_devices() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("r", 2, RTX4090), node("h", 2, H100)],
             7,
             1,
             Stages::Fixed(1),
         );
-        assert_eq!(best(&p).stages[0].node, "h");
-        p.nodes[1].devices[0].temperature_c = Some(80.0);
-        let plan = best(&p);
+        assert_eq!(best(&problem).stages[0].node, "h");
+        problem.nodes[1].devices[0].temperature_c = Some(80.0);
+        let plan = best(&problem);
         assert_eq!(plan.stages[0].devices, vec!["h-1".to_string()]);
         assert!(plan.optimal);
     }
 
     #[test]
     fn weights_steer_the_choice() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("r", 1, RTX4090), node("h", 1, H100)],
             7,
             1,
             Stages::Fixed(1),
         );
-        p.nodes[1].devices[0].temperature_c = Some(84.0);
-        p.weights = Weights {
+        problem.nodes[1].devices[0].temperature_c = Some(84.0);
+        problem.weights = Weights {
             compute: 0.0,
             memory: 0.0,
             network: 0.0,
             thermal: 1.0,
             bandwidth: 0.0,
         };
-        assert_eq!(best(&p).stages[0].node, "r");
+        assert_eq!(best(&problem).stages[0].node, "r");
     }
 
     #[test]
     fn hot_unhealthy_and_filtered_devices_are_never_used() {
-        let mut p = problem(vec![node("h", 4, H100)], 7, 1, Stages::Fixed(1));
-        p.nodes[0].devices[0].healthy = false;
-        p.nodes[0].devices[1].temperature_c = Some(85.0);
-        p.nodes[0].devices[2].product = "NVIDIA H200".into();
-        p.selector.products = vec!["h100".into()];
-        assert_eq!(best(&p).stages[0].devices, vec!["h-3".to_string()]);
+        let mut problem = problem(vec![node("h", 4, H100)], 7, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[0].healthy = false;
+        problem.nodes[0].devices[1].temperature_c = Some(85.0);
+        problem.nodes[0].devices[2].product = "NVIDIA H200".into();
+        problem.selector.products = vec!["h100".into()];
+        assert_eq!(best(&problem).stages[0].devices, vec!["h-3".to_string()]);
     }
 
     #[test]
     fn the_temperature_limit_compares_raw_readings() {
         // (reading, limit, usable): rounding either side would flip each case.
-        for (t, limit, usable) in [
+        for (temperature, limit, usable) in [
             (84.6, 85.0, true),
             (84.4, 84.4, false),
             (75.3, 75.3, false),
             (85.2, 85.4, true),
             (85.0, 85.0, false),
         ] {
-            let mut p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
-            p.nodes[0].devices[0].temperature_c = Some(t);
-            p.max_temperature_c = limit;
-            let got = solve(&p, &SolveOptions::default());
-            assert_eq!(got.is_ok(), usable, "{t} °C against {limit}: {got:?}");
-            if let Err(u) = got {
-                let said = u.details.join("\n");
+            let mut problem = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+            problem.nodes[0].devices[0].temperature_c = Some(temperature);
+            problem.max_temperature_c = limit;
+            let got = solve(&problem, &SolveOptions::default());
+            assert_eq!(
+                got.is_ok(),
+                usable,
+                "{temperature} °C against {limit}: {got:?}"
+            );
+            if let Err(unsatisfiable) = got {
+                let said = unsatisfiable.details.join("\n");
                 assert!(
-                    said.contains(&format!("at {t} °C, not below the {limit} °C limit")),
+                    said.contains(&format!(
+                        "at {temperature} °C, not below the {limit} °C limit"
+                    )),
                     "{said}"
                 );
             }
@@ -547,48 +553,48 @@ mod tests {
 
     #[test]
     fn the_canonical_problem_keeps_what_the_solver_decides_on() {
-        let mut p = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
-        p.max_temperature_c = 85.0;
-        let at = |p: &mut super::super::Problem, temps: [f64; 3]| {
-            for (d, t) in p.nodes[0].devices.iter_mut().zip(temps) {
-                d.temperature_c = Some(t);
+        let mut problem = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
+        problem.max_temperature_c = 85.0;
+        let at = |problem: &mut super::super::Problem, temperatures: [f64; 3]| {
+            for (device, temperature) in problem.nodes[0].devices.iter_mut().zip(temperatures) {
+                device.temperature_c = Some(temperature);
             }
-            p.canonical()
+            problem.canonical()
         };
-        let before = at(&mut p, [40.2, 84.6, 85.2]);
+        let before = at(&mut problem, [40.2, 84.6, 85.2]);
         assert_eq!(
             before,
-            at(&mut p, [39.8, 84.7, 86.0]),
+            at(&mut problem, [39.8, 84.7, 86.0]),
             "drift the solver does not see"
         );
         assert_ne!(
             before,
-            at(&mut p, [40.2, 85.1, 85.2]),
+            at(&mut problem, [40.2, 85.1, 85.2]),
             "a device crossed the limit"
         );
         assert_ne!(
             before,
-            at(&mut p, [41.2, 84.6, 85.2]),
+            at(&mut problem, [41.2, 84.6, 85.2]),
             "a scored degree changed"
         );
         assert!(!before.nodes[0].devices[2].healthy);
         assert_eq!(
-            solve(&p.canonical(), &SolveOptions::default()).map(|plan| plan.stages),
-            solve(&p, &SolveOptions::default()).map(|plan| plan.stages)
+            solve(&problem.canonical(), &SolveOptions::default()).map(|plan| plan.stages),
+            solve(&problem, &SolveOptions::default()).map(|plan| plan.stages)
         );
     }
 
     #[test]
     fn tensor_groups_stay_on_one_node_and_prefer_nvlink() {
-        let mut a = node("a", 4, RTX4090);
-        a.links.push(super::super::problem::Link {
+        let mut linked = node("a", 4, RTX4090);
+        linked.links.push(super::super::problem::Link {
             a: "a-2".into(),
             b: "a-3".into(),
             kind: super::super::problem::LinkKind::NvLink,
             bandwidth_gbps: 100.0,
         });
-        let p = problem(vec![a, node("b", 1, RTX4090)], 7, 2, Stages::Fixed(1));
-        let plan = best(&p);
+        let problem = problem(vec![linked, node("b", 1, RTX4090)], 7, 2, Stages::Fixed(1));
+        let plan = best(&problem);
         assert_eq!(plan.stages[0].node, "a");
         assert_eq!(
             plan.stages[0].devices,
@@ -598,31 +604,43 @@ mod tests {
 
     #[test]
     fn stages_pack_onto_one_node_before_crossing_the_network() {
-        let p = problem(
+        let problem = problem(
             vec![node("a", 4, H100), node("b", 4, H100)],
             70,
             1,
             Stages::Fixed(3),
         );
-        let plan = best(&p);
-        assert!(plan.stages.iter().all(|s| s.node == plan.stages[0].node));
+        let plan = best(&problem);
+        assert!(
+            plan.stages
+                .iter()
+                .all(|stage| stage.node == plan.stages[0].node)
+        );
     }
 
     #[test]
     fn memory_is_respected_on_every_device() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("m", 2, MI300X), node("r", 4, RTX4090)],
             70,
             1,
             Stages::Fixed(3),
         );
-        p.nodes[0].devices[0].memory_free_bytes = (100.0 * GIB) as u64;
-        let plan = best(&p);
-        for s in &plan.stages {
-            let d = p.nodes.iter().find(|n| n.name == s.node).unwrap();
-            for id in &s.devices {
-                let dev = d.devices.iter().find(|x| &x.id == id).unwrap();
-                assert!(s.memory_per_device_bytes <= dev.memory_free_bytes as f64);
+        problem.nodes[0].devices[0].memory_free_bytes = (100.0 * GIB) as u64;
+        let plan = best(&problem);
+        for stage in &plan.stages {
+            let stage_node = problem
+                .nodes
+                .iter()
+                .find(|candidate| candidate.name == stage.node)
+                .unwrap();
+            for id in &stage.devices {
+                let device = stage_node
+                    .devices
+                    .iter()
+                    .find(|candidate| &candidate.id == id)
+                    .unwrap();
+                assert!(stage.memory_per_device_bytes <= device.memory_free_bytes as f64);
             }
         }
     }
@@ -639,12 +657,12 @@ mod tests {
         let nodes = (0..40)
             .map(|i| node(&format!("n{i:02}"), 8, H100))
             .collect();
-        let mut p = problem(nodes, 405, 1, Stages::Fixed(12));
-        for (i, n) in p.nodes.iter_mut().enumerate() {
-            n.devices[0].temperature_c = Some(30.0 + i as f64);
+        let mut problem = problem(nodes, 405, 1, Stages::Fixed(12));
+        for (i, cluster_node) in problem.nodes.iter_mut().enumerate() {
+            cluster_node.devices[0].temperature_c = Some(30.0 + i as f64);
         }
         let plan = solve(
-            &p,
+            &problem,
             &SolveOptions {
                 deadline: Some(&Expired),
                 max_steps: u64::MAX,
@@ -654,7 +672,7 @@ mod tests {
         assert!(!plan.optimal);
         assert!(plan.steps <= super::DEADLINE_EVERY);
         assert_eq!(plan.stages.len(), 12);
-        let greedy = super::super::solve_greedy(&p).unwrap();
+        let greedy = super::super::solve_greedy(&problem).unwrap();
         assert!(plan.score.total >= greedy.score.total);
     }
 }
