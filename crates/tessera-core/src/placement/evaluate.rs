@@ -650,30 +650,33 @@ mod tests {
     fn choice(node: &str, devices: &[usize]) -> StageChoice {
         StageChoice {
             node: node.into(),
-            devices: devices.iter().map(|d| format!("{node}-{d}")).collect(),
+            devices: devices
+                .iter()
+                .map(|device| format!("{node}-{device}"))
+                .collect(),
         }
     }
 
     #[test]
     fn compute_and_bandwidth_are_relative_to_the_best_eligible_device() {
-        let p = problem(
+        let problem = problem(
             vec![node("h", 1, H100), node("m", 1, MI300X)],
             7,
             1,
             Stages::Fixed(1),
         );
-        let h = evaluate(&p, &[choice("h", &[0])]).unwrap();
-        let m = evaluate(&p, &[choice("m", &[0])]).unwrap();
-        assert_eq!(m.score.compute, 1.0);
-        assert_eq!(m.score.bandwidth, 1.0);
-        assert!((h.score.compute - 989.0 / 1307.0).abs() < 1e-12);
-        assert!((h.score.bandwidth - 3350.0 / 5300.0).abs() < 1e-12);
+        let on_h100 = evaluate(&problem, &[choice("h", &[0])]).unwrap();
+        let on_mi300x = evaluate(&problem, &[choice("m", &[0])]).unwrap();
+        assert_eq!(on_mi300x.score.compute, 1.0);
+        assert_eq!(on_mi300x.score.bandwidth, 1.0);
+        assert!((on_h100.score.compute - 989.0 / 1307.0).abs() < 1e-12);
+        assert!((on_h100.score.bandwidth - 3350.0 / 5300.0).abs() < 1e-12);
     }
 
     #[test]
     fn memory_part_is_the_share_left_free() {
-        let p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
-        let plan = evaluate(&p, &[choice("h", &[0])]).unwrap();
+        let problem = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+        let plan = evaluate(&problem, &[choice("h", &[0])]).unwrap();
         let demand = 7e9 * 2.0 + GIB;
         let want = 1.0 - demand / (80.0 * GIB);
         assert!((plan.score.memory - want).abs() < 1e-9);
@@ -682,18 +685,23 @@ mod tests {
 
     #[test]
     fn thermal_part_falls_with_temperature_and_unknown_is_neutral() {
-        let mut p = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
-        p.nodes[0].devices[1].temperature_c = Some(80.0);
-        p.nodes[0].devices[2].temperature_c = None;
-        let t = |d| evaluate(&p, &[choice("h", &[d])]).unwrap().score.thermal;
-        assert!((t(0) - 45.0 / 85.0).abs() < 1e-12);
-        assert!((t(1) - 5.0 / 85.0).abs() < 1e-12);
-        assert_eq!(t(2), 0.5);
+        let mut problem = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[1].temperature_c = Some(80.0);
+        problem.nodes[0].devices[2].temperature_c = None;
+        let thermal = |device| {
+            evaluate(&problem, &[choice("h", &[device])])
+                .unwrap()
+                .score
+                .thermal
+        };
+        assert!((thermal(0) - 45.0 / 85.0).abs() < 1e-12);
+        assert!((thermal(1) - 5.0 / 85.0).abs() < 1e-12);
+        assert_eq!(thermal(2), 0.5);
     }
 
     #[test]
     fn network_part_charges_hops_by_distance_and_tensor_links_by_kind() {
-        let mut p = problem(
+        let mut racks = problem(
             vec![
                 node("a", 2, H100),
                 node("b", 2, H100),
@@ -704,32 +712,39 @@ mod tests {
             1,
             Stages::Fixed(2),
         );
-        for (n, zone, rack) in [
+        for (node_index, zone, rack) in [
             (0, "z1", "r1"),
             (1, "z1", "r1"),
             (2, "z1", "r2"),
             (3, "z2", "r3"),
         ] {
-            p.nodes[n].zone = Some(zone.into());
-            p.nodes[n].rack = Some(rack.into());
+            racks.nodes[node_index].zone = Some(zone.into());
+            racks.nodes[node_index].rack = Some(rack.into());
         }
-        let net = |a: StageChoice, b: StageChoice| evaluate(&p, &[a, b]).unwrap().score.network;
+        let net = |first: StageChoice, second: StageChoice| {
+            evaluate(&racks, &[first, second]).unwrap().score.network
+        };
         assert!((net(choice("a", &[0]), choice("a", &[1])) - (1.0 - HOP_SAME_NODE)).abs() < 1e-12);
         assert!((net(choice("a", &[0]), choice("b", &[0])) - (1.0 - HOP_SAME_RACK)).abs() < 1e-12);
         assert!((net(choice("a", &[0]), choice("c", &[0])) - (1.0 - HOP_SAME_ZONE)).abs() < 1e-12);
         assert!(net(choice("a", &[0]), choice("d", &[0])).abs() < 1e-12);
 
         // Tensor groups: NVLink is free, PCIe costs, no link costs most.
-        let mut p = problem(vec![node("x", 4, RTX4090)], 7, 2, Stages::Fixed(1));
-        for (a, b, kind) in [(0, 1, LinkKind::NvLink), (2, 3, LinkKind::Pcie)] {
-            p.nodes[0].links.push(Link {
-                a: format!("x-{a}"),
-                b: format!("x-{b}"),
+        let mut links = problem(vec![node("x", 4, RTX4090)], 7, 2, Stages::Fixed(1));
+        for (first, second, kind) in [(0, 1, LinkKind::NvLink), (2, 3, LinkKind::Pcie)] {
+            links.nodes[0].links.push(Link {
+                a: format!("x-{first}"),
+                b: format!("x-{second}"),
                 kind,
                 bandwidth_gbps: 100.0,
             });
         }
-        let net = |d: &[usize]| evaluate(&p, &[choice("x", d)]).unwrap().score.network;
+        let net = |devices: &[usize]| {
+            evaluate(&links, &[choice("x", devices)])
+                .unwrap()
+                .score
+                .network
+        };
         assert_eq!(net(&[0, 1]), 1.0);
         assert_eq!(net(&[2, 3]), 0.5);
         assert!((net(&[0, 2]) - 0.4).abs() < 1e-12);
@@ -737,19 +752,19 @@ mod tests {
 
     #[test]
     fn heterogeneous_stages_get_unequal_ranges() {
-        let p = problem(
+        let problem = problem(
             vec![node("h", 1, H100), node("r", 1, RTX4090)],
             13,
             1,
             Stages::Fixed(2),
         );
-        let plan = evaluate(&p, &[choice("h", &[0]), choice("r", &[0])]).unwrap();
+        let plan = evaluate(&problem, &[choice("h", &[0]), choice("r", &[0])]).unwrap();
         let layers: Vec<u32> = plan.stages.iter().map(|s| s.layers()).collect();
         assert_eq!(layers.iter().sum::<u32>(), 32);
         assert!(layers[0] > 2 * layers[1], "{layers:?}");
-        for s in &plan.stages {
-            let free = if s.node == "h" { 80.0 } else { 24.0 } * GIB;
-            assert!(s.memory_per_device_bytes <= free);
+        for stage in &plan.stages {
+            let free = if stage.node == "h" { 80.0 } else { 24.0 } * GIB;
+            assert!(stage.memory_per_device_bytes <= free);
         }
         assert!(plan.performance.tokens_per_second > 0.0);
         assert_eq!(plan.performance.stage_ms.len(), 2);
@@ -758,14 +773,14 @@ mod tests {
 
     #[test]
     fn invalid_plans_are_refused_with_a_reason() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("h", 2, H100), node("r", 2, RTX4090)],
             70,
             1,
             Stages::Fixed(1),
         );
-        p.nodes[0].devices[1].healthy = false;
-        let err = |c: &[StageChoice]| evaluate(&p, c).unwrap_err();
+        problem.nodes[0].devices[1].healthy = false;
+        let err = |choices: &[StageChoice]| evaluate(&problem, choices).unwrap_err();
         assert!(err(&[choice("h", &[0]), choice("h", &[0])]).contains("used twice"));
         assert!(err(&[choice("h", &[1])]).contains("not eligible: unhealthy"));
         assert!(err(&[choice("r", &[0])]).contains("hold"));
@@ -776,10 +791,10 @@ mod tests {
 
     #[test]
     fn allocated_devices_are_not_eligible() {
-        let mut p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
-        p.nodes[0].devices[0].allocated_to = Some("ns/other".into());
+        let mut problem = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[0].allocated_to = Some("ns/other".into());
         assert!(
-            evaluate(&p, &[choice("h", &[0])])
+            evaluate(&problem, &[choice("h", &[0])])
                 .unwrap_err()
                 .contains("allocated to ns/other")
         );
