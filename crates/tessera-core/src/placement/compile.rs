@@ -300,51 +300,51 @@ mod tests {
     use super::super::testutil::*;
     use super::*;
 
-    fn compiled(p: &Problem) -> Compiled<'_> {
-        Compiled::new(PreparedProblem::new(p), 1)
+    fn compile(problem: &Problem) -> Compiled<'_> {
+        Compiled::new(PreparedProblem::new(problem), 1)
     }
 
     #[test]
     fn identical_devices_form_one_class_and_links_split_classes() {
-        let mut p = problem(vec![node("a", 4, RTX4090)], 8, 1, Stages::Fixed(1));
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].classes, vec![vec![0, 1, 2, 3]]);
+        let mut problem = problem(vec![node("a", 4, RTX4090)], 8, 1, Stages::Fixed(1));
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].classes, vec![vec![0, 1, 2, 3]]);
         // One class, tensor 1: a single candidate group.
-        assert_eq!(c.groups.len(), 1);
+        assert_eq!(compiled.groups.len(), 1);
 
         // NVLink between 0-1 only: 0 and 1 are twins, 2 and 3 are twins.
-        p.nodes[0].links.push(Link {
+        problem.nodes[0].links.push(Link {
             a: "a-0".into(),
             b: "a-1".into(),
             kind: LinkKind::NvLink,
             bandwidth_gbps: 600.0,
         });
-        p.nodes[0].links.push(Link {
+        problem.nodes[0].links.push(Link {
             a: "a-2".into(),
             b: "a-3".into(),
             kind: LinkKind::NvLink,
             bandwidth_gbps: 600.0,
         });
-        p.tensor = 2;
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].classes, vec![vec![0, 1], vec![2, 3]]);
+        problem.tensor = 2;
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].classes, vec![vec![0, 1], vec![2, 3]]);
         // {2 of A}, {1 A + 1 B}, {2 of B}; the NVLink pairs rank first.
-        assert_eq!(c.groups.len(), 3);
-        assert_eq!(c.groups[0].intra_cost, 0.0);
-        assert_eq!(c.groups[2].intra_cost, 0.6);
+        assert_eq!(compiled.groups.len(), 3);
+        assert_eq!(compiled.groups[0].intra_cost, 0.0);
+        assert_eq!(compiled.groups[2].intra_cost, 0.6);
     }
 
     #[test]
     fn a_different_temperature_breaks_twins() {
-        let mut p = problem(vec![node("a", 3, H100)], 8, 1, Stages::Fixed(1));
-        p.nodes[0].devices[1].temperature_c = Some(70.0);
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].classes, vec![vec![0, 2], vec![1]]);
+        let mut problem = problem(vec![node("a", 3, H100)], 8, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[1].temperature_c = Some(70.0);
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].classes, vec![vec![0, 2], vec![1]]);
     }
 
     #[test]
     fn identical_nodes_are_twins_in_order() {
-        let p = problem(
+        let problem = problem(
             vec![
                 node("a", 2, H100),
                 node("b", 2, H100),
@@ -354,9 +354,9 @@ mod tests {
             1,
             Stages::Fixed(1),
         );
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].twin_prev, None);
-        assert_eq!(c.nodes[1].twin_prev, Some(0));
-        assert_eq!(c.nodes[2].twin_prev, None);
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].twin_prev, None);
+        assert_eq!(compiled.nodes[1].twin_prev, Some(0));
+        assert_eq!(compiled.nodes[2].twin_prev, None);
     }
 }
