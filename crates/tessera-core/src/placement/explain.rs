@@ -280,33 +280,35 @@ mod tests {
     use super::super::{SolveOptions, solve};
     use super::*;
 
-    fn reason(p: &Problem) -> Unsatisfiable {
-        solve(p, &SolveOptions::default()).unwrap_err()
+    fn reason(problem: &Problem) -> Unsatisfiable {
+        solve(problem, &SolveOptions::default()).unwrap_err()
     }
 
     #[test]
     fn empty_cluster() {
-        let p = problem(vec![], 7, 1, Stages::Auto);
+        let problem = problem(vec![], 7, 1, Stages::Auto);
         assert_eq!(
-            reason(&p).reason,
+            reason(&problem).reason,
             "the cluster has no GPUs: no node reports any device"
         );
     }
 
     #[test]
     fn every_device_excluded_lists_why() {
-        let mut p = problem(vec![node("a", 3, H100)], 7, 1, Stages::Auto);
-        p.nodes[0].devices[0].healthy = false;
-        p.nodes[0].devices[0].health_reason = Some("Xid 79".into());
-        p.nodes[0].devices[1].temperature_c = Some(95.0);
-        p.selector.vendors = vec!["amd".into()];
-        let u = reason(&p);
+        let mut problem = problem(vec![node("a", 3, H100)], 7, 1, Stages::Auto);
+        problem.nodes[0].devices[0].healthy = false;
+        problem.nodes[0].devices[0].health_reason = Some("Xid 79".into());
+        problem.nodes[0].devices[1].temperature_c = Some(95.0);
+        problem.selector.vendors = vec!["amd".into()];
+        let unsatisfiable = reason(&problem);
         assert!(
-            u.reason.contains("none of the cluster's 3 GPUs"),
+            unsatisfiable
+                .reason
+                .contains("none of the cluster's 3 GPUs"),
             "{}",
-            u.reason
+            unsatisfiable.reason
         );
-        let all = u.details.join("\n");
+        let all = unsatisfiable.details.join("\n");
         assert!(all.contains("unhealthy (Xid 79)"), "{all}");
         assert!(all.contains("95 °C"), "{all}");
         assert!(all.contains("vendor not in [\"amd\"]"), "{all}");
@@ -314,47 +316,54 @@ mod tests {
 
     #[test]
     fn product_and_node_selector_exclusions() {
-        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
-        p.selector.products = vec!["MI300".into()];
-        assert!(reason(&p).details[0].contains("product not matching"));
-        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
-        p.selector
+        let mut by_product = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
+        by_product.selector.products = vec!["MI300".into()];
+        assert!(reason(&by_product).details[0].contains("product not matching"));
+        let mut by_labels = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
+        by_labels
+            .selector
             .node_labels
             .insert("pool".into(), "inference".into());
-        assert!(reason(&p).details[0].contains("node selector"));
+        assert!(reason(&by_labels).details[0].contains("node selector"));
     }
 
     #[test]
     fn no_device_holds_a_layer() {
-        let mut p = problem(vec![node("a", 2, RTX4090)], 7, 1, Stages::Auto);
-        p.model.overhead_bytes_per_device = 30.0 * GIB;
-        let u = reason(&p);
+        let mut problem = problem(vec![node("a", 2, RTX4090)], 7, 1, Stages::Auto);
+        problem.model.overhead_bytes_per_device = 30.0 * GIB;
+        let unsatisfiable = reason(&problem);
         assert!(
-            u.reason.starts_with("no GPU can hold even one layer"),
+            unsatisfiable
+                .reason
+                .starts_with("no GPU can hold even one layer"),
             "{}",
-            u.reason
+            unsatisfiable.reason
         );
-        assert!(u.reason.contains("24.0 GiB (a/a-0)"), "{}", u.reason);
+        assert!(
+            unsatisfiable.reason.contains("24.0 GiB (a/a-0)"),
+            "{}",
+            unsatisfiable.reason
+        );
     }
 
     #[test]
     fn tensor_larger_than_any_node() {
-        let p = problem(
+        let problem = problem(
             vec![node("a", 4, H100), node("b", 2, H100)],
             7,
             8,
             Stages::Auto,
         );
         assert_eq!(
-            reason(&p).reason,
+            reason(&problem).reason,
             "tensor=8 needs 8 eligible GPUs on one node; the most any node has is 4 (a)"
         );
     }
 
     #[test]
     fn too_many_stages_for_the_groups() {
-        let p = problem(vec![node("a", 4, H100)], 7, 2, Stages::Fixed(3));
-        assert!(reason(&p).reason.contains(
+        let problem = problem(vec![node("a", 4, H100)], 7, 2, Stages::Fixed(3));
+        assert!(reason(&problem).reason.contains(
             "needs 3 separate groups of 2 GPUs on one node each; the eligible GPUs make only 2"
         ),);
     }
@@ -362,31 +371,44 @@ mod tests {
     #[test]
     fn fixed_pipeline_too_small_names_shard_need_and_largest_device() {
         // 70B bf16 over two 24 GiB cards cannot work.
-        let p = problem(vec![node("b", 2, RTX4090)], 70, 1, Stages::Fixed(2));
-        let u = reason(&p);
-        assert!(u.reason.contains("each shard needs"), "{}", u.reason);
+        let problem = problem(vec![node("b", 2, RTX4090)], 70, 1, Stages::Fixed(2));
+        let unsatisfiable = reason(&problem);
         assert!(
-            u.reason
+            unsatisfiable.reason.contains("each shard needs"),
+            "{}",
+            unsatisfiable.reason
+        );
+        assert!(
+            unsatisfiable
+                .reason
                 .contains("the largest free GPU has 24.0 GiB (b/b-0)"),
             "{}",
-            u.reason
+            unsatisfiable.reason
         );
-        assert!(u.details[0].contains("hold"), "{:?}", u.details);
+        assert!(
+            unsatisfiable.details[0].contains("hold"),
+            "{:?}",
+            unsatisfiable.details
+        );
     }
 
     #[test]
     fn model_larger_than_cluster() {
-        let p = problem(vec![node("b", 2, RTX4090)], 405, 1, Stages::Auto);
-        let u = reason(&p);
-        assert!(u.reason.contains("hold only"), "{}", u.reason);
+        let problem = problem(vec![node("b", 2, RTX4090)], 405, 1, Stages::Auto);
+        let unsatisfiable = reason(&problem);
+        assert!(
+            unsatisfiable.reason.contains("hold only"),
+            "{}",
+            unsatisfiable.reason
+        );
     }
 
     #[test]
     fn more_stages_than_layers() {
-        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Fixed(40));
-        p.model.layers = 32;
+        let mut problem = problem(vec![node("a", 2, H100)], 7, 1, Stages::Fixed(40));
+        problem.model.layers = 32;
         assert!(
-            reason(&p)
+            reason(&problem)
                 .reason
                 .contains("every stage needs at least one layer")
         );
