@@ -54,21 +54,21 @@ pub(crate) struct Compiled<'p> {
 impl<'p> Compiled<'p> {
     /// `stages` is the resolved stage count (see `greedy::start`).
     pub(crate) fn new(ctx: PreparedProblem<'p>, stages: u32) -> Self {
-        let p = ctx.problem;
-        let t = p.tensor as usize;
-        let mut order: Vec<usize> = (0..p.nodes.len()).collect();
+        let problem = ctx.problem;
+        let tensor = problem.tensor as usize;
+        let mut order: Vec<usize> = (0..problem.nodes.len()).collect();
         order.sort_by(|&a, &b| ctx.position_cmp(a, b));
 
         let mut nodes = Vec::new();
         let mut previous_twin: HashMap<NodeKey, usize> = HashMap::new();
         for src in order {
-            let mut eligible: Vec<usize> = (0..p.nodes[src].devices.len())
-                .filter(|&d| ctx.eligible(src, d))
+            let mut eligible: Vec<usize> = (0..problem.nodes[src].devices.len())
+                .filter(|&device| ctx.eligible(src, device))
                 .collect();
-            if eligible.len() < t {
+            if eligible.len() < tensor {
                 continue;
             }
-            eligible.sort_by_key(|&d| (p.nodes[src].devices[d].index, d));
+            eligible.sort_by_key(|&device| (problem.nodes[src].devices[device].index, device));
             let classes = twin_classes(&ctx, src, &eligible);
             let twin_prev = previous_twin.insert(node_key(&ctx, src, &classes), nodes.len());
             nodes.push(CNode {
@@ -79,23 +79,29 @@ impl<'p> Compiled<'p> {
         }
 
         let mut groups = Vec::new();
-        for (ni, n) in nodes.iter().enumerate() {
+        for (node_index, node) in nodes.iter().enumerate() {
             let mut counts = Vec::new();
-            enumerate_counts(&n.classes, 0, p.tensor, &mut counts, &mut |counts| {
-                if let Some(g) = make_group(&ctx, ni, n, counts) {
-                    groups.push(g);
-                }
-            });
+            enumerate_counts(
+                &node.classes,
+                0,
+                problem.tensor,
+                &mut counts,
+                &mut |counts| {
+                    if let Some(group) = make_group(&ctx, node_index, node, counts) {
+                        groups.push(group);
+                    }
+                },
+            );
         }
-        let max_free = groups.iter().map(|g| g.free).fold(0.0, f64::max);
-        let w = ctx.weights;
-        let key = |g: &Group| {
+        let max_free = groups.iter().map(|group| group.free).fold(0.0, f64::max);
+        let weights = ctx.weights;
+        let key = |group: &Group| {
             let free = if max_free > 0.0 {
-                g.free / max_free
+                group.free / max_free
             } else {
                 0.0
             };
-            g.additive + w.memory * free - w.network * g.intra_cost
+            group.additive + weights.memory * free - weights.network * group.intra_cost
         };
         groups.sort_by(|a, b| {
             key(b)
@@ -112,36 +118,48 @@ impl<'p> Compiled<'p> {
     }
 }
 
-fn same_bits(a: f64, b: f64) -> bool {
-    a.to_bits() == b.to_bits()
+fn same_bits(first: f64, second: f64) -> bool {
+    first.to_bits() == second.to_bits()
 }
 
-fn twins(ctx: &PreparedProblem, node: usize, eligible: &[usize], a: usize, b: usize) -> bool {
-    let (x, y) = (ctx.device(node, a), ctx.device(node, b));
-    let same = x.vendor == y.vendor
-        && x.product == y.product
-        && x.memory_total_bytes == y.memory_total_bytes
-        && x.memory_free_bytes == y.memory_free_bytes
-        && same_bits(x.fp16_tflops, y.fp16_tflops)
-        && same_bits(x.memory_bandwidth_gbps, y.memory_bandwidth_gbps)
-        && scored_temperature(x).map(f64::to_bits) == scored_temperature(y).map(f64::to_bits);
-    same && eligible.iter().all(|&o| {
-        o == a || o == b || {
-            let (la, lb) = (ctx.links(node).get(a, o), ctx.links(node).get(b, o));
-            la.map(|(k, g)| (k, g.to_bits())) == lb.map(|(k, g)| (k, g.to_bits()))
+fn twins(
+    ctx: &PreparedProblem,
+    node: usize,
+    eligible: &[usize],
+    first: usize,
+    second: usize,
+) -> bool {
+    let (first_device, second_device) = (ctx.device(node, first), ctx.device(node, second));
+    let same = first_device.vendor == second_device.vendor
+        && first_device.product == second_device.product
+        && first_device.memory_total_bytes == second_device.memory_total_bytes
+        && first_device.memory_free_bytes == second_device.memory_free_bytes
+        && same_bits(first_device.fp16_tflops, second_device.fp16_tflops)
+        && same_bits(
+            first_device.memory_bandwidth_gbps,
+            second_device.memory_bandwidth_gbps,
+        )
+        && scored_temperature(first_device).map(f64::to_bits)
+            == scored_temperature(second_device).map(f64::to_bits);
+    same && eligible.iter().all(|&other| {
+        other == first || other == second || {
+            let first_link = ctx.links(node).get(first, other);
+            let second_link = ctx.links(node).get(second, other);
+            first_link.map(|(kind, gbps)| (kind, gbps.to_bits()))
+                == second_link.map(|(kind, gbps)| (kind, gbps.to_bits()))
         }
     })
 }
 
 fn twin_classes(ctx: &PreparedProblem, node: usize, eligible: &[usize]) -> Vec<Vec<usize>> {
     let mut classes: Vec<Vec<usize>> = Vec::new();
-    for &d in eligible {
+    for &device in eligible {
         match classes
             .iter_mut()
-            .find(|c| twins(ctx, node, eligible, c[0], d))
+            .find(|class| twins(ctx, node, eligible, class[0], device))
         {
-            Some(c) => c.push(d),
-            None => classes.push(vec![d]),
+            Some(class) => class.push(device),
+            None => classes.push(vec![device]),
         }
     }
     classes
@@ -162,36 +180,40 @@ struct NodeKey<'a> {
 }
 
 fn node_key<'a>(ctx: &'a PreparedProblem, node: usize, classes: &[Vec<usize>]) -> NodeKey<'a> {
-    let n = &ctx.problem.nodes[node];
-    let link = |a: usize, b: usize| ctx.links(node).get(a, b).map(|(k, g)| (k, g.to_bits()));
+    let node_state = &ctx.problem.nodes[node];
+    let link = |from: usize, to: usize| {
+        ctx.links(node)
+            .get(from, to)
+            .map(|(kind, gbps)| (kind, gbps.to_bits()))
+    };
     let mut links = Vec::new();
-    for (i, a) in classes.iter().enumerate() {
-        for b in &classes[i..] {
-            links.push(if std::ptr::eq(a, b) {
-                a.get(1).and_then(|&x| link(a[0], x))
+    for (i, class) in classes.iter().enumerate() {
+        for other in &classes[i..] {
+            links.push(if std::ptr::eq(class, other) {
+                class.get(1).and_then(|&twin| link(class[0], twin))
             } else {
-                link(a[0], b[0])
+                link(class[0], other[0])
             });
         }
     }
     NodeKey {
-        zone: n.zone.as_deref(),
-        rack: n.rack.as_deref(),
+        zone: node_state.zone.as_deref(),
+        rack: node_state.rack.as_deref(),
         classes: classes
             .iter()
-            .map(|c| {
-                let d = ctx.device(node, c[0]);
+            .map(|class| {
+                let device = ctx.device(node, class[0]);
                 (
-                    c.len(),
-                    d.vendor.as_str(),
-                    d.product.as_str(),
+                    class.len(),
+                    device.vendor.as_str(),
+                    device.product.as_str(),
                     [
-                        d.memory_total_bytes,
-                        d.memory_free_bytes,
-                        d.fp16_tflops.to_bits(),
-                        d.memory_bandwidth_gbps.to_bits(),
+                        device.memory_total_bytes,
+                        device.memory_free_bytes,
+                        device.fp16_tflops.to_bits(),
+                        device.memory_bandwidth_gbps.to_bits(),
                     ],
-                    scored_temperature(d).map(f64::to_bits),
+                    scored_temperature(device).map(f64::to_bits),
                 )
             })
             .collect(),
@@ -230,41 +252,43 @@ fn enumerate_counts(
 
 fn make_group(
     ctx: &PreparedProblem,
-    ni: usize,
-    n: &CNode,
+    node_index: usize,
+    node: &CNode,
     counts: &[(usize, u32)],
 ) -> Option<Group> {
     let devices: Vec<usize> = counts
         .iter()
-        .flat_map(|&(c, k)| n.classes[c][..k as usize].iter().copied())
+        .flat_map(|&(class, count)| node.classes[class][..count as usize].iter().copied())
         .collect();
-    let (mut c, mut t, mut b) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    let (mut compute, mut thermal, mut bandwidth) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
     let mut free = 0.0;
     let mut min_free = f64::INFINITY;
-    for &d in &devices {
-        let dev = ctx.device(n.src, d);
-        let (dc, dt, db) = ctx.device_parts(dev);
-        c = c.min(dc);
-        t = t.min(dt);
-        b = b.min(db);
-        free += dev.memory_free_bytes as f64;
-        min_free = min_free.min(dev.memory_free_bytes as f64);
+    for &device in &devices {
+        let gpu = ctx.device(node.src, device);
+        let (device_compute, device_thermal, device_bandwidth) = ctx.device_parts(gpu);
+        compute = compute.min(device_compute);
+        thermal = thermal.min(device_thermal);
+        bandwidth = bandwidth.min(device_bandwidth);
+        free += gpu.memory_free_bytes as f64;
+        min_free = min_free.min(gpu.memory_free_bytes as f64);
     }
     let cap = ctx.capacity(min_free);
     if cap == 0 {
         return None;
     }
-    let w = &ctx.weights;
+    let weights = &ctx.weights;
     Some(Group {
-        node: ni,
+        node: node_index,
         counts: counts.to_vec(),
         cap,
-        additive: w.compute * c + w.thermal * t + w.bandwidth * b,
+        additive: weights.compute * compute
+            + weights.thermal * thermal
+            + weights.bandwidth * bandwidth,
         free,
-        intra_cost: ctx.intra_cost(n.src, &devices),
+        intra_cost: ctx.intra_cost(node.src, &devices),
         multiplicity: counts
             .iter()
-            .map(|&(c, k)| n.classes[c].len() as u32 / k)
+            .map(|&(class, count)| node.classes[class].len() as u32 / count)
             .min()
             .unwrap_or(0),
     })
@@ -276,51 +300,51 @@ mod tests {
     use super::super::testutil::*;
     use super::*;
 
-    fn compiled(p: &Problem) -> Compiled<'_> {
-        Compiled::new(PreparedProblem::new(p), 1)
+    fn compile(problem: &Problem) -> Compiled<'_> {
+        Compiled::new(PreparedProblem::new(problem), 1)
     }
 
     #[test]
     fn identical_devices_form_one_class_and_links_split_classes() {
-        let mut p = problem(vec![node("a", 4, RTX4090)], 8, 1, Stages::Fixed(1));
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].classes, vec![vec![0, 1, 2, 3]]);
+        let mut problem = problem(vec![node("a", 4, RTX4090)], 8, 1, Stages::Fixed(1));
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].classes, vec![vec![0, 1, 2, 3]]);
         // One class, tensor 1: a single candidate group.
-        assert_eq!(c.groups.len(), 1);
+        assert_eq!(compiled.groups.len(), 1);
 
         // NVLink between 0-1 only: 0 and 1 are twins, 2 and 3 are twins.
-        p.nodes[0].links.push(Link {
+        problem.nodes[0].links.push(Link {
             a: "a-0".into(),
             b: "a-1".into(),
             kind: LinkKind::NvLink,
             bandwidth_gbps: 600.0,
         });
-        p.nodes[0].links.push(Link {
+        problem.nodes[0].links.push(Link {
             a: "a-2".into(),
             b: "a-3".into(),
             kind: LinkKind::NvLink,
             bandwidth_gbps: 600.0,
         });
-        p.tensor = 2;
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].classes, vec![vec![0, 1], vec![2, 3]]);
+        problem.tensor = 2;
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].classes, vec![vec![0, 1], vec![2, 3]]);
         // {2 of A}, {1 A + 1 B}, {2 of B}; the NVLink pairs rank first.
-        assert_eq!(c.groups.len(), 3);
-        assert_eq!(c.groups[0].intra_cost, 0.0);
-        assert_eq!(c.groups[2].intra_cost, 0.6);
+        assert_eq!(compiled.groups.len(), 3);
+        assert_eq!(compiled.groups[0].intra_cost, 0.0);
+        assert_eq!(compiled.groups[2].intra_cost, 0.6);
     }
 
     #[test]
     fn a_different_temperature_breaks_twins() {
-        let mut p = problem(vec![node("a", 3, H100)], 8, 1, Stages::Fixed(1));
-        p.nodes[0].devices[1].temperature_c = Some(70.0);
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].classes, vec![vec![0, 2], vec![1]]);
+        let mut problem = problem(vec![node("a", 3, H100)], 8, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[1].temperature_c = Some(70.0);
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].classes, vec![vec![0, 2], vec![1]]);
     }
 
     #[test]
     fn identical_nodes_are_twins_in_order() {
-        let p = problem(
+        let problem = problem(
             vec![
                 node("a", 2, H100),
                 node("b", 2, H100),
@@ -330,9 +354,9 @@ mod tests {
             1,
             Stages::Fixed(1),
         );
-        let c = compiled(&p);
-        assert_eq!(c.nodes[0].twin_prev, None);
-        assert_eq!(c.nodes[1].twin_prev, Some(0));
-        assert_eq!(c.nodes[2].twin_prev, None);
+        let compiled = compile(&problem);
+        assert_eq!(compiled.nodes[0].twin_prev, None);
+        assert_eq!(compiled.nodes[1].twin_prev, Some(0));
+        assert_eq!(compiled.nodes[2].twin_prev, None);
     }
 }

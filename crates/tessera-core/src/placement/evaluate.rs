@@ -60,33 +60,38 @@ pub(crate) struct NodeLinks {
 
 impl NodeLinks {
     fn new(node: &NodeState) -> Self {
-        let n = node.devices.len();
+        let device_count = node.devices.len();
         let pos: HashMap<&str, usize> = node
             .devices
             .iter()
             .enumerate()
             .map(|(i, d)| (d.id.as_str(), i))
             .collect();
-        let mut matrix = vec![None; n * n];
-        for l in &node.links {
-            if let (Some(&a), Some(&b)) = (pos.get(l.a.as_str()), pos.get(l.b.as_str())) {
-                for (x, y) in [(a, b), (b, a)] {
-                    let slot = &mut matrix[x * n + y];
+        let mut matrix = vec![None; device_count * device_count];
+        for link in &node.links {
+            if let (Some(&first), Some(&second)) =
+                (pos.get(link.a.as_str()), pos.get(link.b.as_str()))
+            {
+                for (from, to) in [(first, second), (second, first)] {
+                    let slot = &mut matrix[from * device_count + to];
                     // Keep the best link when a pair is listed twice (e.g. once per direction).
                     let better = slot.is_none_or(|(kind, gbps): (LinkKind, f64)| {
-                        l.kind < kind || (l.kind == kind && l.bandwidth_gbps > gbps)
+                        link.kind < kind || (link.kind == kind && link.bandwidth_gbps > gbps)
                     });
                     if better {
-                        *slot = Some((l.kind, l.bandwidth_gbps));
+                        *slot = Some((link.kind, link.bandwidth_gbps));
                     }
                 }
             }
         }
-        Self { devices: n, matrix }
+        Self {
+            devices: device_count,
+            matrix,
+        }
     }
 
-    pub(crate) fn get(&self, a: usize, b: usize) -> Option<(LinkKind, f64)> {
-        self.matrix[a * self.devices + b]
+    pub(crate) fn get(&self, from: usize, to: usize) -> Option<(LinkKind, f64)> {
+        self.matrix[from * self.devices + to]
     }
 }
 
@@ -105,42 +110,42 @@ pub(crate) struct PreparedProblem<'p> {
 }
 
 impl<'p> PreparedProblem<'p> {
-    pub(crate) fn new(p: &'p Problem) -> Self {
-        let layer_bytes = p.model.weight_bytes_per_layer + p.model.kv_bytes_per_layer;
-        let tensor = f64::from(p.tensor.max(1));
-        let need_one_layer = p.model.overhead_bytes_per_device + layer_bytes / tensor;
-        let exclusions: Vec<Vec<Option<Exclusion>>> = p
+    pub(crate) fn new(problem: &'p Problem) -> Self {
+        let layer_bytes = problem.model.weight_bytes_per_layer + problem.model.kv_bytes_per_layer;
+        let tensor = f64::from(problem.tensor.max(1));
+        let need_one_layer = problem.model.overhead_bytes_per_device + layer_bytes / tensor;
+        let exclusions: Vec<Vec<Option<Exclusion>>> = problem
             .nodes
             .iter()
-            .map(|n| {
-                let node_ok = p
+            .map(|node| {
+                let node_ok = problem
                     .selector
                     .node_labels
                     .iter()
-                    .all(|(k, v)| n.labels.get(k) == Some(v));
-                n.devices
+                    .all(|(key, value)| node.labels.get(key) == Some(value));
+                node.devices
                     .iter()
-                    .map(|d| exclusion(p, node_ok, d, need_one_layer))
+                    .map(|device| exclusion(problem, node_ok, device, need_one_layer))
                     .collect()
             })
             .collect();
         let mut max_tflops: f64 = 0.0;
         let mut max_bandwidth: f64 = 0.0;
-        for (n, ex) in p.nodes.iter().zip(&exclusions) {
-            for (d, e) in n.devices.iter().zip(ex) {
-                if e.is_none() {
-                    max_tflops = max_tflops.max(d.fp16_tflops);
-                    max_bandwidth = max_bandwidth.max(d.memory_bandwidth_gbps);
+        for (node, node_exclusions) in problem.nodes.iter().zip(&exclusions) {
+            for (device, excluded) in node.devices.iter().zip(node_exclusions) {
+                if excluded.is_none() {
+                    max_tflops = max_tflops.max(device.fp16_tflops);
+                    max_bandwidth = max_bandwidth.max(device.memory_bandwidth_gbps);
                 }
             }
         }
         Self {
-            problem: p,
-            weights: p.weights.normalized(),
+            problem,
+            weights: problem.weights.normalized(),
             layer_bytes,
             max_tflops,
             max_bandwidth,
-            links: p.nodes.iter().map(|_| OnceCell::new()).collect(),
+            links: problem.nodes.iter().map(|_| OnceCell::new()).collect(),
             exclusions,
         }
     }
@@ -151,9 +156,14 @@ impl<'p> PreparedProblem<'p> {
 
     /// Network position of a node: pipelines visit nodes in this order, so stages
     /// in one rack, then one zone, are neighbours.
-    pub(crate) fn position_cmp(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        let (x, y) = (&self.problem.nodes[a], &self.problem.nodes[b]);
-        (&x.zone, &x.rack, &x.name, a).cmp(&(&y.zone, &y.rack, &y.name, b))
+    pub(crate) fn position_cmp(&self, first: usize, second: usize) -> std::cmp::Ordering {
+        let (first_node, second_node) = (&self.problem.nodes[first], &self.problem.nodes[second]);
+        (&first_node.zone, &first_node.rack, &first_node.name, first).cmp(&(
+            &second_node.zone,
+            &second_node.rack,
+            &second_node.name,
+            second,
+        ))
     }
 
     pub(crate) fn eligible(&self, node: usize, device: usize) -> bool {
@@ -165,10 +175,10 @@ impl<'p> PreparedProblem<'p> {
     }
 
     /// Cost of a pipeline hop between two different nodes.
-    pub(crate) fn node_distance(&self, a: usize, b: usize) -> f64 {
-        let (x, y) = (&self.problem.nodes[a], &self.problem.nodes[b]);
-        let same_zone = x.zone.is_some() && x.zone == y.zone;
-        if same_zone && x.rack.is_some() && x.rack == y.rack {
+    pub(crate) fn node_distance(&self, from: usize, to: usize) -> f64 {
+        let (from_node, to_node) = (&self.problem.nodes[from], &self.problem.nodes[to]);
+        let same_zone = from_node.zone.is_some() && from_node.zone == to_node.zone;
+        if same_zone && from_node.rack.is_some() && from_node.rack == to_node.rack {
             HOP_SAME_RACK
         } else if same_zone {
             HOP_SAME_ZONE
@@ -178,12 +188,12 @@ impl<'p> PreparedProblem<'p> {
     }
 
     /// Normalised compute, thermal and bandwidth parts of a device.
-    pub(crate) fn device_parts(&self, d: &Device) -> (f64, f64, f64) {
-        let compute = ratio(d.fp16_tflops, self.max_tflops);
-        let bandwidth = ratio(d.memory_bandwidth_gbps, self.max_bandwidth);
+    pub(crate) fn device_parts(&self, device: &Device) -> (f64, f64, f64) {
+        let compute = ratio(device.fp16_tflops, self.max_tflops);
+        let bandwidth = ratio(device.memory_bandwidth_gbps, self.max_bandwidth);
         let limit = self.problem.max_temperature_c;
-        let thermal = match scored_temperature(d) {
-            Some(t) if limit > 0.0 => ((limit - t) / limit).clamp(0.0, 1.0),
+        let thermal = match scored_temperature(device) {
+            Some(temperature) if limit > 0.0 => ((limit - temperature) / limit).clamp(0.0, 1.0),
             _ => 0.5,
         };
         (compute, thermal, bandwidth)
@@ -212,9 +222,10 @@ impl<'p> PreparedProblem<'p> {
     /// Worst link cost inside a tensor group (0 for a single device).
     pub(crate) fn intra_cost(&self, node: usize, devices: &[usize]) -> f64 {
         let mut worst: f64 = 0.0;
-        for (i, &a) in devices.iter().enumerate() {
-            for &b in &devices[i + 1..] {
-                worst = worst.max(tensor_link_cost(self.links(node).get(a, b).map(|(k, _)| k)));
+        for (i, &first) in devices.iter().enumerate() {
+            for &second in &devices[i + 1..] {
+                let link = self.links(node).get(first, second);
+                worst = worst.max(tensor_link_cost(link.map(|(kind, _)| kind)));
             }
         }
         worst
@@ -239,26 +250,28 @@ impl<'p> PreparedProblem<'p> {
 
     /// Time one layer takes for one token on a group, in seconds.
     fn layer_seconds(&self, node: usize, devices: &[usize]) -> f64 {
-        let t = f64::from(self.problem.tensor.max(1));
-        let m = &self.problem.model;
+        let tensor = f64::from(self.problem.tensor.max(1));
+        let model = &self.problem.model;
         let mut tflops = f64::INFINITY;
         let mut bw = f64::INFINITY;
-        for &d in devices {
-            let dev = self.device(node, d);
-            tflops = tflops.min(dev.fp16_tflops);
-            bw = bw.min(dev.memory_bandwidth_gbps);
+        for &device in devices {
+            let gpu = self.device(node, device);
+            tflops = tflops.min(gpu.fp16_tflops);
+            bw = bw.min(gpu.memory_bandwidth_gbps);
         }
-        let compute = m.flops_per_layer_token / (t * tflops * 1e12 * COMPUTE_EFFICIENCY);
-        let memory = m.weight_bytes_per_layer / (t * bw * 1e9 * MEMORY_EFFICIENCY);
+        let compute = model.flops_per_layer_token / (tensor * tflops * 1e12 * COMPUTE_EFFICIENCY);
+        let memory = model.weight_bytes_per_layer / (tensor * bw * 1e9 * MEMORY_EFFICIENCY);
         let mut seconds = compute.max(memory);
         if devices.len() > 1 {
             let mut link_bw = f64::INFINITY;
             let mut latency: f64 = 0.0;
-            for (i, &a) in devices.iter().enumerate() {
-                for &b in &devices[i + 1..] {
-                    let (kind, gbps) = match self.links(node).get(a, b) {
-                        Some((k, g)) if g > 0.0 => (Some(k), g),
-                        Some((k, _)) => (Some(k), 16.0),
+            for (i, &first) in devices.iter().enumerate() {
+                for &second in &devices[i + 1..] {
+                    let (kind, gbps) = match self.links(node).get(first, second) {
+                        Some((link_kind, link_gbps)) if link_gbps > 0.0 => {
+                            (Some(link_kind), link_gbps)
+                        }
+                        Some((link_kind, _)) => (Some(link_kind), 16.0),
                         None => (None, 16.0),
                     };
                     link_bw = link_bw.min(gbps);
@@ -270,7 +283,8 @@ impl<'p> PreparedProblem<'p> {
                 }
             }
             // Two ring all-reduces of the activations per layer.
-            let ring = 2.0 * (t - 1.0) / t * m.activation_bytes_per_token / (link_bw * 1e9);
+            let ring =
+                2.0 * (tensor - 1.0) / tensor * model.activation_bytes_per_token / (link_bw * 1e9);
             seconds += 2.0 * (ring + latency);
         }
         seconds
@@ -287,7 +301,7 @@ impl<'p> PreparedProblem<'p> {
             .map(|(node, devices)| self.min_free(*node, devices))
             .collect();
         let capacities: Vec<u32> = min_free.iter().map(|&free| self.capacity(free)).collect();
-        let total_capacity: u64 = capacities.iter().map(|&c| u64::from(c)).sum();
+        let total_capacity: u64 = capacities.iter().map(|&capacity| u64::from(capacity)).sum();
         if capacities.contains(&0) || total_capacity < u64::from(self.problem.model.layers) {
             return Err(format!(
                 "the stages hold {total_capacity} of {} layers",
@@ -304,14 +318,14 @@ impl<'p> PreparedProblem<'p> {
         let mut stages = Vec::with_capacity(ordered.len());
         let mut transfer_ms = Vec::new();
         let mut layer_start = 0;
-        for (i, (node, devices)) in ordered.iter().enumerate() {
-            let next_node = ordered.get(i + 1).map(|(next, _)| *next);
+        for (stage_index, (node, devices)) in ordered.iter().enumerate() {
+            let next_node = ordered.get(stage_index + 1).map(|(next, _)| *next);
             let stage = self.stage_plan(
                 *node,
                 devices,
                 next_node,
-                (layer_start, layers[i]),
-                min_free[i],
+                (layer_start, layers[stage_index]),
+                min_free[stage_index],
                 &mut totals,
             );
             if next_node.is_some() {
@@ -321,7 +335,7 @@ impl<'p> PreparedProblem<'p> {
                 );
             }
             stages.push(stage);
-            layer_start += layers[i];
+            layer_start += layers[stage_index];
         }
         let stage_ms: Vec<f64> = layer_seconds
             .iter()
@@ -485,13 +499,13 @@ impl<'p> PreparedProblem<'p> {
         thermal: f64,
         bandwidth: f64,
     ) -> Score {
-        let w = &self.weights;
+        let weights = &self.weights;
         Score {
-            total: w.compute * compute
-                + w.memory * memory
-                + w.network * network
-                + w.thermal * thermal
-                + w.bandwidth * bandwidth,
+            total: weights.compute * compute
+                + weights.memory * memory
+                + weights.network * network
+                + weights.thermal * thermal
+                + weights.bandwidth * bandwidth,
             compute,
             memory,
             network,
@@ -532,9 +546,9 @@ pub(crate) fn memory_part(demand: f64, free: f64) -> f64 {
     }
 }
 
-fn ratio(v: f64, max: f64) -> f64 {
+fn ratio(value: f64, max: f64) -> f64 {
     if max > 0.0 {
-        (v / max).clamp(0.0, 1.0)
+        (value / max).clamp(0.0, 1.0)
     } else {
         0.0
     }
@@ -544,39 +558,44 @@ fn ratio(v: f64, max: f64) -> f64 {
 /// of a degree neither changes a plan's score nor splits twin devices. The
 /// temperature limit is a hard constraint and compares the raw reading
 /// (`exclusion`): a device at 84.6 °C is below an 85 °C limit.
-pub(crate) fn scored_temperature(d: &Device) -> Option<f64> {
-    d.temperature_c.map(f64::round)
+pub(crate) fn scored_temperature(device: &Device) -> Option<f64> {
+    device.temperature_c.map(f64::round)
 }
 
-fn exclusion(p: &Problem, node_ok: bool, d: &Device, need_one_layer: f64) -> Option<Exclusion> {
-    if let Some(holder) = &d.allocated_to {
+fn exclusion(
+    problem: &Problem,
+    node_ok: bool,
+    device: &Device,
+    need_one_layer: f64,
+) -> Option<Exclusion> {
+    if let Some(holder) = &device.allocated_to {
         return Some(Exclusion::Allocated(holder.clone()));
     }
-    if !d.healthy {
-        return Some(Exclusion::Unhealthy(d.health_reason.clone()));
+    if !device.healthy {
+        return Some(Exclusion::Unhealthy(device.health_reason.clone()));
     }
-    if !(d.fp16_tflops.is_finite()
-        && d.fp16_tflops > 0.0
-        && d.memory_bandwidth_gbps.is_finite()
-        && d.memory_bandwidth_gbps > 0.0)
+    if !(device.fp16_tflops.is_finite()
+        && device.fp16_tflops > 0.0
+        && device.memory_bandwidth_gbps.is_finite()
+        && device.memory_bandwidth_gbps > 0.0)
     {
         return Some(Exclusion::BadTelemetry);
     }
-    if let Some(t) = d.temperature_c
-        && (!t.is_finite() || t >= p.max_temperature_c)
+    if let Some(temperature) = device.temperature_c
+        && (!temperature.is_finite() || temperature >= problem.max_temperature_c)
     {
-        return Some(Exclusion::TooHot(t));
+        return Some(Exclusion::TooHot(temperature));
     }
-    if !p.selector.vendors.is_empty() && !p.selector.vendors.contains(&d.vendor) {
+    if !problem.selector.vendors.is_empty() && !problem.selector.vendors.contains(&device.vendor) {
         return Some(Exclusion::Vendor);
     }
-    if !p.selector.products.is_empty() {
-        let product = d.product.to_lowercase();
-        if !p
+    if !problem.selector.products.is_empty() {
+        let product = device.product.to_lowercase();
+        if !problem
             .selector
             .products
             .iter()
-            .any(|s| product.contains(&s.to_lowercase()))
+            .any(|wanted| product.contains(&wanted.to_lowercase()))
         {
             return Some(Exclusion::Product);
         }
@@ -584,7 +603,7 @@ fn exclusion(p: &Problem, node_ok: bool, d: &Device, need_one_layer: f64) -> Opt
     if !node_ok {
         return Some(Exclusion::NodeSelector);
     }
-    let free = d.memory_free_bytes as f64;
+    let free = device.memory_free_bytes as f64;
     if free < need_one_layer {
         return Some(Exclusion::TooLittleMemory {
             free,
@@ -599,21 +618,21 @@ fn exclusion(p: &Problem, node_ok: bool, d: &Device, need_one_layer: f64) -> Opt
 pub fn evaluate(problem: &Problem, stages: &[StageChoice]) -> Result<Plan, String> {
     let ctx = PreparedProblem::new(problem);
     let mut groups = Vec::with_capacity(stages.len());
-    for s in stages {
+    for stage in stages {
         let node = problem
             .nodes
             .iter()
-            .position(|n| n.name == s.node)
-            .ok_or_else(|| format!("node {} is not in the problem", s.node))?;
-        let devs = s
+            .position(|candidate| candidate.name == stage.node)
+            .ok_or_else(|| format!("node {} is not in the problem", stage.node))?;
+        let devs = stage
             .devices
             .iter()
             .map(|id| {
                 problem.nodes[node]
                     .devices
                     .iter()
-                    .position(|d| d.id == *id)
-                    .ok_or_else(|| format!("device {id} is not on node {}", s.node))
+                    .position(|device| device.id == *id)
+                    .ok_or_else(|| format!("device {id} is not on node {}", stage.node))
             })
             .collect::<Result<Vec<_>, _>>()?;
         groups.push((node, devs));
@@ -631,30 +650,33 @@ mod tests {
     fn choice(node: &str, devices: &[usize]) -> StageChoice {
         StageChoice {
             node: node.into(),
-            devices: devices.iter().map(|d| format!("{node}-{d}")).collect(),
+            devices: devices
+                .iter()
+                .map(|device| format!("{node}-{device}"))
+                .collect(),
         }
     }
 
     #[test]
     fn compute_and_bandwidth_are_relative_to_the_best_eligible_device() {
-        let p = problem(
+        let problem = problem(
             vec![node("h", 1, H100), node("m", 1, MI300X)],
             7,
             1,
             Stages::Fixed(1),
         );
-        let h = evaluate(&p, &[choice("h", &[0])]).unwrap();
-        let m = evaluate(&p, &[choice("m", &[0])]).unwrap();
-        assert_eq!(m.score.compute, 1.0);
-        assert_eq!(m.score.bandwidth, 1.0);
-        assert!((h.score.compute - 989.0 / 1307.0).abs() < 1e-12);
-        assert!((h.score.bandwidth - 3350.0 / 5300.0).abs() < 1e-12);
+        let on_h100 = evaluate(&problem, &[choice("h", &[0])]).unwrap();
+        let on_mi300x = evaluate(&problem, &[choice("m", &[0])]).unwrap();
+        assert_eq!(on_mi300x.score.compute, 1.0);
+        assert_eq!(on_mi300x.score.bandwidth, 1.0);
+        assert!((on_h100.score.compute - 989.0 / 1307.0).abs() < 1e-12);
+        assert!((on_h100.score.bandwidth - 3350.0 / 5300.0).abs() < 1e-12);
     }
 
     #[test]
     fn memory_part_is_the_share_left_free() {
-        let p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
-        let plan = evaluate(&p, &[choice("h", &[0])]).unwrap();
+        let problem = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+        let plan = evaluate(&problem, &[choice("h", &[0])]).unwrap();
         let demand = 7e9 * 2.0 + GIB;
         let want = 1.0 - demand / (80.0 * GIB);
         assert!((plan.score.memory - want).abs() < 1e-9);
@@ -663,18 +685,23 @@ mod tests {
 
     #[test]
     fn thermal_part_falls_with_temperature_and_unknown_is_neutral() {
-        let mut p = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
-        p.nodes[0].devices[1].temperature_c = Some(80.0);
-        p.nodes[0].devices[2].temperature_c = None;
-        let t = |d| evaluate(&p, &[choice("h", &[d])]).unwrap().score.thermal;
-        assert!((t(0) - 45.0 / 85.0).abs() < 1e-12);
-        assert!((t(1) - 5.0 / 85.0).abs() < 1e-12);
-        assert_eq!(t(2), 0.5);
+        let mut problem = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[1].temperature_c = Some(80.0);
+        problem.nodes[0].devices[2].temperature_c = None;
+        let thermal = |device| {
+            evaluate(&problem, &[choice("h", &[device])])
+                .unwrap()
+                .score
+                .thermal
+        };
+        assert!((thermal(0) - 45.0 / 85.0).abs() < 1e-12);
+        assert!((thermal(1) - 5.0 / 85.0).abs() < 1e-12);
+        assert_eq!(thermal(2), 0.5);
     }
 
     #[test]
     fn network_part_charges_hops_by_distance_and_tensor_links_by_kind() {
-        let mut p = problem(
+        let mut racks = problem(
             vec![
                 node("a", 2, H100),
                 node("b", 2, H100),
@@ -685,32 +712,39 @@ mod tests {
             1,
             Stages::Fixed(2),
         );
-        for (n, zone, rack) in [
+        for (node_index, zone, rack) in [
             (0, "z1", "r1"),
             (1, "z1", "r1"),
             (2, "z1", "r2"),
             (3, "z2", "r3"),
         ] {
-            p.nodes[n].zone = Some(zone.into());
-            p.nodes[n].rack = Some(rack.into());
+            racks.nodes[node_index].zone = Some(zone.into());
+            racks.nodes[node_index].rack = Some(rack.into());
         }
-        let net = |a: StageChoice, b: StageChoice| evaluate(&p, &[a, b]).unwrap().score.network;
+        let net = |first: StageChoice, second: StageChoice| {
+            evaluate(&racks, &[first, second]).unwrap().score.network
+        };
         assert!((net(choice("a", &[0]), choice("a", &[1])) - (1.0 - HOP_SAME_NODE)).abs() < 1e-12);
         assert!((net(choice("a", &[0]), choice("b", &[0])) - (1.0 - HOP_SAME_RACK)).abs() < 1e-12);
         assert!((net(choice("a", &[0]), choice("c", &[0])) - (1.0 - HOP_SAME_ZONE)).abs() < 1e-12);
         assert!(net(choice("a", &[0]), choice("d", &[0])).abs() < 1e-12);
 
         // Tensor groups: NVLink is free, PCIe costs, no link costs most.
-        let mut p = problem(vec![node("x", 4, RTX4090)], 7, 2, Stages::Fixed(1));
-        for (a, b, kind) in [(0, 1, LinkKind::NvLink), (2, 3, LinkKind::Pcie)] {
-            p.nodes[0].links.push(Link {
-                a: format!("x-{a}"),
-                b: format!("x-{b}"),
+        let mut links = problem(vec![node("x", 4, RTX4090)], 7, 2, Stages::Fixed(1));
+        for (first, second, kind) in [(0, 1, LinkKind::NvLink), (2, 3, LinkKind::Pcie)] {
+            links.nodes[0].links.push(Link {
+                a: format!("x-{first}"),
+                b: format!("x-{second}"),
                 kind,
                 bandwidth_gbps: 100.0,
             });
         }
-        let net = |d: &[usize]| evaluate(&p, &[choice("x", d)]).unwrap().score.network;
+        let net = |devices: &[usize]| {
+            evaluate(&links, &[choice("x", devices)])
+                .unwrap()
+                .score
+                .network
+        };
         assert_eq!(net(&[0, 1]), 1.0);
         assert_eq!(net(&[2, 3]), 0.5);
         assert!((net(&[0, 2]) - 0.4).abs() < 1e-12);
@@ -718,19 +752,19 @@ mod tests {
 
     #[test]
     fn heterogeneous_stages_get_unequal_ranges() {
-        let p = problem(
+        let problem = problem(
             vec![node("h", 1, H100), node("r", 1, RTX4090)],
             13,
             1,
             Stages::Fixed(2),
         );
-        let plan = evaluate(&p, &[choice("h", &[0]), choice("r", &[0])]).unwrap();
+        let plan = evaluate(&problem, &[choice("h", &[0]), choice("r", &[0])]).unwrap();
         let layers: Vec<u32> = plan.stages.iter().map(|s| s.layers()).collect();
         assert_eq!(layers.iter().sum::<u32>(), 32);
         assert!(layers[0] > 2 * layers[1], "{layers:?}");
-        for s in &plan.stages {
-            let free = if s.node == "h" { 80.0 } else { 24.0 } * GIB;
-            assert!(s.memory_per_device_bytes <= free);
+        for stage in &plan.stages {
+            let free = if stage.node == "h" { 80.0 } else { 24.0 } * GIB;
+            assert!(stage.memory_per_device_bytes <= free);
         }
         assert!(plan.performance.tokens_per_second > 0.0);
         assert_eq!(plan.performance.stage_ms.len(), 2);
@@ -739,14 +773,14 @@ mod tests {
 
     #[test]
     fn invalid_plans_are_refused_with_a_reason() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("h", 2, H100), node("r", 2, RTX4090)],
             70,
             1,
             Stages::Fixed(1),
         );
-        p.nodes[0].devices[1].healthy = false;
-        let err = |c: &[StageChoice]| evaluate(&p, c).unwrap_err();
+        problem.nodes[0].devices[1].healthy = false;
+        let err = |choices: &[StageChoice]| evaluate(&problem, choices).unwrap_err();
         assert!(err(&[choice("h", &[0]), choice("h", &[0])]).contains("used twice"));
         assert!(err(&[choice("h", &[1])]).contains("not eligible: unhealthy"));
         assert!(err(&[choice("r", &[0])]).contains("hold"));
@@ -757,10 +791,10 @@ mod tests {
 
     #[test]
     fn allocated_devices_are_not_eligible() {
-        let mut p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
-        p.nodes[0].devices[0].allocated_to = Some("ns/other".into());
+        let mut problem = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[0].allocated_to = Some("ns/other".into());
         assert!(
-            evaluate(&p, &[choice("h", &[0])])
+            evaluate(&problem, &[choice("h", &[0])])
                 .unwrap_err()
                 .contains("allocated to ns/other")
         );

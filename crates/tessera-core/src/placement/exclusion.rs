@@ -19,19 +19,22 @@ pub(crate) enum Exclusion {
     },
 }
 
-pub(crate) fn exclusion_text(e: &Exclusion, p: &Problem) -> String {
-    match e {
+pub(crate) fn exclusion_text(exclusion: &Exclusion, problem: &Problem) -> String {
+    match exclusion {
         Exclusion::Allocated(holder) => format!("allocated to {holder}"),
-        Exclusion::Unhealthy(Some(r)) => format!("unhealthy ({r})"),
+        Exclusion::Unhealthy(Some(reason)) => format!("unhealthy ({reason})"),
         Exclusion::Unhealthy(None) => "unhealthy".into(),
         // Raw values: the comparison is made on them, so a rounded figure could
         // show a device "at 85 °C" refused by an 85.4 °C limit.
-        Exclusion::TooHot(t) => {
-            format!("at {t} °C, not below the {} °C limit", p.max_temperature_c)
+        Exclusion::TooHot(temperature) => {
+            format!(
+                "at {temperature} °C, not below the {} °C limit",
+                problem.max_temperature_c
+            )
         }
         Exclusion::BadTelemetry => "reports no usable throughput or bandwidth".into(),
-        Exclusion::Vendor => format!("vendor not in {:?}", p.selector.vendors),
-        Exclusion::Product => format!("product not matching {:?}", p.selector.products),
+        Exclusion::Vendor => format!("vendor not in {:?}", problem.selector.vendors),
+        Exclusion::Product => format!("product not matching {:?}", problem.selector.products),
         Exclusion::NodeSelector => "node does not match the node selector".into(),
         Exclusion::TooLittleMemory { free, need } => {
             format!("{} free, one layer needs {}", gib(*free), gib(*need))

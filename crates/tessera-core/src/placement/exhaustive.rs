@@ -10,25 +10,27 @@ use super::problem::{Problem, Stages};
 /// set holds the model. Exponential: only for small problems (tests).
 pub fn best_by_enumeration(problem: &Problem) -> Option<Plan> {
     let ctx = PreparedProblem::new(problem);
-    let t = problem.tensor as usize;
-    if t == 0 || problem.model.layers == 0 {
+    let tensor = problem.tensor as usize;
+    if tensor == 0 || problem.model.layers == 0 {
         return None;
     }
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-    for ni in 0..problem.nodes.len() {
-        let eligible: Vec<usize> = (0..problem.nodes[ni].devices.len())
-            .filter(|&d| ctx.eligible(ni, d))
+    for node in 0..problem.nodes.len() {
+        let eligible: Vec<usize> = (0..problem.nodes[node].devices.len())
+            .filter(|&device| ctx.eligible(node, device))
             .collect();
-        combinations(&eligible, t, &mut |set| groups.push((ni, set.to_vec())));
+        combinations(&eligible, tensor, &mut |set| {
+            groups.push((node, set.to_vec()))
+        });
     }
     let counts: Vec<u32> = match problem.stages {
-        Stages::Fixed(k) => vec![k],
+        Stages::Fixed(stages) => vec![stages],
         Stages::Auto => (1..=problem.model.layers).collect(),
     };
-    for k in counts {
+    for stages in counts {
         let mut best: Option<Plan> = None;
         let mut chosen = Vec::new();
-        pick(&ctx, &groups, k as usize, 0, &mut chosen, &mut best);
+        pick(&ctx, &groups, stages as usize, 0, &mut chosen, &mut best);
         if best.is_some() {
             return best;
         }
@@ -39,51 +41,55 @@ pub fn best_by_enumeration(problem: &Problem) -> Option<Plan> {
 fn pick(
     ctx: &PreparedProblem,
     groups: &[(usize, Vec<usize>)],
-    k: usize,
+    stages: usize,
     start: usize,
     chosen: &mut Vec<usize>,
     best: &mut Option<Plan>,
 ) {
-    if chosen.len() == k {
+    if chosen.len() == stages {
         let set: Vec<(usize, Vec<usize>)> = chosen.iter().map(|&i| groups[i].clone()).collect();
         if let Ok(plan) = ctx.evaluate(&set)
             && best
                 .as_ref()
-                .is_none_or(|b| plan.score.total > b.score.total)
+                .is_none_or(|current| plan.score.total > current.score.total)
         {
             *best = Some(plan);
         }
         return;
     }
-    for i in start..groups.len() {
-        let overlaps = chosen.iter().any(|&j| {
-            groups[j].0 == groups[i].0 && groups[j].1.iter().any(|d| groups[i].1.contains(d))
+    for candidate in start..groups.len() {
+        let overlaps = chosen.iter().any(|&picked| {
+            groups[picked].0 == groups[candidate].0
+                && groups[picked]
+                    .1
+                    .iter()
+                    .any(|device| groups[candidate].1.contains(device))
         });
         if !overlaps {
-            chosen.push(i);
-            pick(ctx, groups, k, i + 1, chosen, best);
+            chosen.push(candidate);
+            pick(ctx, groups, stages, candidate + 1, chosen, best);
             chosen.pop();
         }
     }
 }
 
-fn combinations(items: &[usize], k: usize, emit: &mut dyn FnMut(&[usize])) {
+fn combinations(items: &[usize], size: usize, emit: &mut dyn FnMut(&[usize])) {
     fn go(
         items: &[usize],
-        k: usize,
+        size: usize,
         start: usize,
-        cur: &mut Vec<usize>,
+        current: &mut Vec<usize>,
         emit: &mut dyn FnMut(&[usize]),
     ) {
-        if cur.len() == k {
-            emit(cur);
+        if current.len() == size {
+            emit(current);
             return;
         }
         for i in start..items.len() {
-            cur.push(items[i]);
-            go(items, k, i + 1, cur, emit);
-            cur.pop();
+            current.push(items[i]);
+            go(items, size, i + 1, current, emit);
+            current.pop();
         }
     }
-    go(items, k, 0, &mut Vec::with_capacity(k), emit);
+    go(items, size, 0, &mut Vec::with_capacity(size), emit);
 }

@@ -16,34 +16,34 @@ fn unsat(reason: String, details: Vec<String>) -> Unsatisfiable {
 }
 
 /// Problems no cluster could satisfy, caught before looking at devices.
-pub(crate) fn check_shape(p: &Problem) -> Result<(), Unsatisfiable> {
-    let m = &p.model;
+pub(crate) fn check_shape(problem: &Problem) -> Result<(), Unsatisfiable> {
+    let model = &problem.model;
     let numbers_ok = [
-        m.weight_bytes_per_layer,
-        m.kv_bytes_per_layer,
-        m.overhead_bytes_per_device,
-        m.activation_bytes_per_token,
-        m.flops_per_layer_token,
+        model.weight_bytes_per_layer,
+        model.kv_bytes_per_layer,
+        model.overhead_bytes_per_device,
+        model.activation_bytes_per_token,
+        model.flops_per_layer_token,
     ]
     .iter()
-    .all(|v| v.is_finite() && *v >= 0.0)
-        && m.weight_bytes_per_layer > 0.0;
-    if !numbers_ok || m.layers == 0 || p.tensor == 0 {
+    .all(|number| number.is_finite() && *number >= 0.0)
+        && model.weight_bytes_per_layer > 0.0;
+    if !numbers_ok || model.layers == 0 || problem.tensor == 0 {
         return Err(unsat(
             "the model needs a positive size, at least one layer and a tensor size of at least 1"
                 .into(),
             vec![],
         ));
     }
-    if let Stages::Fixed(k) = p.stages {
-        if k == 0 {
+    if let Stages::Fixed(stages) = problem.stages {
+        if stages == 0 {
             return Err(unsat("pipeline needs at least one stage".into(), vec![]));
         }
-        if k > m.layers {
+        if stages > model.layers {
             return Err(unsat(
                 format!(
-                    "pipeline={k} stages for {} layers: every stage needs at least one layer",
-                    m.layers
+                    "pipeline={stages} stages for {} layers: every stage needs at least one layer",
+                    model.layers
                 ),
                 vec![],
             ));
@@ -54,7 +54,7 @@ pub(crate) fn check_shape(p: &Problem) -> Result<(), Unsatisfiable> {
 
 /// One line per reason devices were excluded, with a few examples each.
 fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
-    let p = ctx.problem;
+    let problem = ctx.problem;
     let kinds = [
         "allocated",
         "unhealthy",
@@ -66,10 +66,10 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
         "too little free memory",
     ];
     let mut seen: Vec<Vec<String>> = vec![Vec::new(); kinds.len()];
-    for (n, ex) in p.nodes.iter().zip(&ctx.exclusions) {
-        for (d, e) in n.devices.iter().zip(ex) {
-            let Some(e) = e else { continue };
-            let slot = match e {
+    for (node, node_exclusions) in problem.nodes.iter().zip(&ctx.exclusions) {
+        for (device, excluded) in node.devices.iter().zip(node_exclusions) {
+            let Some(exclusion) = excluded else { continue };
+            let slot = match exclusion {
                 Exclusion::Allocated(_) => 0,
                 Exclusion::Unhealthy(_) => 1,
                 Exclusion::TooHot(_) => 2,
@@ -79,45 +79,50 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
                 Exclusion::NodeSelector => 6,
                 Exclusion::TooLittleMemory { .. } => 7,
             };
-            seen[slot].push(format!("{}/{}: {}", n.name, d.id, exclusion_text(e, p)));
+            seen[slot].push(format!(
+                "{}/{}: {}",
+                node.name,
+                device.id,
+                exclusion_text(exclusion, problem)
+            ));
         }
     }
     kinds
         .iter()
         .zip(seen)
-        .filter(|(_, s)| !s.is_empty())
-        .map(|(kind, s)| {
-            let more = if s.len() > 3 {
-                format!(" and {} more", s.len() - 3)
+        .filter(|(_, examples)| !examples.is_empty())
+        .map(|(kind, examples)| {
+            let more = if examples.len() > 3 {
+                format!(" and {} more", examples.len() - 3)
             } else {
                 String::new()
             };
             format!(
                 "{} device(s) excluded ({kind}): {}{more}",
-                s.len(),
-                s[..s.len().min(3)].join("; ")
+                examples.len(),
+                examples[..examples.len().min(3)].join("; ")
             )
         })
         .collect()
 }
 
-fn device_total(p: &Problem) -> usize {
-    p.nodes.iter().map(|n| n.devices.len()).sum()
+fn device_total(problem: &Problem) -> usize {
+    problem.nodes.iter().map(|node| node.devices.len()).sum()
 }
 
 /// The largest free device among the healthy, allowed ones (ignoring memory),
 /// which is what a person compares a shard's need with.
 fn largest_free_device(ctx: &PreparedProblem) -> Option<(f64, String, String)> {
     let mut best: Option<(f64, String, String)> = None;
-    for (ni, n) in ctx.problem.nodes.iter().enumerate() {
-        for (di, d) in n.devices.iter().enumerate() {
+    for (node_index, node) in ctx.problem.nodes.iter().enumerate() {
+        for (device_index, device) in node.devices.iter().enumerate() {
             let usable = matches!(
-                ctx.exclusions[ni][di],
+                ctx.exclusions[node_index][device_index],
                 None | Some(Exclusion::TooLittleMemory { .. })
             );
-            let free = d.memory_free_bytes as f64;
-            if usable && best.as_ref().is_none_or(|b| free > b.0) {
-                best = Some((free, n.name.clone(), d.id.clone()));
+            let free = device.memory_free_bytes as f64;
+            if usable && best.as_ref().is_none_or(|current| free > current.0) {
+                best = Some((free, node.name.clone(), device.id.clone()));
             }
         }
     }
@@ -132,10 +137,10 @@ pub(crate) fn stage_count(
     caps: &[u32],
     any_node_fits_tensor: bool,
 ) -> Result<u32, Unsatisfiable> {
-    let p = ctx.problem;
-    let m = &p.model;
-    let t = p.tensor;
-    let total = device_total(p);
+    let problem = ctx.problem;
+    let model = &problem.model;
+    let tensor = problem.tensor;
+    let total = device_total(problem);
     if total == 0 {
         return Err(unsat(
             "the cluster has no GPUs: no node reports any device".into(),
@@ -146,18 +151,21 @@ pub(crate) fn stage_count(
         .exclusions
         .iter()
         .flatten()
-        .filter(|e| e.is_none())
+        .filter(|exclusion| exclusion.is_none())
         .count();
     if eligible == 0 {
         let details = exclusion_details(ctx);
         let reason = match largest_free_device(ctx) {
             Some((free, node, id))
-                if details.iter().all(|d| d.contains("too little free memory")) =>
+                if details
+                    .iter()
+                    .all(|detail| detail.contains("too little free memory")) =>
             {
                 format!(
-                    "no GPU can hold even one layer: one layer needs {} per GPU (with tensor={t}), the largest free GPU has {} ({node}/{id})",
-                    gib(m.overhead_bytes_per_device
-                        + (m.weight_bytes_per_layer + m.kv_bytes_per_layer) / f64::from(t)),
+                    "no GPU can hold even one layer: one layer needs {} per GPU (with tensor={tensor}), the largest free GPU has {} ({node}/{id})",
+                    gib(model.overhead_bytes_per_device
+                        + (model.weight_bytes_per_layer + model.kv_bytes_per_layer)
+                            / f64::from(tensor)),
                     gib(free)
                 )
             }
@@ -171,89 +179,96 @@ pub(crate) fn stage_count(
             .nodes
             .iter()
             .enumerate()
-            .map(|(ni, n)| {
-                let count = ctx.exclusions[ni].iter().filter(|e| e.is_none()).count();
-                (count, n.name.as_str())
+            .map(|(node_index, candidate)| {
+                let count = ctx.exclusions[node_index]
+                    .iter()
+                    .filter(|exclusion| exclusion.is_none())
+                    .count();
+                (count, candidate.name.as_str())
             })
             .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(a.1)))
             .unwrap_or((0, ""));
         return Err(unsat(
             format!(
-                "tensor={t} needs {t} eligible GPUs on one node; the most any node has is {most} ({node})"
+                "tensor={tensor} needs {tensor} eligible GPUs on one node; the most any node has is {most} ({node})"
             ),
             exclusion_details(ctx),
         ));
     }
-    let layers = u64::from(m.layers);
-    let need_bytes = f64::from(m.layers) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer);
-    let prefix = |k: usize| -> u64 { caps.iter().take(k).map(|&c| u64::from(c)).sum() };
-    let groups_word = if t == 1 {
+    let layers = u64::from(model.layers);
+    let need_bytes =
+        f64::from(model.layers) * (model.weight_bytes_per_layer + model.kv_bytes_per_layer);
+    let prefix = |count: usize| -> u64 { caps.iter().take(count).map(|&cap| u64::from(cap)).sum() };
+    let groups_word = if tensor == 1 {
         "GPUs".to_string()
     } else {
-        format!("groups of {t} GPUs")
+        format!("groups of {tensor} GPUs")
     };
-    match p.stages {
-        Stages::Fixed(k) => {
-            if (k as usize) > caps.len() {
+    match problem.stages {
+        Stages::Fixed(stages) => {
+            if (stages as usize) > caps.len() {
                 return Err(unsat(
                     format!(
-                        "pipeline={k} × tensor={t} needs {k} separate {groups_word} on one node each; the eligible GPUs make only {}",
+                        "pipeline={stages} × tensor={tensor} needs {stages} separate {groups_word} on one node each; the eligible GPUs make only {}",
                         caps.len()
                     ),
                     exclusion_details(ctx),
                 ));
             }
-            let held = prefix(k as usize);
+            let held = prefix(stages as usize);
             if held < layers {
-                let per_shard = m.layers.div_ceil(k);
-                let shard_need = m.overhead_bytes_per_device
-                    + f64::from(per_shard) * (m.weight_bytes_per_layer + m.kv_bytes_per_layer)
-                        / f64::from(t);
+                let per_shard = model.layers.div_ceil(stages);
+                let shard_need = model.overhead_bytes_per_device
+                    + f64::from(per_shard)
+                        * (model.weight_bytes_per_layer + model.kv_bytes_per_layer)
+                        / f64::from(tensor);
                 let largest = largest_free_device(ctx)
-                    .map(|(f, node, id)| {
-                        format!("; the largest free GPU has {} ({node}/{id})", gib(f))
+                    .map(|(free, node, id)| {
+                        format!("; the largest free GPU has {} ({node}/{id})", gib(free))
                     })
                     .unwrap_or_default();
-                let mut d = vec![format!(
-                    "the model needs {} for {} layers plus {} per GPU; the {k} largest {groups_word} hold {held} layers",
+                let mut details = vec![format!(
+                    "the model needs {} for {} layers plus {} per GPU; the {stages} largest {groups_word} hold {held} layers",
                     gib(need_bytes),
-                    m.layers,
-                    gib(m.overhead_bytes_per_device)
+                    model.layers,
+                    gib(model.overhead_bytes_per_device)
                 )];
-                d.extend(exclusion_details(ctx));
+                details.extend(exclusion_details(ctx));
                 return Err(unsat(
                     format!(
-                        "pipeline={k} × tensor={t} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. Use more stages, a larger tensor size or a smaller dtype",
+                        "pipeline={stages} × tensor={tensor} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. Use more stages, a larger tensor size or a smaller dtype",
                         gib(shard_need)
                     ),
-                    d,
+                    details,
                 ));
             }
-            Ok(k)
+            Ok(stages)
         }
         Stages::Auto => {
             let mut sum = 0u64;
-            for (i, &c) in caps.iter().enumerate() {
-                sum += u64::from(c);
+            for (index, &cap) in caps.iter().enumerate() {
+                sum += u64::from(cap);
                 if sum >= layers {
-                    return Ok(u32::try_from(i + 1).unwrap_or(u32::MAX).min(m.layers));
+                    return Ok(u32::try_from(index + 1)
+                        .unwrap_or(u32::MAX)
+                        .min(model.layers));
                 }
             }
-            let mut d = vec![format!(
+            let mut details = vec![format!(
                 "all {} eligible {groups_word} together hold {sum} of {} layers",
                 caps.len(),
-                m.layers
+                model.layers
             )];
-            d.extend(exclusion_details(ctx));
+            details.extend(exclusion_details(ctx));
             Err(unsat(
                 format!(
                     "the model needs {} for {} layers plus {} per GPU; the whole cluster's eligible GPUs hold only {sum} of its {} layers",
                     gib(need_bytes),
-                    m.layers,
-                    gib(m.overhead_bytes_per_device),
-                    m.layers
+                    model.layers,
+                    gib(model.overhead_bytes_per_device),
+                    model.layers
                 ),
-                d,
+                details,
             ))
         }
     }
@@ -265,33 +280,35 @@ mod tests {
     use super::super::{SolveOptions, solve};
     use super::*;
 
-    fn reason(p: &Problem) -> Unsatisfiable {
-        solve(p, &SolveOptions::default()).unwrap_err()
+    fn reason(problem: &Problem) -> Unsatisfiable {
+        solve(problem, &SolveOptions::default()).unwrap_err()
     }
 
     #[test]
     fn empty_cluster() {
-        let p = problem(vec![], 7, 1, Stages::Auto);
+        let problem = problem(vec![], 7, 1, Stages::Auto);
         assert_eq!(
-            reason(&p).reason,
+            reason(&problem).reason,
             "the cluster has no GPUs: no node reports any device"
         );
     }
 
     #[test]
     fn every_device_excluded_lists_why() {
-        let mut p = problem(vec![node("a", 3, H100)], 7, 1, Stages::Auto);
-        p.nodes[0].devices[0].healthy = false;
-        p.nodes[0].devices[0].health_reason = Some("Xid 79".into());
-        p.nodes[0].devices[1].temperature_c = Some(95.0);
-        p.selector.vendors = vec!["amd".into()];
-        let u = reason(&p);
+        let mut problem = problem(vec![node("a", 3, H100)], 7, 1, Stages::Auto);
+        problem.nodes[0].devices[0].healthy = false;
+        problem.nodes[0].devices[0].health_reason = Some("Xid 79".into());
+        problem.nodes[0].devices[1].temperature_c = Some(95.0);
+        problem.selector.vendors = vec!["amd".into()];
+        let unsatisfiable = reason(&problem);
         assert!(
-            u.reason.contains("none of the cluster's 3 GPUs"),
+            unsatisfiable
+                .reason
+                .contains("none of the cluster's 3 GPUs"),
             "{}",
-            u.reason
+            unsatisfiable.reason
         );
-        let all = u.details.join("\n");
+        let all = unsatisfiable.details.join("\n");
         assert!(all.contains("unhealthy (Xid 79)"), "{all}");
         assert!(all.contains("95 °C"), "{all}");
         assert!(all.contains("vendor not in [\"amd\"]"), "{all}");
@@ -299,47 +316,54 @@ mod tests {
 
     #[test]
     fn product_and_node_selector_exclusions() {
-        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
-        p.selector.products = vec!["MI300".into()];
-        assert!(reason(&p).details[0].contains("product not matching"));
-        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
-        p.selector
+        let mut by_product = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
+        by_product.selector.products = vec!["MI300".into()];
+        assert!(reason(&by_product).details[0].contains("product not matching"));
+        let mut by_labels = problem(vec![node("a", 2, H100)], 7, 1, Stages::Auto);
+        by_labels
+            .selector
             .node_labels
             .insert("pool".into(), "inference".into());
-        assert!(reason(&p).details[0].contains("node selector"));
+        assert!(reason(&by_labels).details[0].contains("node selector"));
     }
 
     #[test]
     fn no_device_holds_a_layer() {
-        let mut p = problem(vec![node("a", 2, RTX4090)], 7, 1, Stages::Auto);
-        p.model.overhead_bytes_per_device = 30.0 * GIB;
-        let u = reason(&p);
+        let mut problem = problem(vec![node("a", 2, RTX4090)], 7, 1, Stages::Auto);
+        problem.model.overhead_bytes_per_device = 30.0 * GIB;
+        let unsatisfiable = reason(&problem);
         assert!(
-            u.reason.starts_with("no GPU can hold even one layer"),
+            unsatisfiable
+                .reason
+                .starts_with("no GPU can hold even one layer"),
             "{}",
-            u.reason
+            unsatisfiable.reason
         );
-        assert!(u.reason.contains("24.0 GiB (a/a-0)"), "{}", u.reason);
+        assert!(
+            unsatisfiable.reason.contains("24.0 GiB (a/a-0)"),
+            "{}",
+            unsatisfiable.reason
+        );
     }
 
     #[test]
     fn tensor_larger_than_any_node() {
-        let p = problem(
+        let problem = problem(
             vec![node("a", 4, H100), node("b", 2, H100)],
             7,
             8,
             Stages::Auto,
         );
         assert_eq!(
-            reason(&p).reason,
+            reason(&problem).reason,
             "tensor=8 needs 8 eligible GPUs on one node; the most any node has is 4 (a)"
         );
     }
 
     #[test]
     fn too_many_stages_for_the_groups() {
-        let p = problem(vec![node("a", 4, H100)], 7, 2, Stages::Fixed(3));
-        assert!(reason(&p).reason.contains(
+        let problem = problem(vec![node("a", 4, H100)], 7, 2, Stages::Fixed(3));
+        assert!(reason(&problem).reason.contains(
             "needs 3 separate groups of 2 GPUs on one node each; the eligible GPUs make only 2"
         ),);
     }
@@ -347,31 +371,44 @@ mod tests {
     #[test]
     fn fixed_pipeline_too_small_names_shard_need_and_largest_device() {
         // 70B bf16 over two 24 GiB cards cannot work.
-        let p = problem(vec![node("b", 2, RTX4090)], 70, 1, Stages::Fixed(2));
-        let u = reason(&p);
-        assert!(u.reason.contains("each shard needs"), "{}", u.reason);
+        let problem = problem(vec![node("b", 2, RTX4090)], 70, 1, Stages::Fixed(2));
+        let unsatisfiable = reason(&problem);
         assert!(
-            u.reason
+            unsatisfiable.reason.contains("each shard needs"),
+            "{}",
+            unsatisfiable.reason
+        );
+        assert!(
+            unsatisfiable
+                .reason
                 .contains("the largest free GPU has 24.0 GiB (b/b-0)"),
             "{}",
-            u.reason
+            unsatisfiable.reason
         );
-        assert!(u.details[0].contains("hold"), "{:?}", u.details);
+        assert!(
+            unsatisfiable.details[0].contains("hold"),
+            "{:?}",
+            unsatisfiable.details
+        );
     }
 
     #[test]
     fn model_larger_than_cluster() {
-        let p = problem(vec![node("b", 2, RTX4090)], 405, 1, Stages::Auto);
-        let u = reason(&p);
-        assert!(u.reason.contains("hold only"), "{}", u.reason);
+        let problem = problem(vec![node("b", 2, RTX4090)], 405, 1, Stages::Auto);
+        let unsatisfiable = reason(&problem);
+        assert!(
+            unsatisfiable.reason.contains("hold only"),
+            "{}",
+            unsatisfiable.reason
+        );
     }
 
     #[test]
     fn more_stages_than_layers() {
-        let mut p = problem(vec![node("a", 2, H100)], 7, 1, Stages::Fixed(40));
-        p.model.layers = 32;
+        let mut problem = problem(vec![node("a", 2, H100)], 7, 1, Stages::Fixed(40));
+        problem.model.layers = 32;
         assert!(
-            reason(&p)
+            reason(&problem)
                 .reason
                 .contains("every stage needs at least one layer")
         );

@@ -27,21 +27,25 @@ impl Problem {
     /// whether telemetry drift changed anything the solver would see (the raw
     /// temperature decides the limit, the rounded one the score).
     pub fn canonical(&self) -> Problem {
-        let mut p = self.clone();
-        let limit = p.max_temperature_c;
-        for d in p.nodes.iter_mut().flat_map(|n| n.devices.iter_mut()) {
-            d.temperature_c = match d.temperature_c {
-                Some(t) if t.is_nan() || t >= limit => {
-                    if d.healthy {
-                        d.healthy = false;
-                        d.health_reason = Some("too hot".into());
+        let mut canonical = self.clone();
+        let limit = canonical.max_temperature_c;
+        for device in canonical
+            .nodes
+            .iter_mut()
+            .flat_map(|node| node.devices.iter_mut())
+        {
+            device.temperature_c = match device.temperature_c {
+                Some(temperature) if temperature.is_nan() || temperature >= limit => {
+                    if device.healthy {
+                        device.healthy = false;
+                        device.health_reason = Some("too hot".into());
                     }
                     None
                 }
-                t => t.map(f64::round),
+                reading => reading.map(f64::round),
             };
         }
-        p
+        canonical
     }
 }
 
@@ -153,7 +157,13 @@ impl Weights {
             self.thermal,
             self.bandwidth,
         ]
-        .map(|w| if w.is_finite() { w.max(0.0) } else { 0.0 });
+        .map(|weight| {
+            if weight.is_finite() {
+                weight.max(0.0)
+            } else {
+                0.0
+            }
+        });
         let sum: f64 = parts.iter().sum();
         if sum <= 0.0 {
             return Weights {

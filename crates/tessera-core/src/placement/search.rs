@@ -40,69 +40,73 @@ struct Usage {
 }
 
 impl Usage {
-    fn new(c: &Compiled) -> Self {
+    fn new(compiled: &Compiled) -> Self {
         Self {
-            tensor: c.ctx.problem.tensor,
-            used: c.nodes.iter().map(|n| vec![0; n.classes.len()]).collect(),
-            groups_on: vec![0; c.nodes.len()],
-            free_devices: c
+            tensor: compiled.ctx.problem.tensor,
+            used: compiled
                 .nodes
                 .iter()
-                .map(|n| n.classes.iter().map(|cl| cl.len() as u32).sum())
+                .map(|node| vec![0; node.classes.len()])
+                .collect(),
+            groups_on: vec![0; compiled.nodes.len()],
+            free_devices: compiled
+                .nodes
+                .iter()
+                .map(|node| node.classes.iter().map(|class| class.len() as u32).sum())
                 .collect(),
             nodes_in_use: BTreeSet::new(),
             slots_in_use: 0,
         }
     }
 
-    fn fits(&self, c: &Compiled, g: &Group) -> bool {
-        let classes = &c.nodes[g.node].classes;
-        g.counts
-            .iter()
-            .all(|&(cl, k)| self.used[g.node][cl] + k <= classes[cl].len() as u32)
+    fn fits(&self, compiled: &Compiled, group: &Group) -> bool {
+        let classes = &compiled.nodes[group.node].classes;
+        group.counts.iter().all(|&(class, count)| {
+            self.used[group.node][class] + count <= classes[class].len() as u32
+        })
     }
 
     /// Twin nodes are used in order: a node's first group needs its twin
     /// predecessor in use already.
-    fn twin_order_ok(&self, c: &Compiled, g: &Group) -> bool {
-        self.groups_on[g.node] > 0
-            || c.nodes[g.node]
+    fn twin_order_ok(&self, compiled: &Compiled, group: &Group) -> bool {
+        self.groups_on[group.node] > 0
+            || compiled.nodes[group.node]
                 .twin_prev
                 .is_none_or(|prev| self.groups_on[prev] > 0)
     }
 
-    /// Groups the nodes in use could still take after `g` is added.
-    fn slots_after(&self, g: &Group) -> u64 {
-        let t = self.tensor;
-        let left = u64::from((self.free_devices[g.node] - t) / t);
-        if self.groups_on[g.node] == 0 {
+    /// Groups the nodes in use could still take after `group` is added.
+    fn slots_after(&self, group: &Group) -> u64 {
+        let tensor = self.tensor;
+        let left = u64::from((self.free_devices[group.node] - tensor) / tensor);
+        if self.groups_on[group.node] == 0 {
             self.slots_in_use + left
         } else {
             self.slots_in_use - 1
         }
     }
 
-    fn take(&mut self, g: &Group) {
-        self.slots_in_use = self.slots_after(g);
-        for &(cl, k) in &g.counts {
-            self.used[g.node][cl] += k;
+    fn take(&mut self, group: &Group) {
+        self.slots_in_use = self.slots_after(group);
+        for &(class, count) in &group.counts {
+            self.used[group.node][class] += count;
         }
-        self.free_devices[g.node] -= self.tensor;
-        self.groups_on[g.node] += 1;
-        self.nodes_in_use.insert(g.node);
+        self.free_devices[group.node] -= self.tensor;
+        self.groups_on[group.node] += 1;
+        self.nodes_in_use.insert(group.node);
     }
 
-    fn give_back(&mut self, g: &Group) {
-        let t = self.tensor;
-        for &(cl, k) in &g.counts {
-            self.used[g.node][cl] -= k;
+    fn give_back(&mut self, group: &Group) {
+        let tensor = self.tensor;
+        for &(class, count) in &group.counts {
+            self.used[group.node][class] -= count;
         }
-        self.groups_on[g.node] -= 1;
-        let left = u64::from(self.free_devices[g.node] / t);
-        self.free_devices[g.node] += t;
-        if self.groups_on[g.node] == 0 {
+        self.groups_on[group.node] -= 1;
+        let left = u64::from(self.free_devices[group.node] / tensor);
+        self.free_devices[group.node] += tensor;
+        if self.groups_on[group.node] == 0 {
             self.slots_in_use -= left;
-            self.nodes_in_use.remove(&g.node);
+            self.nodes_in_use.remove(&group.node);
         } else {
             self.slots_in_use += 1;
         }
@@ -110,18 +114,22 @@ impl Usage {
 }
 
 /// Concrete devices for abstract groups: the lowest-indexed unused twins.
-fn materialize(c: &Compiled, chosen: &[usize]) -> Vec<(usize, Vec<usize>)> {
-    let mut next: Vec<Vec<usize>> = c.nodes.iter().map(|n| vec![0; n.classes.len()]).collect();
+fn materialize(compiled: &Compiled, chosen: &[usize]) -> Vec<(usize, Vec<usize>)> {
+    let mut next: Vec<Vec<usize>> = compiled
+        .nodes
+        .iter()
+        .map(|node| vec![0; node.classes.len()])
+        .collect();
     chosen
         .iter()
         .map(|&gi| {
-            let g = &c.groups[gi];
-            let node = &c.nodes[g.node];
-            let mut devices = Vec::with_capacity(c.ctx.problem.tensor as usize);
-            for &(cl, k) in &g.counts {
-                let start = next[g.node][cl];
-                devices.extend_from_slice(&node.classes[cl][start..start + k as usize]);
-                next[g.node][cl] += k as usize;
+            let group = &compiled.groups[gi];
+            let node = &compiled.nodes[group.node];
+            let mut devices = Vec::with_capacity(compiled.ctx.problem.tensor as usize);
+            for &(class, count) in &group.counts {
+                let start = next[group.node][class];
+                devices.extend_from_slice(&node.classes[class][start..start + count as usize]);
+                next[group.node][class] += count as usize;
             }
             (node.src, devices)
         })
@@ -134,8 +142,8 @@ struct LevelBounds {
     top_free: f64,
 }
 
-/// Sum of the `r` largest values, each available `multiplicity` times: an
-/// upper bound on what `r` more groups can add, whatever else is taken.
+/// Sum of the `picks` largest values, each available `multiplicity` times: an
+/// upper bound on what `picks` more groups can add, whatever else is taken.
 struct TopSums {
     /// Values sorted high to low, with running count and sum.
     values: Vec<f64>,
@@ -147,35 +155,35 @@ impl TopSums {
     fn new(mut entries: Vec<(f64, u32)>) -> Self {
         entries.sort_by(|a, b| b.0.total_cmp(&a.0));
         let (mut values, mut count, mut sum) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut n, mut s) = (0u64, 0.0);
-        for (v, m) in entries {
-            n += u64::from(m);
-            s += v * f64::from(m);
-            values.push(v);
-            count.push(n);
-            sum.push(s);
+        let (mut running_count, mut running_sum) = (0u64, 0.0);
+        for (value, multiplicity) in entries {
+            running_count += u64::from(multiplicity);
+            running_sum += value * f64::from(multiplicity);
+            values.push(value);
+            count.push(running_count);
+            sum.push(running_sum);
         }
         Self { values, count, sum }
     }
 
-    fn top(&self, r: u64) -> f64 {
-        let i = self.count.partition_point(|&c| c < r);
-        if i == self.values.len() {
+    fn top(&self, picks: u64) -> f64 {
+        let index = self.count.partition_point(|&count| count < picks);
+        if index == self.values.len() {
             return self.sum.last().copied().unwrap_or(0.0);
         }
-        let (before_count, before_sum) = if i == 0 {
+        let (before_count, before_sum) = if index == 0 {
             (0, 0.0)
         } else {
-            (self.count[i - 1], self.sum[i - 1])
+            (self.count[index - 1], self.sum[index - 1])
         };
-        before_sum + (r - before_count) as f64 * self.values[i]
+        before_sum + (picks - before_count) as f64 * self.values[index]
     }
 }
 
 struct Search<'c, 'o> {
-    c: &'c Compiled<'c>,
+    compiled: &'c Compiled<'c>,
     opts: &'o SolveOptions<'o>,
-    k: usize,
+    stages: usize,
     layers: u64,
     demand: f64,
     terms: f64,
@@ -199,36 +207,42 @@ struct Search<'c, 'o> {
     stopped: bool,
 }
 
-/// Searches from `incumbent` (a valid plan for `c.stages` stages).
-pub(crate) fn run(c: &Compiled, opts: &SolveOptions, incumbent: Plan) -> Plan {
-    let n = c.groups.len();
-    let mut suffix_max_additive = vec![f64::NEG_INFINITY; n + 1];
-    let mut suffix_max_free = vec![0.0; n + 1];
-    let mut suffix_max_cap = vec![0u32; n + 1];
-    for i in (0..n).rev() {
-        let g = &c.groups[i];
-        suffix_max_additive[i] = suffix_max_additive[i + 1].max(g.additive);
-        suffix_max_free[i] = f64::max(suffix_max_free[i + 1], g.free);
-        suffix_max_cap[i] = suffix_max_cap[i + 1].max(g.cap);
+/// Searches from `incumbent` (a valid plan for `compiled.stages` stages).
+pub(crate) fn run(compiled: &Compiled, opts: &SolveOptions, incumbent: Plan) -> Plan {
+    let group_count = compiled.groups.len();
+    let mut suffix_max_additive = vec![f64::NEG_INFINITY; group_count + 1];
+    let mut suffix_max_free = vec![0.0; group_count + 1];
+    let mut suffix_max_cap = vec![0u32; group_count + 1];
+    for i in (0..group_count).rev() {
+        let group = &compiled.groups[i];
+        suffix_max_additive[i] = suffix_max_additive[i + 1].max(group.additive);
+        suffix_max_free[i] = f64::max(suffix_max_free[i + 1], group.free);
+        suffix_max_cap[i] = suffix_max_cap[i + 1].max(group.cap);
     }
-    let k = c.stages;
-    let t = c.ctx.problem.tensor;
-    let max_slots = c
+    let stages = compiled.stages;
+    let tensor = compiled.ctx.problem.tensor;
+    let max_slots = compiled
         .nodes
         .iter()
-        .map(|n| n.classes.iter().map(|cl| cl.len() as u64).sum::<u64>() / u64::from(t))
+        .map(|node| {
+            node.classes
+                .iter()
+                .map(|class| class.len() as u64)
+                .sum::<u64>()
+                / u64::from(tensor)
+        })
         .max()
         .unwrap_or(1)
         .max(1);
-    let mut s = Search {
-        c,
+    let mut search = Search {
+        compiled,
         opts,
-        k: k as usize,
-        layers: u64::from(c.ctx.problem.model.layers),
-        demand: c.ctx.demand(k),
-        terms: c.ctx.network_terms(k),
-        usage: Usage::new(c),
-        chosen: Vec::with_capacity(k as usize),
+        stages: stages as usize,
+        layers: u64::from(compiled.ctx.problem.model.layers),
+        demand: compiled.ctx.demand(stages),
+        terms: compiled.ctx.network_terms(stages),
+        usage: Usage::new(compiled),
+        chosen: Vec::with_capacity(stages as usize),
         cap_sum: 0,
         additive_sum: 0.0,
         free_sum: 0.0,
@@ -238,21 +252,28 @@ pub(crate) fn run(c: &Compiled, opts: &SolveOptions, incumbent: Plan) -> Plan {
         suffix_max_free,
         suffix_max_cap,
         top_additive: TopSums::new(
-            c.groups
+            compiled
+                .groups
                 .iter()
-                .map(|g| (g.additive, g.multiplicity))
+                .map(|group| (group.additive, group.multiplicity))
                 .collect(),
         ),
-        top_free: TopSums::new(c.groups.iter().map(|g| (g.free, g.multiplicity)).collect()),
+        top_free: TopSums::new(
+            compiled
+                .groups
+                .iter()
+                .map(|group| (group.free, group.multiplicity))
+                .collect(),
+        ),
         max_slots,
         best: incumbent,
         steps: 0,
         stopped: false,
     };
-    s.descend(0);
-    let mut plan = s.best;
-    plan.optimal = !s.stopped;
-    plan.steps = s.steps;
+    search.descend(0);
+    let mut plan = search.best;
+    plan.optimal = !search.stopped;
+    plan.steps = search.steps;
     plan
 }
 
@@ -263,7 +284,10 @@ impl Search<'_, '_> {
         } else {
             self.steps += 1;
             if self.steps.is_multiple_of(DEADLINE_EVERY)
-                && self.opts.deadline.is_some_and(|d| d.expired())
+                && self
+                    .opts
+                    .deadline
+                    .is_some_and(|deadline| deadline.expired())
             {
                 self.stopped = true;
             }
@@ -271,22 +295,24 @@ impl Search<'_, '_> {
         self.stopped
     }
 
-    /// Change of the inter-node path cost if node `ni` joins the nodes in use.
-    fn path_delta(&self, ni: usize) -> f64 {
-        if self.usage.groups_on[ni] > 0 {
+    /// Change of the inter-node path cost if node `node` joins the nodes in use.
+    fn path_delta(&self, node: usize) -> f64 {
+        if self.usage.groups_on[node] > 0 {
             return 0.0;
         }
-        let before = self.usage.nodes_in_use.range(..ni).next_back().copied();
-        let after = self.usage.nodes_in_use.range(ni + 1..).next().copied();
-        let d = |a: usize, b: usize| {
-            self.c
+        let before = self.usage.nodes_in_use.range(..node).next_back().copied();
+        let after = self.usage.nodes_in_use.range(node + 1..).next().copied();
+        let distance = |from: usize, to: usize| {
+            self.compiled
                 .ctx
-                .node_distance(self.c.nodes[a].src, self.c.nodes[b].src)
+                .node_distance(self.compiled.nodes[from].src, self.compiled.nodes[to].src)
         };
         match (before, after) {
-            (Some(b), Some(a)) => d(b, ni) + d(ni, a) - d(b, a),
-            (Some(b), None) => d(b, ni),
-            (None, Some(a)) => d(ni, a),
+            (Some(previous), Some(next)) => {
+                distance(previous, node) + distance(node, next) - distance(previous, next)
+            }
+            (Some(previous), None) => distance(previous, node),
+            (None, Some(next)) => distance(node, next),
             (None, None) => 0.0,
         }
     }
@@ -294,38 +320,39 @@ impl Search<'_, '_> {
     /// Optimistic score of any completion after adding candidate `gi`: every
     /// part takes the best the remaining groups could offer, ignoring conflicts.
     fn upper_bound(&self, gi: usize, path_delta: f64, new_node: bool) -> f64 {
-        let c = self.c;
-        let w = &c.ctx.weights;
-        let g = &c.groups[gi];
-        let rest = (self.k - self.chosen.len() - 1) as u64;
+        let compiled = self.compiled;
+        let weights = &compiled.ctx.weights;
+        let group = &compiled.groups[gi];
+        let rest = (self.stages - self.chosen.len() - 1) as u64;
         let rest_f = rest as f64;
         let more_additive =
             (rest_f * self.suffix_max_additive[gi]).min(self.top_additive.top(rest));
-        let additive = (self.additive_sum + g.additive + more_additive) / self.k as f64;
+        let additive = (self.additive_sum + group.additive + more_additive) / self.stages as f64;
         let more_free = (rest_f * self.suffix_max_free[gi]).min(self.top_free.top(rest));
-        let memory = w.memory * memory_part(self.demand, self.free_sum + g.free + more_free);
+        let memory =
+            weights.memory * memory_part(self.demand, self.free_sum + group.free + more_free);
         // Groups that do not fit on the nodes in use need new nodes. A new node
         // lengthens the inter-node path by at least a same-rack hop and saves
         // one same-node hop; more nodes than that only cost more.
-        let slots = self.usage.slots_after(g);
+        let slots = self.usage.slots_after(group);
         let new_nodes = rest.saturating_sub(slots).div_ceil(self.max_slots);
         let nodes = (self.usage.nodes_in_use.len() + usize::from(new_node)) as u64 + new_nodes;
         let hops = self.path_cost
             + path_delta
             + new_nodes as f64 * HOP_SAME_RACK
-            + HOP_SAME_NODE * (self.k as u64).saturating_sub(nodes) as f64;
+            + HOP_SAME_NODE * (self.stages as u64).saturating_sub(nodes) as f64;
         let network = if self.terms > 0.0 {
-            w.network * (1.0 - (hops + self.intra_sum + g.intra_cost) / self.terms).clamp(0.0, 1.0)
+            weights.network
+                * (1.0 - (hops + self.intra_sum + group.intra_cost) / self.terms).clamp(0.0, 1.0)
         } else {
-            w.network
+            weights.network
         };
         additive + memory + network
     }
 
     /// The parts of `suffix_bound` that do not depend on the candidate index.
     fn level_bounds(&self, rest: u64) -> LevelBounds {
-        let c = self.c;
-        let w = &c.ctx.weights;
+        let weights = &self.compiled.ctx.weights;
         let in_use = self.usage.nodes_in_use.len() as u64;
         let new_nodes = rest
             .saturating_sub(self.usage.slots_in_use)
@@ -339,11 +366,11 @@ impl Search<'_, '_> {
         let nodes = in_use + new_nodes;
         let hops = self.path_cost
             + extra_hops as f64 * HOP_SAME_RACK
-            + HOP_SAME_NODE * (self.k as u64).saturating_sub(nodes) as f64;
+            + HOP_SAME_NODE * (self.stages as u64).saturating_sub(nodes) as f64;
         let network = if self.terms > 0.0 {
-            w.network * (1.0 - (hops + self.intra_sum) / self.terms).clamp(0.0, 1.0)
+            weights.network * (1.0 - (hops + self.intra_sum) / self.terms).clamp(0.0, 1.0)
         } else {
-            w.network
+            weights.network
         };
         LevelBounds {
             network,
@@ -354,23 +381,23 @@ impl Search<'_, '_> {
 
     /// Optimistic score of any completion whose next group is at index `gi` or later.
     fn suffix_bound(&self, gi: usize, rest: u64, level: &LevelBounds) -> f64 {
-        let w = &self.c.ctx.weights;
+        let weights = &self.compiled.ctx.weights;
         let rest_f = rest as f64;
         let additive = (self.additive_sum
             + (rest_f * self.suffix_max_additive[gi]).min(level.top_additive))
-            / self.k as f64;
+            / self.stages as f64;
         let free = self.free_sum + (rest_f * self.suffix_max_free[gi]).min(level.top_free);
-        additive + w.memory * memory_part(self.demand, free) + level.network
+        additive + weights.memory * memory_part(self.demand, free) + level.network
     }
 
     fn descend(&mut self, start: usize) {
-        if self.chosen.len() == self.k {
+        if self.chosen.len() == self.stages {
             self.leaf();
             return;
         }
-        let rest = (self.k - self.chosen.len()) as u64;
+        let rest = (self.stages - self.chosen.len()) as u64;
         let level = self.level_bounds(rest);
-        for gi in start..self.c.groups.len() {
+        for gi in start..self.compiled.groups.len() {
             if self.out_of_budget() {
                 return;
             }
@@ -383,33 +410,35 @@ impl Search<'_, '_> {
             if self.suffix_bound(gi, rest, &level) <= self.best.score.total + EPS {
                 return;
             }
-            let g = &self.c.groups[gi];
-            if !self.usage.fits(self.c, g) || !self.usage.twin_order_ok(self.c, g) {
+            let group = &self.compiled.groups[gi];
+            if !self.usage.fits(self.compiled, group)
+                || !self.usage.twin_order_ok(self.compiled, group)
+            {
                 continue;
             }
-            let new_node = self.usage.groups_on[g.node] == 0;
-            let delta = self.path_delta(g.node);
+            let new_node = self.usage.groups_on[group.node] == 0;
+            let delta = self.path_delta(group.node);
             if self.upper_bound(gi, delta, new_node) <= self.best.score.total + EPS {
                 continue;
             }
-            self.usage.take(g);
+            self.usage.take(group);
             self.chosen.push(gi);
-            self.cap_sum += u64::from(g.cap);
-            self.additive_sum += g.additive;
-            self.free_sum += g.free;
-            self.intra_sum += g.intra_cost;
+            self.cap_sum += u64::from(group.cap);
+            self.additive_sum += group.additive;
+            self.free_sum += group.free;
+            self.intra_sum += group.intra_cost;
             self.path_cost += delta;
 
             self.descend(gi);
 
-            let g = &self.c.groups[gi];
+            let group = &self.compiled.groups[gi];
             self.path_cost -= delta;
-            self.intra_sum -= g.intra_cost;
-            self.free_sum -= g.free;
-            self.additive_sum -= g.additive;
-            self.cap_sum -= u64::from(g.cap);
+            self.intra_sum -= group.intra_cost;
+            self.free_sum -= group.free;
+            self.additive_sum -= group.additive;
+            self.cap_sum -= u64::from(group.cap);
             self.chosen.pop();
-            self.usage.give_back(g);
+            self.usage.give_back(group);
             if self.stopped {
                 return;
             }
@@ -420,8 +449,8 @@ impl Search<'_, '_> {
         if self.cap_sum < self.layers {
             return;
         }
-        let groups = materialize(self.c, &self.chosen);
-        if let Ok(plan) = self.c.ctx.evaluate(&groups)
+        let groups = materialize(self.compiled, &self.chosen);
+        if let Ok(plan) = self.compiled.ctx.evaluate(&groups)
             && plan.score.total > self.best.score.total + EPS
         {
             self.best = plan;
@@ -436,80 +465,86 @@ mod tests {
     use super::super::{SolveOptions, solve};
     use crate::api::GIB;
 
-    fn best(p: &super::super::Problem) -> super::super::Plan {
-        solve(p, &SolveOptions::default()).unwrap()
+    fn best(problem: &super::super::Problem) -> super::super::Plan {
+        solve(problem, &SolveOptions::default()).unwrap()
     }
 
     #[test]
     fn auto_takes_the_fewest_stages() {
-        let p = problem(vec![node("r", 8, RTX4090)], 70, 1, Stages::Auto);
+        let problem = problem(vec![node("r", 8, RTX4090)], 70, 1, Stages::Auto);
         // 80 layers of 1.63 GiB; a 24 GiB card keeps 1 GiB overhead and holds 14.
-        assert_eq!(best(&p).stages.len(), 6);
+        assert_eq!(best(&problem).stages.len(), 6);
     }
 
     #[test]
     fn the_score_prefers_faster_cooler_devices() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("r", 2, RTX4090), node("h", 2, H100)],
             7,
             1,
             Stages::Fixed(1),
         );
-        assert_eq!(best(&p).stages[0].node, "h");
-        p.nodes[1].devices[0].temperature_c = Some(80.0);
-        let plan = best(&p);
+        assert_eq!(best(&problem).stages[0].node, "h");
+        problem.nodes[1].devices[0].temperature_c = Some(80.0);
+        let plan = best(&problem);
         assert_eq!(plan.stages[0].devices, vec!["h-1".to_string()]);
         assert!(plan.optimal);
     }
 
     #[test]
     fn weights_steer_the_choice() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("r", 1, RTX4090), node("h", 1, H100)],
             7,
             1,
             Stages::Fixed(1),
         );
-        p.nodes[1].devices[0].temperature_c = Some(84.0);
-        p.weights = Weights {
+        problem.nodes[1].devices[0].temperature_c = Some(84.0);
+        problem.weights = Weights {
             compute: 0.0,
             memory: 0.0,
             network: 0.0,
             thermal: 1.0,
             bandwidth: 0.0,
         };
-        assert_eq!(best(&p).stages[0].node, "r");
+        assert_eq!(best(&problem).stages[0].node, "r");
     }
 
     #[test]
     fn hot_unhealthy_and_filtered_devices_are_never_used() {
-        let mut p = problem(vec![node("h", 4, H100)], 7, 1, Stages::Fixed(1));
-        p.nodes[0].devices[0].healthy = false;
-        p.nodes[0].devices[1].temperature_c = Some(85.0);
-        p.nodes[0].devices[2].product = "NVIDIA H200".into();
-        p.selector.products = vec!["h100".into()];
-        assert_eq!(best(&p).stages[0].devices, vec!["h-3".to_string()]);
+        let mut problem = problem(vec![node("h", 4, H100)], 7, 1, Stages::Fixed(1));
+        problem.nodes[0].devices[0].healthy = false;
+        problem.nodes[0].devices[1].temperature_c = Some(85.0);
+        problem.nodes[0].devices[2].product = "NVIDIA H200".into();
+        problem.selector.products = vec!["h100".into()];
+        assert_eq!(best(&problem).stages[0].devices, vec!["h-3".to_string()]);
     }
 
     #[test]
     fn the_temperature_limit_compares_raw_readings() {
         // (reading, limit, usable): rounding either side would flip each case.
-        for (t, limit, usable) in [
+        for (temperature, limit, usable) in [
             (84.6, 85.0, true),
             (84.4, 84.4, false),
             (75.3, 75.3, false),
             (85.2, 85.4, true),
             (85.0, 85.0, false),
         ] {
-            let mut p = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
-            p.nodes[0].devices[0].temperature_c = Some(t);
-            p.max_temperature_c = limit;
-            let got = solve(&p, &SolveOptions::default());
-            assert_eq!(got.is_ok(), usable, "{t} °C against {limit}: {got:?}");
-            if let Err(u) = got {
-                let said = u.details.join("\n");
+            let mut problem = problem(vec![node("h", 1, H100)], 7, 1, Stages::Fixed(1));
+            problem.nodes[0].devices[0].temperature_c = Some(temperature);
+            problem.max_temperature_c = limit;
+            let got = solve(&problem, &SolveOptions::default());
+            assert_eq!(
+                got.is_ok(),
+                usable,
+                "{temperature} °C against {limit}: {got:?}"
+            );
+            if let Err(unsatisfiable) = got {
+                let said = unsatisfiable.details.join("\n");
                 assert!(
-                    said.contains(&format!("at {t} °C, not below the {limit} °C limit")),
+                    said.contains(&format!(
+                        "at {temperature} °C, not below the {limit} °C limit"
+                    )),
                     "{said}"
                 );
             }
@@ -518,48 +553,48 @@ mod tests {
 
     #[test]
     fn the_canonical_problem_keeps_what_the_solver_decides_on() {
-        let mut p = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
-        p.max_temperature_c = 85.0;
-        let at = |p: &mut super::super::Problem, temps: [f64; 3]| {
-            for (d, t) in p.nodes[0].devices.iter_mut().zip(temps) {
-                d.temperature_c = Some(t);
+        let mut problem = problem(vec![node("h", 3, H100)], 7, 1, Stages::Fixed(1));
+        problem.max_temperature_c = 85.0;
+        let at = |problem: &mut super::super::Problem, temperatures: [f64; 3]| {
+            for (device, temperature) in problem.nodes[0].devices.iter_mut().zip(temperatures) {
+                device.temperature_c = Some(temperature);
             }
-            p.canonical()
+            problem.canonical()
         };
-        let before = at(&mut p, [40.2, 84.6, 85.2]);
+        let before = at(&mut problem, [40.2, 84.6, 85.2]);
         assert_eq!(
             before,
-            at(&mut p, [39.8, 84.7, 86.0]),
+            at(&mut problem, [39.8, 84.7, 86.0]),
             "drift the solver does not see"
         );
         assert_ne!(
             before,
-            at(&mut p, [40.2, 85.1, 85.2]),
+            at(&mut problem, [40.2, 85.1, 85.2]),
             "a device crossed the limit"
         );
         assert_ne!(
             before,
-            at(&mut p, [41.2, 84.6, 85.2]),
+            at(&mut problem, [41.2, 84.6, 85.2]),
             "a scored degree changed"
         );
         assert!(!before.nodes[0].devices[2].healthy);
         assert_eq!(
-            solve(&p.canonical(), &SolveOptions::default()).map(|plan| plan.stages),
-            solve(&p, &SolveOptions::default()).map(|plan| plan.stages)
+            solve(&problem.canonical(), &SolveOptions::default()).map(|plan| plan.stages),
+            solve(&problem, &SolveOptions::default()).map(|plan| plan.stages)
         );
     }
 
     #[test]
     fn tensor_groups_stay_on_one_node_and_prefer_nvlink() {
-        let mut a = node("a", 4, RTX4090);
-        a.links.push(super::super::problem::Link {
+        let mut linked = node("a", 4, RTX4090);
+        linked.links.push(super::super::problem::Link {
             a: "a-2".into(),
             b: "a-3".into(),
             kind: super::super::problem::LinkKind::NvLink,
             bandwidth_gbps: 100.0,
         });
-        let p = problem(vec![a, node("b", 1, RTX4090)], 7, 2, Stages::Fixed(1));
-        let plan = best(&p);
+        let problem = problem(vec![linked, node("b", 1, RTX4090)], 7, 2, Stages::Fixed(1));
+        let plan = best(&problem);
         assert_eq!(plan.stages[0].node, "a");
         assert_eq!(
             plan.stages[0].devices,
@@ -569,31 +604,43 @@ mod tests {
 
     #[test]
     fn stages_pack_onto_one_node_before_crossing_the_network() {
-        let p = problem(
+        let problem = problem(
             vec![node("a", 4, H100), node("b", 4, H100)],
             70,
             1,
             Stages::Fixed(3),
         );
-        let plan = best(&p);
-        assert!(plan.stages.iter().all(|s| s.node == plan.stages[0].node));
+        let plan = best(&problem);
+        assert!(
+            plan.stages
+                .iter()
+                .all(|stage| stage.node == plan.stages[0].node)
+        );
     }
 
     #[test]
     fn memory_is_respected_on_every_device() {
-        let mut p = problem(
+        let mut problem = problem(
             vec![node("m", 2, MI300X), node("r", 4, RTX4090)],
             70,
             1,
             Stages::Fixed(3),
         );
-        p.nodes[0].devices[0].memory_free_bytes = (100.0 * GIB) as u64;
-        let plan = best(&p);
-        for s in &plan.stages {
-            let d = p.nodes.iter().find(|n| n.name == s.node).unwrap();
-            for id in &s.devices {
-                let dev = d.devices.iter().find(|x| &x.id == id).unwrap();
-                assert!(s.memory_per_device_bytes <= dev.memory_free_bytes as f64);
+        problem.nodes[0].devices[0].memory_free_bytes = (100.0 * GIB) as u64;
+        let plan = best(&problem);
+        for stage in &plan.stages {
+            let stage_node = problem
+                .nodes
+                .iter()
+                .find(|candidate| candidate.name == stage.node)
+                .unwrap();
+            for id in &stage.devices {
+                let device = stage_node
+                    .devices
+                    .iter()
+                    .find(|candidate| &candidate.id == id)
+                    .unwrap();
+                assert!(stage.memory_per_device_bytes <= device.memory_free_bytes as f64);
             }
         }
     }
@@ -610,12 +657,12 @@ mod tests {
         let nodes = (0..40)
             .map(|i| node(&format!("n{i:02}"), 8, H100))
             .collect();
-        let mut p = problem(nodes, 405, 1, Stages::Fixed(12));
-        for (i, n) in p.nodes.iter_mut().enumerate() {
-            n.devices[0].temperature_c = Some(30.0 + i as f64);
+        let mut problem = problem(nodes, 405, 1, Stages::Fixed(12));
+        for (i, cluster_node) in problem.nodes.iter_mut().enumerate() {
+            cluster_node.devices[0].temperature_c = Some(30.0 + i as f64);
         }
         let plan = solve(
-            &p,
+            &problem,
             &SolveOptions {
                 deadline: Some(&Expired),
                 max_steps: u64::MAX,
@@ -625,7 +672,7 @@ mod tests {
         assert!(!plan.optimal);
         assert!(plan.steps <= super::DEADLINE_EVERY);
         assert_eq!(plan.stages.len(), 12);
-        let greedy = super::super::solve_greedy(&p).unwrap();
+        let greedy = super::super::solve_greedy(&problem).unwrap();
         assert!(plan.score.total >= greedy.score.total);
     }
 }

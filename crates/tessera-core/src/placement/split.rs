@@ -14,7 +14,9 @@ const SCAN_LIMIT: u64 = 1 << 14;
 
 pub(crate) fn split_layers(layers: u32, caps: &[u32], seconds_per_layer: &[f64]) -> Vec<u32> {
     let extra = layers.saturating_sub(caps.len() as u32);
-    let well_formed = seconds_per_layer.iter().all(|s| s.is_finite() && *s >= 0.0);
+    let well_formed = seconds_per_layer
+        .iter()
+        .all(|seconds| seconds.is_finite() && *seconds >= 0.0);
     if u64::from(extra) * caps.len() as u64 <= SCAN_LIMIT || !well_formed {
         by_scan(extra, caps, seconds_per_layer)
     } else {
@@ -31,16 +33,16 @@ fn by_scan(mut extra: u32, caps: &[u32], seconds_per_layer: &[f64]) -> Vec<u32> 
     let mut given = vec![1u32; caps.len()];
     while extra > 0 {
         let mut best: Option<(f64, usize)> = None;
-        for (i, (&g, &cap)) in given.iter().zip(caps).enumerate() {
-            if g < cap {
-                let f = finish(g + 1, seconds_per_layer[i]);
-                if best.is_none_or(|(b, _)| f < b) {
-                    best = Some((f, i));
+        for (stage, (&stage_layers, &cap)) in given.iter().zip(caps).enumerate() {
+            if stage_layers < cap {
+                let finish_time = finish(stage_layers + 1, seconds_per_layer[stage]);
+                if best.is_none_or(|(best_time, _)| finish_time < best_time) {
+                    best = Some((finish_time, stage));
                 }
             }
         }
         match best {
-            Some((_, i)) => given[i] += 1,
+            Some((_, stage)) => given[stage] += 1,
             None => break,
         }
         extra -= 1;
@@ -49,12 +51,16 @@ fn by_scan(mut extra: u32, caps: &[u32], seconds_per_layer: &[f64]) -> Vec<u32> 
 }
 
 /// Layers after its first that a stage takes when every finish time below
-/// `t` (or up to `t`, with `inclusive`) is taken. Finish times grow with the
+/// `threshold` (or up to `threshold`, with `inclusive`) is taken. Finish times grow with the
 /// layer number, so this is a bisection over the stage's room.
-fn taken(cap: u32, seconds_per_layer: f64, t: f64, inclusive: bool) -> u32 {
+fn taken(cap: u32, seconds_per_layer: f64, threshold: f64, inclusive: bool) -> u32 {
     let ok = |layer: u32| {
-        let f = finish(layer, seconds_per_layer);
-        if inclusive { f <= t } else { f < t }
+        let finish_time = finish(layer, seconds_per_layer);
+        if inclusive {
+            finish_time <= threshold
+        } else {
+            finish_time < threshold
+        }
     };
     if cap < 2 || !ok(2) {
         return 0;
@@ -68,15 +74,15 @@ fn taken(cap: u32, seconds_per_layer: f64, t: f64, inclusive: bool) -> u32 {
 }
 
 fn by_threshold(extra: u32, caps: &[u32], seconds_per_layer: &[f64]) -> Vec<u32> {
-    let total = |t: f64, inclusive: bool| -> u64 {
+    let total = |threshold: f64, inclusive: bool| -> u64 {
         caps.iter()
             .zip(seconds_per_layer)
-            .map(|(&cap, &s)| u64::from(taken(cap, s, t, inclusive)))
+            .map(|(&cap, &seconds)| u64::from(taken(cap, seconds, threshold, inclusive)))
             .sum()
     };
     let extra_wanted = u64::from(extra);
     if total(f64::INFINITY, true) <= extra_wanted {
-        return caps.iter().map(|&c| c.max(1)).collect();
+        return caps.iter().map(|&cap| cap.max(1)).collect();
     }
     // Non-negative floats order as their bit patterns do.
     let (mut lo, mut hi) = (0u64, f64::INFINITY.to_bits());
@@ -92,18 +98,18 @@ fn by_threshold(extra: u32, caps: &[u32], seconds_per_layer: &[f64]) -> Vec<u32>
     let mut given: Vec<u32> = caps
         .iter()
         .zip(seconds_per_layer)
-        .map(|(&cap, &s)| 1 + taken(cap, s, threshold, false))
+        .map(|(&cap, &seconds)| 1 + taken(cap, seconds, threshold, false))
         .collect();
     let mut rest = extra_wanted - total(threshold, false);
-    for (i, (&cap, &s)) in caps.iter().zip(seconds_per_layer).enumerate() {
+    for (stage, (&cap, &seconds)) in caps.iter().zip(seconds_per_layer).enumerate() {
         if rest == 0 {
             break;
         }
         let at_threshold =
-            u64::from(taken(cap, s, threshold, true) - taken(cap, s, threshold, false));
+            u64::from(taken(cap, seconds, threshold, true) - taken(cap, seconds, threshold, false));
         let take = at_threshold.min(rest);
         // `take` is at most a stage's room, which is a u32.
-        given[i] += u32::try_from(take).unwrap_or(0);
+        given[stage] += u32::try_from(take).unwrap_or(0);
         rest -= take;
     }
     given

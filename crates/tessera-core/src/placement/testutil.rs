@@ -48,9 +48,9 @@ pub(crate) const RTX4090: Kind = Kind {
 
 pub(crate) fn node(name: &str, count: u32, kind: Kind) -> NodeState {
     let devices: Vec<Device> = (0..count)
-        .map(|i| Device {
-            id: format!("{name}-{i}"),
-            index: i,
+        .map(|index| Device {
+            id: format!("{name}-{index}"),
+            index,
             vendor: kind.vendor.into(),
             product: kind.product.into(),
             memory_total_bytes: (kind.memory_gib * GIB) as u64,
@@ -64,13 +64,13 @@ pub(crate) fn node(name: &str, count: u32, kind: Kind) -> NodeState {
         })
         .collect();
     let mut links = Vec::new();
-    if let Some(k) = kind.link {
-        for a in 0..count {
-            for b in a + 1..count {
+    if let Some(link_kind) = kind.link {
+        for first in 0..count {
+            for second in first + 1..count {
                 links.push(Link {
-                    a: format!("{name}-{a}"),
-                    b: format!("{name}-{b}"),
-                    kind: k,
+                    a: format!("{name}-{first}"),
+                    b: format!("{name}-{second}"),
+                    kind: link_kind,
                     bandwidth_gbps: 300.0,
                 });
             }
