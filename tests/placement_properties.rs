@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
 use tessera::placement::{
-    Device, Link, LinkKind, ModelShape, NodeState, Plan, Problem, Selector, SolveOptions, Stages,
-    Weights, best_by_enumeration, solve,
+    Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, SolveOptions,
+    Stages, Weights, best_by_enumeration, solve,
 };
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -119,9 +119,9 @@ fn build(
                     a: devices[a].id.clone(),
                     b: devices[b].id.clone(),
                     kind: if fast {
-                        LinkKind::NvLink
+                        Interconnect::NvLink
                     } else {
-                        LinkKind::Pcie
+                        Interconnect::Pcie
                     },
                     bandwidth_gbps: if fast { 600.0 } else { 32.0 },
                 });

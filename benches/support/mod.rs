@@ -8,8 +8,8 @@ pub mod objects;
 use std::collections::{BTreeMap, HashSet};
 
 use tessera::placement::{
-    Device, Link, LinkKind, ModelShape, NodeState, Plan, Problem, Selector, StageChoice, Stages,
-    Weights, evaluate,
+    Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, StageChoice,
+    Stages, Weights, evaluate,
 };
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -72,7 +72,7 @@ pub struct GpuKind {
     pub tflops: f64,
     pub bandwidth_gbps: f64,
     /// Link between every pair of devices on a node of this kind.
-    pub link: LinkKind,
+    pub link: Interconnect,
     pub link_gbps: f64,
 }
 
@@ -82,7 +82,7 @@ pub const H100: GpuKind = GpuKind {
     memory_gib: 80,
     tflops: 989.0,
     bandwidth_gbps: 3350.0,
-    link: LinkKind::NvLink,
+    link: Interconnect::NvLink,
     link_gbps: 900.0,
 };
 
@@ -92,7 +92,7 @@ pub const A100: GpuKind = GpuKind {
     memory_gib: 40,
     tflops: 312.0,
     bandwidth_gbps: 1555.0,
-    link: LinkKind::NvLink,
+    link: Interconnect::NvLink,
     link_gbps: 600.0,
 };
 
@@ -102,7 +102,7 @@ pub const MI300X: GpuKind = GpuKind {
     memory_gib: 192,
     tflops: 1307.0,
     bandwidth_gbps: 5300.0,
-    link: LinkKind::Xgmi,
+    link: Interconnect::Xgmi,
     link_gbps: 128.0,
 };
 
@@ -112,7 +112,7 @@ pub const RTX4090: GpuKind = GpuKind {
     memory_gib: 24,
     tflops: 165.0,
     bandwidth_gbps: 1008.0,
-    link: LinkKind::Pcie,
+    link: Interconnect::Pcie,
     link_gbps: 32.0,
 };
 

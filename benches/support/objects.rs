@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 use tessera::api::{GPU_STATE_ANNOTATION, ModelInstance, RACK_LABEL, ZONE_LABEL};
-use tessera::placement::{LinkKind, NodeState};
+use tessera::placement::{Interconnect, NodeState};
 
 /// A Node as the API server returns it once its agent has published.
 pub fn to_node(n: &NodeState) -> Node {
@@ -29,9 +29,9 @@ pub fn to_node(n: &NodeState) -> Node {
         .iter()
         .map(|l| {
             let kind = match l.kind {
-                LinkKind::NvLink => "nvlink",
-                LinkKind::Xgmi => "xgmi",
-                LinkKind::Pcie => "pcie",
+                Interconnect::NvLink => "nvlink",
+                Interconnect::Xgmi => "xgmi",
+                Interconnect::Pcie => "pcie",
             };
             json!({"a": l.a, "b": l.b, "kind": kind, "bandwidthGbps": l.bandwidth_gbps})
         })

@@ -12,7 +12,7 @@ use crate::api::{
     PipelineStages, PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
-    Deadline, Device, Link, LinkKind, ModelShape, NodeState, Plan, Problem, Selector, Stages,
+    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, Stages,
     Weights,
 };
 
@@ -142,9 +142,9 @@ fn node_state(n: &ClusterNode, allocated: &HashMap<(String, String), String>) ->
         .iter()
         .filter_map(|l| {
             let kind = match l.kind {
-                ApiLinkKind::Nvlink => LinkKind::NvLink,
-                ApiLinkKind::Xgmi => LinkKind::Xgmi,
-                ApiLinkKind::Pcie => LinkKind::Pcie,
+                ApiLinkKind::Nvlink => Interconnect::NvLink,
+                ApiLinkKind::Xgmi => Interconnect::Xgmi,
+                ApiLinkKind::Pcie => Interconnect::Pcie,
                 ApiLinkKind::Unknown => return None,
             };
             Some(Link {

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::evaluate::{PreparedProblem, scored_temperature};
-use super::problem::LinkKind;
+use super::problem::Interconnect;
 
 pub(crate) struct CNode {
     /// Index into `Problem::nodes`.
@@ -176,7 +176,7 @@ struct NodeKey<'a> {
     rack: Option<&'a str>,
     classes: Vec<ClassKey<'a>>,
     /// Link between every pair of classes (and inside each class).
-    links: Vec<Option<(LinkKind, u64)>>,
+    links: Vec<Option<(Interconnect, u64)>>,
 }
 
 fn node_key<'a>(ctx: &'a PreparedProblem, node: usize, classes: &[Vec<usize>]) -> NodeKey<'a> {
@@ -316,13 +316,13 @@ mod tests {
         problem.nodes[0].links.push(Link {
             a: "a-0".into(),
             b: "a-1".into(),
-            kind: LinkKind::NvLink,
+            kind: Interconnect::NvLink,
             bandwidth_gbps: 600.0,
         });
         problem.nodes[0].links.push(Link {
             a: "a-2".into(),
             b: "a-3".into(),
-            kind: LinkKind::NvLink,
+            kind: Interconnect::NvLink,
             bandwidth_gbps: 600.0,
         });
         problem.tensor = 2;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use super::exclusion::{Exclusion, exclusion_text};
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
-use super::problem::{Device, LinkKind, NodeState, Problem, Weights};
+use super::problem::{Device, Interconnect, NodeState, Problem, Weights};
 use super::split::split_layers;
 
 /// A stage given by names, as a caller outside the solver knows it.
@@ -27,10 +27,10 @@ pub(crate) const HOP_CROSS_ZONE: f64 = 1.0;
 
 /// Tensor-parallel groups all-reduce on every layer, so the slowest link of the
 /// group matters far more than for pipeline hops.
-pub(crate) fn tensor_link_cost(kind: Option<LinkKind>) -> f64 {
+pub(crate) fn tensor_link_cost(kind: Option<Interconnect>) -> f64 {
     match kind {
-        Some(LinkKind::NvLink | LinkKind::Xgmi) => 0.0,
-        Some(LinkKind::Pcie) => 0.5,
+        Some(Interconnect::NvLink | Interconnect::Xgmi) => 0.0,
+        Some(Interconnect::Pcie) => 0.5,
         None => 0.6,
     }
 }
@@ -55,7 +55,7 @@ fn hop_transfer(cost: f64) -> (f64, f64) {
 /// Links of one node as a device-by-device matrix (nodes have a handful of GPUs).
 pub(crate) struct NodeLinks {
     devices: usize,
-    matrix: Vec<Option<(LinkKind, f64)>>,
+    matrix: Vec<Option<(Interconnect, f64)>>,
 }
 
 impl NodeLinks {
@@ -75,7 +75,7 @@ impl NodeLinks {
                 for (from, to) in [(first, second), (second, first)] {
                     let slot = &mut matrix[from * device_count + to];
                     // Keep the best link when a pair is listed twice (e.g. once per direction).
-                    let better = slot.is_none_or(|(kind, gbps): (LinkKind, f64)| {
+                    let better = slot.is_none_or(|(kind, gbps): (Interconnect, f64)| {
                         link.kind < kind || (link.kind == kind && link.bandwidth_gbps > gbps)
                     });
                     if better {
@@ -90,7 +90,7 @@ impl NodeLinks {
         }
     }
 
-    pub(crate) fn get(&self, from: usize, to: usize) -> Option<(LinkKind, f64)> {
+    pub(crate) fn get(&self, from: usize, to: usize) -> Option<(Interconnect, f64)> {
         self.matrix[from * self.devices + to]
     }
 }
@@ -276,8 +276,8 @@ impl<'p> PreparedProblem<'p> {
                     };
                     link_bw = link_bw.min(gbps);
                     latency = latency.max(match kind {
-                        Some(LinkKind::NvLink | LinkKind::Xgmi) => 5e-6,
-                        Some(LinkKind::Pcie) => 10e-6,
+                        Some(Interconnect::NvLink | Interconnect::Xgmi) => 5e-6,
+                        Some(Interconnect::Pcie) => 10e-6,
                         None => 15e-6,
                     });
                 }
@@ -731,7 +731,7 @@ mod tests {
 
         // Tensor groups: NVLink is free, PCIe costs, no link costs most.
         let mut links = problem(vec![node("x", 4, RTX4090)], 7, 2, Stages::Fixed(1));
-        for (first, second, kind) in [(0, 1, LinkKind::NvLink), (2, 3, LinkKind::Pcie)] {
+        for (first, second, kind) in [(0, 1, Interconnect::NvLink), (2, 3, Interconnect::Pcie)] {
             links.nodes[0].links.push(Link {
                 a: format!("x-{first}"),
                 b: format!("x-{second}"),

@@ -25,7 +25,7 @@ pub use evaluate::{StageChoice, evaluate};
 pub use exhaustive::best_by_enumeration;
 pub use plan::{Performance, Plan, Score, StageParts, StagePlan, Unsatisfiable};
 pub use problem::{
-    Deadline, Device, Link, LinkKind, ModelShape, NodeState, Problem, Selector, SolveOptions,
+    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Problem, Selector, SolveOptions,
     Stages, Weights,
 };
 

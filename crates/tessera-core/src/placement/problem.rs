@@ -87,7 +87,7 @@ pub struct Device {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum LinkKind {
+pub enum Interconnect {
     NvLink,
     Xgmi,
     Pcie,
@@ -97,7 +97,7 @@ pub enum LinkKind {
 pub struct Link {
     pub a: String,
     pub b: String,
-    pub kind: LinkKind,
+    pub kind: Interconnect,
     pub bandwidth_gbps: f64,
 }
 

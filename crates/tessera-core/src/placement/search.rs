@@ -590,7 +590,7 @@ mod tests {
         linked.links.push(super::super::problem::Link {
             a: "a-2".into(),
             b: "a-3".into(),
-            kind: super::super::problem::LinkKind::NvLink,
+            kind: super::super::problem::Interconnect::NvLink,
             bandwidth_gbps: 100.0,
         });
         let problem = problem(vec![linked, node("b", 1, RTX4090)], 7, 2, Stages::Fixed(1));

@@ -9,7 +9,7 @@ pub(crate) struct Kind {
     pub memory_gib: f64,
     pub tflops: f64,
     pub bandwidth: f64,
-    pub link: Option<LinkKind>,
+    pub link: Option<Interconnect>,
 }
 
 pub(crate) const H100: Kind = Kind {
@@ -18,7 +18,7 @@ pub(crate) const H100: Kind = Kind {
     memory_gib: 80.0,
     tflops: 989.0,
     bandwidth: 3350.0,
-    link: Some(LinkKind::NvLink),
+    link: Some(Interconnect::NvLink),
 };
 #[allow(dead_code)]
 pub(crate) const A100: Kind = Kind {
@@ -27,7 +27,7 @@ pub(crate) const A100: Kind = Kind {
     memory_gib: 40.0,
     tflops: 312.0,
     bandwidth: 1555.0,
-    link: Some(LinkKind::Pcie),
+    link: Some(Interconnect::Pcie),
 };
 pub(crate) const MI300X: Kind = Kind {
     product: "AMD Instinct MI300X",
@@ -35,7 +35,7 @@ pub(crate) const MI300X: Kind = Kind {
     memory_gib: 192.0,
     tflops: 1307.0,
     bandwidth: 5300.0,
-    link: Some(LinkKind::Xgmi),
+    link: Some(Interconnect::Xgmi),
 };
 pub(crate) const RTX4090: Kind = Kind {
     product: "NVIDIA GeForce RTX 4090",
