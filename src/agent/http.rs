@@ -100,30 +100,33 @@ impl AgentMetrics {
 
     /// The exposition text, with gauges brought up to date from the view.
     pub(crate) fn render(&self, view: &ViewRx, counters: &Counters) -> String {
-        let v = view.borrow().clone();
+        let current = view.borrow().clone();
         let (mut healthy, mut unhealthy) = (0, 0);
-        for (_, ok) in v.health() {
+        for (_, ok) in current.health() {
             if ok {
                 healthy += 1;
             } else {
                 unhealthy += 1;
             }
         }
-        for (label, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {
+        for (label, count) in [("healthy", healthy), ("unhealthy", unhealthy)] {
             self.devices
                 .get_or_create(&HealthLabel {
                     health: label.into(),
                 })
-                .set(n);
+                .set(count);
         }
-        self.allocated.set(v.allocated.len() as i64);
-        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.registrations
-            .set(n(counters.plugin.as_ref().map_or(0, |p| p.registrations())));
-        self.publishes
-            .set(n(counters.publisher.as_ref().map_or(0, |p| p.published())));
-        self.publish_errors
-            .set(n(counters.publisher.as_ref().map_or(0, |p| p.errors())));
+        self.allocated.set(current.allocated.len() as i64);
+        let as_gauge = |count: u64| i64::try_from(count).unwrap_or(i64::MAX);
+        self.registrations.set(as_gauge(
+            counters.plugin.as_ref().map_or(0, |p| p.registrations()),
+        ));
+        self.publishes.set(as_gauge(
+            counters.publisher.as_ref().map_or(0, |p| p.published()),
+        ));
+        self.publish_errors.set(as_gauge(
+            counters.publisher.as_ref().map_or(0, |p| p.errors()),
+        ));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -142,15 +145,16 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(s): State<AgentEndpoints>) -> impl IntoResponse {
-    let v = s.view.borrow().clone();
-    if !v.ready {
+async fn readyz(State(endpoints): State<AgentEndpoints>) -> impl IntoResponse {
+    let current = endpoints.view.borrow().clone();
+    if !current.ready {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "GPUs not read yet\n".to_string(),
         );
     }
-    if s.counters
+    if endpoints
+        .counters
         .plugin
         .as_ref()
         .is_some_and(|p| !p.is_registered())
@@ -160,7 +164,8 @@ async fn readyz(State(s): State<AgentEndpoints>) -> impl IntoResponse {
             "not registered with kubelet yet\n".to_string(),
         );
     }
-    if s.counters
+    if endpoints
+        .counters
         .plugin
         .as_ref()
         .is_some_and(|p| p.kubelet_silent())

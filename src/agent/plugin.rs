@@ -291,19 +291,19 @@ impl DevicePlugin for PluginService {
             let mut sent: Option<Vec<(String, bool)>> = None;
             loop {
                 let (health, list) = {
-                    let v = view.borrow_and_update();
-                    (v.health(), device_list(&v))
+                    let current = view.borrow_and_update();
+                    (current.health(), device_list(&current))
                 };
                 if sent.as_ref() != Some(&health) {
                     tracing::debug!(devices = ?health, "sending the device list to kubelet");
                     tokio::select! {
-                        r = out.send(Ok(list)) => if r.is_err() { return },
+                        result = out.send(Ok(list)) => if result.is_err() { return },
                         _ = stopped(&mut stop) => return,
                     }
                     sent = Some(health);
                 }
                 tokio::select! {
-                    r = view.changed() => if r.is_err() { return },
+                    result = view.changed() => if result.is_err() { return },
                     _ = out.closed() => return,
                     _ = stopped(&mut stop) => return,
                 }
@@ -340,27 +340,29 @@ impl DevicePlugin for PluginService {
         let (backend, checked) = {
             let view = self.view.borrow();
             let mut checked: Vec<Vec<DeviceInfo>> = Vec::with_capacity(requests.len());
-            for r in requests {
-                let devices = validate(&view, &self.resource_name, &r.devices_ids)?;
+            for request in requests {
+                let devices = validate(&view, &self.resource_name, &request.devices_ids)?;
                 checked.push(devices.into_iter().cloned().collect());
             }
             (view.snapshot.backend.clone(), checked)
         };
         let mut responses = Vec::with_capacity(requests.len());
-        for (r, devices) in requests.iter().zip(&checked) {
-            self.binder.check_allocate(&r.devices_ids).map_err(|why| {
-                Status::failed_precondition(format!("{}: {why}", self.resource_name))
-            })?;
+        for (request, devices) in requests.iter().zip(&checked) {
+            self.binder
+                .check_allocate(&request.devices_ids)
+                .map_err(|why| {
+                    Status::failed_precondition(format!("{}: {why}", self.resource_name))
+                })?;
             let devices: Vec<&DeviceInfo> = devices.iter().collect();
             responses.push(container_response(&backend, &devices, &self.runtime));
         }
         let ids: Vec<&String> = requests.iter().flat_map(|r| &r.devices_ids).collect();
         tracing::info!(devices = ?ids, "allocated");
         if !self.binder.keeps_allocated_view() {
-            self.tx.send_if_modified(|v| {
+            self.tx.send_if_modified(|view| {
                 let mut changed = false;
                 for id in ids {
-                    let old = v.allocated.insert(id.clone(), UNBOUND.to_string());
+                    let old = view.allocated.insert(id.clone(), UNBOUND.to_string());
                     changed |= old.as_deref() != Some(UNBOUND);
                 }
                 changed
@@ -469,8 +471,8 @@ impl PluginServer {
 /// Device and inode of a file (not following symlinks).
 pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(path).ok()?;
-    Some((m.dev(), m.ino()))
+    let metadata = std::fs::symlink_metadata(path).ok()?;
+    Some((metadata.dev(), metadata.ino()))
 }
 
 #[cfg(test)]

@@ -327,20 +327,20 @@ impl<'a> Growing<'a> {
     }
 }
 
-/// `n` choose `k`, saturating at `u64::MAX`.
-fn binomial(n: u64, k: u64) -> u64 {
-    if k > n {
+/// `total` choose `chosen`, saturating at `u64::MAX`.
+fn binomial(total: u64, chosen: u64) -> u64 {
+    if chosen > total {
         return 0;
     }
-    let k = k.min(n - k);
-    let mut r: u128 = 1;
-    for i in 0..k {
-        r = r * u128::from(n - i) / u128::from(i + 1);
-        if r > u128::from(u64::MAX) {
+    let chosen = chosen.min(total - chosen);
+    let mut result: u128 = 1;
+    for i in 0..chosen {
+        result = result * u128::from(total - i) / u128::from(i + 1);
+        if result > u128::from(u64::MAX) {
             return u64::MAX;
         }
     }
-    r as u64
+    result as u64
 }
 
 #[cfg(test)]

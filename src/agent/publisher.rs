@@ -230,13 +230,16 @@ fn vendor_label(devices: &[GpuDevice]) -> Option<String> {
 fn common_product(devices: &[GpuDevice]) -> Option<(&str, u64)> {
     // (product, count, smallest total memory), in order of first appearance.
     let mut seen: Vec<(&str, usize, u64)> = Vec::new();
-    for d in devices {
-        match seen.iter_mut().find(|(p, _, _)| *p == d.product) {
+    for device in devices {
+        match seen
+            .iter_mut()
+            .find(|(product, _, _)| *product == device.product)
+        {
             Some(entry) => {
                 entry.1 += 1;
-                entry.2 = entry.2.min(d.memory_total_bytes);
+                entry.2 = entry.2.min(device.memory_total_bytes);
             }
-            None => seen.push((&d.product, 1, d.memory_total_bytes)),
+            None => seen.push((&device.product, 1, device.memory_total_bytes)),
         }
     }
     let mut best: Option<(&str, usize, u64)> = None;
@@ -254,9 +257,9 @@ fn common_product(devices: &[GpuDevice]) -> Option<(&str, u64)> {
 pub(crate) fn label_value(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(LABEL_VALUE_MAX));
     let mut replaced = false;
-    for c in text.chars() {
-        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-            out.push(c);
+    for character in text.chars() {
+        if character.is_ascii_alphanumeric() || matches!(character, '.' | '_' | '-') {
+            out.push(character);
             replaced = false;
         } else if !replaced {
             out.push('-');

@@ -229,8 +229,13 @@ pub(crate) async fn register(
 /// kubelet makes a new socket, which differs in at least one of them.
 fn kubelet_identity(path: &Path) -> Option<KubeletId> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::symlink_metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+    let metadata = std::fs::symlink_metadata(path).ok()?;
+    Some((
+        metadata.dev(),
+        metadata.ino(),
+        metadata.ctime(),
+        metadata.ctime_nsec(),
+    ))
 }
 
 /// The device plugin: serve, register, watch for kubelet restarts, until

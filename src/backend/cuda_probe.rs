@@ -105,10 +105,13 @@ impl ProbeReport {
     /// works both ways. Links between devices the probe did not see keep what
     /// the backend said.
     pub fn apply(&self, links: &mut [DeviceLink]) {
-        for l in links {
-            match (self.can_access(&l.a, &l.b), self.can_access(&l.b, &l.a)) {
-                (Some(x), Some(y)) => l.p2p = x && y,
-                (Some(x), None) | (None, Some(x)) => l.p2p = x,
+        for link in links {
+            match (
+                self.can_access(&link.a, &link.b),
+                self.can_access(&link.b, &link.a),
+            ) {
+                (Some(forward), Some(backward)) => link.p2p = forward && backward,
+                (Some(forward), None) | (None, Some(forward)) => link.p2p = forward,
                 (None, None) => {}
             }
         }
@@ -179,14 +182,16 @@ fn run(devices: &[DeviceInfo], options: &ProbeOptions) -> Result<ProbeReport, Ba
     sorted.sort_by_key(|d| d.index);
     let mut report = ProbeReport::default();
     let mut visible = Vec::new();
-    for d in sorted {
-        match by_uuid.get(&d.id.to_ascii_lowercase()) {
+    for device in sorted {
+        match by_uuid.get(&device.id.to_ascii_lowercase()) {
             Some(&(ordinal, dev)) => {
-                report.devices.push(probe_device(&d.id, ordinal, options));
-                visible.push((d.id.as_str(), dev));
+                report
+                    .devices
+                    .push(probe_device(&device.id, ordinal, options));
+                visible.push((device.id.as_str(), dev));
             }
             None => report.devices.push(DeviceProbe {
-                id: d.id.clone(),
+                id: device.id.clone(),
                 error: Some(
                     "not visible to CUDA (hidden by CUDA_VISIBLE_DEVICES, lost, or in MIG mode)"
                         .to_string(),
@@ -195,22 +200,22 @@ fn run(devices: &[DeviceInfo], options: &ProbeOptions) -> Result<ProbeReport, Ba
             }),
         }
     }
-    for &(a, a_dev) in &visible {
-        for &(b, b_dev) in &visible {
-            if a == b {
+    for &(from, from_dev) in &visible {
+        for &(to, to_dev) in &visible {
+            if from == to {
                 continue;
             }
             let mut can: c_int = 0;
             // SAFETY: both devices come from cuDeviceGet; `can` is a valid
             // out-pointer.
-            let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, a_dev, b_dev) }.result();
-            let entry = report.p2p.entry(a.to_string()).or_default();
-            match r {
+            let access = unsafe { sys::cuDeviceCanAccessPeer(&mut can, from_dev, to_dev) }.result();
+            let entry = report.p2p.entry(from.to_string()).or_default();
+            match access {
                 Ok(()) => {
-                    entry.insert(b.to_string(), can != 0);
+                    entry.insert(to.to_string(), can != 0);
                 }
                 Err(e) => {
-                    tracing::warn!(from = a, to = b, error = %e, "cuDeviceCanAccessPeer failed")
+                    tracing::warn!(from = from, to = to, error = %e, "cuDeviceCanAccessPeer failed")
                 }
             }
         }
@@ -220,9 +225,10 @@ fn run(devices: &[DeviceInfo], options: &ProbeOptions) -> Result<ProbeReport, Ba
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML writes it.
 fn format_uuid(uuid: &sys::CUuuid) -> String {
-    let b: Vec<u8> = uuid.bytes.iter().map(|&c| c as u8).collect();
-    let hex =
-        |r: std::ops::Range<usize>| -> String { b[r].iter().map(|x| format!("{x:02x}")).collect() };
+    let bytes: Vec<u8> = uuid.bytes.iter().map(|&c| c as u8).collect();
+    let hex = |r: std::ops::Range<usize>| -> String {
+        bytes[r].iter().map(|x| format!("{x:02x}")).collect()
+    };
     format!(
         "GPU-{}-{}-{}-{}-{}",
         hex(0..4),
@@ -234,7 +240,7 @@ fn format_uuid(uuid: &sys::CUuuid) -> String {
 }
 
 fn probe_device(id: &str, ordinal: usize, options: &ProbeOptions) -> DeviceProbe {
-    let mut p = DeviceProbe {
+    let mut probe = DeviceProbe {
         id: id.to_string(),
         cuda_ordinal: u32::try_from(ordinal).ok(),
         ..DeviceProbe::default()
@@ -242,32 +248,32 @@ fn probe_device(id: &str, ordinal: usize, options: &ProbeOptions) -> DeviceProbe
     let ctx = match CudaContext::new(ordinal) {
         Ok(c) => c,
         Err(e) => {
-            p.error = Some(format!("cannot create a CUDA context: {e}"));
-            return p;
+            probe.error = Some(format!("cannot create a CUDA context: {e}"));
+            return probe;
         }
     };
     let stream = ctx.default_stream();
     if let Err(e) = verify(&stream, options.verify_bytes) {
-        p.error = Some(e);
-        return p;
+        probe.error = Some(e);
+        return probe;
     }
-    p.verified = true;
+    probe.verified = true;
     match host_to_device(&ctx, &stream, options) {
         Ok((gbps, note)) => {
-            p.host_to_device_gbps = Some(gbps);
-            p.notes.extend(note);
+            probe.host_to_device_gbps = Some(gbps);
+            probe.notes.extend(note);
         }
-        Err(e) => p
+        Err(e) => probe
             .notes
             .push(format!("host-to-device bandwidth not measured: {e}")),
     }
     match device_to_device(&stream, options) {
-        Ok(gbps) => p.device_to_device_gbps = Some(gbps),
-        Err(e) => p
+        Ok(gbps) => probe.device_to_device_gbps = Some(gbps),
+        Err(e) => probe
             .notes
             .push(format!("device-to-device bandwidth not measured: {e}")),
     }
-    p
+    probe
 }
 
 /// Allocate, copy host→device→host, synchronise, free, compare.
@@ -330,25 +336,25 @@ fn host_to_device(
     stream: &Arc<CudaStream>,
     options: &ProbeOptions,
 ) -> Result<(f64, Option<String>), String> {
-    let n = options.buffer_bytes;
+    let buffer_bytes = options.buffer_bytes;
     let mut dst = stream
-        .alloc_zeros::<u8>(n)
-        .map_err(|e| format!("cannot allocate {} MiB on the GPU: {e}", n / MIB))?;
+        .alloc_zeros::<u8>(buffer_bytes)
+        .map_err(|e| format!("cannot allocate {} MiB on the GPU: {e}", buffer_bytes / MIB))?;
     // SAFETY: the pinned buffer is filled through its raw pointer before any
     // read (cudarc hands it out uninitialised).
-    match unsafe { ctx.alloc_pinned::<u8>(n) } {
+    match unsafe { ctx.alloc_pinned::<u8>(buffer_bytes) } {
         Ok(mut host) => {
             let ptr = host.as_mut_ptr().map_err(|e| e.to_string())?;
-            // SAFETY: `ptr` points to `n` bytes of pinned memory owned by `host`.
-            unsafe { std::ptr::write_bytes(ptr, 0x5a, n) };
-            let gbps = time(stream, options.iterations, n, || {
+            // SAFETY: `ptr` points to `buffer_bytes` bytes of pinned memory owned by `host`.
+            unsafe { std::ptr::write_bytes(ptr, 0x5a, buffer_bytes) };
+            let gbps = time(stream, options.iterations, buffer_bytes, || {
                 stream.memcpy_htod(&host, &mut dst)
             })?;
             Ok((gbps, None))
         }
         Err(e) => {
-            let host = vec![0x5a_u8; n];
-            let gbps = time(stream, options.iterations, n, || {
+            let host = vec![0x5a_u8; buffer_bytes];
+            let gbps = time(stream, options.iterations, buffer_bytes, || {
                 stream.memcpy_htod(&host, &mut dst)
             })?;
             Ok((
@@ -363,12 +369,20 @@ fn host_to_device(
 
 /// A copy within the device; counts bytes read plus written.
 fn device_to_device(stream: &Arc<CudaStream>, options: &ProbeOptions) -> Result<f64, String> {
-    let n = options.buffer_bytes;
-    let alloc_error =
-        |e: DriverError| format!("cannot allocate 2 × {} MiB on the GPU: {e}", n / MIB);
-    let src = stream.alloc_zeros::<u8>(n).map_err(alloc_error)?;
-    let mut dst = stream.alloc_zeros::<u8>(n).map_err(alloc_error)?;
-    time(stream, options.iterations, 2 * n, || {
+    let buffer_bytes = options.buffer_bytes;
+    let alloc_error = |e: DriverError| {
+        format!(
+            "cannot allocate 2 × {} MiB on the GPU: {e}",
+            buffer_bytes / MIB
+        )
+    };
+    let src = stream
+        .alloc_zeros::<u8>(buffer_bytes)
+        .map_err(alloc_error)?;
+    let mut dst = stream
+        .alloc_zeros::<u8>(buffer_bytes)
+        .map_err(alloc_error)?;
+    time(stream, options.iterations, 2 * buffer_bytes, || {
         stream.memcpy_dtod(&src, &mut dst)
     })
 }

@@ -46,16 +46,16 @@ impl Default for DetectOptions {
     }
 }
 
-fn nvidia(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
-    Ok(Box::new(NvmlBackend::new(o.nvml_library.as_deref())?))
+fn nvidia(options: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    Ok(Box::new(NvmlBackend::new(options.nvml_library.as_deref())?))
 }
 
-fn amd(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
-    let backend = AmdBackend::new(o.sysfs_root.clone())?;
+fn amd(options: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    let backend = AmdBackend::new(options.sysfs_root.clone())?;
     // ROCm SMI only adds telemetry sysfs lacks; without it the sysfs view stands.
     #[cfg(feature = "rocm-smi")]
     let backend = {
-        let root = o.sysfs_root.clone();
+        let root = options.sysfs_root.clone();
         backend.with_rocm_smi().or_else(|e| {
             tracing::warn!(error = %e, "ROCm SMI unavailable; using sysfs telemetry only");
             AmdBackend::new(root)
@@ -64,11 +64,11 @@ fn amd(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
     Ok(Box::new(backend))
 }
 
-fn fake(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
-    match &o.fake {
+fn fake(options: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    match &options.fake {
         Some(spec) => Ok(Box::new(FakeBackend::for_node(
             spec,
-            o.node_name.as_deref(),
+            options.node_name.as_deref(),
         )?)),
         None => Err(BackendError::Unavailable(format!(
             "no fake devices configured (set {} or --fake, e.g. \"4xH100-80GiB\")",
@@ -78,23 +78,23 @@ fn fake(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
 }
 
 /// The backend for the node: one vendor's, or several merged.
-pub fn detect(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
-    match o.choice {
-        BackendChoice::Nvidia => nvidia(o),
-        BackendChoice::Amd => amd(o),
-        BackendChoice::Fake => fake(o),
+pub fn detect(options: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
+    match options.choice {
+        BackendChoice::Nvidia => nvidia(options),
+        BackendChoice::Amd => amd(options),
+        BackendChoice::Fake => fake(options),
         BackendChoice::Auto => {
             let mut found: Vec<Box<dyn GpuBackend>> = Vec::new();
             let mut skipped = Vec::new();
             for (name, make) in [("nvidia", nvidia as fn(&DetectOptions) -> _), ("amd", amd)] {
-                match make(o).and_then(|mut b| match b.devices() {
-                    Ok(d) if d.is_empty() => Err(BackendError::Unavailable(format!(
+                match make(options).and_then(|mut backend| match backend.devices() {
+                    Ok(devices) if devices.is_empty() => Err(BackendError::Unavailable(format!(
                         "{name}: the library loaded but reports no devices"
                     ))),
-                    Ok(_) => Ok(b),
+                    Ok(_) => Ok(backend),
                     Err(e) => Err(e),
                 }) {
-                    Ok(b) => found.push(b),
+                    Ok(backend) => found.push(backend),
                     // A vendor library that is there but broken is worth a warning;
                     // one that is simply absent is the normal case on other nodes.
                     Err(BackendError::Failed(e)) => {
@@ -104,8 +104,8 @@ pub fn detect(o: &DetectOptions) -> Result<Box<dyn GpuBackend>, BackendError> {
                     Err(BackendError::Unavailable(e)) => skipped.push(format!("{name}: {e}")),
                 }
             }
-            if found.is_empty() && o.fake.is_some() {
-                return fake(o);
+            if found.is_empty() && options.fake.is_some() {
+                return fake(options);
             }
             match found.len() {
                 0 => Err(BackendError::Unavailable(format!(
@@ -155,43 +155,44 @@ impl GpuBackend for Merged {
     }
 
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
-        let mut out = Vec::new();
+        let mut merged_devices = Vec::new();
         self.owner.clear();
-        for (i, b) in self.backends.iter_mut().enumerate() {
-            for d in b.devices()? {
-                let mut merged = d.clone();
-                merged.index = out.len() as u32;
-                self.owner.insert(d.id.clone(), (i, d));
-                out.push(merged);
+        for (backend_index, backend) in self.backends.iter_mut().enumerate() {
+            for device in backend.devices()? {
+                let mut merged = device.clone();
+                merged.index = merged_devices.len() as u32;
+                self.owner
+                    .insert(device.id.clone(), (backend_index, device));
+                merged_devices.push(merged);
             }
         }
-        Ok(out)
+        Ok(merged_devices)
     }
 
     fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError> {
-        let (i, own) = self.owned(device)?;
-        self.backends[i].telemetry(&own)
+        let (backend_index, own) = self.owned(device)?;
+        self.backends[backend_index].telemetry(&own)
     }
 
     fn health(&mut self, device: &DeviceInfo) -> Result<RawHealth, BackendError> {
-        let (i, own) = self.owned(device)?;
-        self.backends[i].health(&own)
+        let (backend_index, own) = self.owned(device)?;
+        self.backends[backend_index].health(&own)
     }
 
     fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError> {
         let mut links = Vec::new();
-        for (i, b) in self.backends.iter_mut().enumerate() {
+        for (backend_index, backend) in self.backends.iter_mut().enumerate() {
             let own: Vec<DeviceInfo> = devices
                 .iter()
-                .filter_map(|d| {
+                .filter_map(|device| {
                     self.owner
-                        .get(&d.id)
-                        .filter(|(o, _)| *o == i)
-                        .map(|(_, d)| d.clone())
+                        .get(&device.id)
+                        .filter(|(owner, _)| *owner == backend_index)
+                        .map(|(_, own_device)| own_device.clone())
                 })
                 .collect();
             if !own.is_empty() {
-                links.extend(b.links(&own)?);
+                links.extend(backend.links(&own)?);
             }
         }
         Ok(links)

@@ -198,8 +198,10 @@ fn parse_spec(spec: &str) -> Result<FakeFile, BackendError> {
     let mut gpus = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (count, name) = match part.split_once(['x', 'X']) {
-            Some((n, name)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => {
-                let count = n.parse::<u32>().map_err(|_| {
+            Some((digits, name))
+                if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) =>
+            {
+                let count = digits.parse::<u32>().map_err(|_| {
                     BackendError::Failed(format!(
                         "fake GPUs: {part:?} has a count that is too large"
                     ))
@@ -228,48 +230,48 @@ fn check(file: &FakeFile, origin: &str) -> Result<(), BackendError> {
         )));
     }
     let mut total: u64 = 0;
-    for g in &file.gpus {
-        if profile(&g.profile).is_none() {
+    for group in &file.gpus {
+        if profile(&group.profile).is_none() {
             return Err(BackendError::Failed(format!(
                 "fake GPUs {origin:?}: unknown profile {:?}; known profiles: {}",
-                g.profile,
+                group.profile,
                 profile_names()
             )));
         }
-        if g.count == 0 {
+        if group.count == 0 {
             return Err(BackendError::Failed(format!(
                 "fake GPUs {origin:?}: count for {} must be at least 1",
-                g.profile
+                group.profile
             )));
         }
-        total += u64::from(g.count);
+        total += u64::from(group.count);
     }
     if total > 256 {
         return Err(BackendError::Failed(format!(
             "fake GPUs {origin:?}: {total} devices on one node is more than 256"
         )));
     }
-    for f in &file.faults {
-        if u64::from(f.device) >= total {
+    for fault in &file.faults {
+        if u64::from(fault.device) >= total {
             return Err(BackendError::Failed(format!(
                 "fake GPUs {origin:?}: a fault names device {} but there are {total}",
-                f.device
+                fault.device
             )));
         }
-        if let Some(t) = f.temperature_c
-            && !t.is_finite()
+        if let Some(temperature) = fault.temperature_c
+            && !temperature.is_finite()
         {
             return Err(BackendError::Failed(format!(
                 "fake GPUs {origin:?}: temperature of device {} is not a number",
-                f.device
+                fault.device
             )));
         }
-        if let Some(m) = f.memory_used_gib
-            && !(m.is_finite() && m >= 0.0)
+        if let Some(memory_used_gib) = fault.memory_used_gib
+            && !(memory_used_gib.is_finite() && memory_used_gib >= 0.0)
         {
             return Err(BackendError::Failed(format!(
                 "fake GPUs {origin:?}: memoryUsedGiB of device {} must be zero or more",
-                f.device
+                fault.device
             )));
         }
     }
@@ -408,15 +410,15 @@ impl FakeBackend {
     }
 
     fn expanded(&self) -> Vec<(u32, &'static Profile)> {
-        let mut out = Vec::new();
-        for g in &self.current.gpus {
-            if let Some(p) = profile(&g.profile) {
-                for _ in 0..g.count {
-                    out.push((out.len() as u32, p));
+        let mut expanded = Vec::new();
+        for group in &self.current.gpus {
+            if let Some(known_profile) = profile(&group.profile) {
+                for _ in 0..group.count {
+                    expanded.push((expanded.len() as u32, known_profile));
                 }
             }
         }
-        out
+        expanded
     }
 
     fn fault(&self, index: u32) -> Option<&Fault> {
@@ -440,8 +442,8 @@ fn read_file(path: &Path) -> Result<FakeFile, BackendError> {
     Ok(file)
 }
 
-fn device_id(p: &Profile, position: u32) -> String {
-    format!("fake-{}-{position}", p.name.to_ascii_lowercase())
+fn device_id(profile: &Profile, position: u32) -> String {
+    format!("fake-{}-{position}", profile.name.to_ascii_lowercase())
 }
 
 impl GpuBackend for FakeBackend {
@@ -451,28 +453,28 @@ impl GpuBackend for FakeBackend {
 
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
         self.refresh();
-        let mut out = Vec::new();
-        for (position, p) in self.expanded() {
+        let mut devices = Vec::new();
+        for (position, profile) in self.expanded() {
             if self.fault(position).is_some_and(|f| f.vanish) {
                 continue;
             }
             // Index is the position among present devices, as a driver numbers them.
-            let index = out.len() as u32;
-            out.push(DeviceInfo {
-                id: device_id(p, position),
+            let index = devices.len() as u32;
+            devices.push(DeviceInfo {
+                id: device_id(profile, position),
                 index,
-                vendor: p.vendor,
-                product: p.product.to_string(),
-                memory_total_bytes: (p.memory_gib * GIB) as u64,
-                architecture: p.architecture.to_string(),
-                compute_units: p.compute_units,
-                fp16_tflops: p.fp16_tflops,
-                memory_bandwidth_gbps: p.memory_bandwidth_gbps,
+                vendor: profile.vendor,
+                product: profile.product.to_string(),
+                memory_total_bytes: (profile.memory_gib * GIB) as u64,
+                architecture: profile.architecture.to_string(),
+                compute_units: profile.compute_units,
+                fp16_tflops: profile.fp16_tflops,
+                memory_bandwidth_gbps: profile.memory_bandwidth_gbps,
                 pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + position),
                 numa_node: Some(i32::from(position >= 4)),
             });
         }
-        Ok(out)
+        Ok(devices)
     }
 
     fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError> {
@@ -504,24 +506,28 @@ impl GpuBackend for FakeBackend {
             .and_then(|p| self.fault(p))
             .and_then(|f| f.unhealthy.clone());
         Ok(match reason {
-            Some(r) => RawHealth::Unhealthy(r),
+            Some(text) => RawHealth::Unhealthy(text),
             None => RawHealth::Healthy,
         })
     }
 
     fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError> {
         let mut links = Vec::new();
-        for (i, a) in devices.iter().enumerate() {
-            for b in &devices[i + 1..] {
-                let (pa, pb) = (profile_of(a), profile_of(b));
+        for (index, first) in devices.iter().enumerate() {
+            for second in &devices[index + 1..] {
+                let (first_profile, second_profile) = (profile_of(first), profile_of(second));
                 // Fast links only join devices of the same kind; anything else meets over PCIe.
-                let (kind, gbps) = match (pa, pb) {
-                    (Some(x), Some(y)) if x.name == y.name => (x.link, x.link_gbps),
+                let (kind, gbps) = match (first_profile, second_profile) {
+                    (Some(first_known), Some(second_known))
+                        if first_known.name == second_known.name =>
+                    {
+                        (first_known.link, first_known.link_gbps)
+                    }
                     _ => (LinkKind::Pcie, 64.0),
                 };
                 links.push(DeviceLink {
-                    a: a.id.clone(),
-                    b: b.id.clone(),
+                    a: first.id.clone(),
+                    b: second.id.clone(),
                     kind,
                     bandwidth_gbps: gbps,
                     p2p: true,
@@ -532,16 +538,18 @@ impl GpuBackend for FakeBackend {
     }
 }
 
-fn profile_of(d: &DeviceInfo) -> Option<&'static Profile> {
+fn profile_of(device: &DeviceInfo) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| {
-        d.id.starts_with(&format!("fake-{}-", p.name.to_ascii_lowercase()))
+        device
+            .id
+            .starts_with(&format!("fake-{}-", p.name.to_ascii_lowercase()))
     })
 }
 
 /// The first line of a YAML parser error, without its own `error:` prefix, for
 /// one-line messages that already say where the YAML came from.
-fn yaml_error_line(e: &impl std::fmt::Display) -> String {
-    let text = e.to_string();
+fn yaml_error_line(error: &impl std::fmt::Display) -> String {
+    let text = error.to_string();
     let line = text.lines().next().unwrap_or("malformed YAML");
     line.strip_prefix("error: ").unwrap_or(line).to_string()
 }

@@ -59,38 +59,38 @@ impl HealthTracker {
         temperature_c: Option<f64>,
         now: Instant,
     ) -> RawHealth {
-        let p = self.policy;
-        let r = self.devices.entry(id.to_string()).or_default();
+        let policy = self.policy;
+        let record = self.devices.entry(id.to_string()).or_default();
         if let RawHealth::Unhealthy(reason) = raw {
-            r.fault = Some((reason.clone(), now));
+            record.fault = Some((reason.clone(), now));
         }
-        if let Some(t) = temperature_c {
-            if t >= p.max_temperature_c {
-                r.hot = true;
-            } else if t < p.max_temperature_c - p.thermal_margin_c {
-                r.hot = false;
+        if let Some(temperature) = temperature_c {
+            if temperature >= policy.max_temperature_c {
+                record.hot = true;
+            } else if temperature < policy.max_temperature_c - policy.thermal_margin_c {
+                record.hot = false;
             }
         }
         if let RawHealth::Unhealthy(reason) = raw {
             return RawHealth::Unhealthy(reason.clone());
         }
-        if let Some((reason, last)) = &r.fault {
+        if let Some((reason, last)) = &record.fault {
             let quiet = now.saturating_duration_since(*last);
-            if quiet < p.recovery {
+            if quiet < policy.recovery {
                 // Stable text: the reason is published, and a countdown in it
                 // would rewrite the Node on every poll.
                 return RawHealth::Unhealthy(format!(
                     "recovering from {reason}: healthy again after {}s without faults",
-                    p.recovery.as_secs()
+                    policy.recovery.as_secs()
                 ));
             }
-            r.fault = None;
+            record.fault = None;
         }
-        if r.hot {
+        if record.hot {
             return RawHealth::Unhealthy(format!(
                 "too hot: reached the {:.0} °C limit; healthy again below {:.0} °C",
-                p.max_temperature_c,
-                p.max_temperature_c - p.thermal_margin_c
+                policy.max_temperature_c,
+                policy.max_temperature_c - policy.thermal_margin_c
             ));
         }
         RawHealth::Healthy
@@ -98,8 +98,13 @@ impl HealthTracker {
 
     /// Replaces every device's raw health in the snapshot with the tracked one.
     pub(crate) fn apply(&mut self, snapshot: &mut Snapshot, now: Instant) {
-        for d in &mut snapshot.devices {
-            d.health = self.observe(&d.info.id, &d.health, d.telemetry.temperature_c, now);
+        for device in &mut snapshot.devices {
+            device.health = self.observe(
+                &device.info.id,
+                &device.health,
+                device.telemetry.temperature_c,
+                now,
+            );
         }
     }
 }

@@ -88,24 +88,26 @@ impl Registry {
         let mut taken: std::collections::HashSet<String> =
             devices.iter().map(|d| d.id.clone()).collect();
         let mut renames = Vec::new();
-        for d in devices.iter_mut() {
-            if !is_fallback_id(&d.id) {
+        for device in devices.iter_mut() {
+            if !is_fallback_id(&device.id) {
                 continue;
             }
-            let known = if d.pci_bus_id.is_empty() {
+            let known = if device.pci_bus_id.is_empty() {
                 same_count
-                    .then(|| self.devices.iter().find(|k| k.index == d.index))
+                    .then(|| self.devices.iter().find(|k| k.index == device.index))
                     .flatten()
             } else {
-                self.devices.iter().find(|k| k.pci_bus_id == d.pci_bus_id)
+                self.devices
+                    .iter()
+                    .find(|k| k.pci_bus_id == device.pci_bus_id)
             };
             let Some(known) = known else { continue };
-            if known.id == d.id || is_fallback_id(&known.id) || taken.contains(&known.id) {
+            if known.id == device.id || is_fallback_id(&known.id) || taken.contains(&known.id) {
                 continue;
             }
             taken.insert(known.id.clone());
             renames.push((
-                std::mem::replace(&mut d.id, known.id.clone()),
+                std::mem::replace(&mut device.id, known.id.clone()),
                 known.id.clone(),
             ));
         }
@@ -124,17 +126,17 @@ impl Registry {
         if renames.is_empty() {
             return;
         }
-        for (d, info) in snap.devices.iter_mut().zip(infos) {
-            d.info = info;
+        for (device, info) in snap.devices.iter_mut().zip(infos) {
+            device.info = info;
         }
         let renamed = |id: &mut String| {
             if let Some((_, new)) = renames.iter().find(|(old, _)| old == id) {
                 *id = new.clone();
             }
         };
-        for l in &mut snap.links {
-            renamed(&mut l.a);
-            renamed(&mut l.b);
+        for link in &mut snap.links {
+            renamed(&mut link.a);
+            renamed(&mut link.b);
         }
     }
 

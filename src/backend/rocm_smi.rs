@@ -54,8 +54,8 @@ fn status_text(status: rsmi_status_t) -> String {
     }
     // SAFETY: non-null and NUL-terminated per the library's contract; the
     // string is static, so it outlives this borrow.
-    let s = unsafe { CStr::from_ptr(text) };
-    format!("{} (status {status})", s.to_string_lossy())
+    let message = unsafe { CStr::from_ptr(text) };
+    format!("{} (status {status})", message.to_string_lossy())
 }
 
 fn check(what: &str, status: rsmi_status_t) -> Result<(), String> {

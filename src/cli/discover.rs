@@ -145,19 +145,21 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
         .map(String::from)
         .to_vec(),
     ];
-    for d in &state.devices {
+    for device in &state.devices {
         rows.push(vec![
-            d.index.to_string(),
-            d.id.clone(),
-            d.product.clone(),
+            device.index.to_string(),
+            device.id.clone(),
+            device.product.clone(),
             format!(
                 "{:.1}/{:.1} GiB",
-                d.memory_free_bytes as f64 / GIB,
-                d.memory_total_bytes as f64 / GIB
+                device.memory_free_bytes as f64 / GIB,
+                device.memory_total_bytes as f64 / GIB
             ),
-            d.temperature_c.map_or("-".into(), |t| format!("{t:.0} °C")),
-            d.power_w.map_or("-".into(), |p| format!("{p:.0} W")),
-            match (&d.health, &d.health_reason) {
+            device
+                .temperature_c
+                .map_or("-".into(), |t| format!("{t:.0} °C")),
+            device.power_w.map_or("-".into(), |p| format!("{p:.0} W")),
+            match (&device.health, &device.health_reason) {
                 (Health::Healthy, _) => "Healthy".into(),
                 (_, Some(r)) => format!("Unhealthy: {r}"),
                 (_, None) => "Unhealthy".into(),
@@ -215,17 +217,17 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
                     .to_vec(),
             ];
             let gbps = |v: Option<f64>| v.map_or("-".to_string(), |g| format!("{g:.1} GB/s"));
-            for d in &report.devices {
+            for device in &report.devices {
                 rows.push(vec![
-                    d.id.clone(),
-                    if d.verified {
+                    device.id.clone(),
+                    if device.verified {
                         "yes".into()
                     } else {
-                        format!("no: {}", d.error.clone().unwrap_or_default())
+                        format!("no: {}", device.error.clone().unwrap_or_default())
                     },
-                    gbps(d.host_to_device_gbps),
-                    gbps(d.device_to_device_gbps),
-                    d.notes.join("; "),
+                    gbps(device.host_to_device_gbps),
+                    gbps(device.device_to_device_gbps),
+                    device.notes.join("; "),
                 ]);
             }
             write_rows(&mut out, &rows);
@@ -314,12 +316,11 @@ pub(crate) fn summarize(nodes: &[ClusterNode]) -> ClusterSummary {
             }
         }
         let ids: Vec<&str> = state.devices.iter().map(|d| d.id.as_str()).collect();
-        for (i, a) in ids.iter().enumerate() {
-            for b in &ids[i + 1..] {
-                let link = state
-                    .links
-                    .iter()
-                    .find(|l| (l.a == *a && l.b == *b) || (l.a == *b && l.b == *a));
+        for (index, first) in ids.iter().enumerate() {
+            for second in &ids[index + 1..] {
+                let link = state.links.iter().find(|l| {
+                    (l.a == *first && l.b == *second) || (l.a == *second && l.b == *first)
+                });
                 let (gbps, what) = match link {
                     Some(link) => (
                         link.bandwidth_gbps,

@@ -227,11 +227,11 @@ pub fn parse_cluster(text: &str, origin: &str) -> Result<Vec<ClusterNode>, Input
         }
     };
     let mut names = BTreeSet::new();
-    for n in &nodes {
-        if !names.insert(n.name.as_str()) {
+    for node in &nodes {
+        if !names.insert(node.name.as_str()) {
             return Err(InputError(format!(
                 "{origin}: node {} appears twice",
-                n.name
+                node.name
             )));
         }
     }

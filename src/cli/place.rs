@@ -156,9 +156,9 @@ fn place_all(
         tracing::info!(instance = %name, placed = result.is_ok(), "planned");
         let placement = match result {
             Ok(plan) => {
-                for s in &plan.stages {
-                    for d in &s.devices {
-                        allocated.insert((s.node.clone(), d.clone()), name.clone());
+                for stage in &plan.stages {
+                    for device in &stage.devices {
+                        allocated.insert((stage.node.clone(), device.clone()), name.clone());
                     }
                 }
                 Placement {

@@ -27,16 +27,16 @@ fn score_line(score: &Score) -> String {
 fn table(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "cluster: {}", report.cluster);
-    for p in &report.placements {
+    for placement in &report.placements {
         let _ = writeln!(out);
-        match (&p.plan, &p.unsatisfiable) {
+        match (&placement.plan, &placement.unsatisfiable) {
             (Some(plan), _) => {
                 let shards = plan.stages.len();
                 let _ = writeln!(
                     out,
                     "{} ({}): {shards} shard{}, {:.1} tokens/s predicted, {}",
-                    p.name,
-                    p.model,
+                    placement.name,
+                    placement.model,
                     if shards == 1 { "" } else { "s" },
                     plan.performance.tokens_per_second,
                     {
@@ -88,10 +88,14 @@ fn table(report: &Report) -> String {
                 write_rows(&mut out, &rows);
                 let _ = writeln!(out, "  {}", score_line(&plan.score));
             }
-            (None, Some(u)) => {
-                let _ = writeln!(out, "{} ({}): UNSATISFIABLE: {}", p.name, p.model, u.reason);
-                for d in &u.details {
-                    let _ = writeln!(out, "  - {d}");
+            (None, Some(unsatisfiable)) => {
+                let _ = writeln!(
+                    out,
+                    "{} ({}): UNSATISFIABLE: {}",
+                    placement.name, placement.model, unsatisfiable.reason
+                );
+                for detail in &unsatisfiable.details {
+                    let _ = writeln!(out, "  - {detail}");
                 }
             }
             (None, None) => {}
@@ -106,10 +110,10 @@ pub(super) fn write_rows(out: &mut String, rows: &[Vec<String>]) {
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
-    for r in rows {
+    for row in rows {
         let mut line = String::from("  ");
-        for (c, cell) in r.iter().enumerate() {
-            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+        for (column, cell) in row.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}  ", w = widths[column]);
         }
         let _ = writeln!(out, "{}", line.trim_end());
     }

@@ -72,22 +72,24 @@ where
     }
 }
 
-fn transient(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => {
-            (s.code == 409 && !s.is_already_exists()) || s.code == 429 || s.code >= 500
+fn transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => {
+            (status.code == 409 && !status.is_already_exists())
+                || status.code == 429
+                || status.code >= 500
         }
         kube::Error::HyperError(_) | kube::Error::Service(_) => true,
         _ => false,
     }
 }
 
-fn already_exists(e: &ApplyError) -> bool {
-    matches!(&e.source, kube::Error::Api(s) if s.is_already_exists())
+fn already_exists(error: &ApplyError) -> bool {
+    matches!(&error.source, kube::Error::Api(status) if status.is_already_exists())
 }
 
-fn not_found(e: &ApplyError) -> bool {
-    matches!(&e.source, kube::Error::Api(s) if s.is_not_found())
+fn not_found(error: &ApplyError) -> bool {
+    matches!(&error.source, kube::Error::Api(status) if status.is_not_found())
 }
 
 /// Makes the Service match `desired`. A Service of that name that is not
@@ -278,9 +280,9 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 async fn restore_annotations(api: &Api<Pod>, have: &Pod, want: &Pod) -> Result<(), ApplyError> {
     let mut fix = serde_json::Map::new();
     for key in [DEVICES_ANNOTATION, SHARD_ANNOTATION] {
-        let w = annotation(want, key);
-        if annotation(have, key) != w {
-            fix.insert(key.to_string(), json!(w));
+        let wanted = annotation(want, key);
+        if annotation(have, key) != wanted {
+            fix.insert(key.to_string(), json!(wanted));
         }
     }
     if fix.is_empty() {

@@ -165,27 +165,29 @@ fn shard_pod(
     pod
 }
 
-fn add_env(c: &mut Container, vars: &[(&str, String)]) {
-    let mut env = c.env.take().unwrap_or_default();
+fn add_env(container: &mut Container, vars: &[(&str, String)]) {
+    let mut env = container.env.take().unwrap_or_default();
     env.retain(|e| !vars.iter().any(|(k, _)| e.name == *k));
     env.extend(vars.iter().map(|(k, v)| EnvVar {
         name: (*k).to_string(),
         value: Some(v.clone()),
         value_from: None,
     }));
-    c.env = Some(env);
+    container.env = Some(env);
 }
 
-fn request_gpus(c: &mut Container, resource: &str, count: u32) {
-    let mut r = c.resources.take().unwrap_or_default();
-    let q = Quantity(count.to_string());
-    r.requests
+fn request_gpus(container: &mut Container, resource: &str, count: u32) {
+    let mut resources = container.resources.take().unwrap_or_default();
+    let quantity = Quantity(count.to_string());
+    resources
+        .requests
         .get_or_insert_with(BTreeMap::new)
-        .insert(resource.to_string(), q.clone());
-    r.limits
+        .insert(resource.to_string(), quantity.clone());
+    resources
+        .limits
         .get_or_insert_with(BTreeMap::new)
-        .insert(resource.to_string(), q);
-    c.resources = Some(r);
+        .insert(resource.to_string(), quantity);
+    container.resources = Some(resources);
 }
 
 /// The headless Service that gives every shard a DNS name. Not-ready shards

@@ -110,41 +110,52 @@ pub(crate) fn broken_shards(
         .map(|n| (n.name(), n.as_ref()))
         .collect();
     let mut broken = BTreeMap::new();
-    for s in plan {
-        let Some(node) = nodes.get(s.node.as_str()) else {
+    for shard in plan {
+        let Some(node) = nodes.get(shard.node.as_str()) else {
             broken.insert(
-                s.shard,
-                format!("node {} is gone or no longer publishes GPU state", s.node),
+                shard.shard,
+                format!(
+                    "node {} is gone or no longer publishes GPU state",
+                    shard.node
+                ),
             );
             continue;
         };
         if node.lost(inputs.now, inputs.node_grace) {
             broken.insert(
-                s.shard,
+                shard.shard,
                 format!(
                     "node {} has been NotReady for more than {}s",
-                    s.node,
+                    shard.node,
                     inputs.node_grace.as_secs()
                 ),
             );
             continue;
         }
-        if failed_admission.contains(&s.shard) {
+        if failed_admission.contains(&shard.shard) {
             broken.insert(
-                s.shard,
-                format!("the shard pod failed admission on node {}", s.node),
+                shard.shard,
+                format!("the shard pod failed admission on node {}", shard.node),
             );
             continue;
         }
-        for id in &s.devices {
-            let device = node.gpus.gpu_state.devices.iter().find(|d| &d.id == id);
+        for id in &shard.devices {
+            let device = node
+                .gpus
+                .gpu_state
+                .devices
+                .iter()
+                .find(|device| &device.id == id);
             let why = match device {
-                None => Some(format!("device {id} is no longer on node {}", s.node)),
-                Some(d) if d.health != Health::Healthy || d.vendor == Vendor::Unknown => {
+                None => Some(format!("device {id} is no longer on node {}", shard.node)),
+                Some(device)
+                    if device.health != Health::Healthy || device.vendor == Vendor::Unknown =>
+                {
                     Some(format!(
                         "device {id} on node {} is unhealthy{}",
-                        s.node,
-                        d.health_reason
+                        shard.node,
+                        device
+                            .health_reason
                             .as_deref()
                             .map(|r| format!(" ({r})"))
                             .unwrap_or_default()
@@ -152,11 +163,11 @@ pub(crate) fn broken_shards(
                 }
                 Some(_) => inputs
                     .held
-                    .get(&(s.node.clone(), id.clone()))
-                    .map(|who| format!("device {id} on node {} is held by {who}", s.node)),
+                    .get(&(shard.node.clone(), id.clone()))
+                    .map(|who| format!("device {id} on node {} is held by {who}", shard.node)),
             };
             if let Some(why) = why {
-                broken.insert(s.shard, why);
+                broken.insert(shard.shard, why);
                 break;
             }
         }
@@ -212,9 +223,9 @@ fn eligible<'a>(
 ) -> (Vec<&'a crate::translate::ClusterNode>, Vec<String>) {
     let mut ok = Vec::new();
     let mut excluded = Vec::new();
-    for n in inputs.nodes {
-        match n.accepts(tolerations) {
-            Ok(()) => ok.push(&n.gpus),
+    for node in inputs.nodes {
+        match node.accepts(tolerations) {
+            Ok(()) => ok.push(&node.gpus),
             Err(why) => excluded.push(why),
         }
     }

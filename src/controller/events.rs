@@ -20,19 +20,19 @@ pub(crate) struct EventNote {
 /// The solver's reason and what excluded the rest, short enough for a condition.
 pub(crate) fn unsatisfiable_text(unsatisfiable: &Unsatisfiable) -> String {
     let mut text = unsatisfiable.reason.clone();
-    for d in &unsatisfiable.details {
-        if text.len() + d.len() > 900 {
+    for detail in &unsatisfiable.details {
+        if text.len() + detail.len() > 900 {
             text.push_str("; …");
             break;
         }
         text.push_str("; ");
-        text.push_str(d);
+        text.push_str(detail);
     }
     text
 }
 
-fn show(s: &PlannedShard) -> String {
-    format!("node {} [{}]", s.node, s.devices.join(","))
+fn show(shard: &PlannedShard) -> String {
+    format!("node {} [{}]", shard.node, shard.devices.join(","))
 }
 
 /// Events for a new plan: the whole plan, or each move.
@@ -46,13 +46,13 @@ pub(crate) fn plan_notes(
     if whole {
         let shards: Vec<String> = new
             .iter()
-            .map(|s| {
+            .map(|shard| {
                 format!(
                     "shard {} layers {}-{} on {}",
-                    s.shard,
-                    s.layer_start,
-                    s.layer_end,
-                    show(s)
+                    shard.shard,
+                    shard.layer_start,
+                    shard.layer_end,
+                    show(shard)
                 )
             })
             .collect();
@@ -99,22 +99,22 @@ fn regarding(mi: &ModelInstance) -> ObjectReference {
 
 pub(crate) async fn publish(recorder: &Recorder, mi: &ModelInstance, notes: &[EventNote]) {
     let reference = regarding(mi);
-    for n in notes {
+    for note in notes {
         let event = Event {
-            type_: if n.warning {
+            type_: if note.warning {
                 EventType::Warning
             } else {
                 EventType::Normal
             },
-            reason: n.reason.to_string(),
-            note: Some(n.message.chars().take(1000).collect()),
-            action: n.reason.to_string(),
+            reason: note.reason.to_string(),
+            note: Some(note.message.chars().take(1000).collect()),
+            action: note.reason.to_string(),
             secondary: None,
         };
         if let Err(e) = recorder.publish(&event, &reference).await {
-            tracing::warn!(instance = %mi.name_any(), error = %e, reason = n.reason, "cannot record event");
+            tracing::warn!(instance = %mi.name_any(), error = %e, reason = note.reason, "cannot record event");
         }
-        tracing::info!(instance = %mi.name_any(), reason = n.reason, "{}", n.message);
+        tracing::info!(instance = %mi.name_any(), reason = note.reason, "{}", note.message);
     }
 }
 

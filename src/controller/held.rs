@@ -61,8 +61,12 @@ pub(crate) fn held_devices<'a>(
             pod.metadata.namespace.as_deref().unwrap_or(""),
             pod.metadata.name.as_deref().unwrap_or("")
         );
-        for d in devices.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-            held.insert((node.clone(), d.to_string()), owner.clone());
+        for device in devices
+            .split(',')
+            .map(str::trim)
+            .filter(|device| !device.is_empty())
+        {
+            held.insert((node.clone(), device.to_string()), owner.clone());
         }
     }
     let mut my_devices = HashSet::new();
@@ -84,23 +88,23 @@ pub(crate) fn held_devices<'a>(
             mi.metadata.name.as_deref().unwrap_or("")
         );
         for shard in plan {
-            for d in &shard.devices {
-                held.insert((shard.node.clone(), d.clone()), owner.clone());
+            for device in &shard.devices {
+                held.insert((shard.node.clone(), device.clone()), owner.clone());
             }
         }
     }
-    for n in nodes {
-        for (device, pod_uid) in &n.gpus.gpu_state.allocated {
+    for node in nodes {
+        for (device, pod_uid) in &node.gpus.gpu_state.allocated {
             // A hold the agent cannot tie to a pod, on a device of this
             // instance's own plan, is most likely this instance's shard
             // admitted before the agent saw its binding: no proof the shard
             // lost the device. Were it another pod's, the shard's admission
             // fails and the shard is re-placed then.
             let unexplained_on_mine = pod_uid == NodeGpuState::UNBOUND_OWNER
-                && my_devices.contains(&(n.name(), device.as_str()));
+                && my_devices.contains(&(node.name(), device.as_str()));
             if !mine.contains(pod_uid) && !unexplained_on_mine {
-                held.entry((n.name().to_string(), device.clone()))
-                    .or_insert_with(|| pod_holder(n.name(), pod_uid));
+                held.entry((node.name().to_string(), device.clone()))
+                    .or_insert_with(|| pod_holder(node.name(), pod_uid));
             }
         }
     }

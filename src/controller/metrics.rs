@@ -111,7 +111,7 @@ impl Metrics {
     /// The exposition text, with the per-phase gauge counted from the cache.
     pub(crate) fn render(&self, instances: Option<&Store<ModelInstance>>) -> String {
         let mut counts = std::collections::BTreeMap::new();
-        for p in [
+        for phase in [
             Phase::Pending,
             Phase::Placing,
             Phase::Bound,
@@ -119,7 +119,7 @@ impl Metrics {
             Phase::Degraded,
             Phase::Failed,
         ] {
-            counts.insert(format!("{p:?}"), 0i64);
+            counts.insert(format!("{phase:?}"), 0i64);
         }
         for mi in instances.map(Store::state).unwrap_or_default() {
             let phase = mi
@@ -129,8 +129,10 @@ impl Metrics {
                 .unwrap_or(Phase::Pending);
             *counts.entry(format!("{phase:?}")).or_default() += 1;
         }
-        for (phase, n) in counts {
-            self.instances.get_or_create(&PhaseLabel { phase }).set(n);
+        for (phase, count) in counts {
+            self.instances
+                .get_or_create(&PhaseLabel { phase })
+                .set(count);
         }
         self.leader
             .set(i64::from(self.is_leader.load(Ordering::Relaxed)));

@@ -78,18 +78,19 @@ impl NodeInfo {
         if matches!(self.readiness, Readiness::NotReady { .. }) {
             return Err(format!("node {} is not ready", self.name()));
         }
-        for t in &self.taints {
-            let blocking = t.effect == "NoSchedule" || t.effect == "NoExecute";
-            if blocking && !tolerations.iter().any(|tol| tolerates(tol, t)) {
+        for taint in &self.taints {
+            let blocking = taint.effect == "NoSchedule" || taint.effect == "NoExecute";
+            if blocking && !tolerations.iter().any(|tol| tolerates(tol, taint)) {
                 return Err(format!(
                     "node {} has taint {}{}:{} that the shard pod template does not tolerate",
                     self.name(),
-                    t.key,
-                    t.value
+                    taint.key,
+                    taint
+                        .value
                         .as_deref()
                         .map(|v| format!("={v}"))
                         .unwrap_or_default(),
-                    t.effect
+                    taint.effect
                 ));
             }
         }
@@ -105,9 +106,9 @@ fn readiness(node: &Node) -> Readiness {
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
     match ready {
         None => Readiness::Unreported,
-        Some(c) if c.status == "True" => Readiness::Ready,
-        Some(c) => Readiness::NotReady {
-            since: c.last_transition_time.as_ref().map(|t| t.0),
+        Some(condition) if condition.status == "True" => Readiness::Ready,
+        Some(condition) => Readiness::NotReady {
+            since: condition.last_transition_time.as_ref().map(|t| t.0),
         },
     }
 }

@@ -132,20 +132,20 @@ pub async fn reconcile(mi: Arc<ModelInstance>, ctx: Arc<Context>) -> Result<Acti
 /// Exponential backoff per instance: 1 s doubling to 5 minutes.
 pub(crate) fn error_policy(mi: Arc<ModelInstance>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failure(&error.reason());
-    let n = {
+    let failure_count = {
         let mut failures = lock(&ctx.failures);
-        let n = failures.entry(mi.uid().unwrap_or_default()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+        let failure_count = failures.entry(mi.uid().unwrap_or_default()).or_insert(0);
+        *failure_count = failure_count.saturating_add(1);
+        *failure_count
     };
-    let delay =
-        Duration::from_secs(1u64 << n.min(9).saturating_sub(1)).min(Duration::from_secs(300));
+    let delay = Duration::from_secs(1u64 << failure_count.min(9).saturating_sub(1))
+        .min(Duration::from_secs(300));
     tracing::warn!(instance = %mi.name_any(), error = %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// How soon a reconcile that left a shard unbound looks again (the agent's
@@ -442,11 +442,11 @@ fn build(
         .cloned()
         .collect();
     let name = mi.name_any();
-    let resource = |s: &PlannedShard| {
-        let existing = observed.mine.get(&shard_pod_name(&name, s.shard));
+    let resource = |shard: &PlannedShard| {
+        let existing = observed.mine.get(&shard_pod_name(&name, shard.shard));
         shard_resource(
             &settings.resource_name,
-            s,
+            shard,
             &observed.nodes,
             existing.map(AsRef::as_ref),
         )
@@ -531,12 +531,12 @@ fn next_check(
         Outcome::Unsatisfiable { .. } => UNSATISFIABLE_RETRY,
         _ => RESYNC,
     };
-    for n in nodes
+    for node in nodes
         .iter()
-        .filter(|n| outcome.plan().iter().any(|s| s.node == n.name()))
+        .filter(|node| outcome.plan().iter().any(|s| s.node == node.name()))
     {
-        if let Readiness::NotReady { since: Some(t) } = &n.readiness
-            && let Ok(elapsed) = Duration::try_from(now.duration_since(*t))
+        if let Readiness::NotReady { since: Some(since) } = &node.readiness
+            && let Ok(elapsed) = Duration::try_from(now.duration_since(*since))
             && elapsed <= grace
         {
             next = next.min(grace - elapsed + Duration::from_secs(1));

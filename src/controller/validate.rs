@@ -21,17 +21,19 @@ pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidS
         ),
         Some(spec) => {
             // An empty container list is already reported by `validate`.
-            for (i, c) in spec.containers.iter().enumerate() {
-                let r = c.resources.as_ref();
-                let asked = resource.all().into_iter().find(|n| {
-                    r.and_then(|r| r.requests.as_ref())
-                        .is_some_and(|m| m.contains_key(n))
-                        || r.and_then(|r| r.limits.as_ref())
-                            .is_some_and(|m| m.contains_key(n))
+            for (index, container) in spec.containers.iter().enumerate() {
+                let resources = container.resources.as_ref();
+                let asked = resource.all().into_iter().find(|resource_name| {
+                    resources
+                        .and_then(|r| r.requests.as_ref())
+                        .is_some_and(|m| m.contains_key(resource_name))
+                        || resources
+                            .and_then(|r| r.limits.as_ref())
+                            .is_some_and(|m| m.contains_key(resource_name))
                 });
                 if let Some(name) = asked {
                     problems.push(format!(
-                        "template.spec.containers[{i}]: requests {name} itself; leave it out, the controller requests parallelism.tensor GPUs for the first container"
+                        "template.spec.containers[{index}]: requests {name} itself; leave it out, the controller requests parallelism.tensor GPUs for the first container"
                     ));
                 }
             }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{
-    GIB, GpuStateError, Health, LinkKind as ApiLinkKind, ModelInstanceSpec, NodeGpuState,
-    PipelineStages, PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
+    GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, NodeGpuState, PipelineStages,
+    PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
     Deadline, Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, Stages,
@@ -75,20 +75,20 @@ pub fn build_problem<'a>(
         .collect();
     states.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let m = &spec.model;
-    let layers = m.layers;
-    let hidden = m.effective_hidden_size();
-    let p = &spec.placement;
+    let model = &spec.model;
+    let layers = model.layers;
+    let hidden = model.effective_hidden_size();
+    let placement = &spec.placement;
     Problem {
         nodes: states,
         model: ModelShape {
             layers,
-            weight_bytes_per_layer: m.weight_bytes_per_layer(),
-            kv_bytes_per_layer: m.kv_bytes_per_layer(),
-            overhead_bytes_per_device: m.overhead_gib * GIB,
+            weight_bytes_per_layer: model.weight_bytes_per_layer(),
+            kv_bytes_per_layer: model.kv_bytes_per_layer(),
+            overhead_bytes_per_device: model.overhead_gib * GIB,
             // Activations cross stages in 16-bit precision whatever the weight dtype.
             activation_bytes_per_token: hidden * 2.0,
-            flops_per_layer_token: 2.0 * m.parameters_billions * 1e9 / f64::from(layers.max(1)),
+            flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
         },
         tensor: spec.parallelism.tensor,
         stages: match spec.parallelism.pipeline {
@@ -96,70 +96,72 @@ pub fn build_problem<'a>(
             PipelineStages::Fixed(n) => Stages::Fixed(n),
         },
         weights: Weights {
-            compute: p.weights.compute,
-            memory: p.weights.memory,
-            network: p.weights.network,
-            thermal: p.weights.thermal,
-            bandwidth: p.weights.bandwidth,
+            compute: placement.weights.compute,
+            memory: placement.weights.memory,
+            network: placement.weights.network,
+            thermal: placement.weights.thermal,
+            bandwidth: placement.weights.bandwidth,
         },
-        max_temperature_c: p.max_temperature_c,
+        max_temperature_c: placement.max_temperature_c,
         selector: Selector {
-            vendors: p.vendors.clone(),
-            products: p.products.clone(),
-            node_labels: p.node_selector.clone(),
+            vendors: placement.vendors.clone(),
+            products: placement.products.clone(),
+            node_labels: placement.node_selector.clone(),
         },
     }
 }
 
-fn node_state(n: &ClusterNode, allocated: &HashMap<(String, String), String>) -> NodeState {
-    let devices = n
+fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>) -> NodeState {
+    let devices = node
         .gpu_state
         .devices
         .iter()
-        .map(|d| Device {
-            id: d.id.clone(),
-            index: d.index,
-            vendor: d.vendor.as_str().to_string(),
-            product: d.product.clone(),
-            memory_total_bytes: d.memory_total_bytes,
-            memory_free_bytes: rounded_free(d.memory_free_bytes),
-            fp16_tflops: d.fp16_tflops,
-            memory_bandwidth_gbps: d.memory_bandwidth_gbps,
-            temperature_c: d.temperature_c,
+        .map(|device| Device {
+            id: device.id.clone(),
+            index: device.index,
+            vendor: device.vendor.as_str().to_string(),
+            product: device.product.clone(),
+            memory_total_bytes: device.memory_total_bytes,
+            memory_free_bytes: rounded_free(device.memory_free_bytes),
+            fp16_tflops: device.fp16_tflops,
+            memory_bandwidth_gbps: device.memory_bandwidth_gbps,
+            temperature_c: device.temperature_c,
             // A vendor this build does not know has no runtime we can hand out.
-            healthy: d.health == Health::Healthy && d.vendor != Vendor::Unknown,
-            health_reason: match (d.health, d.vendor) {
+            healthy: device.health == Health::Healthy && device.vendor != Vendor::Unknown,
+            health_reason: match (device.health, device.vendor) {
                 (_, Vendor::Unknown) => Some("vendor unknown to this tessera build".into()),
                 (Health::Unknown, _) => Some("health state unknown to this tessera build".into()),
-                _ => d.health_reason.clone(),
+                _ => device.health_reason.clone(),
             },
-            allocated_to: allocated.get(&(n.name.clone(), d.id.clone())).cloned(),
+            allocated_to: allocated
+                .get(&(node.name.clone(), device.id.clone()))
+                .cloned(),
         })
         .collect();
-    let links = n
+    let links = node
         .gpu_state
         .links
         .iter()
-        .filter_map(|l| {
-            let kind = match l.kind {
-                ApiLinkKind::Nvlink => Interconnect::NvLink,
-                ApiLinkKind::Xgmi => Interconnect::Xgmi,
-                ApiLinkKind::Pcie => Interconnect::Pcie,
-                ApiLinkKind::Unknown => return None,
+        .filter_map(|link| {
+            let kind = match link.kind {
+                LinkKind::Nvlink => Interconnect::NvLink,
+                LinkKind::Xgmi => Interconnect::Xgmi,
+                LinkKind::Pcie => Interconnect::Pcie,
+                LinkKind::Unknown => return None,
             };
             Some(Link {
-                a: l.a.clone(),
-                b: l.b.clone(),
+                a: link.a.clone(),
+                b: link.b.clone(),
                 kind,
-                bandwidth_gbps: l.bandwidth_gbps,
+                bandwidth_gbps: link.bandwidth_gbps,
             })
         })
         .collect();
     NodeState {
-        name: n.name.clone(),
-        zone: n.labels.get(ZONE_LABEL).cloned(),
-        rack: n.labels.get(RACK_LABEL).cloned(),
-        labels: n.labels.clone(),
+        name: node.name.clone(),
+        zone: node.labels.get(ZONE_LABEL).cloned(),
+        rack: node.labels.get(RACK_LABEL).cloned(),
+        labels: node.labels.clone(),
         devices,
         links,
     }
@@ -170,13 +172,13 @@ pub fn planned_shards(plan: &Plan) -> Vec<PlannedShard> {
     plan.stages
         .iter()
         .enumerate()
-        .map(|(i, s)| PlannedShard {
-            shard: i as u32,
-            node: s.node.clone(),
-            devices: s.devices.clone(),
-            layer_start: s.layer_start,
-            layer_end: s.layer_end,
-            predicted_memory_gib: (s.memory_per_device_bytes / GIB * 100.0).round() / 100.0,
+        .map(|(index, stage)| PlannedShard {
+            shard: index as u32,
+            node: stage.node.clone(),
+            devices: stage.devices.clone(),
+            layer_start: stage.layer_start,
+            layer_end: stage.layer_end,
+            predicted_memory_gib: (stage.memory_per_device_bytes / GIB * 100.0).round() / 100.0,
         })
         .collect()
 }
@@ -185,8 +187,8 @@ pub fn planned_shards(plan: &Plan) -> Vec<PlannedShard> {
 pub struct WallDeadline(Instant);
 
 impl WallDeadline {
-    pub fn after(d: Duration) -> Self {
-        Self(Instant::now() + d)
+    pub fn after(timeout: Duration) -> Self {
+        Self(Instant::now() + timeout)
     }
 }
 
@@ -230,13 +232,13 @@ mod tests {
                 GpuLink {
                     a: "g0".into(),
                     b: "g2".into(),
-                    kind: ApiLinkKind::Nvlink,
+                    kind: LinkKind::Nvlink,
                     bandwidth_gbps: 900.0,
                 },
                 GpuLink {
                     a: "g0".into(),
                     b: "g1".into(),
-                    kind: ApiLinkKind::Unknown,
+                    kind: LinkKind::Unknown,
                     bandwidth_gbps: 1.0,
                 },
             ],

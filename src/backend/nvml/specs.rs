@@ -105,7 +105,7 @@ fn matches_product(product: &str, all_of: &[&str], none_of: &[&str]) -> bool {
         .filter(|w| !w.is_empty())
         .map(str::to_ascii_lowercase)
         .collect();
-    let has = |w: &&str| words.iter().any(|x| x.eq_ignore_ascii_case(w));
+    let has = |wanted: &&str| words.iter().any(|word| word.eq_ignore_ascii_case(wanted));
     all_of.iter().all(has) && !none_of.iter().any(has)
 }
 

@@ -205,104 +205,104 @@ impl NodeGpuState {
     pub fn validate(&self) -> Result<(), GpuStateError> {
         let mut ids = std::collections::BTreeSet::new();
         let mut indices = BTreeMap::new();
-        for d in &self.devices {
-            if d.id.trim().is_empty() {
+        for device in &self.devices {
+            if device.id.trim().is_empty() {
                 return Err(GpuStateError::Invalid(format!(
                     "device {} has an empty id",
-                    d.index
+                    device.index
                 )));
             }
-            if !ids.insert(d.id.as_str()) {
+            if !ids.insert(device.id.as_str()) {
                 return Err(GpuStateError::Invalid(format!(
                     "device id {} appears twice",
-                    d.id
+                    device.id
                 )));
             }
-            if d.memory_total_bytes == 0 {
+            if device.memory_total_bytes == 0 {
                 return Err(GpuStateError::Invalid(format!(
                     "device {} reports zero total memory",
-                    d.id
+                    device.id
                 )));
             }
-            if d.memory_free_bytes > d.memory_total_bytes {
+            if device.memory_free_bytes > device.memory_total_bytes {
                 return Err(GpuStateError::Invalid(format!(
                     "device {} reports more free memory ({}) than total ({})",
-                    d.id, d.memory_free_bytes, d.memory_total_bytes
+                    device.id, device.memory_free_bytes, device.memory_total_bytes
                 )));
             }
             for (what, v, max) in [
-                ("fp16Tflops", d.fp16_tflops, MAX_POSSIBLE_TFLOPS),
+                ("fp16Tflops", device.fp16_tflops, MAX_POSSIBLE_TFLOPS),
                 (
                     "memoryBandwidthGbps",
-                    d.memory_bandwidth_gbps,
+                    device.memory_bandwidth_gbps,
                     MAX_POSSIBLE_GBPS,
                 ),
             ] {
                 if !(v.is_finite() && v > 0.0 && v <= max) {
                     return Err(GpuStateError::Invalid(format!(
                         "device {} has {what} {}; it must be a positive number of at most {}",
-                        d.id,
+                        device.id,
                         number(v),
                         number(max)
                     )));
                 }
             }
-            if let Some(t) = d.temperature_c
+            if let Some(t) = device.temperature_c
                 && !(t.is_finite() && t > ABSOLUTE_ZERO_C && t <= MAX_POSSIBLE_TEMPERATURE_C)
             {
                 return Err(GpuStateError::Invalid(format!(
                     "device {} has temperatureC {}; a GPU reads above {ABSOLUTE_ZERO_C} °C (absolute zero) and at most {MAX_POSSIBLE_TEMPERATURE_C} °C",
-                    d.id,
+                    device.id,
                     number(t)
                 )));
             }
-            if let Some(w) = d.power_w
+            if let Some(w) = device.power_w
                 && !(w.is_finite() && w >= 0.0)
             {
                 return Err(GpuStateError::Invalid(format!(
                     "device {} has powerW {w}; it must be zero or more",
-                    d.id
+                    device.id
                 )));
             }
-            if let Some(n) = d.numa_node
+            if let Some(n) = device.numa_node
                 && n < -1
             {
                 return Err(GpuStateError::Invalid(format!(
                     "device {} has numaNode {n}; it must be a node number, or -1 for none",
-                    d.id
+                    device.id
                 )));
             }
-            if let Some(other) = indices.insert(d.index, d.id.as_str()) {
+            if let Some(other) = indices.insert(device.index, device.id.as_str()) {
                 return Err(GpuStateError::Invalid(format!(
                     "devices {other} and {} both have index {}",
-                    d.id, d.index
+                    device.id, device.index
                 )));
             }
         }
-        for l in &self.links {
-            for end in [&l.a, &l.b] {
+        for link in &self.links {
+            for end in [&link.a, &link.b] {
                 if !ids.contains(end.as_str()) {
                     return Err(GpuStateError::Invalid(format!(
                         "link {}-{} names unknown device {end}",
-                        l.a, l.b
+                        link.a, link.b
                     )));
                 }
             }
-            if l.a == l.b {
+            if link.a == link.b {
                 return Err(GpuStateError::Invalid(format!(
                     "link from {} to itself",
-                    l.a
+                    link.a
                 )));
             }
-            if !(l.bandwidth_gbps.is_finite()
-                && l.bandwidth_gbps >= 0.0
-                && l.bandwidth_gbps <= MAX_POSSIBLE_GBPS)
+            if !(link.bandwidth_gbps.is_finite()
+                && link.bandwidth_gbps >= 0.0
+                && link.bandwidth_gbps <= MAX_POSSIBLE_GBPS)
             {
                 return Err(GpuStateError::Invalid(format!(
                     "link {}-{} has bandwidthGbps {}; it must be 0 to {}",
-                    l.a,
-                    l.b,
-                    number(l.bandwidth_gbps),
+                    link.a,
+                    link.b,
+                    number(link.bandwidth_gbps),
                     number(MAX_POSSIBLE_GBPS)
                 )));
             }

@@ -136,23 +136,24 @@ pub fn check_namespace(namespace: &str) -> Result<(), String> {
 /// Lower-case letters, digits and '-', at most `max` of them, starting with a
 /// letter (DNS-1035) or a letter or digit (DNS-1123), ending with either.
 pub(crate) fn is_dns_label(name: &str, max: usize, letter_first: bool) -> bool {
-    let b = name.as_bytes();
-    let (Some(first), Some(last)) = (b.first(), b.last()) else {
+    let bytes = name.as_bytes();
+    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else {
         return false;
     };
-    b.len() <= max
-        && b.iter()
+    bytes.len() <= max
+        && bytes
+            .iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && (first.is_ascii_lowercase() || !letter_first && first.is_ascii_digit())
         && *last != b'-'
 }
 
 /// A number as a person reads it: `1e308` stays short, `0.001` stays exact.
-pub(crate) fn number(v: f64) -> String {
-    if v != 0.0 && v.is_finite() && !(1e-4..1e7).contains(&v.abs()) {
-        format!("{v:e}")
+pub(crate) fn number(value: f64) -> String {
+    if value != 0.0 && value.is_finite() && !(1e-4..1e7).contains(&value.abs()) {
+        format!("{value:e}")
     } else {
-        format!("{v}")
+        format!("{value}")
     }
 }
 

@@ -447,74 +447,84 @@ impl ModelInstanceSpec {
     /// The same rules the CRD schema enforces (the limits in [`limits`]), for
     /// input that did not come through an API server.
     pub fn validate(&self) -> Result<(), InvalidSpec> {
-        let mut p = Vec::new();
-        let m = &self.model;
+        let mut problems = Vec::new();
+        let model = &self.model;
         // Counted in characters, as the API server counts `maxLength`.
-        let name_length = u32::try_from(m.name.chars().count()).unwrap_or(u32::MAX);
+        let name_length = u32::try_from(model.name.chars().count()).unwrap_or(u32::MAX);
         if !(MODEL_NAME_LENGTH.min..=MODEL_NAME_LENGTH.max).contains(&name_length) {
-            p.push(format!(
+            problems.push(format!(
                 "model.name: {name_length} characters; it must have {} to {}",
                 MODEL_NAME_LENGTH.min, MODEL_NAME_LENGTH.max
             ));
         }
-        PARAMETERS_BILLIONS.check("model.parametersBillions", m.parameters_billions, &mut p);
-        LAYERS.check("model.layers", m.layers, &mut p);
-        if let Some(h) = m.hidden_size {
-            HIDDEN_SIZE.check("model.hiddenSize", h, &mut p);
+        PARAMETERS_BILLIONS.check(
+            "model.parametersBillions",
+            model.parameters_billions,
+            &mut problems,
+        );
+        LAYERS.check("model.layers", model.layers, &mut problems);
+        if let Some(hidden_size) = model.hidden_size {
+            HIDDEN_SIZE.check("model.hiddenSize", hidden_size, &mut problems);
         }
-        KV_CACHE_GIB.check("model.kvCacheGiB", m.kv_cache_gib, &mut p);
-        OVERHEAD_GIB.check("model.overheadGiB", m.overhead_gib, &mut p);
+        KV_CACHE_GIB.check("model.kvCacheGiB", model.kv_cache_gib, &mut problems);
+        OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
-        let par = &self.parallelism;
-        TENSOR.check("parallelism.tensor", par.tensor, &mut p);
-        if let PipelineStages::Fixed(n) = par.pipeline {
-            let before = p.len();
-            PIPELINE.check("parallelism.pipeline", n, &mut p);
-            if p.len() == before && n > m.layers {
-                p.push(format!(
-                    "parallelism.pipeline: {n} stages for {} layers; every stage needs at least one layer",
-                    m.layers
+        let parallelism = &self.parallelism;
+        TENSOR.check("parallelism.tensor", parallelism.tensor, &mut problems);
+        if let PipelineStages::Fixed(stages) = parallelism.pipeline {
+            let before = problems.len();
+            PIPELINE.check("parallelism.pipeline", stages, &mut problems);
+            if problems.len() == before && stages > model.layers {
+                problems.push(format!(
+                    "parallelism.pipeline: {stages} stages for {} layers; every stage needs at least one layer",
+                    model.layers
                 ));
             }
         }
 
-        let pl = &self.placement;
-        let w = &pl.weights;
+        let placement = &self.placement;
+        let weights = &placement.weights;
         let parts = [
-            ("compute", w.compute),
-            ("memory", w.memory),
-            ("network", w.network),
-            ("thermal", w.thermal),
-            ("bandwidth", w.bandwidth),
+            ("compute", weights.compute),
+            ("memory", weights.memory),
+            ("network", weights.network),
+            ("thermal", weights.thermal),
+            ("bandwidth", weights.bandwidth),
         ];
-        for (name, v) in parts {
-            WEIGHT.check(&format!("placement.weights.{name}"), v, &mut p);
+        for (name, weight) in parts {
+            WEIGHT.check(&format!("placement.weights.{name}"), weight, &mut problems);
         }
         if parts.iter().map(|(_, v)| v.max(0.0)).sum::<f64>() <= 0.0 {
-            p.push("placement.weights: at least one weight must be above zero".into());
+            problems.push("placement.weights: at least one weight must be above zero".into());
         }
-        MAX_TEMPERATURE_C.check("placement.maxTemperatureC", pl.max_temperature_c, &mut p);
-        for v in &pl.vendors {
-            if v != "nvidia" && v != "amd" {
-                p.push(format!(
-                    "placement.vendors: {v:?} is not one of \"nvidia\", \"amd\""
+        MAX_TEMPERATURE_C.check(
+            "placement.maxTemperatureC",
+            placement.max_temperature_c,
+            &mut problems,
+        );
+        for vendor in &placement.vendors {
+            if vendor != "nvidia" && vendor != "amd" {
+                problems.push(format!(
+                    "placement.vendors: {vendor:?} is not one of \"nvidia\", \"amd\""
                 ));
             }
         }
-        if pl.products.iter().any(|s| s.is_empty()) {
-            p.push("placement.products: must not contain empty strings".into());
+        if placement.products.iter().any(|s| s.is_empty()) {
+            problems.push("placement.products: must not contain empty strings".into());
         }
-        DEADLINE_MS.check("placement.deadlineMs", pl.deadline_ms, &mut p);
-        if let Some(t) = &self.template {
-            let containers = t.spec.as_ref().map_or(0, |s| s.containers.len());
+        DEADLINE_MS.check("placement.deadlineMs", placement.deadline_ms, &mut problems);
+        if let Some(template) = &self.template {
+            let containers = template.spec.as_ref().map_or(0, |s| s.containers.len());
             if containers == 0 {
-                p.push("template.spec.containers: the shard pod template has no containers".into());
+                problems.push(
+                    "template.spec.containers: the shard pod template has no containers".into(),
+                );
             }
         }
-        if p.is_empty() {
+        if problems.is_empty() {
             Ok(())
         } else {
-            Err(InvalidSpec { problems: p })
+            Err(InvalidSpec { problems })
         }
     }
 }
