@@ -54,6 +54,15 @@ impl ContainerWiring {
             permissions: READ_WRITE.to_string(),
         });
     }
+
+    /// The host paths of the device nodes, in order.
+    #[cfg(test)]
+    pub(crate) fn host_paths(&self) -> Vec<&str> {
+        self.device_nodes
+            .iter()
+            .map(|node| node.host_path.as_str())
+            .collect()
+    }
 }
 
 #[cfg(test)]

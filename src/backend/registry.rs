@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{DeviceInfo, Snapshot};
 
+/// Where the node agent keeps its registry (a hostPath in the chart).
+pub const DEFAULT_PATH: &str = "/var/lib/tessera/registry.json";
+
 const VERSION: u32 = 1;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

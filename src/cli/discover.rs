@@ -14,7 +14,7 @@ use crate::backend::cuda_probe::{self, ProbeReport};
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
-use crate::backend::{GpuBackend, Snapshot, nvml, snapshot};
+use crate::backend::{GpuBackend, Snapshot, is_fallback_id, snapshot};
 use crate::translate::ClusterNode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -65,7 +65,7 @@ impl Discoverer {
     pub(crate) fn discover(&mut self) -> Result<Discovery, InputError> {
         let mut snap = snapshot(self.backend.as_mut()).map_err(|e| InputError(e.to_string()))?;
         if let Some((_, r)) = &self.registry {
-            r.stabilize_snapshot(&mut snap, nvml::is_fallback_id);
+            r.stabilize_snapshot(&mut snap, is_fallback_id);
         }
         self.tracker.apply(&mut snap, Instant::now());
         let infos: Vec<_> = snap.devices.iter().map(|d| d.info.clone()).collect();

@@ -189,11 +189,13 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     ))
 }
 
-/// The instance's identity, which every write needs.
+/// The instance's identity, which every write needs, and the hash of the spec
+/// parts its plan depends on.
 struct Instance {
     uid: String,
     namespace: String,
     name: String,
+    placement_hash: String,
 }
 
 impl Instance {
@@ -204,6 +206,7 @@ impl Instance {
                 .namespace()
                 .ok_or(Error::Incomplete("metadata.namespace"))?,
             name: mi.name_any(),
+            placement_hash: placement_hash(&mi.spec),
         })
     }
 }
@@ -309,7 +312,7 @@ async fn plan(
     let current_hash = previous.and_then(|s| s.placement_hash.clone());
     // When nothing fits, a running plan of the same spec that only lost
     // shards keeps the rest.
-    let keep = current_hash.as_deref() == Some(placement_hash(&mi.spec).as_str());
+    let keep = current_hash.as_deref() == Some(instance.placement_hash.as_str());
     let job = {
         let (spec, nodes, plan) = (
             mi.spec.clone(),
@@ -509,7 +512,7 @@ async fn write_status(
     let new_status = status::compute(&StatusInputs {
         previous: mi.status.as_ref(),
         generation: mi.metadata.generation,
-        placement_hash: Some(placement_hash(&mi.spec)),
+        placement_hash: Some(instance.placement_hash.clone()),
         outcome: &decided.outcome,
         shards,
         now,

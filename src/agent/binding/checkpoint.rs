@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// Where the agent keeps its allocation checkpoint unless told otherwise.
-pub(crate) const DEFAULT_CHECKPOINT_PATH: &str = "/var/lib/tessera/checkpoint.json";
+pub const DEFAULT_CHECKPOINT_PATH: &str = "/var/lib/tessera/checkpoint.json";
 /// The checkpoint format written and understood.
 pub const CHECKPOINT_VERSION: u32 = 1;
 

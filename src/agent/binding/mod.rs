@@ -93,7 +93,8 @@ mod view;
 mod watch;
 
 pub use checkpoint::{
-    Allocation, CHECKPOINT_VERSION, Checkpoint, CheckpointError, load_checkpoint,
+    Allocation, CHECKPOINT_VERSION, Checkpoint, CheckpointError, DEFAULT_CHECKPOINT_PATH,
+    load_checkpoint,
 };
 pub use config::BindingConfig;
 pub use index::{BindingIndex, PendingBinding};

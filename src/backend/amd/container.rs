@@ -78,14 +78,6 @@ mod tests {
         wiring
     }
 
-    fn paths(wiring: &ContainerWiring) -> Vec<&str> {
-        wiring
-            .device_nodes
-            .iter()
-            .map(|node| node.host_path.as_str())
-            .collect()
-    }
-
     #[test]
     fn amd_gets_kfd_render_nodes_and_uuids() {
         let nowhere = Path::new("/nonexistent/sys");
@@ -93,7 +85,7 @@ mod tests {
         let second = gpu("0xfedcba9876543210", 3, "0000:c2:00.0");
         let wiring = wired(&[&first, &second], nowhere);
         assert_eq!(
-            paths(&wiring),
+            wiring.host_paths(),
             ["/dev/kfd", "/dev/dri/renderD128", "/dev/dri/renderD131"]
         );
         assert_eq!(wiring.envs.len(), 1);
@@ -121,7 +113,7 @@ mod tests {
         let first = gpu("0x1", 0, "0000:c1:00.0");
         let wiring = wired(&[&first], &sys);
         assert_eq!(
-            paths(&wiring),
+            wiring.host_paths(),
             ["/dev/kfd", "/dev/dri/renderD131", "/dev/dri/card3"]
         );
         std::fs::remove_dir_all(&sys).unwrap();

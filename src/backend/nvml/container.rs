@@ -94,14 +94,6 @@ mod tests {
         wiring
     }
 
-    fn paths(wiring: &ContainerWiring) -> Vec<&str> {
-        wiring
-            .device_nodes
-            .iter()
-            .map(|node| node.host_path.as_str())
-            .collect()
-    }
-
     #[test]
     fn nvidia_gets_uuids_and_device_nodes() {
         let first = gpu("GPU-aaaa", 2, "0000:17:00.0");
@@ -110,7 +102,7 @@ mod tests {
         assert_eq!(wiring.envs.len(), 1);
         assert_eq!(wiring.envs[NVIDIA_VISIBLE_DEVICES], "GPU-aaaa,5");
         assert_eq!(
-            paths(&wiring),
+            wiring.host_paths(),
             [
                 "/dev/nvidiactl",
                 "/dev/nvidia-uvm",
@@ -141,7 +133,7 @@ mod tests {
         .unwrap();
         let first = gpu("GPU-aaaa", 0, "0000:17:00.0");
         let wiring = wired(&[&first], &proc);
-        assert_eq!(paths(&wiring)[3], "/dev/nvidia7");
+        assert_eq!(wiring.host_paths()[3], "/dev/nvidia7");
         std::fs::remove_dir_all(&proc).unwrap();
     }
 }
