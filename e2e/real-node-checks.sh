@@ -47,7 +47,19 @@ readonly STANDBY=tessera-e2e-standby-controller
 
 current_test=setup
 log() { printf '[real-node-checks %s %s] %s\n' "$(date +%H:%M:%S)" "$current_test" "$*"; }
+# A component's recent log with runs of lines that differ only in their timestamp
+# collapsed, so a retry loop does not hide what led to it.
+recent_log() {
+  kubectl -n "$TESSERA_NAMESPACE" logs -l "app.kubernetes.io/component=$1" --tail=1000 2>&1 \
+    | awk '{ rest = $0; sub(/^[^ ]+ +/, "", rest)
+             if (rest == last) { repeats++; next }
+             if (repeats) print "  (the line above repeated " repeats " more times)"
+             repeats = 0; last = rest; print }
+           END { if (repeats) print "  (the line above repeated " repeats " more times)" }' \
+    | tail -n 60
+}
 die() {
+  # The reason goes last as well: a CI log shows its tail.
   echo "real-node check FAILED in $current_test: $*" >&2
   {
     echo "--- ModelInstances"
@@ -56,10 +68,18 @@ die() {
     kubectl get pods -A -o wide || true
     echo "--- node $NODE GPU state"
     gpu_state | jq -c '{devices: [.devices[] | {id, health}], allocated}' || true
+    if [[ -n "$KUBELET_CHECKPOINT" ]]; then
+      echo "--- kubelet's device checkpoint (pod UID, container: devices)"
+      jq -r --arg res "$RESOURCE_NAME" '.Data.PodDeviceEntries[]? | select(.ResourceName == $res)
+        | "\(.PodUID) \(.ContainerName): \([.DeviceIDs[][]] | join(","))"' "$KUBELET_CHECKPOINT" || true
+      echo "--- pod UIDs"
+      kubectl get pods -A -o jsonpath='{range .items[*]}{.metadata.uid} {.metadata.namespace}/{.metadata.name} {.status.phase}{"\n"}{end}' || true
+    fi
     echo "--- controller log"
-    kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=controller --tail=30 || true
+    recent_log controller || true
     echo "--- agent log"
-    kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=agent --tail=30 || true
+    recent_log agent || true
+    echo "real-node check FAILED in $current_test: $*"
   } >&2
   exit 1
 }

@@ -941,6 +941,65 @@ async fn the_pod_watch_lists_and_watches_this_nodes_pods_into_the_index() {
     within("the pod watch to stop", task).await.unwrap();
 }
 
+/// Kubelet may ask for a pod's devices before the pod watch has delivered
+/// the pod (seen on a real kubelet admitting a burst of pods): a request
+/// that matches no known plan is matched again after a fresh list.
+#[tokio::test]
+async fn a_request_for_a_pod_the_watch_has_not_delivered_lists_the_node_first() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let index = Arc::new(BindingIndex::open(BindingConfig::in_memory()));
+    index.catch_up_with(kube::Client::new(service, "default"), NODE);
+    let older = || spec("team-a", "shard-0", 1).planned("GPU-a");
+    index.resync([older().pod()]);
+    let late = spec("team-a", "late-shard-0", 2).planned("GPU-c");
+
+    // What the index expects needs no list.
+    assert!(index.expects(&s(&["GPU-a"])));
+    assert!(!index.expects(&s(&["GPU-c"])));
+
+    // Kubelet admits the late pod: its plan is found by listing this node's pods.
+    let catch_up = {
+        let index = index.clone();
+        tokio::spawn(async move { index.catch_up().await })
+    };
+    let (request, respond) = next_request(&mut api).await;
+    assert_eq!(request.uri().path(), "/api/v1/pods");
+    let q = query(&request);
+    assert_eq!(param(&q, "fieldSelector"), Some("spec.nodeName=gpu-node-1"));
+    assert_eq!(param(&q, "watch"), None);
+    respond.send_response(json_response(&json!({
+        "apiVersion": "v1",
+        "kind": "PodList",
+        "metadata": {"resourceVersion": "200"},
+        "items": [older().phase("Running").json(), late.json()],
+    })));
+    within("the catch-up", catch_up).await.unwrap();
+    assert_eq!(
+        index.planned_for(&s(&["GPU-b", "GPU-c", "GPU-d"]), &[], 1),
+        Some(s(&["GPU-c"]))
+    );
+    assert!(index.expects(&s(&["GPU-c"])));
+    assert_eq!(index.check_allocate(&s(&["GPU-c"])), Ok(()));
+    assert_eq!(index.allocated_devices()["GPU-c"], uid("late-shard-0"));
+    // What the watch said of a known pod stays (it keeps that current).
+    assert_eq!(pending_names(&index), ["team-a/shard-0"]);
+
+    // A failing list leaves the index as it was and does not hold kubelet up.
+    let catch_up = {
+        let index = index.clone();
+        tokio::spawn(async move { index.catch_up().await })
+    };
+    let (_, respond) = next_request(&mut api).await;
+    respond.send_response(
+        Response::builder()
+            .status(StatusCode::INTERNAL_SERVER_ERROR)
+            .body(Body::from(b"etcd down".to_vec()))
+            .unwrap(),
+    );
+    within("the failed catch-up", catch_up).await.unwrap();
+    assert_eq!(pending_names(&index), ["team-a/shard-0"]);
+}
+
 #[tokio::test]
 async fn a_failing_list_is_retried_and_nothing_is_enforced_meanwhile() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();

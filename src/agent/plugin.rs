@@ -19,8 +19,10 @@
 //! [`DeviceView`]: super::state::DeviceView
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -78,6 +80,20 @@ pub trait Binder: Send + Sync {
     /// `Err(reason)` vetoes an allocation that contradicts a planned binding,
     /// and kubelet fails the container with the reason.
     fn check_allocate(&self, requested: &[String]) -> Result<(), String>;
+
+    /// Whether `requested` is a request the binder has a plan or an
+    /// allocation for. When it is not, [`Binder::catch_up`] runs before
+    /// [`Binder::check_allocate`].
+    fn expects(&self, _requested: &[String]) -> bool {
+        true
+    }
+
+    /// Brings the binder up to date with the pods kubelet may be admitting
+    /// (its source of pods can lag behind kubelet's); called when a request
+    /// matches nothing the binder knows.
+    fn catch_up(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
 
     /// Whether the binder keeps the device view's `allocated` map itself (it
     /// knows which pod holds what, and when pods end). When it does not,
@@ -154,11 +170,16 @@ impl PluginService {
         self
     }
 
-    fn preferred(&self, req: &ContainerPreferredAllocationRequest) -> Vec<String> {
+    async fn preferred(&self, req: &ContainerPreferredAllocationRequest) -> Vec<String> {
         let available = &req.available_device_i_ds;
         let must = &req.must_include_device_i_ds;
         let size = usize::try_from(req.allocation_size).unwrap_or(0);
-        if let Some(plan) = self.binder.planned_for(available, must, size) {
+        let mut planned = self.binder.planned_for(available, must, size);
+        if planned.is_none() {
+            self.binder.catch_up().await;
+            planned = self.binder.planned_for(available, must, size);
+        }
+        if let Some(plan) = planned {
             match check_plan(&plan, available, must, size) {
                 Ok(()) => return plan,
                 Err(why) => tracing::warn!(
@@ -316,14 +337,12 @@ impl DevicePlugin for PluginService {
         &self,
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        let container_responses = request
-            .get_ref()
-            .container_requests
-            .iter()
-            .map(|r| ContainerPreferredAllocationResponse {
-                device_i_ds: self.preferred(r),
-            })
-            .collect();
+        let mut container_responses = Vec::new();
+        for container in &request.get_ref().container_requests {
+            container_responses.push(ContainerPreferredAllocationResponse {
+                device_i_ds: self.preferred(container).await,
+            });
+        }
         Ok(Response::new(PreferredAllocationResponse {
             container_responses,
         }))
@@ -348,6 +367,9 @@ impl DevicePlugin for PluginService {
         };
         let mut responses = Vec::with_capacity(requests.len());
         for (request, devices) in requests.iter().zip(&checked) {
+            if !self.binder.expects(&request.devices_ids) {
+                self.binder.catch_up().await;
+            }
             self.binder
                 .check_allocate(&request.devices_ids)
                 .map_err(|why| {

@@ -126,6 +126,7 @@ pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
             // The published allocated set follows the checkpoint: seeded
             // from it now, cleared as the pod watch sees pods end.
             index.keep_view(tx.clone());
+            index.catch_up_with(client.clone(), &p.node_name);
             tokio::spawn(run_pod_watch(
                 client.clone(),
                 p.node_name.clone(),

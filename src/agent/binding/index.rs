@@ -5,13 +5,16 @@
 //! all outside the lock.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::pin::Pin;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
+use super::catch_up::NodePods;
 use super::changes::CheckpointChange;
 use super::checkpoint::{Checkpoint, CheckpointWriter, load_checkpoint};
 use super::config::BindingConfig;
@@ -41,6 +44,9 @@ pub struct BindingIndex {
     writer: Option<CheckpointWriter>,
     synced: watch::Sender<bool>,
     view: AllocatedView,
+    /// Where a request the index cannot match looks for pods the watch has
+    /// not delivered yet; unset in tests without an API server.
+    node_pods: OnceLock<NodePods>,
 }
 
 impl std::fmt::Debug for BindingIndex {
@@ -71,7 +77,42 @@ impl BindingIndex {
                 .map(|path| CheckpointWriter::new(path, config.sync_writes)),
             synced: watch::channel(false).0,
             view: AllocatedView::default(),
+            node_pods: OnceLock::new(),
         }
+    }
+
+    /// From now on a kubelet request that matches no known plan is matched
+    /// again after listing the pods on `node_name` (see `catch_up`).
+    pub fn catch_up_with(&self, client: kube::Client, node_name: &str) {
+        if self
+            .node_pods
+            .set(NodePods::new(client, node_name))
+            .is_err()
+        {
+            tracing::warn!(
+                "the binding index already lists pods to catch up; ignoring another source"
+            );
+        }
+    }
+
+    /// Takes in the pods of a fresh list that the index has not heard of;
+    /// what it knows already stays (the watch keeps it current).
+    pub(crate) fn learn(&self, pods: &[Pod]) {
+        let mut ledger = self.lock();
+        let mut learned = Vec::new();
+        for pod in pods {
+            if let Some((uid, info)) = pod_info(pod, &self.resource_name)
+                && !ledger.pods.contains_key(&uid)
+            {
+                learned.push(info.key.clone());
+                ledger.pods.insert(uid, info);
+            }
+        }
+        if learned.is_empty() {
+            return;
+        }
+        tracing::info!(pods = ?learned, "kubelet asked before the pod watch delivered these pods; learned them from a fresh list");
+        self.tidy_and_save(ledger);
     }
 
     /// From now on keeps `view`'s `allocated` map equal to
@@ -261,6 +302,20 @@ impl Binder for BindingIndex {
             tracing::debug!(pod = %preference.pod, candidates = preference.candidates, "several pending bindings fit; preferring the oldest");
         }
         Some(preference.devices)
+    }
+
+    fn expects(&self, requested: &[String]) -> bool {
+        self.lock().expects(requested)
+    }
+
+    fn catch_up(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Some(node_pods) = self.node_pods.get()
+                && let Some(pods) = node_pods.list().await
+            {
+                self.learn(&pods);
+            }
+        })
     }
 
     fn check_allocate(&self, requested: &[String]) -> Result<(), String> {

@@ -23,7 +23,9 @@
 //!   `unbound`; and refuses devices recorded for another live pod.
 //!
 //! Kubelet does not say which pod it is admitting, so a request is matched to
-//! a plan by its devices alone. Kubelet admits pods oldest first, hence the
+//! a plan by its devices alone. Kubelet may also ask before the pod watch has
+//! delivered the pod it admits; a request that matches no known plan is
+//! matched again after a fresh list of the node's pods (`catch_up`). Kubelet admits pods oldest first, hence the
 //! oldest-first rule. Two pending pods with plans of the same size on one
 //! node could still be confused if kubelet admitted the younger one first;
 //! the controller never lets that arise (it binds the next such pod to a node
@@ -78,6 +80,7 @@
 //! - `config`, `index`: the index, its locking and its [`BindingConfig`];
 //! - `watch`: the pod watch feeding the index.
 
+mod catch_up;
 mod changes;
 mod checkpoint;
 mod config;

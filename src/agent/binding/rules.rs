@@ -185,6 +185,21 @@ impl Ledger {
         fitting
     }
 
+    /// Whether `requested` is what the index expects kubelet to ask for: a
+    /// pending pod's plan, or again the devices of a pod still being
+    /// admitted. Anything else may concern a pod the watch has not
+    /// delivered yet.
+    pub(super) fn expects(&self, requested: &[String]) -> bool {
+        if !self.synced {
+            return false;
+        }
+        let wanted = sorted_set(requested);
+        self.pending().any(|pending| pending.plan.sorted == wanted)
+            || self.checkpoint.pods.iter().any(|(uid, allocation)| {
+                sorted_set(&allocation.devices) == wanted && self.holds(uid)
+            })
+    }
+
     /// The verdict on `requested` (one container's devices), and the
     /// checkpoint change it made.
     pub(super) fn check(

@@ -16,7 +16,7 @@ use super::index::BindingIndex;
 use super::tidy::UNBOUND_GRACE_SECS;
 
 /// The field selector for the pods bound to `node_name`.
-fn node_field_selector(node_name: &str) -> String {
+pub(super) fn node_field_selector(node_name: &str) -> String {
     format!("spec.nodeName={node_name}")
 }
 
