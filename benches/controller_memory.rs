@@ -87,6 +87,7 @@ fn main() {
             .map(|s| {
                 let node = &generated[(i * SHARDS + s) % NODES];
                 PlannedShard {
+                    replica: 0,
                     shard: s as u32,
                     node: node.name.clone(),
                     devices: node.devices[..2].iter().map(|d| d.id.clone()).collect(),

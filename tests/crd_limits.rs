@@ -150,9 +150,46 @@ fn cases() -> Vec<Case> {
             field: "pipeline".into(),
         });
     }
+    for (tensor, valid) in [
+        (json!(1), true),
+        (json!(0), false),
+        (json!(64), true),
+        (json!(65), false),
+        (json!("auto"), true),
+        (json!("all"), false),
+        (json!(2.5), false),
+    ] {
+        out.push(Case {
+            what: format!("tensor {tensor}"),
+            object: with(&path("spec.parallelism.tensor"), tensor.clone()),
+            valid,
+            field: "tensor".into(),
+        });
+    }
+    for (name, replicas, valid) in [
+        ("a".repeat(52), 1, true),
+        ("a".repeat(53), 1, false),
+        ("a".repeat(52), 0, true),
+        ("a".repeat(49), 2, true),
+        ("a".repeat(50), 2, false),
+        ("a".repeat(48), 11, true),
+        ("a".repeat(49), 11, false),
+        ("a".repeat(47), 256, true),
+        ("a".repeat(48), 256, false),
+    ] {
+        let mut object = with(&path("metadata.name"), json!(name));
+        object["spec"]["replicas"] = json!(replicas);
+        out.push(Case {
+            what: format!(
+                "metadata.name of {} characters with {replicas} replicas",
+                name.len()
+            ),
+            object,
+            valid,
+            field: "metadata.name".into(),
+        });
+    }
     for (name, valid) in [
-        ("a".repeat(52), true),
-        ("a".repeat(53), false),
         ("my-model-2".to_string(), true),
         ("My_Model!!".to_string(), false),
         ("2-models".to_string(), false),
@@ -178,9 +215,10 @@ fn place_verdict(object: &Value) -> Result<(), String> {
 
 /// The controller's validate stage, on the object as the API server would hand it over.
 fn controller_verdict(object: &Value) -> Result<(), String> {
-    let mi: ModelInstance = match serde_json::from_value(object.clone()) {
+    let mi: ModelInstance = match serde_path_to_error::deserialize(object.clone()) {
         Ok(mi) => mi,
-        // Not representable at all (a pipeline of "many"): never reaches validate.
+        // Not representable at all (a pipeline of "many", -1 replicas): never
+        // reaches validate; the API server refuses it before.
         Err(e) => return Err(format!("{e}")),
     };
     tessera::controller::validate::check(&mi, &ResourceName::default()).map_err(|e| e.to_string())
@@ -215,7 +253,8 @@ fn the_schema_declares_every_documented_limit() {
         "model.hiddenSize.maximum",
         "model.kvCacheGiB.maximum",
         "model.overheadGiB.maximum",
-        "parallelism.tensor.maximum",
+        "replicas.minimum",
+        "replicas.maximum",
         "placement.weights.compute.maximum",
         "placement.maxTemperatureC.minimum",
         "placement.deadlineMs.maximum",

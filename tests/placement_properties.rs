@@ -151,6 +151,8 @@ fn build(
         weights,
         max_temperature_c: 85.0,
         selector: Selector::default(),
+        strategy: tessera::placement::Strategy::ScoreOnly,
+        replica_nodes: Vec::new(),
     }
 }
 

@@ -248,6 +248,8 @@ pub fn problem(nodes: Vec<NodeState>, model: &ModelSpec, tensor: u32, stages: u3
         weights: Weights::default(),
         max_temperature_c: MAX_TEMPERATURE_C,
         selector: Selector::default(),
+        strategy: tessera::placement::Strategy::ScoreOnly,
+        replica_nodes: Vec::new(),
     }
 }
 

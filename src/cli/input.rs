@@ -144,7 +144,7 @@ pub fn parse_instances(text: &str, origin: &str) -> Result<Vec<ModelInstance>, I
             return Err(InputError(format!("{origin}: metadata.name is missing")));
         }
         // The API server and the controller refuse these names; so does `place`.
-        limits::check_instance_name(&name)
+        limits::check_instance_name(&name, mi.spec.replicas)
             .and_then(|()| {
                 mi.metadata
                     .namespace

@@ -164,7 +164,7 @@ fn place_all(
                 Placement {
                     name,
                     model: mi.spec.model.name.clone(),
-                    status_plan: planned_shards(&plan),
+                    status_plan: planned_shards(&plan, 0),
                     plan: Some(plan),
                     unsatisfiable: None,
                 }

@@ -127,10 +127,7 @@ fn shard_pod(
         ("TESSERA_SHARD_COUNT", plan.len().to_string()),
         ("TESSERA_LAYER_START", shard.layer_start.to_string()),
         ("TESSERA_LAYER_END", shard.layer_end.to_string()),
-        (
-            "TESSERA_TENSOR_PARALLEL",
-            mi.spec.parallelism.tensor.to_string(),
-        ),
+        ("TESSERA_TENSOR_PARALLEL", shard.devices.len().to_string()),
         ("TESSERA_PEERS", peers.join(",")),
         (
             "TESSERA_PREVIOUS_PEER",
@@ -142,7 +139,7 @@ fn shard_pod(
         add_env(c, &env);
         // The first container is the shard runtime and gets the GPUs.
         if i == 0 {
-            request_gpus(c, resource, mi.spec.parallelism.tensor);
+            request_gpus(c, resource, shard.devices.len() as u32);
         }
     }
 
@@ -240,6 +237,7 @@ mod tests {
     fn plan() -> Vec<PlannedShard> {
         (0..2)
             .map(|i| PlannedShard {
+                replica: 0,
                 shard: i,
                 node: format!("n{i}"),
                 devices: vec![format!("n{i}-g0"), format!("n{i}-g1")],

@@ -284,7 +284,7 @@ fn whole(
         Ok(plan) => PlanDecision::Planned(NewPlan {
             moved: (0..plan.stages.len() as u32).collect(),
             tokens_per_second: Some(plan.performance.tokens_per_second),
-            plan: planned_shards(&plan),
+            plan: planned_shards(&plan, 0),
             whole: true,
             reasons,
         }),
@@ -329,7 +329,7 @@ fn repair(
         problem.stages = Stages::Fixed(1);
         let limit = deadline(spec);
         let found = solve(&problem, &options(&limit, inputs.max_steps)).ok()?;
-        let stage = planned_shards(&found).into_iter().next()?;
+        let stage = planned_shards(&found, 0).into_iter().next()?;
         new_plan[index] = PlannedShard {
             shard,
             layer_start: old.layer_start,

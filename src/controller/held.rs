@@ -156,6 +156,7 @@ mod tests {
         let mut other = instance("other", SMALL);
         other.status = Some(crate::api::ModelInstanceStatus {
             plan: vec![PlannedShard {
+                replica: 0,
                 shard: 0,
                 node: "a".into(),
                 devices: vec!["a-g0".into()],
@@ -194,6 +195,7 @@ mod tests {
         let mut me = instance("me", SMALL);
         me.status = Some(crate::api::ModelInstanceStatus {
             plan: vec![PlannedShard {
+                replica: 0,
                 shard: 0,
                 node: "a".into(),
                 devices: vec!["a-g4".into(), "a-g5".into()],
@@ -225,6 +227,7 @@ mod tests {
 
     fn shard(node: &str, device: &str) -> PlannedShard {
         PlannedShard {
+            replica: 0,
             shard: 0,
             node: node.into(),
             devices: vec![device.into()],

@@ -94,6 +94,9 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         conditions,
         shards: verdict.plan.len() as u32,
         ready_shards: counts.ready,
+        replicas: u32::from(counts.total > 0 && counts.bound == counts.total),
+        ready_replicas: u32::from(counts.all_ready()),
+        selector: None,
         plan: verdict.plan,
         predicted_tokens_per_second: verdict
             .tokens_per_second
@@ -335,6 +338,7 @@ mod tests {
 
     fn shard(i: u32) -> PlannedShard {
         PlannedShard {
+            replica: 0,
             shard: i,
             node: format!("n{i}"),
             devices: vec![format!("n{i}-g0")],

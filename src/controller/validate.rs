@@ -11,7 +11,9 @@ pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidS
         Ok(()) => Vec::new(),
         Err(e) => e.problems,
     };
-    if let Err(e) = limits::check_instance_name(mi.metadata.name.as_deref().unwrap_or("")) {
+    if let Err(e) =
+        limits::check_instance_name(mi.metadata.name.as_deref().unwrap_or(""), mi.spec.replicas)
+    {
         problems.push(e);
     }
     match mi.spec.template.as_ref().and_then(|t| t.spec.as_ref()) {
@@ -112,7 +114,7 @@ mod tests {
         }
 
         let mut mi = instance("llama", SMALL);
-        mi.spec.parallelism.tensor = 0;
+        mi.spec.parallelism.tensor = crate::api::TensorSize::Fixed(0);
         assert!(problems(&mi).contains("parallelism.tensor"));
     }
 }

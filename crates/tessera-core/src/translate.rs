@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{
-    GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, NodeGpuState, PipelineStages,
+    self, GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, NodeGpuState, PipelineStages,
     PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
     Deadline, Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, Stages,
-    Weights,
+    Strategy, Weights,
 };
 
 /// A node as the planner needs it: name, labels and published GPU state.
@@ -90,7 +90,9 @@ pub fn build_problem<'a>(
             activation_bytes_per_token: hidden * 2.0,
             flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
         },
-        tensor: spec.parallelism.tensor,
+        // `auto` is solved size by size (see `placement::solve_parallelism`);
+        // the problem starts at one GPU per shard.
+        tensor: spec.parallelism.tensor.fixed().unwrap_or(1),
         stages: match spec.parallelism.pipeline {
             PipelineStages::Auto => Stages::Auto,
             PipelineStages::Fixed(n) => Stages::Fixed(n),
@@ -108,6 +110,11 @@ pub fn build_problem<'a>(
             products: placement.products.clone(),
             node_labels: placement.node_selector.clone(),
         },
+        strategy: match placement.strategy {
+            api::Strategy::Pack => Strategy::Pack,
+            api::Strategy::Spread => Strategy::Spread,
+        },
+        replica_nodes: Vec::new(),
     }
 }
 
@@ -167,12 +174,13 @@ fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>)
     }
 }
 
-/// The plan as it is written into `status.plan`.
-pub fn planned_shards(plan: &Plan) -> Vec<PlannedShard> {
+/// Replica `replica`'s plan as it is written into `status.plan`.
+pub fn planned_shards(plan: &Plan, replica: u32) -> Vec<PlannedShard> {
     plan.stages
         .iter()
         .enumerate()
         .map(|(index, stage)| PlannedShard {
+            replica,
             shard: index as u32,
             node: stage.node.clone(),
             devices: stage.devices.clone(),

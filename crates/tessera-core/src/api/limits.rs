@@ -65,7 +65,11 @@ pub const OVERHEAD_GIB: Bounds<f64> = Bounds {
     min: 0.0,
     max: 10_000.0,
 };
-/// `parallelism.tensor`.
+/// `spec.replicas`. Every replica's shards are listed in the status, which
+/// etcd holds to about 1.5 MiB; 256 replicas of a few shards each stay well
+/// inside that.
+pub const REPLICAS: Bounds<u32> = Bounds { min: 0, max: 256 };
+/// `parallelism.tensor` when it is a number.
 pub const TENSOR: Bounds<u32> = Bounds { min: 1, max: 64 };
 /// `parallelism.pipeline` when it is a number (also at most `model.layers`).
 pub const PIPELINE: Bounds<u32> = Bounds { min: 1, max: 1024 };
@@ -82,34 +86,54 @@ pub const DEADLINE_MS: Bounds<u32> = Bounds {
     max: 600_000,
 };
 
-/// `metadata.name` of a ModelInstance, at most. Shard pods are named
-/// `<name>-shard-<i>` (up to four digits for 1024 stages) and the shards'
-/// headless Service `<name>`; both must stay DNS labels of 63 characters.
+/// `metadata.name` of a ModelInstance with one replica, at most. Shard pods
+/// are named `<name>-shard-<i>` (up to four digits for 1024 stages) and the
+/// shards' headless Service `<name>`; both must stay DNS labels of 63
+/// characters. Replicas after the first are named `<name>-r<r>-shard-<i>`,
+/// so more replicas leave room for a shorter name only (see
+/// [`instance_name_max`]).
 pub const INSTANCE_NAME_MAX: usize = 63 - "-shard-".len() - 4;
 
+/// The longest name an instance with `replicas` replicas may have: its last
+/// replica's pods add `-r<replicas - 1>`.
+pub fn instance_name_max(replicas: u32) -> usize {
+    if replicas <= 1 {
+        INSTANCE_NAME_MAX
+    } else {
+        INSTANCE_NAME_MAX - "-r".len() - (replicas - 1).to_string().len()
+    }
+}
+
 /// The CEL rule on the CRD's root that holds `metadata.name` to
-/// [`check_instance_name`], so `kubectl apply` refuses a name the controller
-/// could not run.
+/// [`check_instance_name`], so `kubectl apply` (and `kubectl scale`) refuses a
+/// name the controller could not run.
 pub fn instance_name_rule() -> String {
     format!(
-        "size(self.metadata.name) <= {INSTANCE_NAME_MAX} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+        "size(self.metadata.name) + (has(self.spec.replicas) && self.spec.replicas > 1 ? 2 + size(string(self.spec.replicas - 1)) : 0) <= {INSTANCE_NAME_MAX} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
     )
 }
 
 pub fn instance_name_message() -> String {
-    format!("metadata.name {}", instance_name_requirement())
+    format!("metadata.name {}", instance_name_requirement(1))
 }
 
-fn instance_name_requirement() -> String {
+fn instance_name_requirement(replicas: u32) -> String {
+    let max = instance_name_max(replicas);
+    let with = if replicas > 1 {
+        format!(" with {replicas} replicas")
+    } else {
+        format!(" ({INSTANCE_NAME_MAX} with one replica, fewer with more)")
+    };
     format!(
-        "must be at most {INSTANCE_NAME_MAX} characters of lower-case letters, digits and '-', start with a letter and end with a letter or digit (it names the shard pods and their Service)"
+        "must be at most {max} characters{with} of lower-case letters, digits and '-', start with a letter and end with a letter or digit (it names the shard pods and their Service)"
     )
 }
 
-/// `Err` with the reason when `name` cannot name a ModelInstance: a DNS-1035
-/// label (what a Service name must be) of at most [`INSTANCE_NAME_MAX`].
-pub fn check_instance_name(name: &str) -> Result<(), String> {
-    if is_dns_label(name, INSTANCE_NAME_MAX, true) {
+/// `Err` with the reason when `name` cannot name a ModelInstance with
+/// `replicas` replicas: a DNS-1035 label (what a Service name must be) short
+/// enough for its shard pods' names (see [`instance_name_max`]).
+pub fn check_instance_name(name: &str, replicas: u32) -> Result<(), String> {
+    if is_dns_label(name, instance_name_max(replicas), true) {
         return Ok(());
     }
     let shown: String = name.chars().take(64).collect();
@@ -117,7 +141,7 @@ pub fn check_instance_name(name: &str) -> Result<(), String> {
     Err(format!(
         "metadata.name: {shown:?}{more} ({} characters) is not a valid name: {}",
         name.chars().count(),
-        instance_name_requirement()
+        instance_name_requirement(replicas)
     ))
 }
 
@@ -183,7 +207,7 @@ mod tests {
     fn instance_names_are_dns_labels_short_enough_for_their_shards() {
         assert_eq!(INSTANCE_NAME_MAX, 52);
         for good in ["m", "llama-70b", "a1", &"a".repeat(52)] {
-            assert_eq!(check_instance_name(good), Ok(()), "{good}");
+            assert_eq!(check_instance_name(good, 1), Ok(()), "{good}");
         }
         for bad in [
             "",
@@ -195,10 +219,27 @@ mod tests {
             &"a".repeat(53),
             &"a".repeat(300),
         ] {
-            let e = check_instance_name(bad).unwrap_err();
+            let e = check_instance_name(bad, 1).unwrap_err();
             assert!(e.starts_with("metadata.name: "), "{e}");
             assert!(e.len() < 400, "the name is shortened: {e}");
         }
+    }
+
+    #[test]
+    fn more_replicas_leave_room_for_shorter_names_only() {
+        assert_eq!(instance_name_max(0), 52);
+        assert_eq!(instance_name_max(2), 49, "-r1");
+        assert_eq!(instance_name_max(11), 48, "-r10");
+        assert_eq!(instance_name_max(REPLICAS.max), 47, "-r255");
+        // The longest pod name of the longest allowed name stays a DNS label.
+        for replicas in [2, 10, 11, 101, REPLICAS.max] {
+            let name = "a".repeat(instance_name_max(replicas));
+            let pod = format!("{name}-r{}-shard-1023", replicas - 1);
+            assert_eq!(pod.len(), 63, "{pod}");
+        }
+        assert!(check_instance_name(&"a".repeat(48), 11).is_ok());
+        let e = check_instance_name(&"a".repeat(49), 11).unwrap_err();
+        assert!(e.contains("at most 48 characters with 11 replicas"), "{e}");
     }
 
     #[test]

@@ -12,7 +12,8 @@ pub use gpu_state::{
 };
 pub use model_instance::{
     DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec,
-    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ScoreWeights, crd_yaml,
+    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ScoreWeights, Strategy,
+    TensorSize, crd_yaml,
 };
 pub use resource_name::{InvalidResourceName, ResourceName};
 

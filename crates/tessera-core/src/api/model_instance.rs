@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::GIB;
 use super::limits::{
     self, DEADLINE_MS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C, MODEL_NAME_LENGTH,
-    OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE, TENSOR, WEIGHT,
+    OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
@@ -29,9 +29,21 @@ use super::limits::{
     shortname = "mi",
     namespaced,
     status = "ModelInstanceStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     derive = "PartialEq",
     doc = "A large model served as a pipeline of shards, each bound to the GPUs it was planned for.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(
+        name = "Ready-Replicas",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        priority = 1
+    ),
     printcolumn(name = "Shards", type_ = "integer", json_path = ".status.shards"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyShards"),
     printcolumn(
@@ -53,6 +65,12 @@ use super::limits::{
 #[serde(rename_all = "camelCase")]
 pub struct ModelInstanceSpec {
     pub model: ModelSpec,
+    /// Independent copies of the model, each a gang of shards placed all or
+    /// nothing. `kubectl scale` and a HorizontalPodAutoscaler set it through
+    /// the scale subresource.
+    #[serde(default = "one_replica")]
+    #[schemars(range(min = REPLICAS.min, max = REPLICAS.max))]
+    pub replicas: u32,
     #[serde(default)]
     pub parallelism: ParallelismSpec,
     #[serde(default)]
@@ -63,6 +81,10 @@ pub struct ModelInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "pod_template_schema")]
     pub template: Option<PodTemplateSpec>,
+}
+
+fn one_replica() -> u32 {
+    1
 }
 
 /// The pod template is kept as an open object in the CRD: the full PodSpec schema
@@ -162,24 +184,20 @@ impl ModelSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ParallelismSpec {
-    /// GPUs per shard, all on one node (tensor parallelism).
-    #[serde(default = "one")]
-    #[schemars(range(min = TENSOR.min, max = TENSOR.max))]
-    pub tensor: u32,
+    /// GPUs per shard, all on one node (tensor parallelism): a number, or
+    /// `auto` for the size that gives the highest predicted tokens/s.
+    #[serde(default)]
+    pub tensor: TensorSize,
     /// Pipeline stages (= shards): a number, or `auto` for the fewest stages that
     /// fit, then the best score.
     #[serde(default)]
     pub pipeline: PipelineStages,
 }
 
-fn one() -> u32 {
-    1
-}
-
 impl Default for ParallelismSpec {
     fn default() -> Self {
         Self {
-            tensor: 1,
+            tensor: TensorSize::default(),
             pipeline: PipelineStages::Auto,
         }
     }
@@ -194,60 +212,141 @@ pub enum PipelineStages {
     Fixed(u32),
 }
 
+/// `auto` or a number of GPUs per shard; an int-or-string like
+/// [`PipelineStages`]. One GPU when absent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorSize {
+    Auto,
+    Fixed(u32),
+}
+
+impl Default for TensorSize {
+    fn default() -> Self {
+        TensorSize::Fixed(1)
+    }
+}
+
+impl TensorSize {
+    /// The fixed size, if it is one.
+    pub fn fixed(self) -> Option<u32> {
+        match self {
+            TensorSize::Auto => None,
+            TensorSize::Fixed(size) => Some(size),
+        }
+    }
+}
+
+/// What an int-or-string field holding `auto` or a count is called and may hold.
+struct AutoOrCount {
+    field: &'static str,
+    /// What the count counts, for messages (`stages`).
+    unit: &'static str,
+    bounds: super::limits::Bounds<u32>,
+}
+
+const PIPELINE_FIELD: AutoOrCount = AutoOrCount {
+    field: "pipeline",
+    unit: "stages",
+    bounds: PIPELINE,
+};
+
+const TENSOR_FIELD: AutoOrCount = AutoOrCount {
+    field: "tensor",
+    unit: "GPUs per shard",
+    bounds: TENSOR,
+};
+
+impl AutoOrCount {
+    fn serialize<S: serde::Serializer>(count: Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+        match count {
+            None => s.serialize_str("auto"),
+            Some(n) => s.serialize_u32(n),
+        }
+    }
+
+    /// `None` for `auto`.
+    fn deserialize<'de, D: serde::Deserializer<'de>>(
+        &'static self,
+        d: D,
+    ) -> Result<Option<u32>, D::Error> {
+        d.deserialize_any(AutoOrCountVisitor(self))
+    }
+
+    fn schema(&self) -> schemars::Schema {
+        let (field, unit) = (self.field, self.unit);
+        let (min, max) = (self.bounds.min, self.bounds.max);
+        schemars::json_schema!({
+            "description": format!("\"auto\" or a number of {unit} from {min} to {max}."),
+            "x-kubernetes-int-or-string": true,
+            "x-kubernetes-validations": [{
+                "rule": format!("type(self) == string ? self == 'auto' : (self >= {min} && self <= {max})"),
+                "message": format!("{field} must be \"auto\" or a number of {unit} from {min} to {max}"),
+            }],
+        })
+    }
+}
+
+struct AutoOrCountVisitor(&'static AutoOrCount);
+
+impl serde::de::Visitor<'_> for AutoOrCountVisitor {
+    type Value = Option<u32>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let spec = self.0;
+        write!(
+            f,
+            "\"auto\" or a number of {} from {} to {}",
+            spec.unit, spec.bounds.min, spec.bounds.max
+        )
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        if v == "auto" {
+            return Ok(None);
+        }
+        // Quoted numbers are what YAML authors write by accident; accept them.
+        match v.parse::<i64>() {
+            Ok(n) => self.visit_i64(n),
+            Err(_) => Err(E::custom(format!(
+                "{} {v:?} is neither \"auto\" nor a number of {}",
+                self.0.field, self.0.unit
+            ))),
+        }
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        let spec = self.0;
+        match u32::try_from(v) {
+            Ok(n) if (spec.bounds.min..=spec.bounds.max).contains(&n) => Ok(Some(n)),
+            _ => Err(E::custom(format!(
+                "{} {v} is out of range: use \"auto\" or {} to {} {}",
+                spec.field, spec.bounds.min, spec.bounds.max, spec.unit
+            ))),
+        }
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        self.visit_i64(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Err(E::custom(format!(
+            "{} {v} is not a whole number of {}",
+            self.0.field, self.0.unit
+        )))
+    }
+}
+
 impl Serialize for PipelineStages {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            PipelineStages::Auto => s.serialize_str("auto"),
-            PipelineStages::Fixed(n) => s.serialize_u32(*n),
-        }
+        let count = match self {
+            PipelineStages::Auto => None,
+            PipelineStages::Fixed(n) => Some(*n),
+        };
+        AutoOrCount::serialize(count, s)
     }
 }
 
 impl<'de> Deserialize<'de> for PipelineStages {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = PipelineStages;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                write!(
-                    f,
-                    "\"auto\" or a number of stages from {} to {}",
-                    PIPELINE.min, PIPELINE.max
-                )
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                if v == "auto" {
-                    return Ok(PipelineStages::Auto);
-                }
-                // Quoted numbers are what YAML authors write by accident; accept them.
-                match v.parse::<i64>() {
-                    Ok(n) => self.visit_i64(n),
-                    Err(_) => Err(E::custom(format!(
-                        "pipeline {v:?} is neither \"auto\" nor a number of stages"
-                    ))),
-                }
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                match u32::try_from(v) {
-                    Ok(n) if (PIPELINE.min..=PIPELINE.max).contains(&n) => {
-                        Ok(PipelineStages::Fixed(n))
-                    }
-                    _ => Err(E::custom(format!(
-                        "pipeline {v} is out of range: use \"auto\" or {} to {} stages",
-                        PIPELINE.min, PIPELINE.max
-                    ))),
-                }
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                self.visit_i64(i64::try_from(v).unwrap_or(i64::MAX))
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
-                Err(E::custom(format!(
-                    "pipeline {v} is not a whole number of stages"
-                )))
-            }
-        }
-        d.deserialize_any(Visitor)
+        Ok(PIPELINE_FIELD
+            .deserialize(d)?
+            .map_or(PipelineStages::Auto, PipelineStages::Fixed))
     }
 }
 
@@ -256,24 +355,59 @@ impl JsonSchema for PipelineStages {
         "PipelineStages".into()
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        let (min, max) = (PIPELINE.min, PIPELINE.max);
-        schemars::json_schema!({
-            "description": format!("\"auto\" or a number of pipeline stages from {min} to {max}."),
-            "x-kubernetes-int-or-string": true,
-            "x-kubernetes-validations": [{
-                "rule": format!("type(self) == string ? self == 'auto' : (self >= {min} && self <= {max})"),
-                "message": format!("pipeline must be \"auto\" or a number of stages from {min} to {max}"),
-            }],
-        })
+        PIPELINE_FIELD.schema()
     }
     fn inline_schema() -> bool {
         true
     }
 }
 
+impl Serialize for TensorSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        AutoOrCount::serialize(self.fixed(), s)
+    }
+}
+
+impl<'de> Deserialize<'de> for TensorSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(TENSOR_FIELD
+            .deserialize(d)?
+            .map_or(TensorSize::Auto, TensorSize::Fixed))
+    }
+}
+
+impl JsonSchema for TensorSize {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "TensorSize".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        TENSOR_FIELD.schema()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+}
+
+/// How replicas and instances share the cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// The smallest sufficient devices, on nodes and NVLink/xGMI domains
+    /// already in use, so whole nodes and domains stay free for large models.
+    #[default]
+    Pack,
+    /// Replicas on different nodes, racks and zones, so one failure takes
+    /// down as few replicas as possible.
+    Spread,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlacementPolicy {
+    /// `pack` (default) keeps large devices, whole nodes and whole NVLink/xGMI
+    /// domains free; `spread` puts replicas on different nodes, racks and zones.
+    #[serde(default)]
+    pub strategy: Strategy,
     #[serde(default)]
     pub weights: ScoreWeights,
     /// Devices at or above this temperature are not planned on.
@@ -311,6 +445,7 @@ fn default_deadline_ms() -> u32 {
 impl Default for PlacementPolicy {
     fn default() -> Self {
         Self {
+            strategy: Strategy::default(),
             weights: ScoreWeights::default(),
             max_temperature_c: default_max_temperature(),
             vendors: Vec::new(),
@@ -384,13 +519,25 @@ pub struct ModelInstanceStatus {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Planned shards in pipeline order.
+    /// Planned shards, replica by replica, each replica's in pipeline order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub plan: Vec<PlannedShard>,
+    /// Shards of every replica.
     #[serde(default)]
     pub shards: u32,
     #[serde(default)]
     pub ready_shards: u32,
+    /// Replicas with a pod for every shard (the scale subresource's
+    /// `status.replicas`).
+    #[serde(default)]
+    pub replicas: u32,
+    /// Replicas whose shards are all ready.
+    #[serde(default)]
+    pub ready_replicas: u32,
+    /// Label selector of the instance's shard pods, for a
+    /// HorizontalPodAutoscaler (the scale subresource's selector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_tokens_per_second: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -424,6 +571,9 @@ pub enum Phase {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlannedShard {
+    /// The replica the shard belongs to (0 for the first).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replica: u32,
     pub shard: u32,
     pub node: String,
     pub devices: Vec<String>,
@@ -434,6 +584,10 @@ pub struct PlannedShard {
     /// Predicted memory use on each device of the shard, in GiB.
     #[serde(rename = "predictedMemoryGiB")]
     pub predicted_memory_gib: f64,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 /// Everything wrong with a spec, each as `field: what is wrong`.
@@ -469,8 +623,11 @@ impl ModelInstanceSpec {
         KV_CACHE_GIB.check("model.kvCacheGiB", model.kv_cache_gib, &mut problems);
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
+        REPLICAS.check("replicas", self.replicas, &mut problems);
         let parallelism = &self.parallelism;
-        TENSOR.check("parallelism.tensor", parallelism.tensor, &mut problems);
+        if let TensorSize::Fixed(tensor) = parallelism.tensor {
+            TENSOR.check("parallelism.tensor", tensor, &mut problems);
+        }
         if let PipelineStages::Fixed(stages) = parallelism.pipeline {
             let before = problems.len();
             PIPELINE.check("parallelism.pipeline", stages, &mut problems);
@@ -612,7 +769,7 @@ model:
         s.model.name = String::new();
         s.model.parameters_billions = -7.0;
         s.model.kv_cache_gib = f64::NAN;
-        s.parallelism.tensor = 0;
+        s.parallelism.tensor = TensorSize::Fixed(0);
         s.parallelism.pipeline = PipelineStages::Fixed(40);
         s.placement.weights.compute = 1.5;
         s.placement.max_temperature_c = 0.0;

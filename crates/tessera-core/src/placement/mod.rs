@@ -16,6 +16,7 @@ mod exclusion;
 mod exhaustive;
 mod explain;
 mod greedy;
+mod instance;
 mod plan;
 mod problem;
 mod search;
@@ -23,10 +24,14 @@ mod split;
 
 pub use evaluate::{StageChoice, evaluate};
 pub use exhaustive::best_by_enumeration;
+pub use instance::{
+    Alternative, InstancePlan, TensorChoice, solve_parallelism, solve_replicas, take_devices,
+    tensor_candidates,
+};
 pub use plan::{Performance, Plan, Score, StageParts, StagePlan, Unsatisfiable};
 pub use problem::{
     Deadline, Device, Interconnect, Link, ModelShape, NodeState, Problem, Selector, SolveOptions,
-    Stages, Weights,
+    Stages, Strategy, Weights,
 };
 
 /// Finds the best plan within the options' budget.

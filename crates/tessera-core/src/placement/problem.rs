@@ -17,6 +17,26 @@ pub struct Problem {
     /// Devices at or above this temperature are excluded.
     pub max_temperature_c: f64,
     pub selector: Selector,
+    /// How the plan shares the cluster with other instances and replicas.
+    pub strategy: Strategy,
+    /// Nodes the instance's other replicas run on, one entry per stage:
+    /// what `Strategy::Spread` keeps away from.
+    pub replica_nodes: Vec<String>,
+}
+
+/// How a plan shares the cluster, besides its own score.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Strategy {
+    /// The score alone: the fastest, roomiest devices win, whatever they
+    /// leave for later instances. Not offered to users; kept as the baseline
+    /// the strategies are measured against.
+    ScoreOnly,
+    /// The smallest sufficient devices, on nodes and fast-link domains
+    /// already in use, so whole nodes and domains stay free.
+    #[default]
+    Pack,
+    /// Away from the nodes, racks and zones of the instance's other replicas.
+    Spread,
 }
 
 impl Problem {

@@ -118,5 +118,7 @@ pub(crate) fn problem(
         weights: Weights::default(),
         max_temperature_c: 85.0,
         selector: Selector::default(),
+        strategy: Strategy::ScoreOnly,
+        replica_nodes: Vec::new(),
     }
 }
