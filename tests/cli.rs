@@ -406,3 +406,80 @@ fn log_format_json_writes_json_lines_at_the_requested_level() {
     let (_, _, quiet) = run(&["place"], None);
     assert!(quiet.is_empty(), "{quiet}");
 }
+
+#[test]
+fn replicas_strategy_and_auto_parallelism_refuse_bad_values_naming_the_field() {
+    let dir = Scratch::new("cli", "serving");
+    for (name, extra, needles) in [
+        ("negative.yaml", "  replicas: -1\n", &["replicas", "-1"][..]),
+        (
+            "absurd.yaml",
+            "  replicas: 100000\n",
+            &["replicas: 100000 is outside the allowed range 0 to 256"][..],
+        ),
+        (
+            "strategy.yaml",
+            "  placement: {strategy: densest}\n",
+            &["placement.strategy", "densest"][..],
+        ),
+        (
+            "tensor.yaml",
+            "  parallelism: {tensor: all}\n",
+            &["tensor \"all\" is neither \"auto\" nor a number of GPUs per shard"][..],
+        ),
+    ] {
+        let path = dir.file(name, &instance(SMALL_MODEL, extra));
+        let mut all = vec![path.as_str()];
+        all.extend_from_slice(needles);
+        assert_bad_input(&["place", "-f", &path], None, &all);
+    }
+    // A long name that fits one replica's pods but not the tenth's.
+    let text = instance(SMALL_MODEL, "  replicas: 11\n").replace(
+        "metadata: {name: m}",
+        &format!("metadata: {{name: {}}}", "m".repeat(50)),
+    );
+    let path = dir.file("long.yaml", &text);
+    assert_bad_input(
+        &["place", "-f", &path],
+        None,
+        &[path.as_str(), "at most 48 characters with 11 replicas"],
+    );
+}
+
+#[test]
+fn place_plans_every_replica_on_its_own_devices() {
+    let dir = Scratch::new("cli", "replicas");
+    let path = dir.file(
+        "replicas.yaml",
+        &instance(
+            SMALL_MODEL,
+            "  replicas: 3\n  parallelism: {tensor: auto}\n",
+        ),
+    );
+    let report = json_report(&["place", "-o", "json", "-f", &path]);
+    let placements = report["placements"].as_array().expect("placements");
+    assert_eq!(placements.len(), 3);
+    let mut devices = std::collections::BTreeSet::new();
+    for (index, placement) in placements.iter().enumerate() {
+        assert_eq!(placement["replica"], index);
+        assert!(
+            placement["parallelism"]
+                .as_str()
+                .is_some_and(|note| note.starts_with("tensor auto chose")),
+            "{placement}"
+        );
+        for shard in placement["statusPlan"].as_array().expect("a plan") {
+            assert_eq!(shard["replica"].as_u64().unwrap_or(0), index as u64);
+            for device in shard["devices"].as_array().unwrap() {
+                assert!(
+                    devices.insert((shard["node"].to_string(), device.to_string())),
+                    "{device} planned twice"
+                );
+            }
+        }
+    }
+    let (code, table, stderr) = run(&["place", "-f", &path], None);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(table.contains("m replica 2 (m):"), "{table}");
+    assert!(table.contains("tensor auto chose"), "{table}");
+}

@@ -127,6 +127,10 @@ async fn next(api: &mut ApiHandle) -> Call {
         .await
         .expect("the controller made no further request")
         .expect("the client went away");
+    into_call(request, send).await
+}
+
+async fn into_call(request: Request<Body>, send: SendResponse<Response<Body>>) -> Call {
     let method = request.method().clone();
     let path = request
         .uri()
@@ -710,4 +714,240 @@ async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
     );
     echo(next(&mut api).await, StatusCode::CREATED);
     run.await.unwrap().unwrap();
+}
+
+/// Every request of one reconcile, answered as an API server would (created
+/// objects echoed with a UID, deletes and patches accepted).
+async fn serve_reconcile(
+    api: &mut ApiHandle,
+    run: tokio::task::JoinHandle<Result<Action, tessera::controller::reconcile::Error>>,
+) -> Vec<(Method, String, Value)> {
+    let mut calls = Vec::new();
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            biased;
+            result = &mut run => {
+                result.unwrap().unwrap();
+                return calls;
+            }
+            request = api.next_request() => {
+                let Some((request, send)) = request else {
+                    // The reconcile is done and its client gone.
+                    continue;
+                };
+                let call = into_call(request, send).await;
+                let (method, path, body) = (call.method.clone(), call.path.clone(), call.body.clone());
+                if method == Method::DELETE {
+                    respond(call.send, StatusCode::OK, &json!({"kind": "Status", "code": 200}));
+                } else if path.contains("/binding") {
+                    respond(call.send, StatusCode::CREATED, &json!({"kind": "Status", "code": 201}));
+                } else if path.contains("/status?") {
+                    let mut echoed = serde_json::to_value(instance()).unwrap();
+                    echoed["status"] = body["status"].clone();
+                    respond(call.send, StatusCode::OK, &echoed);
+                } else {
+                    let mut created = body.clone();
+                    if created["metadata"].is_object() {
+                        let uid = format!("uid-{}", created["metadata"]["name"].as_str().unwrap_or(""));
+                        created["metadata"]["uid"] = json!(uid);
+                    }
+                    respond(call.send, StatusCode::CREATED, &created);
+                }
+                calls.push((method, path, body));
+            }
+        }
+    }
+}
+
+fn with_replicas(replicas: u32) -> ModelInstance {
+    let mut mi = serde_json::to_value(instance()).unwrap();
+    mi["spec"]["replicas"] = json!(replicas);
+    serde_json::from_value(mi).unwrap()
+}
+
+fn written_status(calls: &[(Method, String, Value)]) -> ModelInstanceStatus {
+    let (_, _, body) = calls
+        .iter()
+        .rev()
+        .find(|(_, path, _)| path.contains("/status?"))
+        .expect("a status write");
+    serde_json::from_value(body["status"].clone()).unwrap()
+}
+
+fn created_pods(calls: &[(Method, String, Value)]) -> Vec<Value> {
+    calls
+        .iter()
+        .filter(|(method, path, _)| {
+            *method == Method::POST && path == "/api/v1/namespaces/ml/pods?"
+        })
+        .map(|(_, _, body)| body.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn replicas_get_their_own_pods_on_distinct_devices_and_the_rest_waits_with_a_reason() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    // Four GPUs, six replicas of a one-GPU model: four placed, two not.
+    let mi = with_replicas(6);
+    let ctx = context(
+        World {
+            nodes: vec![node("a", 4)],
+            pods: vec![],
+            services: vec![],
+            instances: vec![mi.clone()],
+        },
+        client,
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+
+    let pods = created_pods(&calls);
+    let names: Vec<&str> = pods
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "llama-shard-0",
+            "llama-r1-shard-0",
+            "llama-r2-shard-0",
+            "llama-r3-shard-0"
+        ]
+    );
+    let devices: std::collections::BTreeSet<&str> = pods
+        .iter()
+        .map(|p| {
+            p["metadata"]["annotations"]["tessera.dev/devices"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        devices.len(),
+        4,
+        "replicas never share a device: {devices:?}"
+    );
+    let first = &pods[0];
+    assert!(
+        first["metadata"]["labels"]
+            .get("tessera.dev/replica")
+            .is_none()
+    );
+    let second = &pods[1];
+    assert_eq!(second["metadata"]["labels"]["tessera.dev/replica"], "1");
+    assert_eq!(second["spec"]["hostname"], "llama-r1-shard-0");
+    let env = second["spec"]["containers"][0]["env"].as_array().unwrap();
+    let var = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().to_string())
+    };
+    assert_eq!(var("TESSERA_REPLICA").as_deref(), Some("1"));
+    assert_eq!(
+        var("TESSERA_PEERS").as_deref(),
+        Some("llama-r1-shard-0.llama.ml.svc"),
+        "a replica's peers are its own shards"
+    );
+
+    let status = written_status(&calls);
+    assert_eq!(status.plan.len(), 4);
+    assert_eq!(
+        status.plan.iter().map(|s| s.replica).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(
+        status.selector.as_deref(),
+        Some("tessera.dev/instance=llama")
+    );
+    let placed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Placed")
+        .unwrap();
+    assert_eq!(placed.status, "False");
+    assert!(
+        placed
+            .message
+            .starts_with("4 of 6 replicas placed; replica 4: no placement"),
+        "{}",
+        placed.message
+    );
+    // Same-sized shards on one node are bound one at a time.
+    let bindings = calls
+        .iter()
+        .filter(|(_, path, _)| path.contains("/binding"))
+        .count();
+    assert_eq!(bindings, 1);
+    assert_eq!(status.replicas, 1, "one replica has every shard bound");
+}
+
+#[tokio::test]
+async fn scaling_down_removes_the_newest_replicas_and_keeps_the_rest() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let nodes = vec![node("a", 4)];
+    // Three replicas planned and running.
+    let three = with_replicas(3);
+    let ctx = context(
+        World {
+            nodes: nodes.clone(),
+            pods: vec![],
+            services: vec![],
+            instances: vec![three.clone()],
+        },
+        client.clone(),
+    );
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(three.clone()), ctx)),
+    )
+    .await;
+    let status = written_status(&calls);
+    let running: Vec<Pod> = created_pods(&calls)
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut pod)| {
+            pod["metadata"]["uid"] = json!(format!("uid-pod-{index}"));
+            pod["metadata"]["ownerReferences"][0]["uid"] = json!("uid-llama");
+            pod["spec"]["nodeName"] = json!("a");
+            pod["status"] =
+                json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+            serde_json::from_value(pod).unwrap()
+        })
+        .collect();
+    assert_eq!(running.len(), 3);
+
+    // Scaled to one: replicas 2 and 1 go, replica 0 stays as it is.
+    let mut one = with_replicas(1);
+    one.status = Some(status);
+    let ctx = context(
+        World {
+            nodes,
+            pods: running.clone(),
+            services: vec![headless_service(&one)],
+            instances: vec![one.clone()],
+        },
+        client,
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(one), ctx))).await;
+    let mut deleted: Vec<&str> = calls
+        .iter()
+        .filter(|(method, _, _)| *method == Method::DELETE)
+        .map(|(_, path, _)| path.as_str())
+        .collect();
+    deleted.sort();
+    assert_eq!(deleted.len(), 2, "{deleted:?}");
+    assert!(deleted[0].starts_with("/api/v1/namespaces/ml/pods/llama-r1-shard-0"));
+    assert!(deleted[1].starts_with("/api/v1/namespaces/ml/pods/llama-r2-shard-0"));
+    assert!(
+        created_pods(&calls).is_empty(),
+        "replica 0 is not recreated"
+    );
+    let status = written_status(&calls);
+    assert_eq!(status.plan.len(), 1);
+    assert_eq!(status.plan[0].replica, 0);
+    assert_eq!((status.replicas, status.ready_replicas), (1, 1));
+    assert_eq!(status.phase, Some(Phase::Running));
 }

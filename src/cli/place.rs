@@ -11,8 +11,10 @@ use serde::Serialize;
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
 use crate::api::{ModelInstance, PlannedShard};
-use crate::placement::{Plan, SolveOptions, Unsatisfiable, solve};
-use crate::translate::{ClusterNode, WallDeadline, build_problem, planned_shards, pod_holder};
+use crate::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
+use crate::translate::{
+    ClusterNode, WallDeadline, build_problem, planned_shards, pod_holder, tensor_choice,
+};
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
 /// and three model sizes, compiled in so `tessera place` works anywhere.
@@ -56,7 +58,13 @@ pub struct PlaceArgs {
 #[serde(rename_all = "camelCase")]
 pub struct Placement {
     pub(crate) name: String,
+    /// Which replica, when the instance asks for more than one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) replica: Option<u32>,
     pub(crate) model: String,
+    /// How `parallelism.tensor: auto` chose, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) parallelism: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
     /// The plan as the controller writes it into `status.plan`.
@@ -152,32 +160,44 @@ fn place_all(
         if let Some(steps) = max_steps {
             opts.max_steps = steps;
         }
-        let result = solve(&problem, &opts);
-        tracing::info!(instance = %name, placed = result.is_ok(), "planned");
-        let placement = match result {
-            Ok(plan) => {
-                for stage in &plan.stages {
-                    for device in &stage.devices {
-                        allocated.insert((stage.node.clone(), device.clone()), name.clone());
+        let replicas = mi.spec.replicas;
+        let results = solve_replicas(&problem, tensor_choice(&mi.spec), replicas, &name, &opts);
+        for (replica, result) in (0..replicas).zip(results) {
+            tracing::info!(instance = %name, replica, placed = result.is_ok(), "planned");
+            let holder = if replicas > 1 {
+                format!("{name} replica {replica}")
+            } else {
+                name.clone()
+            };
+            let placement = match result {
+                Ok(chosen) => {
+                    for stage in &chosen.plan.stages {
+                        for device in &stage.devices {
+                            allocated.insert((stage.node.clone(), device.clone()), holder.clone());
+                        }
+                    }
+                    Placement {
+                        name: name.clone(),
+                        replica: (replicas > 1).then_some(replica),
+                        model: mi.spec.model.name.clone(),
+                        parallelism: chosen.parallelism_note(),
+                        status_plan: planned_shards(&chosen.plan, replica),
+                        plan: Some(chosen.plan),
+                        unsatisfiable: None,
                     }
                 }
-                Placement {
-                    name,
+                Err(unsatisfiable) => Placement {
+                    name: name.clone(),
+                    replica: (replicas > 1).then_some(replica),
                     model: mi.spec.model.name.clone(),
-                    status_plan: planned_shards(&plan, 0),
-                    plan: Some(plan),
-                    unsatisfiable: None,
-                }
-            }
-            Err(u) => Placement {
-                name,
-                model: mi.spec.model.name.clone(),
-                plan: None,
-                status_plan: Vec::new(),
-                unsatisfiable: Some(u),
-            },
-        };
-        out.push(placement);
+                    parallelism: None,
+                    plan: None,
+                    status_plan: Vec::new(),
+                    unsatisfiable: Some(unsatisfiable),
+                },
+            };
+            out.push(placement);
+        }
     }
     out
 }

@@ -34,8 +34,9 @@ fn table(report: &Report) -> String {
                 let shards = plan.stages.len();
                 let _ = writeln!(
                     out,
-                    "{} ({}): {shards} shard{}, {:.1} tokens/s predicted, {}",
+                    "{}{} ({}): {shards} shard{}, {:.1} tokens/s predicted, {}",
                     placement.name,
+                    replica_label(placement.replica),
                     placement.model,
                     if shards == 1 { "" } else { "s" },
                     plan.performance.tokens_per_second,
@@ -87,12 +88,18 @@ fn table(report: &Report) -> String {
                 }
                 write_rows(&mut out, &rows);
                 let _ = writeln!(out, "  {}", score_line(&plan.score));
+                if let Some(parallelism) = &placement.parallelism {
+                    let _ = writeln!(out, "  {parallelism}");
+                }
             }
             (None, Some(unsatisfiable)) => {
                 let _ = writeln!(
                     out,
-                    "{} ({}): UNSATISFIABLE: {}",
-                    placement.name, placement.model, unsatisfiable.reason
+                    "{}{} ({}): UNSATISFIABLE: {}",
+                    placement.name,
+                    replica_label(placement.replica),
+                    placement.model,
+                    unsatisfiable.reason
                 );
                 for detail in &unsatisfiable.details {
                     let _ = writeln!(out, "  - {detail}");
@@ -102,6 +109,11 @@ fn table(report: &Report) -> String {
         }
     }
     out
+}
+
+/// ` replica 2` for a replica of an instance with several.
+fn replica_label(replica: Option<u32>) -> String {
+    replica.map(|r| format!(" replica {r}")).unwrap_or_default()
 }
 
 /// Left-aligned columns, two spaces apart, each line indented by two.

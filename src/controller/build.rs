@@ -19,19 +19,30 @@ use crate::api::{
 /// Label on every shard pod and on the Service: the instance's name.
 pub(crate) const INSTANCE_LABEL: &str = "tessera.dev/instance";
 
-pub(crate) fn shard_pod_name(instance: &str, shard: u32) -> String {
-    format!("{instance}-shard-{shard}")
+/// Label on the shard pods of replicas after the first: the replica's index.
+/// The first replica's pods carry none, so pods made before instances had
+/// replicas stay exactly as they were built.
+pub(crate) const REPLICA_LABEL: &str = "tessera.dev/replica";
+
+/// `<instance>-shard-<i>` for the first replica, `<instance>-r<r>-shard-<i>`
+/// for the others: a replica's shards sort together.
+pub(crate) fn shard_pod_name(instance: &str, replica: u32, shard: u32) -> String {
+    if replica == 0 {
+        format!("{instance}-shard-{shard}")
+    } else {
+        format!("{instance}-r{replica}-shard-{shard}")
+    }
 }
 
 /// The stable DNS name of a shard: `<pod>.<service>.<namespace>.svc`.
-pub(crate) fn shard_address(instance: &str, namespace: &str, shard: u32) -> String {
+pub(crate) fn shard_address(instance: &str, namespace: &str, replica: u32, shard: u32) -> String {
     format!(
         "{}.{instance}.{namespace}.svc",
-        shard_pod_name(instance, shard)
+        shard_pod_name(instance, replica, shard)
     )
 }
 
-/// The desired shard pods, in shard order; `resource` names what a shard's
+/// The desired shard pods of one replica's plan, in shard order; `resource` names what a shard's
 /// pod requests (see [`shard_resource`]). The caller has validated the
 /// instance (`validate::check`), so it has a template with containers.
 pub fn shard_pods(
@@ -96,11 +107,15 @@ fn shard_pod(
     let template = mi.spec.template.clone().unwrap_or_default();
     let tmeta = template.metadata.unwrap_or_default();
     let mut spec = template.spec.unwrap_or_default();
-    let pod_name = shard_pod_name(&name, shard.shard);
+    let replica = shard.replica;
+    let pod_name = shard_pod_name(&name, replica, shard.shard);
 
     let mut labels = tmeta.labels.unwrap_or_default();
     labels.insert(INSTANCE_LABEL.to_string(), name.clone());
     labels.insert(SHARD_ANNOTATION.to_string(), shard.shard.to_string());
+    if replica > 0 {
+        labels.insert(REPLICA_LABEL.to_string(), replica.to_string());
+    }
     let mut annotations = tmeta.annotations.unwrap_or_default();
     annotations.insert(DEVICES_ANNOTATION.to_string(), shard.devices.join(","));
     annotations.insert(SHARD_ANNOTATION.to_string(), shard.shard.to_string());
@@ -113,14 +128,14 @@ fn shard_pod(
 
     let peers: Vec<String> = plan
         .iter()
-        .map(|s| shard_address(&name, &namespace, s.shard))
+        .map(|s| shard_address(&name, &namespace, replica, s.shard))
         .collect();
     let neighbour = |i: Option<u32>| {
         i.and_then(|i| plan.iter().find(|s| s.shard == i))
-            .map(|s| shard_address(&name, &namespace, s.shard))
+            .map(|s| shard_address(&name, &namespace, replica, s.shard))
             .unwrap_or_default()
     };
-    let env = [
+    let mut env = vec![
         ("TESSERA_INSTANCE", name.clone()),
         ("TESSERA_MODEL", mi.spec.model.name.clone()),
         ("TESSERA_SHARD_INDEX", shard.shard.to_string()),
@@ -135,6 +150,9 @@ fn shard_pod(
         ),
         ("TESSERA_NEXT_PEER", neighbour(Some(shard.shard + 1))),
     ];
+    if replica > 0 {
+        env.push(("TESSERA_REPLICA", replica.to_string()));
+    }
     for (i, c) in spec.containers.iter_mut().enumerate() {
         add_env(c, &env);
         // The first container is the shard runtime and gets the GPUs.

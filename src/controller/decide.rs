@@ -17,8 +17,9 @@ use super::settings::Settings;
 use crate::api::{Health, ModelInstanceSpec, PlannedShard, Vendor};
 use crate::placement::{
     Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
+    solve_parallelism,
 };
-use crate::translate::{WallDeadline, build_problem, planned_shards};
+use crate::translate::{WallDeadline, build_problem, planned_shards, tensor_choice};
 
 /// Everything the plan stage reads besides the instance.
 pub struct PlanInputs<'a> {
@@ -28,9 +29,14 @@ pub struct PlanInputs<'a> {
     /// How long a NotReady node keeps its shards before they count as lost.
     pub(crate) node_grace: Duration,
     pub(crate) max_steps: u64,
-    /// The inputs and answer of this instance's last unsatisfiable attempt:
+    /// The inputs and answer of this replica's last unsatisfiable attempt:
     /// the same problem is not solved twice.
     pub(crate) known_unsatisfiable: Option<&'a (u64, Unsatisfiable)>,
+    /// The replica being planned; `held` includes the other replicas' devices.
+    pub(crate) replica: u32,
+    /// Nodes of the instance's other replicas, one entry per shard (what
+    /// `placement.strategy: spread` keeps away from).
+    pub(crate) replica_nodes: &'a [String],
 }
 
 impl<'a> PlanInputs<'a> {
@@ -48,6 +54,8 @@ impl<'a> PlanInputs<'a> {
             node_grace: settings.node_grace,
             max_steps: settings.max_steps,
             known_unsatisfiable: None,
+            replica: 0,
+            replica_nodes: &[],
         }
     }
 }
@@ -96,6 +104,8 @@ pub struct NewPlan {
     pub whole: bool,
     /// Why (empty for a first plan).
     pub reasons: Vec<String>,
+    /// How `parallelism.tensor: auto` chose, when it did.
+    pub parallelism: Option<String>,
 }
 
 /// Why each shard of `plan` can no longer stay where it is, by shard.
@@ -244,7 +254,9 @@ fn problem_for(
         held.entry(key)
             .or_insert_with(|| "this instance".to_string());
     }
-    (build_problem(spec, nodes, &held), excluded)
+    let mut problem = build_problem(spec, nodes, &held);
+    problem.replica_nodes = inputs.replica_nodes.to_vec();
+    (problem, excluded)
 }
 
 fn options(deadline: &WallDeadline, max_steps: u64) -> SolveOptions<'_> {
@@ -280,13 +292,18 @@ fn whole(
         };
     }
     let limit = deadline(spec);
-    match solve(&problem, &options(&limit, inputs.max_steps)) {
-        Ok(plan) => PlanDecision::Planned(NewPlan {
-            moved: (0..plan.stages.len() as u32).collect(),
-            tokens_per_second: Some(plan.performance.tokens_per_second),
-            plan: planned_shards(&plan, 0),
+    match solve_parallelism(
+        &problem,
+        tensor_choice(spec),
+        &options(&limit, inputs.max_steps),
+    ) {
+        Ok(chosen) => PlanDecision::Planned(NewPlan {
+            moved: (0..chosen.plan.stages.len() as u32).collect(),
+            tokens_per_second: Some(chosen.plan.performance.tokens_per_second),
+            plan: planned_shards(&chosen.plan, inputs.replica),
             whole: true,
             reasons,
+            parallelism: chosen.parallelism_note(),
         }),
         Err(mut explanation) => {
             let inputs = hash();
@@ -327,9 +344,11 @@ fn repair(
         let old = &new_plan[index];
         problem.model.layers = old.layer_end - old.layer_start;
         problem.stages = Stages::Fixed(1);
+        // The rest of the pipeline keeps its tensor size, whether fixed or chosen.
+        problem.tensor = old.devices.len() as u32;
         let limit = deadline(spec);
         let found = solve(&problem, &options(&limit, inputs.max_steps)).ok()?;
-        let stage = planned_shards(&found, 0).into_iter().next()?;
+        let stage = planned_shards(&found, inputs.replica).into_iter().next()?;
         new_plan[index] = PlannedShard {
             shard,
             layer_start: old.layer_start,
@@ -339,7 +358,8 @@ fn repair(
         moved.push(shard);
     }
     // The prediction for the repaired pipeline, with this instance's devices free.
-    let (problem, _) = problem_for(spec, tolerations, inputs, std::iter::empty());
+    let (mut problem, _) = problem_for(spec, tolerations, inputs, std::iter::empty());
+    problem.tensor = new_plan.first().map_or(1, |s| s.devices.len() as u32);
     let choices: Vec<StageChoice> = new_plan
         .iter()
         .map(|s| StageChoice {
@@ -356,6 +376,7 @@ fn repair(
         moved,
         whole: false,
         reasons: Vec::new(),
+        parallelism: None,
     })
 }
 

@@ -48,3 +48,31 @@ fn fnv(bytes: &[u8]) -> u64 {
     hasher.write(bytes);
     hasher.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::api::{ParallelismSpec, PlacementPolicy, Strategy, TensorSize};
+
+    /// Instances made before replicas, `tensor: auto` and strategies existed
+    /// keep their placement hash, so an upgraded controller keeps their plans.
+    #[test]
+    fn fields_added_later_leave_older_specs_hash_alone() {
+        let parallelism = serde_json::to_value(ParallelismSpec::default()).unwrap();
+        assert_eq!(
+            parallelism,
+            serde_json::json!({"tensor": 1, "pipeline": "auto"})
+        );
+        let placement = serde_json::to_value(PlacementPolicy::default()).unwrap();
+        assert!(placement.get("strategy").is_none(), "{placement}");
+        let spread = PlacementPolicy {
+            strategy: Strategy::Spread,
+            ..PlacementPolicy::default()
+        };
+        assert_eq!(serde_json::to_value(&spread).unwrap()["strategy"], "spread");
+        let auto = ParallelismSpec {
+            tensor: TensorSize::Auto,
+            ..ParallelismSpec::default()
+        };
+        assert_eq!(serde_json::to_value(&auto).unwrap()["tensor"], "auto");
+    }
+}

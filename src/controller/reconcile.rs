@@ -16,7 +16,9 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 use super::apply::{self, ApplyError, ShardState};
-use super::build::{headless_service, shard_pod_name, shard_pods, shard_resource};
+use super::build::{
+    INSTANCE_LABEL, REPLICA_LABEL, headless_service, shard_pod_name, shard_pods, shard_resource,
+};
 use super::decide::{Current, PlanDecision, PlanInputs, broken_shards, decide};
 use super::events::{self, EventNote, plan_notes, unsatisfiable_text};
 use super::hashes::placement_hash;
@@ -25,9 +27,12 @@ use super::metrics::Metrics;
 use super::node_gate::{NodeGate, may_bind};
 use super::nodes::{NodeInfo, ParsedNodes, Readiness};
 pub use super::settings::Settings;
-use super::status::{self, Outcome, PLACED, StatusInputs};
+use super::status::{self, Outcome, PLACED, ReplicaStatus, StatusInputs};
 use super::validate;
-use crate::api::{DEVICES_ANNOTATION, InvalidSpec, ModelInstance, PlannedShard, SHARD_ANNOTATION};
+use crate::api::{
+    DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
+    SHARD_ANNOTATION,
+};
 use crate::placement::Unsatisfiable;
 
 /// The caches the controller reads; the writes go through `client`.
@@ -44,8 +49,8 @@ pub struct Context {
     pub caches: Caches,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
-    /// Last unsatisfiable attempt by instance UID.
-    unsatisfiable: Mutex<HashMap<String, (u64, Unsatisfiable)>>,
+    /// Last unsatisfiable attempt by instance UID and replica.
+    unsatisfiable: Mutex<HashMap<(String, u32), (u64, Unsatisfiable)>>,
     /// Consecutive failures by instance UID, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The plan each instance was last given here. Held for the whole plan
@@ -166,7 +171,7 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         Err(invalid) => refuse(mi, invalid, &mut notes),
         Ok(()) => plan(mi, ctx, &instance, &observed, held, now, &mut notes).await?,
     };
-    claims.insert(instance.uid.clone(), decided.outcome.plan().to_vec());
+    claims.insert(instance.uid.clone(), decided.plan());
     drop(claims);
 
     let desired = build(mi, &ctx.settings, &observed, &decided);
@@ -178,11 +183,15 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     events::publish(&ctx.recorder, mi, &notes).await;
 
     // A pod left unbound (its node busy with another) is bound on a later pass.
-    if shards.contains(&ShardState::Created) {
+    if shards
+        .iter()
+        .flatten()
+        .any(|state| *state == ShardState::Created)
+    {
         return Ok(Action::requeue(BIND_RETRY));
     }
     Ok(next_check(
-        &decided.outcome,
+        &decided,
         &observed.nodes,
         now,
         ctx.settings.node_grace,
@@ -256,12 +265,28 @@ fn held_by_others(
     )
 }
 
-/// What validate and decide settled on.
+/// What validate and decide settled on: one entry per wanted replica, in
+/// replica order (a single entry for all of them when the spec is invalid).
 struct Decided {
+    replicas: Vec<ReplicaDecided>,
+}
+
+/// One replica's outcome.
+struct ReplicaDecided {
     outcome: Outcome,
     /// Shards of a degraded plan that lost their devices, with why: kept in
     /// the plan, but no pod is made for them.
     broken: BTreeMap<u32, String>,
+}
+
+impl Decided {
+    /// Every replica's plan, replica by replica.
+    fn plan(&self) -> Vec<PlannedShard> {
+        self.replicas
+            .iter()
+            .flat_map(|replica| replica.outcome.plan().iter().cloned())
+            .collect()
+    }
 }
 
 /// An invalid spec: no plan, and an Event when the reason is new.
@@ -280,15 +305,20 @@ fn refuse(mi: &ModelInstance, invalid: InvalidSpec, notes: &mut Vec<EventNote>) 
         });
     }
     Decided {
-        outcome: Outcome::Invalid {
-            problems: invalid.problems,
-        },
-        broken: BTreeMap::new(),
+        replicas: vec![ReplicaDecided {
+            outcome: Outcome::Invalid {
+                problems: invalid.problems,
+            },
+            broken: BTreeMap::new(),
+        }],
     }
 }
 
-/// The decide stage: keep, repair or re-plan (`decide`), run off the async
-/// workers because the solver may search up to the instance's deadline.
+/// The decide stage, replica by replica: keep, repair or re-plan (`decide`),
+/// run off the async workers because the solver may search up to the
+/// instance's deadline. Each replica plans with the other replicas' devices
+/// taken (the earlier ones as just decided) and their nodes known, so
+/// replicas never share a device and `spread` can keep them apart.
 async fn plan(
     mi: &ModelInstance,
     ctx: &Context,
@@ -299,9 +329,17 @@ async fn plan(
     notes: &mut Vec<EventNote>,
 ) -> Result<Decided, Error> {
     let previous = mi.status.as_ref();
+    let wanted = mi.spec.replicas;
     let current_plan: Vec<PlannedShard> = previous.map(|s| s.plan.clone()).unwrap_or_default();
     let failed = failed_admissions(&observed.mine, &current_plan);
-    let known = lock(&ctx.unsatisfiable).get(&instance.uid).cloned();
+    let known: Vec<Option<(u64, Unsatisfiable)>> = {
+        let mut cache = lock(&ctx.unsatisfiable);
+        // Replicas scaled away leave nothing behind.
+        cache.retain(|(uid, replica), _| uid != &instance.uid || *replica < wanted);
+        (0..wanted)
+            .map(|replica| cache.get(&(instance.uid.clone(), replica)).cloned())
+            .collect()
+    };
     let tolerations = mi
         .spec
         .template
@@ -314,56 +352,155 @@ async fn plan(
     // shards keeps the rest.
     let keep = current_hash.as_deref() == Some(instance.placement_hash.as_str());
     let job = {
-        let (spec, nodes, plan) = (
+        let (spec, nodes, current_plan) = (
             mi.spec.clone(),
             observed.nodes.clone(),
             current_plan.clone(),
         );
         let (node_grace, max_steps) = (ctx.settings.node_grace, ctx.settings.max_steps);
         move || {
-            let inputs = PlanInputs {
-                nodes: &nodes,
-                held: &held,
-                now,
-                node_grace,
-                max_steps,
-                known_unsatisfiable: known.as_ref(),
-            };
-            let current = Current {
-                plan: &plan,
-                placement_hash: current_hash.as_deref(),
-                failed_admission: &failed,
-            };
-            let decision = decide(&spec, &tolerations, &current, &inputs);
-            let broken = match decision {
-                PlanDecision::Unsatisfiable { .. } if keep => {
-                    broken_shards(&plan, &failed, &inputs)
+            let mut decisions: Vec<(PlanDecision, BTreeMap<u32, String>)> = Vec::new();
+            for replica in 0..wanted {
+                let own = replica_plan(&current_plan, replica);
+                // The other replicas: the earlier ones as just decided, the later ones as they are.
+                let others: Vec<PlannedShard> = decisions
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(index, (decision, _))| {
+                        decided_plan(decision, &replica_plan(&current_plan, index as u32))
+                    })
+                    .chain(
+                        current_plan
+                            .iter()
+                            .filter(|s| s.replica > replica && s.replica < wanted)
+                            .cloned(),
+                    )
+                    .collect();
+                let mut replica_held = held.clone();
+                for shard in &others {
+                    for device in &shard.devices {
+                        replica_held
+                            .entry((shard.node.clone(), device.clone()))
+                            .or_insert_with(|| {
+                                format!("replica {} of this instance", shard.replica)
+                            });
+                    }
                 }
-                _ => BTreeMap::new(),
-            };
-            (decision, broken)
+                let replica_nodes: Vec<String> = others.iter().map(|s| s.node.clone()).collect();
+                let failed_here: Vec<u32> = failed
+                    .iter()
+                    .filter(|(r, _)| *r == replica)
+                    .map(|(_, shard)| *shard)
+                    .collect();
+                let inputs = PlanInputs {
+                    nodes: &nodes,
+                    held: &replica_held,
+                    now,
+                    node_grace,
+                    max_steps,
+                    known_unsatisfiable: known.get(replica as usize).and_then(Option::as_ref),
+                    replica,
+                    replica_nodes: &replica_nodes,
+                };
+                let current = Current {
+                    plan: &own,
+                    placement_hash: current_hash.as_deref(),
+                    failed_admission: &failed_here,
+                };
+                let decision = decide(&spec, &tolerations, &current, &inputs);
+                let broken = match decision {
+                    PlanDecision::Unsatisfiable { .. } if keep => {
+                        broken_shards(&own, &failed_here, &inputs)
+                    }
+                    _ => BTreeMap::new(),
+                };
+                decisions.push((decision, broken));
+            }
+            decisions
         }
     };
     let planning = Instant::now();
-    let (decision, broken) = tokio::task::spawn_blocking(job)
+    let decisions = tokio::task::spawn_blocking(job)
         .await
         .map_err(|e| Error::Planning(e.to_string()))?;
-    if decision != PlanDecision::Keep {
+    if decisions
+        .iter()
+        .any(|(decision, _)| *decision != PlanDecision::Keep)
+    {
         ctx.metrics
             .plan_seconds
             .observe(planning.elapsed().as_secs_f64());
     }
-    Ok(match decision {
-        PlanDecision::Keep => Decided {
+    let replicas = decisions
+        .into_iter()
+        .enumerate()
+        .map(|(index, (decision, broken))| {
+            let replica = index as u32;
+            let mut replica_notes = Vec::new();
+            let decided = replica_decided(
+                ctx,
+                (instance, replica),
+                previous,
+                replica_plan(&current_plan, replica),
+                (decision, broken),
+                keep,
+                &mut replica_notes,
+            );
+            if wanted > 1 {
+                for note in &mut replica_notes {
+                    note.message = format!("replica {replica}: {}", note.message);
+                }
+            }
+            notes.extend(replica_notes);
+            decided
+        })
+        .collect();
+    Ok(Decided { replicas })
+}
+
+/// The shards of `replica` in a plan of all replicas.
+fn replica_plan(plan: &[PlannedShard], replica: u32) -> Vec<PlannedShard> {
+    plan.iter()
+        .filter(|shard| shard.replica == replica)
+        .cloned()
+        .collect()
+}
+
+/// The plan a decision leaves a replica with (`current` when it keeps it).
+fn decided_plan(decision: &PlanDecision, current: &[PlannedShard]) -> Vec<PlannedShard> {
+    match decision {
+        PlanDecision::Keep => current.to_vec(),
+        PlanDecision::Planned(new) => new.plan.clone(),
+        PlanDecision::Unsatisfiable { .. } => current.to_vec(),
+    }
+}
+
+/// One replica's decision as an outcome, with its Events and the
+/// unsatisfiable cache brought up to date.
+fn replica_decided(
+    ctx: &Context,
+    (instance, replica): (&Instance, u32),
+    previous: Option<&ModelInstanceStatus>,
+    current_plan: Vec<PlannedShard>,
+    (decision, broken): (PlanDecision, BTreeMap<u32, String>),
+    keep: bool,
+    notes: &mut Vec<EventNote>,
+) -> ReplicaDecided {
+    let key = (instance.uid.clone(), replica);
+    match decision {
+        PlanDecision::Keep => ReplicaDecided {
             outcome: Outcome::Placed {
-                tokens_per_second: previous.and_then(|s| s.predicted_tokens_per_second),
+                // Kept plans keep their prediction; one replica's share of the total.
+                tokens_per_second: previous
+                    .and_then(|s| s.predicted_tokens_per_second)
+                    .map(|total| total / f64::from(replica_count(previous).max(1))),
                 plan: current_plan,
                 replanned: Vec::new(),
             },
             broken: BTreeMap::new(),
         },
         PlanDecision::Planned(new) => {
-            lock(&ctx.unsatisfiable).remove(&instance.uid);
+            lock(&ctx.unsatisfiable).remove(&key);
             notes.extend(plan_notes(
                 &current_plan,
                 &new.plan,
@@ -371,7 +508,14 @@ async fn plan(
                 &new.reasons,
                 new.whole,
             ));
-            Decided {
+            if let Some(parallelism) = new.parallelism {
+                notes.push(EventNote {
+                    warning: false,
+                    reason: "ParallelismChosen",
+                    message: parallelism,
+                });
+            }
+            ReplicaDecided {
                 outcome: Outcome::Placed {
                     plan: new.plan,
                     tokens_per_second: new.tokens_per_second,
@@ -394,8 +538,8 @@ async fn plan(
                     message: text.clone(),
                 });
             }
-            lock(&ctx.unsatisfiable).insert(instance.uid.clone(), (tried, explanation));
-            Decided {
+            lock(&ctx.unsatisfiable).insert(key, (tried, explanation));
+            ReplicaDecided {
                 outcome: Outcome::Unsatisfiable {
                     explanation: text,
                     plan: if keep { current_plan } else { Vec::new() },
@@ -404,20 +548,39 @@ async fn plan(
                 broken: if keep { broken } else { BTreeMap::new() },
             }
         }
-    })
+    }
 }
 
-/// Shards whose pod failed admission on its planned devices. Only a pod made
-/// for the current plan says something about it: an old one still in the
-/// cache must not move the shard a second time.
-fn failed_admissions(mine: &BTreeMap<String, Arc<Pod>>, current_plan: &[PlannedShard]) -> Vec<u32> {
+/// How many replicas the previous status planned.
+fn replica_count(previous: Option<&ModelInstanceStatus>) -> u32 {
+    previous
+        .map(|status| {
+            status
+                .plan
+                .iter()
+                .map(|shard| shard.replica)
+                .collect::<HashSet<u32>>()
+                .len() as u32
+        })
+        .unwrap_or(0)
+}
+
+/// Shards whose pod failed admission on its planned devices, as (replica,
+/// shard). Only a pod made for the current plan says something about it: an
+/// old one still in the cache must not move the shard a second time.
+fn failed_admissions(
+    mine: &BTreeMap<String, Arc<Pod>>,
+    current_plan: &[PlannedShard],
+) -> Vec<(u32, u32)> {
     mine.values()
         .filter(|p| apply::failed_admission(p))
         .filter_map(|p| {
-            let shard = shard_of(p)?;
-            let planned = current_plan.iter().find(|s| s.shard == shard)?;
+            let (replica, shard) = (replica_of(p), shard_of(p)?);
+            let planned = current_plan
+                .iter()
+                .find(|s| s.replica == replica && s.shard == shard)?;
             let devices = p.annotations().get(DEVICES_ANNOTATION)?;
-            (*devices == planned.devices.join(",")).then_some(shard)
+            (*devices == planned.devices.join(",")).then_some((replica, shard))
         })
         .collect()
 }
@@ -430,49 +593,72 @@ fn shard_of(pod: &Pod) -> Option<u32> {
         .and_then(|s| s.parse().ok())
 }
 
-/// The build stage: the shard pods the plan asks for, each with its node.
+/// The replica a shard pod belongs to (the first one's carry no label).
+fn replica_of(pod: &Pod) -> u32 {
+    pod.labels()
+        .get(REPLICA_LABEL)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The build stage: each replica's shard pods, each with its node.
 fn build(
     mi: &ModelInstance,
     settings: &Settings,
     observed: &Observed,
     decided: &Decided,
-) -> Vec<(Pod, String)> {
-    let runnable: Vec<PlannedShard> = decided
-        .outcome
-        .plan()
-        .iter()
-        .filter(|s| !decided.broken.contains_key(&s.shard))
-        .cloned()
-        .collect();
+) -> Vec<Vec<(Pod, String)>> {
     let name = mi.name_any();
-    let resource = |shard: &PlannedShard| {
-        let existing = observed.mine.get(&shard_pod_name(&name, shard.shard));
-        shard_resource(
-            &settings.resource_name,
-            shard,
-            &observed.nodes,
-            existing.map(AsRef::as_ref),
-        )
-    };
-    shard_pods(mi, &runnable, resource)
-        .into_iter()
-        .zip(runnable.iter().map(|s| s.node.clone()))
+    decided
+        .replicas
+        .iter()
+        .map(|replica| {
+            let runnable: Vec<PlannedShard> = replica
+                .outcome
+                .plan()
+                .iter()
+                .filter(|s| !replica.broken.contains_key(&s.shard))
+                .cloned()
+                .collect();
+            let resource = |shard: &PlannedShard| {
+                let existing =
+                    observed
+                        .mine
+                        .get(&shard_pod_name(&name, shard.replica, shard.shard));
+                shard_resource(
+                    &settings.resource_name,
+                    shard,
+                    &observed.nodes,
+                    existing.map(AsRef::as_ref),
+                )
+            };
+            shard_pods(mi, &runnable, resource)
+                .into_iter()
+                .zip(runnable.iter().map(|s| s.node.clone()))
+                .collect()
+        })
         .collect()
 }
 
-/// The apply stage: the Service, the pods, their bindings. Returns each
-/// shard's state; broken shards of a degraded plan count as missing.
+/// The apply stage: the Service, the pods, their bindings; pods of replicas
+/// no longer wanted go. Returns each replica's shard states; broken shards of
+/// a degraded plan count as missing. Each replica is bound all or nothing on
+/// its own, so one replica short of a pod holds no other back.
 async fn apply(
     mi: &ModelInstance,
     ctx: &Context,
     instance: &Instance,
     observed: &Observed,
-    desired: &[(Pod, String)],
+    desired: &[Vec<(Pod, String)>],
     decided: &Decided,
     notes: &mut Vec<EventNote>,
-) -> Result<Vec<ShardState>, Error> {
+) -> Result<Vec<Vec<ShardState>>, Error> {
     let namespace = instance.namespace.as_str();
-    if !decided.outcome.plan().is_empty() {
+    if decided
+        .replicas
+        .iter()
+        .any(|replica| !replica.outcome.plan().is_empty())
+    {
         let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
         let existing =
             ctx.caches.services.state().into_iter().find(|s| {
@@ -488,33 +674,48 @@ async fn apply(
         .await?;
     }
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    apply::remove_extra(&pods_api, &observed.mine, desired).await?;
+    let every_desired: Vec<(Pod, String)> = desired.iter().flatten().cloned().collect();
+    apply::remove_extra(&pods_api, &observed.mine, &every_desired).await?;
     let gate = may_bind(
         &ctx.node_gate,
         &observed.nodes,
         &observed.pods,
         Instant::now(),
     );
-    let mut shards = apply::pods(&pods_api, desired, &observed.mine, gate, notes).await?;
-    shards.extend(decided.broken.keys().map(|_| ShardState::Missing));
-    Ok(shards)
+    let mut states = Vec::with_capacity(desired.len());
+    for (replica_desired, replica) in desired.iter().zip(&decided.replicas) {
+        let mut shards =
+            apply::pods(&pods_api, replica_desired, &observed.mine, &gate, notes).await?;
+        shards.extend(replica.broken.keys().map(|_| ShardState::Missing));
+        states.push(shards);
+    }
+    Ok(states)
 }
 
-/// The status stage: computed from the outcome and the shards' states.
+/// The status stage: computed from the replicas' outcomes and shard states.
 async fn write_status(
     mi: &ModelInstance,
     ctx: &Context,
     instance: &Instance,
     decided: &Decided,
-    shards: &[ShardState],
+    shards: &[Vec<ShardState>],
     now: Timestamp,
 ) -> Result<(), Error> {
+    let replicas: Vec<ReplicaStatus> = decided
+        .replicas
+        .iter()
+        .zip(shards)
+        .map(|(replica, shards)| ReplicaStatus {
+            outcome: &replica.outcome,
+            shards,
+        })
+        .collect();
     let new_status = status::compute(&StatusInputs {
         previous: mi.status.as_ref(),
         generation: mi.metadata.generation,
         placement_hash: Some(instance.placement_hash.clone()),
-        outcome: &decided.outcome,
-        shards,
+        replicas: &replicas,
+        selector: Some(format!("{INSTANCE_LABEL}={}", instance.name)),
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);
@@ -525,18 +726,24 @@ async fn write_status(
 /// When to look again without an event: when a NotReady node's grace period
 /// runs out (no event marks that moment), else a slow resync.
 fn next_check(
-    outcome: &Outcome,
+    decided: &Decided,
     nodes: &[Arc<NodeInfo>],
     now: Timestamp,
     grace: Duration,
 ) -> Action {
-    let mut next = match outcome {
-        Outcome::Unsatisfiable { .. } => UNSATISFIABLE_RETRY,
-        _ => RESYNC,
+    let unsatisfiable = decided
+        .replicas
+        .iter()
+        .any(|replica| matches!(replica.outcome, Outcome::Unsatisfiable { .. }));
+    let mut next = if unsatisfiable {
+        UNSATISFIABLE_RETRY
+    } else {
+        RESYNC
     };
+    let plan = decided.plan();
     for node in nodes
         .iter()
-        .filter(|node| outcome.plan().iter().any(|s| s.node == node.name()))
+        .filter(|node| plan.iter().any(|s| s.node == node.name()))
     {
         if let Readiness::NotReady { since: Some(since) } = &node.readiness
             && let Ok(elapsed) = Duration::try_from(now.duration_since(*since))

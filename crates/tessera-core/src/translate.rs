@@ -9,11 +9,11 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{
     self, GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, NodeGpuState, PipelineStages,
-    PlannedShard, RACK_LABEL, Vendor, ZONE_LABEL,
+    PlannedShard, RACK_LABEL, TensorSize, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
     Deadline, Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, Stages,
-    Strategy, Weights,
+    Strategy, TensorChoice, Weights,
 };
 
 /// A node as the planner needs it: name, labels and published GPU state.
@@ -171,6 +171,14 @@ fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>)
         labels: node.labels.clone(),
         devices,
         links,
+    }
+}
+
+/// The solver's tensor size choice for the spec's `parallelism.tensor`.
+pub fn tensor_choice(spec: &ModelInstanceSpec) -> TensorChoice {
+    match spec.parallelism.tensor {
+        TensorSize::Auto => TensorChoice::Auto,
+        TensorSize::Fixed(size) => TensorChoice::Fixed(size),
     }
 }
 

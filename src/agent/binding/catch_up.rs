@@ -15,6 +15,11 @@ use kube::api::{Api, ListParams};
 /// the index knows (kubelet waits for the answer to admit the pod).
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The field selector for the pods bound to `node_name`.
+pub(super) fn node_field_selector(node_name: &str) -> String {
+    format!("spec.nodeName={node_name}")
+}
+
 /// Lists the pods bound to one node.
 pub(crate) struct NodePods {
     pods: Api<Pod>,
@@ -25,7 +30,7 @@ impl NodePods {
     pub(crate) fn new(client: kube::Client, node_name: &str) -> Self {
         Self {
             pods: Api::all(client),
-            params: ListParams::default().fields(&super::watch::node_field_selector(node_name)),
+            params: ListParams::default().fields(&node_field_selector(node_name)),
         }
     }
 

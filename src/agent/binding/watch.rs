@@ -12,13 +12,9 @@ use kube::runtime::watcher::{self, Event};
 use tokio::time::{Interval, MissedTickBehavior};
 use tokio_stream::{Stream, StreamExt};
 
+use super::catch_up::node_field_selector;
 use super::index::BindingIndex;
 use super::tidy::UNBOUND_GRACE_SECS;
-
-/// The field selector for the pods bound to `node_name`.
-pub(super) fn node_field_selector(node_name: &str) -> String {
-    format!("spec.nodeName={node_name}")
-}
 
 /// Feeds `index` from the API server: watches the pods on `node_name`
 /// (field selector `spec.nodeName=<node>`), hands every complete list to

@@ -388,6 +388,12 @@ impl JsonSchema for TensorSize {
     }
 }
 
+impl Strategy {
+    fn is_pack(&self) -> bool {
+        *self == Strategy::Pack
+    }
+}
+
 /// How replicas and instances share the cluster.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -406,7 +412,9 @@ pub enum Strategy {
 pub struct PlacementPolicy {
     /// `pack` (default) keeps large devices, whole nodes and whole NVLink/xGMI
     /// domains free; `spread` puts replicas on different nodes, racks and zones.
-    #[serde(default)]
+    // Left out when `pack`, so specs written before strategies existed keep
+    // their placement hash and their running plans.
+    #[serde(default, skip_serializing_if = "Strategy::is_pack")]
     pub strategy: Strategy,
     #[serde(default)]
     pub weights: ScoreWeights,

@@ -5,6 +5,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+mod merge;
+
 use super::apply::ShardState;
 use crate::api::{ModelInstanceStatus, Phase, PlannedShard};
 
@@ -42,30 +44,51 @@ impl Outcome {
     }
 }
 
+/// One replica's outcome and the states of its shards (in shard order).
+pub(crate) struct ReplicaStatus<'a> {
+    pub(crate) outcome: &'a Outcome,
+    pub(crate) shards: &'a [ShardState],
+}
+
 pub(crate) struct StatusInputs<'a> {
     pub(crate) previous: Option<&'a ModelInstanceStatus>,
     pub(crate) generation: Option<i64>,
     pub(crate) placement_hash: Option<String>,
-    pub(crate) outcome: &'a Outcome,
-    pub(crate) shards: &'a [ShardState],
+    /// Every wanted replica in order; one entry (for all) when the spec is invalid.
+    pub(crate) replicas: &'a [ReplicaStatus<'a>],
+    /// Label selector of the instance's shard pods (the scale subresource's).
+    pub(crate) selector: Option<String>,
     pub(crate) now: Timestamp,
 }
 
 pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
-    let counts = ShardCounts::of(inputs.shards);
-    let verdict = match inputs.outcome {
-        Outcome::Invalid { problems } => invalid(problems),
-        Outcome::Unsatisfiable {
-            explanation,
-            plan,
-            lost,
-        } => unsatisfiable(explanation, plan, lost, &counts, inputs.previous),
-        Outcome::Placed {
-            plan,
-            tokens_per_second,
-            replanned,
-        } => placed(plan, *tokens_per_second, replanned, &counts, inputs),
-    };
+    let replicas: Vec<(Verdict, ShardCounts)> = inputs
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(index, replica)| {
+            let counts = ShardCounts::of(replica.shards);
+            (
+                replica_verdict(index as u32, replica, &counts, inputs),
+                counts,
+            )
+        })
+        .collect();
+    let replica_count = replicas.len() as u32;
+    let ready_replicas = replicas
+        .iter()
+        .filter(|(_, counts)| counts.all_ready())
+        .count() as u32;
+    let running_replicas = replicas
+        .iter()
+        .filter(|(_, counts)| counts.total > 0 && counts.bound == counts.total)
+        .count() as u32;
+    let ready_shards = replicas.iter().map(|(_, counts)| counts.ready).sum();
+    let invalid = inputs
+        .replicas
+        .iter()
+        .any(|replica| matches!(replica.outcome, Outcome::Invalid { .. }));
+    let verdict = merge::verdict(replicas);
     let previous_conditions = inputs
         .previous
         .map(|status| status.conditions.as_slice())
@@ -88,25 +111,60 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         )
     })
     .collect();
+    let has_plan = !verdict.plan.is_empty() || (replica_count == 0 && !invalid);
     ModelInstanceStatus {
         phase: Some(verdict.phase),
         observed_generation: inputs.generation,
         conditions,
         shards: verdict.plan.len() as u32,
-        ready_shards: counts.ready,
-        replicas: u32::from(counts.total > 0 && counts.bound == counts.total),
-        ready_replicas: u32::from(counts.all_ready()),
-        selector: None,
+        ready_shards,
+        replicas: if invalid { 0 } else { running_replicas },
+        ready_replicas,
+        selector: inputs.selector.clone(),
         plan: verdict.plan,
         predicted_tokens_per_second: verdict
             .tokens_per_second
             .map(|tps| (tps * 10.0).round() / 10.0),
         message: Some(verdict.message),
-        placement_hash: match inputs.outcome {
-            Outcome::Invalid { .. } => None,
-            Outcome::Unsatisfiable { plan, .. } if plan.is_empty() => None,
-            _ => inputs.placement_hash.clone(),
+        placement_hash: if invalid || !has_plan {
+            None
+        } else {
+            inputs.placement_hash.clone()
         },
+    }
+}
+
+/// One replica's verdict from its outcome and shards.
+fn replica_verdict(
+    replica: u32,
+    status: &ReplicaStatus,
+    counts: &ShardCounts,
+    inputs: &StatusInputs,
+) -> Verdict {
+    match status.outcome {
+        Outcome::Invalid { problems } => invalid(problems),
+        Outcome::Unsatisfiable {
+            explanation,
+            plan,
+            lost,
+        } => unsatisfiable(explanation, plan, lost, counts, inputs.previous),
+        Outcome::Placed {
+            plan,
+            tokens_per_second,
+            replanned,
+        } => {
+            // Only a replica that had pods before can have been serving.
+            let had_plan = inputs
+                .previous
+                .is_some_and(|status| status.plan.iter().any(|s| s.replica == replica));
+            placed(
+                plan,
+                *tokens_per_second,
+                replanned,
+                counts,
+                inputs.previous.filter(|_| had_plan),
+            )
+        }
     }
 }
 
@@ -211,7 +269,7 @@ fn placed(
     tokens_per_second: Option<f64>,
     replanned: &[String],
     counts: &ShardCounts,
-    inputs: &StatusInputs,
+    previous: Option<&ModelInstanceStatus>,
 ) -> Verdict {
     let nodes: std::collections::BTreeSet<&str> =
         plan.iter().map(|shard| shard.node.as_str()).collect();
@@ -231,7 +289,7 @@ fn placed(
         )
     };
     let was_serving = matches!(
-        inputs.previous.and_then(|status| status.phase),
+        previous.and_then(|status| status.phase),
         Some(Phase::Running | Phase::Degraded)
     );
     let phase = if counts.all_ready() {
@@ -365,8 +423,8 @@ mod tests {
             previous,
             generation: Some(3),
             placement_hash: Some("h".into()),
-            outcome,
-            shards,
+            replicas: &[ReplicaStatus { outcome, shards }],
+            selector: None,
             now: now(),
         })
     }
@@ -452,22 +510,26 @@ mod tests {
     #[test]
     fn transition_times_stay_while_the_status_stays() {
         let first = compute_with(None, &placed(), &[ShardState::Ready, ShardState::Ready]);
-        let mut later = StatusInputs {
-            previous: Some(&first),
-            generation: Some(3),
-            placement_hash: Some("h".into()),
-            outcome: &placed(),
-            shards: &[ShardState::Ready, ShardState::Ready],
-            now: "2026-06-01T13:00:00Z".parse().unwrap(),
+        let outcome = placed();
+        let later = |shards: &[ShardState]| {
+            compute(&StatusInputs {
+                previous: Some(&first),
+                generation: Some(3),
+                placement_hash: Some("h".into()),
+                replicas: &[ReplicaStatus {
+                    outcome: &outcome,
+                    shards,
+                }],
+                selector: None,
+                now: "2026-06-01T13:00:00Z".parse().unwrap(),
+            })
         };
         assert_eq!(
-            compute(&later),
+            later(&[ShardState::Ready, ShardState::Ready]),
             first,
             "a settled instance's status does not change"
         );
-        let shards = [ShardState::Ready, ShardState::Bound];
-        later.shards = &shards;
-        let s = compute(&later);
+        let s = later(&[ShardState::Ready, ShardState::Bound]);
         assert_eq!(
             cond(&s, PLACED).last_transition_time,
             cond(&first, PLACED).last_transition_time
@@ -476,5 +538,131 @@ mod tests {
             cond(&s, READY).last_transition_time,
             cond(&first, READY).last_transition_time
         );
+    }
+
+    fn replica_shard(replica: u32, i: u32) -> PlannedShard {
+        PlannedShard {
+            replica,
+            ..shard(i)
+        }
+    }
+
+    fn replicas_status(
+        previous: Option<&ModelInstanceStatus>,
+        replicas: &[(Outcome, Vec<ShardState>)],
+    ) -> ModelInstanceStatus {
+        let statuses: Vec<ReplicaStatus> = replicas
+            .iter()
+            .map(|(outcome, shards)| ReplicaStatus { outcome, shards })
+            .collect();
+        compute(&StatusInputs {
+            previous,
+            generation: Some(4),
+            placement_hash: Some("h".into()),
+            replicas: &statuses,
+            selector: Some("tessera.dev/instance=m".into()),
+            now: now(),
+        })
+    }
+
+    fn placed_replica(replica: u32) -> Outcome {
+        Outcome::Placed {
+            plan: vec![replica_shard(replica, 0)],
+            tokens_per_second: Some(10.0),
+            replanned: vec![],
+        }
+    }
+
+    #[test]
+    fn replicas_count_how_many_of_how_many_got_how_far() {
+        use ShardState::*;
+        let all_ready = replicas_status(
+            None,
+            &[
+                (placed_replica(0), vec![Ready]),
+                (placed_replica(1), vec![Ready]),
+                (placed_replica(2), vec![Ready]),
+            ],
+        );
+        assert_eq!(all_ready.phase, Some(Phase::Running));
+        assert_eq!((all_ready.replicas, all_ready.ready_replicas), (3, 3));
+        assert_eq!((all_ready.shards, all_ready.ready_shards), (3, 3));
+        assert_eq!(all_ready.plan.len(), 3);
+        assert_eq!(
+            all_ready.predicted_tokens_per_second,
+            Some(30.0),
+            "replicas add up"
+        );
+        assert_eq!(
+            all_ready.selector.as_deref(),
+            Some("tessera.dev/instance=m")
+        );
+        assert_eq!(cond(&all_ready, READY).reason, "AllReplicasReady");
+        assert_eq!(
+            cond(&all_ready, PLACED).message,
+            "3 replicas placed: 3 shards on 1 node"
+        );
+
+        // A replica that cannot be placed leaves the others running.
+        let partial = replicas_status(
+            Some(&all_ready),
+            &[
+                (placed_replica(0), vec![Ready]),
+                (placed_replica(1), vec![Ready]),
+                (
+                    Outcome::Unsatisfiable {
+                        explanation: "no free GPU".into(),
+                        plan: vec![],
+                        lost: vec![],
+                    },
+                    vec![],
+                ),
+            ],
+        );
+        assert_eq!(partial.phase, Some(Phase::Degraded));
+        assert_eq!((partial.replicas, partial.ready_replicas), (2, 2));
+        let placed = cond(&partial, PLACED);
+        assert_eq!(
+            (placed.status.as_str(), placed.reason.as_str()),
+            ("False", "Unsatisfiable")
+        );
+        assert_eq!(
+            placed.message,
+            "2 of 3 replicas placed; replica 2: no placement: no free GPU"
+        );
+        assert_eq!(
+            partial.message.as_deref(),
+            Some("2 of 3 replicas running; replica 2: no placement: no free GPU")
+        );
+        assert_eq!(
+            cond(&partial, READY).message,
+            "2 of 3 replicas ready (2 of 2 shards)"
+        );
+        assert_eq!(partial.placement_hash.as_deref(), Some("h"));
+
+        // Still starting: the least advanced replica sets the phase.
+        let starting = replicas_status(
+            None,
+            &[
+                (placed_replica(0), vec![Bound]),
+                (placed_replica(1), vec![Created]),
+            ],
+        );
+        assert_eq!(starting.phase, Some(Phase::Placing));
+        assert_eq!(
+            cond(&starting, PROGRESSING).message,
+            "replica 0: 0 of 1 shards ready"
+        );
+        assert_eq!(starting.replicas, 1, "one replica has every shard bound");
+    }
+
+    #[test]
+    fn zero_replicas_is_settled_with_nothing_planned() {
+        let s = replicas_status(None, &[]);
+        assert_eq!(s.phase, Some(Phase::Pending));
+        assert_eq!((s.replicas, s.ready_replicas, s.shards), (0, 0, 0));
+        assert_eq!(cond(&s, PLACED).reason, "ScaledToZero");
+        assert_eq!(s.message.as_deref(), Some("scaled to zero replicas"));
+        assert_eq!(s.placement_hash.as_deref(), Some("h"));
     }
 }
