@@ -279,8 +279,12 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
         Some(1.0)
     );
 
-    // 5. Deleting an instance takes its pods and Service with it.
-    for name in ["llama-7b", "llama-70b", "too-big"] {
+    // 5. Replicas, driven through the scale subresource as a
+    // HorizontalPodAutoscaler drives them.
+    scale_replicas(&instances, &pods, &ns, &run).await;
+
+    // 6. Deleting an instance takes its pods and Service with it.
+    for name in ["llama-7b", "llama-70b", "too-big", "served"] {
         instances
             .delete(name, &DeleteParams::default())
             .await
@@ -300,6 +304,123 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
     .await;
     drop((a, b));
     cleanup.finish().await;
+}
+
+/// The bound shard pods of instance `name`, by pod name, with their UIDs.
+async fn bound_pods(pods: &Api<Pod>, name: &str) -> Option<BTreeMap<String, String>> {
+    let list = pods
+        .list(&ListParams::default().labels(&format!("tessera.dev/instance={name}")))
+        .await
+        .ok()?;
+    Some(
+        list.items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .map(|p| (p.name_any(), p.metadata.uid.clone().unwrap_or_default()))
+            .collect(),
+    )
+}
+
+/// Scales the one-GPU `served` instance through `/scale`: up, past what the
+/// test nodes hold (the placed replicas stay, the rest wait with a reason),
+/// and down to one (the newest replicas go).
+async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &str, run: &str) {
+    let mut served = example("llama-7b.yaml", ns, run);
+    served.metadata.name = Some("served".into());
+    served.spec.replicas = 2;
+    served.spec.placement.strategy = tessera::api::Strategy::Spread;
+    instances
+        .create(&PostParams::default(), &served)
+        .await
+        .expect("creating served");
+    // No agent reports allocations here, so same-sized shards on one node are
+    // bound one per hold period: give binding room.
+    let bind = SETTLE * 3;
+    wait(bind, "served's 2 replicas to be bound", || async {
+        let mi = instances.get("served").await.ok()?;
+        (mi.status?.replicas == 2).then_some(())
+    })
+    .await;
+    let scale = instances
+        .get_scale("served")
+        .await
+        .expect("GET served/scale");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(2));
+    let scale_status = scale.status.expect("a scale status");
+    assert_eq!(scale_status.replicas, 2);
+    assert_eq!(
+        scale_status.selector.as_deref(),
+        Some("tessera.dev/instance=served")
+    );
+
+    let patch = |replicas: u32| json!({"spec": {"replicas": replicas}});
+    instances
+        .patch_scale("served", &PatchParams::default(), &Patch::Merge(&patch(3)))
+        .await
+        .expect("scaling served to 3");
+    let three = wait(bind, "served's 3 replicas to be bound", || async {
+        let mi = instances.get("served").await.ok()?;
+        (mi.status?.replicas == 3).then_some(())?;
+        bound_pods(pods, "served").await
+    })
+    .await;
+    assert!(three.contains_key("served-r2-shard-0"), "{three:?}");
+
+    // More than the test nodes hold: the placed replicas stay, the rest say why.
+    instances
+        .patch_scale("served", &PatchParams::default(), &Patch::Merge(&patch(40)))
+        .await
+        .expect("scaling served to 40");
+    let message = wait(
+        SETTLE,
+        "served to say how many of 40 replicas are placed",
+        || async {
+            let mi = instances.get("served").await.ok()?;
+            let placed = mi
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Placed" && c.status == "False")?;
+            placed
+                .message
+                .contains("of 40 replicas placed")
+                .then_some(placed.message)
+        },
+    )
+    .await;
+    assert!(message.contains("no placement"), "{message}");
+    let now = bound_pods(pods, "served").await.expect("pods");
+    for (pod, uid) in &three {
+        assert_eq!(
+            now.get(pod),
+            Some(uid),
+            "{pod} was recreated while scaling up"
+        );
+    }
+
+    // Down to one: replicas 1.. go, replica 0 stays as it was.
+    instances
+        .patch_scale("served", &PatchParams::default(), &Patch::Merge(&patch(1)))
+        .await
+        .expect("scaling served to 1");
+    wait(SETTLE, "served to shrink to one replica", || async {
+        let mi = instances.get("served").await.ok()?;
+        let status = mi.status?;
+        (status.plan.len() == 1 && status.replicas == 1).then_some(())?;
+        let left = pods
+            .list(&ListParams::default().labels("tessera.dev/instance=served"))
+            .await
+            .ok()?;
+        (left.items.len() == 1).then_some(())
+    })
+    .await;
+    let left = bound_pods(pods, "served").await.expect("pods");
+    assert_eq!(
+        left.get("served-shard-0"),
+        three.get("served-shard-0"),
+        "replica 0 was recreated while scaling down"
+    );
 }
 
 /// Waits until `probe` answers, polling every half second; panics after `limit`.
