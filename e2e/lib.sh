@@ -24,7 +24,7 @@ wait_until() {
 
 sorted_csv() { tr ',' '\n' | sed '/^$/d' | sort | paste -sd, -; }
 
-# shards_match_plan INSTANCE: every planned shard has its pod Running on the planned
+# shards_match_plan INSTANCE: every planned shard (of every replica) has its pod Running on the planned
 # node, with the planned devices in its annotation and in what the container sees, and
 # no other pods belong to the instance. Prints the first mismatch.
 shards_match_plan() {
@@ -49,7 +49,8 @@ shards_match_plan() {
     shard=$(jq -c ".[$i]" <<<"$plan")
     node=$(jq -r '.node' <<<"$shard")
     devices=$(jq -r '.devices | join(",")' <<<"$shard")
-    name="$instance-shard-$(jq -r '.shard // '"$i" <<<"$shard")"
+    name=$(jq -r --arg instance "$instance" --arg i "$i" \
+      'if (.replica // 0) == 0 then "\($instance)-shard-\(.shard // $i)" else "\($instance)-r\(.replica)-shard-\(.shard)" end' <<<"$shard")
     pod=$(jq -c --arg name "$name" '.items[] | select(.metadata.name == $name)' <<<"$pods")
     if [[ -z "$pod" ]]; then
       echo "pod $name does not exist"

@@ -18,6 +18,9 @@
 #                      is held by a live pod (no hold without a pod)
 #   instance_deleted   instances deleted: pods and Services go, every device is free and
 #                      the next instances use all of them
+#   replicas           `kubectl scale` of an instance: new replicas run on devices of
+#                      their own, one more than the GPUs waits with its reason while the
+#                      rest run, scaling down removes the newest and keeps the first
 #   least_privilege    what the agent and the controller requested of the API server over
 #                      all of the above (their api_requests metrics) is exactly what the
 #                      chart's roles grant them: nothing missing, nothing unused
@@ -41,7 +44,7 @@ readonly KUBELET_PIDFILE="${KUBELET_PIDFILE:-}"
 readonly NODE="${NODE:-node-1}"
 readonly GPUS="${GPUS:-8}"
 readonly TIMEOUT="${TIMEOUT:-180}"
-readonly TESTS=(what_users_see hand_edits agent_restart controller_failover device_fault kubelet_restart instance_deleted least_privilege)
+readonly TESTS=(what_users_see hand_edits agent_restart controller_failover device_fault kubelet_restart instance_deleted replicas least_privilege)
 readonly ONLY="${ONLY:-${TESTS[*]}}"
 readonly STANDBY=tessera-e2e-standby-controller
 
@@ -621,6 +624,49 @@ test_instance_deleted() {
   no_device_twice || die "$(no_device_twice)"
   log "after deletion all $GPUS GPUs went to the next instances"
   delete_instances "${next[@]}"
+}
+
+# replicas_are NAME COUNT: the instance has COUNT replicas bound and every shard runs on
+# its planned devices.
+replicas_are() {
+  local bound
+  bound=$(mi "$1" | jq -r '.status.replicas // 0')
+  [[ "$bound" == "$2" ]] || {
+    echo "$1 has $bound replicas bound, not $2"
+    return 1
+  }
+  shards_match_plan "$1"
+}
+
+# placed_message_has NAME TEXT: the instance's Placed condition says TEXT.
+placed_message_has() {
+  local message
+  message=$(mi "$1" | jq -r '.status.conditions[]? | select(.type == "Placed") | .message')
+  [[ "$message" == *"$2"* ]] || {
+    echo "Placed says: $message"
+    return 1
+  }
+}
+
+test_replicas() {
+  instance fleet 1
+  kubectl scale mi/fleet -n "$NAMESPACE" --replicas=3 >/dev/null || die "kubectl scale mi/fleet failed"
+  wait_until "$TIMEOUT" "fleet's 3 replicas to run on their planned devices" replicas_are fleet 3
+  no_device_twice || die "$(no_device_twice)"
+  local first
+  first=$(pods_of fleet | grep '^fleet-shard-0 ')
+  # One more replica than the node has GPUs: the rest run, the last waits and says why.
+  kubectl scale mi/fleet -n "$NAMESPACE" --replicas=$((GPUS + 1)) >/dev/null || die "kubectl scale mi/fleet failed"
+  wait_until "$TIMEOUT" "$GPUS replicas of fleet to run" replicas_are fleet "$GPUS"
+  wait_until "$TIMEOUT" "fleet to say which replica waits" placed_message_has fleet "$GPUS of $((GPUS + 1)) replicas placed; replica $GPUS: no placement"
+  [[ "$(mi fleet | jq -r .status.phase)" == Degraded ]] || die "fleet is $(mi fleet | jq -r .status.phase) with a replica unplaced, not Degraded"
+  no_device_twice || die "$(no_device_twice)"
+  kubectl scale mi/fleet -n "$NAMESPACE" --replicas=1 >/dev/null || die "kubectl scale mi/fleet failed"
+  wait_until "$TIMEOUT" "fleet to shrink to one replica" replicas_are fleet 1
+  [[ "$(pods_of fleet)" == "$first" ]] || die "fleet's first replica changed while scaling: $(pods_of fleet)"
+  wait_until "$TIMEOUT" "every hold to be a live pod's" holds_match_pods
+  log "kubectl scale: 3, then $((GPUS + 1)) ($GPUS ran, one waited with its reason), then 1 replica; the first replica's pod never changed"
+  delete_instances fleet
 }
 
 # Grants a run may not use, with why they are needed all the same.
