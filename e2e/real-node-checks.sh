@@ -638,6 +638,16 @@ replicas_are() {
   shards_match_plan "$1"
 }
 
+# pods_are NAME PODS: pods_of NAME is exactly PODS.
+pods_are() {
+  local now
+  now=$(pods_of "$1")
+  [[ "$now" == "$2" ]] || {
+    echo "pods of $1: $now"
+    return 1
+  }
+}
+
 # placed_message_has NAME TEXT: the instance's Placed condition says TEXT.
 placed_message_has() {
   local message
@@ -655,17 +665,21 @@ test_replicas() {
   no_device_twice || die "$(no_device_twice)"
   local first
   first=$(pods_of fleet | grep '^fleet-shard-0 ')
-  # One more replica than the node has GPUs: the rest run, the last waits and says why.
-  kubectl scale mi/fleet -n "$NAMESPACE" --replicas=$((GPUS + 1)) >/dev/null || die "kubectl scale mi/fleet failed"
-  wait_until "$TIMEOUT" "$GPUS replicas of fleet to run" replicas_are fleet "$GPUS"
-  wait_until "$TIMEOUT" "fleet to say which replica waits" placed_message_has fleet "$GPUS of $((GPUS + 1)) replicas placed; replica $GPUS: no placement"
+  # One more replica than the node has GPUs for fleet: the rest run, the last waits
+  # and says why.
+  local fits
+  wait_until "$TIMEOUT" "the agent to publish fleet's holds" holds_match_pods
+  fits=$((GPUS - $(gpu_state | jq '.allocated // {} | length') + 3))
+  kubectl scale mi/fleet -n "$NAMESPACE" --replicas=$((fits + 1)) >/dev/null || die "kubectl scale mi/fleet failed"
+  wait_until "$TIMEOUT" "$fits replicas of fleet to run" replicas_are fleet "$fits"
+  wait_until "$TIMEOUT" "fleet to say which replica waits" placed_message_has fleet "$fits of $((fits + 1)) replicas placed; replica $fits: no placement"
   [[ "$(mi fleet | jq -r .status.phase)" == Degraded ]] || die "fleet is $(mi fleet | jq -r .status.phase) with a replica unplaced, not Degraded"
   no_device_twice || die "$(no_device_twice)"
   kubectl scale mi/fleet -n "$NAMESPACE" --replicas=1 >/dev/null || die "kubectl scale mi/fleet failed"
   wait_until "$TIMEOUT" "fleet to shrink to one replica" replicas_are fleet 1
-  [[ "$(pods_of fleet)" == "$first" ]] || die "fleet's first replica changed while scaling: $(pods_of fleet)"
+  wait_until "$TIMEOUT" "fleet's newer replicas' pods to go, the first one's unchanged" pods_are fleet "$first"
   wait_until "$TIMEOUT" "every hold to be a live pod's" holds_match_pods
-  log "kubectl scale: 3, then $((GPUS + 1)) ($GPUS ran, one waited with its reason), then 1 replica; the first replica's pod never changed"
+  log "kubectl scale: 3, then $((fits + 1)) ($fits ran, one waited with its reason), then 1 replica; the first replica's pod never changed"
   delete_instances fleet
 }
 
