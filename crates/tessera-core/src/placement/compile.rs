@@ -8,7 +8,9 @@
 //! the search always uses the lowest-indexed unused ones. Likewise *twin nodes*
 //! (same position, same classes, same links) are used in order. Both rules prune
 //! only plans that have an equally scored twin still searched, so the optimum is
-//! kept (the property tests check this against plain enumeration).
+//! kept (the property tests check this against plain enumeration). The sharing
+//! part (see `sharing`) is part of how a device looks: devices or nodes with
+//! different sharing values are never twins.
 
 use std::collections::HashMap;
 
@@ -31,7 +33,8 @@ pub(crate) struct Group {
     pub counts: Vec<(usize, u32)>,
     /// Layers the group can hold.
     pub cap: u32,
-    /// Weighted compute + thermal + bandwidth parts (before dividing by stage count).
+    /// Weighted compute + thermal + bandwidth + sharing parts (before dividing
+    /// by stage count).
     pub additive: f64,
     /// Free bytes over the group's devices.
     pub free: f64,
@@ -55,7 +58,7 @@ impl<'p> Compiled<'p> {
     /// `stages` is the resolved stage count (see `greedy::start`).
     pub(crate) fn new(ctx: PreparedProblem<'p>, stages: u32) -> Self {
         let problem = ctx.problem;
-        let tensor = problem.tensor as usize;
+        let tensor = ctx.tensor as usize;
         let mut order: Vec<usize> = (0..problem.nodes.len()).collect();
         order.sort_by(|&a, &b| ctx.position_cmp(a, b));
 
@@ -81,17 +84,11 @@ impl<'p> Compiled<'p> {
         let mut groups = Vec::new();
         for (node_index, node) in nodes.iter().enumerate() {
             let mut counts = Vec::new();
-            enumerate_counts(
-                &node.classes,
-                0,
-                problem.tensor,
-                &mut counts,
-                &mut |counts| {
-                    if let Some(group) = make_group(&ctx, node_index, node, counts) {
-                        groups.push(group);
-                    }
-                },
-            );
+            enumerate_counts(&node.classes, 0, ctx.tensor, &mut counts, &mut |counts| {
+                if let Some(group) = make_group(&ctx, node_index, node, counts) {
+                    groups.push(group);
+                }
+            });
         }
         let max_free = groups.iter().map(|group| group.free).fold(0.0, f64::max);
         let weights = ctx.weights;
@@ -140,7 +137,11 @@ fn twins(
             second_device.memory_bandwidth_gbps,
         )
         && scored_temperature(first_device).map(f64::to_bits)
-            == scored_temperature(second_device).map(f64::to_bits);
+            == scored_temperature(second_device).map(f64::to_bits)
+        && same_bits(
+            ctx.device_sharing(node, first),
+            ctx.device_sharing(node, second),
+        );
     same && eligible.iter().all(|&other| {
         other == first || other == second || {
             let first_link = ctx.links(node).get(first, other);
@@ -166,8 +167,8 @@ fn twin_classes(ctx: &PreparedProblem, node: usize, eligible: &[usize]) -> Vec<V
 }
 
 /// A twin class as a comparable value: size, vendor, product, and the numbers
-/// the score reads (memory, throughput, bandwidth bits; temperature bits).
-type ClassKey<'a> = (usize, &'a str, &'a str, [u64; 4], Option<u64>);
+/// the score reads (memory, throughput, bandwidth, sharing bits; temperature bits).
+type ClassKey<'a> = (usize, &'a str, &'a str, [u64; 5], Option<u64>);
 
 /// Everything that makes two nodes interchangeable.
 #[derive(PartialEq, Eq, Hash)]
@@ -212,6 +213,7 @@ fn node_key<'a>(ctx: &'a PreparedProblem, node: usize, classes: &[Vec<usize>]) -
                         device.memory_free_bytes,
                         device.fp16_tflops.to_bits(),
                         device.memory_bandwidth_gbps.to_bits(),
+                        ctx.device_sharing(node, class[0]).to_bits(),
                     ],
                     scored_temperature(device).map(f64::to_bits),
                 )
@@ -283,7 +285,8 @@ fn make_group(
         cap,
         additive: weights.compute * compute
             + weights.thermal * thermal
-            + weights.bandwidth * bandwidth,
+            + weights.bandwidth * bandwidth
+            + ctx.sharing_weight * ctx.group_sharing(node.src, &devices),
         free,
         intra_cost: ctx.intra_cost(node.src, &devices),
         multiplicity: counts
