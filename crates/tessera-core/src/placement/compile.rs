@@ -362,4 +362,37 @@ mod tests {
         assert_eq!(compiled.nodes[1].twin_prev, Some(0));
         assert_eq!(compiled.nodes[2].twin_prev, None);
     }
+
+    #[test]
+    fn different_sharing_values_are_never_twins() {
+        use super::super::problem::Strategy;
+        // Spread: of two identical nodes, one runs another replica.
+        let mut spread = problem(
+            vec![node("a", 2, H100), node("b", 2, H100)],
+            8,
+            1,
+            Stages::Fixed(1),
+        );
+        spread.strategy = Strategy::Spread;
+        assert_eq!(compile(&spread).nodes[1].twin_prev, Some(0));
+        spread.replica_nodes = vec!["a".into()];
+        assert_eq!(compile(&spread).nodes[1].twin_prev, None);
+
+        // Pack: devices 0 and 2 look alike, but 0's NVLink partner is held
+        // (its domain is already broken) while 2's is only unhealthy.
+        let mut pack = problem(vec![node("x", 4, RTX4090)], 8, 1, Stages::Fixed(1));
+        for (first, second) in [(0, 1), (2, 3)] {
+            pack.nodes[0].links.push(Link {
+                a: format!("x-{first}"),
+                b: format!("x-{second}"),
+                kind: Interconnect::NvLink,
+                bandwidth_gbps: 600.0,
+            });
+        }
+        pack.nodes[0].devices[1].allocated_to = Some("ns/other".into());
+        pack.nodes[0].devices[3].healthy = false;
+        assert_eq!(compile(&pack).nodes[0].classes, vec![vec![0, 2]]);
+        pack.strategy = Strategy::Pack;
+        assert_eq!(compile(&pack).nodes[0].classes, vec![vec![0], vec![2]]);
+    }
 }
