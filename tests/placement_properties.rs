@@ -1,13 +1,17 @@
 //! Properties of the solver on random small clusters: plans obey every hard
-//! constraint, branch-and-bound finds the same optimum as plain enumeration, and
-//! the same input gives the same plan.
+//! constraint, branch-and-bound finds the same optimum as plain enumeration
+//! (under every strategy, with devices other workloads hold and replicas to
+//! keep away from), the same input gives the same plan, replicas are valid
+//! and never share a device, and `tensor: auto` is never slower than a size it
+//! could have chosen.
 
 use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
 use tessera::placement::{
     Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, SolveOptions,
-    Stages, Weights, best_by_enumeration, solve,
+    Stages, Strategy as PlacementStrategy, TensorChoice, Weights, best_by_enumeration, solve,
+    solve_parallelism, solve_replicas, take_devices, tensor_candidates,
 };
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -26,6 +30,8 @@ struct DeviceSpec {
     used_eighths: u8,
     temperature: u8,
     healthy: bool,
+    /// Another workload holds the device.
+    held: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -37,14 +43,22 @@ struct NodeSpec {
 }
 
 fn device_spec() -> impl Strategy<Value = DeviceSpec> {
-    (0..4usize, 0..6u8, 0..4u8, proptest::bool::weighted(0.9)).prop_map(
-        |(kind, used_eighths, temperature, healthy)| DeviceSpec {
-            kind,
-            used_eighths,
-            temperature,
-            healthy,
-        },
+    (
+        0..4usize,
+        0..6u8,
+        0..4u8,
+        proptest::bool::weighted(0.9),
+        proptest::bool::weighted(0.2),
     )
+        .prop_map(
+            |(kind, used_eighths, temperature, healthy, held)| DeviceSpec {
+                kind,
+                used_eighths,
+                temperature,
+                healthy,
+                held,
+            },
+        )
 }
 
 fn node_spec() -> impl Strategy<Value = NodeSpec> {
@@ -56,7 +70,8 @@ fn node_spec() -> impl Strategy<Value = NodeSpec> {
                     kind,
                     used_eighths: 0,
                     temperature: temp,
-                    healthy: true
+                    healthy: true,
+                    held: false,
                 };
                 n
             ]),
@@ -74,12 +89,36 @@ fn node_spec() -> impl Strategy<Value = NodeSpec> {
         })
 }
 
+/// How the problem shares the cluster: the strategy, and which nodes (by
+/// position, wrapped around) the instance's other replicas run on.
+#[derive(Clone, Debug)]
+struct Sharing {
+    strategy: PlacementStrategy,
+    replica_nodes: Vec<usize>,
+}
+
+fn sharing() -> impl Strategy<Value = Sharing> {
+    (
+        prop_oneof![
+            Just(PlacementStrategy::ScoreOnly),
+            Just(PlacementStrategy::Pack),
+            Just(PlacementStrategy::Spread)
+        ],
+        proptest::collection::vec(0..6usize, 0..3),
+    )
+        .prop_map(|(strategy, replica_nodes)| Sharing {
+            strategy,
+            replica_nodes,
+        })
+}
+
 fn build(
     nodes: &[NodeSpec],
     billions: f64,
     tensor: u32,
     stages: Stages,
     weights: Weights,
+    sharing: &Sharing,
 ) -> Problem {
     let layers = 24u32;
     let params = billions * 1e9;
@@ -107,7 +146,7 @@ fn build(
                 temperature_c: Some([40.0, 55.0, 70.0, 90.0][d.temperature as usize]),
                 healthy: d.healthy,
                 health_reason: (!d.healthy).then(|| "Xid 79".to_string()),
-                allocated_to: None,
+                allocated_to: d.held.then(|| "other/instance".to_string()),
             });
         }
         let mut links = Vec::new();
@@ -151,8 +190,12 @@ fn build(
         weights,
         max_temperature_c: 85.0,
         selector: Selector::default(),
-        strategy: tessera::placement::Strategy::ScoreOnly,
-        replica_nodes: Vec::new(),
+        strategy: sharing.strategy,
+        replica_nodes: sharing
+            .replica_nodes
+            .iter()
+            .map(|position| format!("n{}", position % nodes.len().max(1)))
+            .collect(),
     }
 }
 
@@ -162,6 +205,7 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
         prop_oneof![Just(7.0), Just(13.0), Just(34.0), Just(70.0), Just(180.0)],
         prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
         prop_oneof![Just(Stages::Auto), (1..=6u32).prop_map(Stages::Fixed)],
+        sharing(),
         prop_oneof![
             3 => Just(Weights::default()),
             1 => (0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64).prop_map(
@@ -175,8 +219,8 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
             ),
         ],
     )
-        .prop_map(|(nodes, billions, tensor, stages, weights)| {
-            build(&nodes, billions, tensor, stages, weights)
+        .prop_map(|(nodes, billions, tensor, stages, sharing, weights)| {
+            build(&nodes, billions, tensor, stages, weights, &sharing)
         })
 }
 
@@ -204,6 +248,12 @@ fn check_hard_constraints(p: &Problem, plan: &Plan) -> Result<(), TestCaseError>
             prop_assert!(d.is_some(), "device {} is on the stage's node", id);
             let d = d.unwrap();
             prop_assert!(d.healthy, "{} is unhealthy", id);
+            prop_assert!(
+                d.allocated_to.is_none(),
+                "{} is held by {:?}",
+                id,
+                d.allocated_to
+            );
             prop_assert!(d.temperature_c.unwrap_or(0.0) < p.max_temperature_c);
             prop_assert!(
                 s.memory_per_device_bytes <= d.memory_free_bytes as f64 + 1.0,
@@ -254,4 +304,71 @@ proptest! {
             check_hard_constraints(&p, &plan)?;
         }
     }
+
+    #[test]
+    fn replicas_are_valid_plans_that_never_share_a_device(
+        p in problem_strategy(),
+        tensor in tensor_choice(),
+        replicas in 1..4u32,
+    ) {
+        let results = solve_replicas(&p, tensor, replicas, "ns/m", &SolveOptions::default());
+        prop_assert_eq!(results.len(), replicas as usize);
+        // Each replica is checked against the cluster the earlier ones left.
+        let mut remaining = p.clone();
+        let mut refused = false;
+        let mut used = HashSet::new();
+        for (replica, result) in results.iter().enumerate() {
+            match result {
+                Ok(placed) => {
+                    prop_assert!(!refused, "a replica placed after a refusal");
+                    if let TensorChoice::Fixed(size) = tensor {
+                        prop_assert_eq!(placed.tensor, size);
+                    }
+                    let mut sized = remaining.clone();
+                    sized.tensor = placed.tensor;
+                    check_hard_constraints(&sized, &placed.plan)?;
+                    for stage in &placed.plan.stages {
+                        for id in &stage.devices {
+                            prop_assert!(
+                                used.insert((stage.node.clone(), id.clone())),
+                                "{} is shared by two replicas", id
+                            );
+                        }
+                    }
+                    take_devices(&mut remaining, &placed.plan, &format!("ns/m replica {replica}"));
+                }
+                Err(_) => refused = true,
+            }
+        }
+    }
+
+    #[test]
+    fn auto_is_never_slower_than_a_size_it_could_have_chosen(p in problem_strategy()) {
+        // The step budget, not a deadline, bounds every solve: deterministic.
+        let opts = SolveOptions { deadline: None, max_steps: 50_000 };
+        let auto = solve_parallelism(&p, TensorChoice::Auto, &opts);
+        for size in tensor_candidates(&p) {
+            let fixed = solve_parallelism(&p, TensorChoice::Fixed(size), &opts);
+            match (&auto, &fixed) {
+                (Ok(auto), Ok(fixed)) => prop_assert!(
+                    auto.plan.performance.tokens_per_second
+                        >= fixed.plan.performance.tokens_per_second,
+                    "auto chose tensor {} at {} tokens/s; tensor {} gives {}",
+                    auto.tensor,
+                    auto.plan.performance.tokens_per_second,
+                    size,
+                    fixed.plan.performance.tokens_per_second
+                ),
+                (Err(_), Ok(_)) => prop_assert!(false, "auto found no plan; tensor {} has one", size),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn tensor_choice() -> impl Strategy<Value = TensorChoice> {
+    prop_oneof![
+        Just(TensorChoice::Auto),
+        (1..=4u32).prop_map(TensorChoice::Fixed),
+    ]
 }

@@ -19,8 +19,14 @@ impl Report {
 
 fn score_line(score: &Score) -> String {
     format!(
-        "score {:.3} = compute {:.2} · memory {:.2} · network {:.2} · thermal {:.2} · bandwidth {:.2} (parts in 0..1, weighted)",
-        score.total, score.compute, score.memory, score.network, score.thermal, score.bandwidth
+        "score {:.3} = compute {:.2} · memory {:.2} · network {:.2} · thermal {:.2} · bandwidth {:.2} · sharing {:.2} (parts in 0..1, weighted)",
+        score.total,
+        score.compute,
+        score.memory,
+        score.network,
+        score.thermal,
+        score.bandwidth,
+        score.sharing
     )
 }
 
@@ -63,6 +69,7 @@ fn table(report: &Report) -> String {
                     "MEMORY",
                     "THERMAL",
                     "BANDWIDTH",
+                    "SHARING",
                     "NEXT-HOP",
                 ];
                 let mut rows = vec![header.map(String::from).to_vec()];
@@ -79,6 +86,7 @@ fn table(report: &Report) -> String {
                         format!("{:.2}", s.parts.memory),
                         format!("{:.2}", s.parts.thermal),
                         format!("{:.2}", s.parts.bandwidth),
+                        format!("{:.2}", s.parts.sharing),
                         if i + 1 == shards {
                             "-".into()
                         } else {

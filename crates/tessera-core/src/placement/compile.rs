@@ -8,7 +8,9 @@
 //! the search always uses the lowest-indexed unused ones. Likewise *twin nodes*
 //! (same position, same classes, same links) are used in order. Both rules prune
 //! only plans that have an equally scored twin still searched, so the optimum is
-//! kept (the property tests check this against plain enumeration).
+//! kept (the property tests check this against plain enumeration). The sharing
+//! part (see `sharing`) is part of how a device looks: devices or nodes with
+//! different sharing values are never twins.
 
 use std::collections::HashMap;
 
@@ -31,7 +33,8 @@ pub(crate) struct Group {
     pub counts: Vec<(usize, u32)>,
     /// Layers the group can hold.
     pub cap: u32,
-    /// Weighted compute + thermal + bandwidth parts (before dividing by stage count).
+    /// Weighted compute + thermal + bandwidth + sharing parts (before dividing
+    /// by stage count).
     pub additive: f64,
     /// Free bytes over the group's devices.
     pub free: f64,
@@ -55,7 +58,7 @@ impl<'p> Compiled<'p> {
     /// `stages` is the resolved stage count (see `greedy::start`).
     pub(crate) fn new(ctx: PreparedProblem<'p>, stages: u32) -> Self {
         let problem = ctx.problem;
-        let tensor = problem.tensor as usize;
+        let tensor = ctx.tensor as usize;
         let mut order: Vec<usize> = (0..problem.nodes.len()).collect();
         order.sort_by(|&a, &b| ctx.position_cmp(a, b));
 
@@ -81,17 +84,11 @@ impl<'p> Compiled<'p> {
         let mut groups = Vec::new();
         for (node_index, node) in nodes.iter().enumerate() {
             let mut counts = Vec::new();
-            enumerate_counts(
-                &node.classes,
-                0,
-                problem.tensor,
-                &mut counts,
-                &mut |counts| {
-                    if let Some(group) = make_group(&ctx, node_index, node, counts) {
-                        groups.push(group);
-                    }
-                },
-            );
+            enumerate_counts(&node.classes, 0, ctx.tensor, &mut counts, &mut |counts| {
+                if let Some(group) = make_group(&ctx, node_index, node, counts) {
+                    groups.push(group);
+                }
+            });
         }
         let max_free = groups.iter().map(|group| group.free).fold(0.0, f64::max);
         let weights = ctx.weights;
@@ -140,7 +137,11 @@ fn twins(
             second_device.memory_bandwidth_gbps,
         )
         && scored_temperature(first_device).map(f64::to_bits)
-            == scored_temperature(second_device).map(f64::to_bits);
+            == scored_temperature(second_device).map(f64::to_bits)
+        && same_bits(
+            ctx.device_sharing(node, first),
+            ctx.device_sharing(node, second),
+        );
     same && eligible.iter().all(|&other| {
         other == first || other == second || {
             let first_link = ctx.links(node).get(first, other);
@@ -166,8 +167,8 @@ fn twin_classes(ctx: &PreparedProblem, node: usize, eligible: &[usize]) -> Vec<V
 }
 
 /// A twin class as a comparable value: size, vendor, product, and the numbers
-/// the score reads (memory, throughput, bandwidth bits; temperature bits).
-type ClassKey<'a> = (usize, &'a str, &'a str, [u64; 4], Option<u64>);
+/// the score reads (memory, throughput, bandwidth, sharing bits; temperature bits).
+type ClassKey<'a> = (usize, &'a str, &'a str, [u64; 5], Option<u64>);
 
 /// Everything that makes two nodes interchangeable.
 #[derive(PartialEq, Eq, Hash)]
@@ -212,6 +213,7 @@ fn node_key<'a>(ctx: &'a PreparedProblem, node: usize, classes: &[Vec<usize>]) -
                         device.memory_free_bytes,
                         device.fp16_tflops.to_bits(),
                         device.memory_bandwidth_gbps.to_bits(),
+                        ctx.device_sharing(node, class[0]).to_bits(),
                     ],
                     scored_temperature(device).map(f64::to_bits),
                 )
@@ -283,7 +285,8 @@ fn make_group(
         cap,
         additive: weights.compute * compute
             + weights.thermal * thermal
-            + weights.bandwidth * bandwidth,
+            + weights.bandwidth * bandwidth
+            + ctx.sharing_weight * ctx.group_sharing(node.src, &devices),
         free,
         intra_cost: ctx.intra_cost(node.src, &devices),
         multiplicity: counts
@@ -358,5 +361,38 @@ mod tests {
         assert_eq!(compiled.nodes[0].twin_prev, None);
         assert_eq!(compiled.nodes[1].twin_prev, Some(0));
         assert_eq!(compiled.nodes[2].twin_prev, None);
+    }
+
+    #[test]
+    fn different_sharing_values_are_never_twins() {
+        use super::super::problem::Strategy;
+        // Spread: of two identical nodes, one runs another replica.
+        let mut spread = problem(
+            vec![node("a", 2, H100), node("b", 2, H100)],
+            8,
+            1,
+            Stages::Fixed(1),
+        );
+        spread.strategy = Strategy::Spread;
+        assert_eq!(compile(&spread).nodes[1].twin_prev, Some(0));
+        spread.replica_nodes = vec!["a".into()];
+        assert_eq!(compile(&spread).nodes[1].twin_prev, None);
+
+        // Pack: devices 0 and 2 look alike, but 0's NVLink partner is held
+        // (its domain is already broken) while 2's is only unhealthy.
+        let mut pack = problem(vec![node("x", 4, RTX4090)], 8, 1, Stages::Fixed(1));
+        for (first, second) in [(0, 1), (2, 3)] {
+            pack.nodes[0].links.push(Link {
+                a: format!("x-{first}"),
+                b: format!("x-{second}"),
+                kind: Interconnect::NvLink,
+                bandwidth_gbps: 600.0,
+            });
+        }
+        pack.nodes[0].devices[1].allocated_to = Some("ns/other".into());
+        pack.nodes[0].devices[3].healthy = false;
+        assert_eq!(compile(&pack).nodes[0].classes, vec![vec![0, 2]]);
+        pack.strategy = Strategy::Pack;
+        assert_eq!(compile(&pack).nodes[0].classes, vec![vec![0], vec![2]]);
     }
 }

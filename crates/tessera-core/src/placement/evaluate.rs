@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use super::exclusion::{Exclusion, exclusion_text};
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
-use super::problem::{Device, Interconnect, NodeState, Problem, Weights};
+use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Weights};
+use super::sharing;
 use super::split::split_layers;
 
 /// A stage given by names, as a caller outside the solver knows it.
@@ -98,7 +99,17 @@ impl NodeLinks {
 /// Everything about a problem that does not depend on the choice of groups.
 pub(crate) struct PreparedProblem<'p> {
     pub problem: &'p Problem,
+    /// Devices per shard: the problem's, or the size `tensor: auto` is trying
+    /// (so trying a size needs no copy of the problem).
+    pub tensor: u32,
+    /// The user weights, normalised and scaled by `1 - sharing_weight`: what
+    /// each of the five parts counts for in the total.
     pub weights: Weights,
+    /// What the sharing part counts for (0 under `Strategy::ScoreOnly`).
+    pub sharing_weight: f64,
+    /// `sharing[node][device]`: each device's sharing value; empty when the
+    /// part weighs nothing.
+    sharing: Vec<Vec<f64>>,
     /// Bytes one layer occupies (weights + KV cache), across a whole group.
     pub layer_bytes: f64,
     pub max_tflops: f64,
@@ -111,8 +122,13 @@ pub(crate) struct PreparedProblem<'p> {
 
 impl<'p> PreparedProblem<'p> {
     pub(crate) fn new(problem: &'p Problem) -> Self {
+        Self::sized(problem, problem.tensor)
+    }
+
+    /// The problem with `tensor` devices per shard instead of its own.
+    pub(crate) fn sized(problem: &'p Problem, tensor_size: u32) -> Self {
         let layer_bytes = problem.model.weight_bytes_per_layer + problem.model.kv_bytes_per_layer;
-        let tensor = f64::from(problem.tensor.max(1));
+        let tensor = f64::from(tensor_size.max(1));
         let need_one_layer = problem.model.overhead_bytes_per_device + layer_bytes / tensor;
         let exclusions: Vec<Vec<Option<Exclusion>>> = problem
             .nodes
@@ -139,9 +155,24 @@ impl<'p> PreparedProblem<'p> {
                 }
             }
         }
+        let sharing_weight = sharing::sharing_weight(problem.strategy);
+        let sharing =
+            sharing::device_values(problem, &|node, device| exclusions[node][device].is_none());
+        let normalized = problem.weights.normalized();
+        // Scaling by exactly 1 under `ScoreOnly` keeps every score as it was.
+        let user_share = 1.0 - sharing_weight;
         Self {
             problem,
-            weights: problem.weights.normalized(),
+            tensor: tensor_size,
+            weights: Weights {
+                compute: normalized.compute * user_share,
+                memory: normalized.memory * user_share,
+                network: normalized.network * user_share,
+                thermal: normalized.thermal * user_share,
+                bandwidth: normalized.bandwidth * user_share,
+            },
+            sharing_weight,
+            sharing,
             layer_bytes,
             max_tflops,
             max_bandwidth,
@@ -199,10 +230,31 @@ impl<'p> PreparedProblem<'p> {
         (compute, thermal, bandwidth)
     }
 
+    /// The sharing value of a device (see `sharing`).
+    pub(crate) fn device_sharing(&self, node: usize, device: usize) -> f64 {
+        self.sharing
+            .get(node)
+            .and_then(|values| values.get(device))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// A stage's sharing value: the mean over its devices.
+    pub(crate) fn group_sharing(&self, node: usize, devices: &[usize]) -> f64 {
+        if self.sharing.is_empty() || devices.is_empty() {
+            return 0.0;
+        }
+        devices
+            .iter()
+            .map(|&device| self.device_sharing(node, device))
+            .sum::<f64>()
+            / devices.len() as f64
+    }
+
     /// Layers a group of devices can hold: every device carries the overhead plus
     /// its `1/tensor` share of each layer, so the tightest device decides.
     pub(crate) fn capacity(&self, min_free: f64) -> u32 {
-        let per_device = self.layer_bytes / f64::from(self.problem.tensor.max(1));
+        let per_device = self.layer_bytes / f64::from(self.tensor.max(1));
         let room = min_free - self.problem.model.overhead_bytes_per_device;
         if room < per_device || per_device <= 0.0 {
             return if room >= 0.0 && per_device <= 0.0 {
@@ -234,7 +286,7 @@ impl<'p> PreparedProblem<'p> {
     /// Normaliser of the network part: pipeline hops plus one term per tensor group.
     pub(crate) fn network_terms(&self, stages: u32) -> f64 {
         let hops = f64::from(stages.saturating_sub(1));
-        let groups = if self.problem.tensor > 1 {
+        let groups = if self.tensor > 1 {
             f64::from(stages)
         } else {
             0.0
@@ -245,13 +297,11 @@ impl<'p> PreparedProblem<'p> {
     /// Bytes the whole plan needs across its devices.
     pub(crate) fn demand(&self, stages: u32) -> f64 {
         f64::from(self.problem.model.layers) * self.layer_bytes
-            + f64::from(stages * self.problem.tensor) * self.problem.model.overhead_bytes_per_device
+            + f64::from(stages * self.tensor) * self.problem.model.overhead_bytes_per_device
     }
 
     /// Time one layer takes for one token on a group, in seconds.
     fn layer_seconds(&self, node: usize, devices: &[usize]) -> f64 {
-        let tensor = f64::from(self.problem.tensor.max(1));
-        let model = &self.problem.model;
         let mut tflops = f64::INFINITY;
         let mut bw = f64::INFINITY;
         for &device in devices {
@@ -259,35 +309,20 @@ impl<'p> PreparedProblem<'p> {
             tflops = tflops.min(gpu.fp16_tflops);
             bw = bw.min(gpu.memory_bandwidth_gbps);
         }
-        let compute = model.flops_per_layer_token / (tensor * tflops * 1e12 * COMPUTE_EFFICIENCY);
-        let memory = model.weight_bytes_per_layer / (tensor * bw * 1e9 * MEMORY_EFFICIENCY);
-        let mut seconds = compute.max(memory);
+        let mut slowest_link = None;
         if devices.len() > 1 {
             let mut link_bw = f64::INFINITY;
             let mut latency: f64 = 0.0;
             for (i, &first) in devices.iter().enumerate() {
                 for &second in &devices[i + 1..] {
-                    let (kind, gbps) = match self.links(node).get(first, second) {
-                        Some((link_kind, link_gbps)) if link_gbps > 0.0 => {
-                            (Some(link_kind), link_gbps)
-                        }
-                        Some((link_kind, _)) => (Some(link_kind), 16.0),
-                        None => (None, 16.0),
-                    };
-                    link_bw = link_bw.min(gbps);
-                    latency = latency.max(match kind {
-                        Some(Interconnect::NvLink | Interconnect::Xgmi) => 5e-6,
-                        Some(Interconnect::Pcie) => 10e-6,
-                        None => 15e-6,
-                    });
+                    let link = self.links(node).get(first, second);
+                    link_bw = link_bw.min(link_gbps(link.map(|(_, gbps)| gbps)));
+                    latency = latency.max(link_latency(link.map(|(kind, _)| kind)));
                 }
             }
-            // Two ring all-reduces of the activations per layer.
-            let ring =
-                2.0 * (tensor - 1.0) / tensor * model.activation_bytes_per_token / (link_bw * 1e9);
-            seconds += 2.0 * (ring + latency);
+            slowest_link = Some((link_bw, latency));
         }
-        seconds
+        layer_time(&self.problem.model, self.tensor, (tflops, bw), slowest_link)
     }
 
     /// Scores the groups as a plan. `groups` are `(node, device indices)`; their
@@ -368,11 +403,11 @@ impl<'p> PreparedProblem<'p> {
         let mut seen = std::collections::HashSet::new();
         for (node, devices) in groups {
             let node_name = &problem.nodes[*node].name;
-            if devices.len() != problem.tensor as usize {
+            if devices.len() != self.tensor as usize {
                 return Err(format!(
                     "a stage on {node_name} has {} devices; tensor is {}",
                     devices.len(),
-                    problem.tensor
+                    self.tensor
                 ));
             }
             for &device in devices {
@@ -432,9 +467,11 @@ impl<'p> PreparedProblem<'p> {
             bandwidth = bandwidth.min(device_bandwidth);
             totals.free_bytes += gpu.memory_free_bytes as f64;
         }
+        let sharing = self.group_sharing(node, devices);
         totals.compute += compute;
         totals.thermal += thermal;
         totals.bandwidth += bandwidth;
+        totals.sharing += sharing;
         totals.network_cost += self.intra_cost(node, devices);
         let next_hop_cost = match next_node {
             Some(next) if next == node => HOP_SAME_NODE,
@@ -444,7 +481,7 @@ impl<'p> PreparedProblem<'p> {
         if next_node.is_some() {
             totals.network_cost += next_hop_cost;
         }
-        let tensor = f64::from(self.problem.tensor.max(1));
+        let tensor = f64::from(self.tensor.max(1));
         let memory = self.problem.model.overhead_bytes_per_device
             + f64::from(layer_count) * self.layer_bytes / tensor;
         let mut sorted = devices.to_vec();
@@ -468,6 +505,7 @@ impl<'p> PreparedProblem<'p> {
                 thermal,
                 bandwidth,
                 next_hop_cost,
+                sharing,
             },
         }
     }
@@ -482,35 +520,26 @@ impl<'p> PreparedProblem<'p> {
             1.0
         };
         let memory = memory_part(self.demand(stage_count), totals.free_bytes);
-        self.score(
+        let weights = &self.weights;
+        let (compute, thermal, bandwidth, sharing) = (
             totals.compute / stages,
-            memory,
-            network,
             totals.thermal / stages,
             totals.bandwidth / stages,
-        )
-    }
-
-    pub(crate) fn score(
-        &self,
-        compute: f64,
-        memory: f64,
-        network: f64,
-        thermal: f64,
-        bandwidth: f64,
-    ) -> Score {
-        let weights = &self.weights;
+            totals.sharing / stages,
+        );
         Score {
             total: weights.compute * compute
                 + weights.memory * memory
                 + weights.network * network
                 + weights.thermal * thermal
-                + weights.bandwidth * bandwidth,
+                + weights.bandwidth * bandwidth
+                + self.sharing_weight * sharing,
             compute,
             memory,
             network,
             thermal,
             bandwidth,
+            sharing,
         }
     }
 }
@@ -521,10 +550,78 @@ struct PlanTotals {
     compute: f64,
     thermal: f64,
     bandwidth: f64,
+    sharing: f64,
     /// Free memory of every planned device.
     free_bytes: f64,
     /// Tensor-group link costs plus pipeline hop costs.
     network_cost: f64,
+}
+
+/// Bandwidth a tensor group's all-reduce gets from a link (GB/s); a missing
+/// or unreported link is taken as PCIe Gen4 x8.
+fn link_gbps(reported: Option<f64>) -> f64 {
+    match reported {
+        Some(gbps) if gbps > 0.0 => gbps,
+        _ => 16.0,
+    }
+}
+
+/// Latency of one all-reduce step over a link, in seconds.
+fn link_latency(kind: Option<Interconnect>) -> f64 {
+    match kind {
+        Some(Interconnect::NvLink | Interconnect::Xgmi) => 5e-6,
+        Some(Interconnect::Pcie) => 10e-6,
+        None => 15e-6,
+    }
+}
+
+/// Seconds one layer takes for one token on `tensor` devices with the given
+/// slowest device `(TFLOPS, GB/s)` and, for a group, slowest link `(GB/s,
+/// latency in s)`.
+fn layer_time(
+    model: &ModelShape,
+    tensor: u32,
+    (tflops, bandwidth): (f64, f64),
+    slowest_link: Option<(f64, f64)>,
+) -> f64 {
+    let tensor = f64::from(tensor.max(1));
+    let compute = model.flops_per_layer_token / (tensor * tflops * 1e12 * COMPUTE_EFFICIENCY);
+    let memory = model.weight_bytes_per_layer / (tensor * bandwidth * 1e9 * MEMORY_EFFICIENCY);
+    let mut seconds = compute.max(memory);
+    if let Some((link_bw, latency)) = slowest_link {
+        // Two ring all-reduces of the activations per layer.
+        let ring =
+            2.0 * (tensor - 1.0) / tensor * model.activation_bytes_per_token / (link_bw * 1e9);
+        seconds += 2.0 * (ring + latency);
+    }
+    seconds
+}
+
+/// The most tokens/s any plan of `problem` with `tensor` GPUs per shard could
+/// be predicted: every layer on the fastest, best-fed free GPU there is,
+/// all-reduces over the fastest link with the least latency, no hops between
+/// stages. Lets `tensor: auto` skip sizes that cannot beat a plan it has.
+pub(crate) fn speed_ceiling(problem: &Problem, tensor: u32) -> f64 {
+    let (mut tflops, mut bandwidth, mut link_bw): (f64, f64, f64) = (0.0, 0.0, link_gbps(None));
+    for node in &problem.nodes {
+        for device in &node.devices {
+            if device.healthy && device.allocated_to.is_none() {
+                tflops = tflops.max(device.fp16_tflops);
+                bandwidth = bandwidth.max(device.memory_bandwidth_gbps);
+            }
+        }
+        for link in &node.links {
+            link_bw = link_bw.max(link_gbps(Some(link.bandwidth_gbps)));
+        }
+    }
+    let fastest_link = (tensor > 1).then(|| (link_bw, link_latency(Some(Interconnect::NvLink))));
+    let seconds = f64::from(problem.model.layers)
+        * layer_time(&problem.model, tensor, (tflops, bandwidth), fastest_link);
+    if seconds > 0.0 && seconds.is_finite() {
+        1.0 / seconds
+    } else {
+        f64::INFINITY
+    }
 }
 
 /// Predicted speed: a token passes every stage and every hop in turn.

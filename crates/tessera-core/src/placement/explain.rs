@@ -15,8 +15,9 @@ fn unsat(reason: String, details: Vec<String>) -> Unsatisfiable {
     Unsatisfiable { reason, details }
 }
 
-/// Problems no cluster could satisfy, caught before looking at devices.
-pub(crate) fn check_shape(problem: &Problem) -> Result<(), Unsatisfiable> {
+/// Problems no cluster could satisfy (planned with `tensor` devices per
+/// shard), caught before looking at devices.
+pub(crate) fn check_shape(problem: &Problem, tensor: u32) -> Result<(), Unsatisfiable> {
     let model = &problem.model;
     let numbers_ok = [
         model.weight_bytes_per_layer,
@@ -28,7 +29,7 @@ pub(crate) fn check_shape(problem: &Problem) -> Result<(), Unsatisfiable> {
     .iter()
     .all(|number| number.is_finite() && *number >= 0.0)
         && model.weight_bytes_per_layer > 0.0;
-    if !numbers_ok || model.layers == 0 || problem.tensor == 0 {
+    if !numbers_ok || model.layers == 0 || tensor == 0 {
         return Err(unsat(
             "the model needs a positive size, at least one layer and a tensor size of at least 1"
                 .into(),
@@ -139,7 +140,7 @@ pub(crate) fn stage_count(
 ) -> Result<u32, Unsatisfiable> {
     let problem = ctx.problem;
     let model = &problem.model;
-    let tensor = problem.tensor;
+    let tensor = ctx.tensor;
     let total = device_total(problem);
     if total == 0 {
         return Err(unsat(

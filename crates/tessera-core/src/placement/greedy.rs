@@ -24,7 +24,7 @@ pub(crate) struct Start {
 
 pub(crate) fn start(ctx: &PreparedProblem) -> Result<Start, Unsatisfiable> {
     let problem = ctx.problem;
-    let tensor = problem.tensor as usize;
+    let tensor = ctx.tensor as usize;
     let weights = ctx.weights;
 
     // Eligible devices of all nodes in one list, a node's devices contiguous.
@@ -53,6 +53,7 @@ pub(crate) fn start(ctx: &PreparedProblem) -> Result<Start, Unsatisfiable> {
             + weights.thermal * thermal
             + weights.bandwidth * bandwidth
             + weights.memory * gpu.memory_free_bytes as f64 / max_free.max(1.0)
+            + ctx.sharing_weight * ctx.device_sharing(node_index, device)
     };
     let values: Vec<f64> = spans
         .iter()

@@ -2,6 +2,9 @@
 //! tried size by size, and replicas placed one after another, each on the
 //! devices the earlier ones left.
 
+use std::borrow::Cow;
+
+use super::evaluate::speed_ceiling;
 use super::plan::{Plan, Unsatisfiable};
 use super::problem::{Problem, SolveOptions};
 
@@ -19,8 +22,9 @@ pub enum TensorChoice {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alternative {
     pub tensor: u32,
-    /// Stages and predicted tokens/s of the best plan at this size, or why
-    /// there is none.
+    /// Stages and predicted tokens/s of the best plan at this size, or in
+    /// words why there is none ("no plan (...)") or why the size was not
+    /// solved ("not solved: at most ... tokens/s ...").
     pub outcome: Result<(u32, f64), String>,
 }
 
@@ -48,7 +52,7 @@ impl InstancePlan {
                 Ok((stages, speed)) => {
                     format!("{} × {stages}: {speed:.1} tokens/s", alternative.tensor)
                 }
-                Err(reason) => format!("{}: no plan ({reason})", alternative.tensor),
+                Err(reason) => format!("{}: {reason}", alternative.tensor),
             })
             .collect();
         let stages = self.plan.stages.len();
@@ -87,9 +91,12 @@ pub fn tensor_candidates(problem: &Problem) -> Vec<u32> {
         .collect()
 }
 
-/// The best plan for one replica. With `TensorChoice::Auto` every candidate
-/// size is solved and the plan with the highest predicted tokens/s wins; a
-/// tie goes to fewer GPUs per shard.
+/// The best plan for one replica. With `TensorChoice::Auto` the candidate
+/// sizes are solved largest first (larger groups are usually faster) and the
+/// plan with the highest predicted tokens/s wins; a tie goes to fewer GPUs
+/// per shard. A size whose speed ceiling (every layer on the fastest free GPU)
+/// is already below the best plan found is not solved: no plan of that size
+/// could win.
 pub fn solve_parallelism(
     problem: &Problem,
     tensor: TensorChoice,
@@ -97,7 +104,7 @@ pub fn solve_parallelism(
 ) -> Result<InstancePlan, Unsatisfiable> {
     let sizes = match tensor {
         TensorChoice::Fixed(size) => {
-            let plan = solve_with_tensor(problem, size, options)?;
+            let plan = super::solve_sized(problem, size, options)?;
             return Ok(InstancePlan {
                 plan,
                 tensor: size,
@@ -109,18 +116,32 @@ pub fn solve_parallelism(
     let mut best: Option<(Plan, u32)> = None;
     let mut alternatives = Vec::with_capacity(sizes.len());
     let mut refusals = Vec::new();
-    for size in sizes {
-        match solve_with_tensor(problem, size, options) {
+    for size in sizes.into_iter().rev() {
+        let best_speed = best
+            .as_ref()
+            .map_or(0.0, |(kept, _)| kept.performance.tokens_per_second);
+        let ceiling = speed_ceiling(problem, size);
+        // The margin keeps rounding in the speed model from skipping a size
+        // that would tie.
+        if ceiling * (1.0 + 1e-9) < best_speed {
+            alternatives.push(Alternative {
+                tensor: size,
+                outcome: Err(format!(
+                    "not solved: at most {ceiling:.1} tokens/s even on the fastest GPUs"
+                )),
+            });
+            continue;
+        }
+        match super::solve_sized(problem, size, options) {
             Ok(plan) => {
                 let speed = plan.performance.tokens_per_second;
                 alternatives.push(Alternative {
                     tensor: size,
                     outcome: Ok((plan.stages.len() as u32, speed)),
                 });
-                let faster = best
-                    .as_ref()
-                    .is_none_or(|(kept, _)| speed > kept.performance.tokens_per_second);
-                if faster {
+                // Sizes come largest first, so an equal speed moves the choice
+                // to fewer GPUs per shard.
+                if best.is_none() || speed >= best_speed {
                     best = Some((plan, size));
                 }
             }
@@ -128,11 +149,13 @@ pub fn solve_parallelism(
                 refusals.push(format!("tensor {size}: {}", unsatisfiable.reason));
                 alternatives.push(Alternative {
                     tensor: size,
-                    outcome: Err(unsatisfiable.reason),
+                    outcome: Err(format!("no plan ({})", unsatisfiable.reason)),
                 });
             }
         }
     }
+    alternatives.reverse();
+    refusals.reverse();
     match best {
         Some((plan, size)) => Ok(InstancePlan {
             plan,
@@ -144,19 +167,6 @@ pub fn solve_parallelism(
             details: refusals,
         }),
     }
-}
-
-fn solve_with_tensor(
-    problem: &Problem,
-    tensor: u32,
-    options: &SolveOptions,
-) -> Result<Plan, Unsatisfiable> {
-    if problem.tensor == tensor {
-        return super::solve(problem, options);
-    }
-    let mut sized = problem.clone();
-    sized.tensor = tensor;
-    super::solve(&sized, options)
 }
 
 /// Plans `replicas` copies one after another: each replica's devices are
@@ -171,7 +181,8 @@ pub fn solve_replicas(
     owner: &str,
     options: &SolveOptions,
 ) -> Vec<Result<InstancePlan, Unsatisfiable>> {
-    let mut remaining = problem.clone();
+    // Copied only when a later replica needs the devices marked.
+    let mut remaining = Cow::Borrowed(problem);
     let mut results: Vec<Result<InstancePlan, Unsatisfiable>> = Vec::new();
     for replica in 0..replicas {
         if let Some(Err(refusal)) = results.last() {
@@ -180,9 +191,11 @@ pub fn solve_replicas(
             continue;
         }
         let result = solve_parallelism(&remaining, tensor, options);
-        if let Ok(placed) = &result {
+        if let Ok(placed) = &result
+            && replica + 1 < replicas
+        {
             take_devices(
-                &mut remaining,
+                remaining.to_mut(),
                 &placed.plan,
                 &format!("{owner} replica {replica}"),
             );
@@ -271,5 +284,32 @@ mod tests {
         devices.dedup();
         assert_eq!(devices.len(), 4, "four distinct devices");
         assert!(results[2].is_err());
+    }
+
+    #[test]
+    fn auto_skips_sizes_that_cannot_beat_the_plan_it_has() {
+        // One 8-GPU node: tensor 8 is fastest, and tensor 1's ceiling (every
+        // layer on one H100) is far below it.
+        let problem = sample(vec![node("a", 8, H100)], 8, 1, Stages::Auto);
+        let auto =
+            solve_parallelism(&problem, TensorChoice::Auto, &SolveOptions::default()).unwrap();
+        assert_eq!(auto.tensor, 8);
+        let tensors: Vec<u32> = auto.alternatives.iter().map(|a| a.tensor).collect();
+        assert_eq!(tensors, vec![1, 2, 4, 8], "every size, in increasing order");
+        let skipped = &auto.alternatives[0];
+        assert!(
+            skipped
+                .outcome
+                .as_ref()
+                .is_err_and(|reason| reason.starts_with("not solved: at most")),
+            "{skipped:?}"
+        );
+        let fixed =
+            solve_parallelism(&problem, TensorChoice::Fixed(1), &SolveOptions::default()).unwrap();
+        assert!(
+            fixed.plan.performance.tokens_per_second
+                <= super::speed_ceiling(&problem, 1) * (1.0 + 1e-9)
+        );
+        assert!(auto.parallelism_note().unwrap().contains("1: not solved"));
     }
 }

@@ -20,6 +20,7 @@ mod instance;
 mod plan;
 mod problem;
 mod search;
+mod sharing;
 mod split;
 
 pub use evaluate::{StageChoice, evaluate};
@@ -36,8 +37,17 @@ pub use problem::{
 
 /// Finds the best plan within the options' budget.
 pub fn solve(problem: &Problem, options: &SolveOptions) -> Result<Plan, Unsatisfiable> {
-    explain::check_shape(problem)?;
-    let ctx = evaluate::PreparedProblem::new(problem);
+    solve_sized(problem, problem.tensor, options)
+}
+
+/// `solve` with `tensor` devices per shard instead of the problem's own.
+pub(crate) fn solve_sized(
+    problem: &Problem,
+    tensor: u32,
+    options: &SolveOptions,
+) -> Result<Plan, Unsatisfiable> {
+    explain::check_shape(problem, tensor)?;
+    let ctx = evaluate::PreparedProblem::sized(problem, tensor);
     let start = greedy::start(&ctx)?;
     let compiled = compile::Compiled::new(ctx, start.stages);
     Ok(search::run(&compiled, options, start.plan))
@@ -46,7 +56,7 @@ pub fn solve(problem: &Problem, options: &SolveOptions) -> Result<Plan, Unsatisf
 /// The greedy answer alone: what `solve` starts from, and what it returns when
 /// the deadline hits before the search has found anything better.
 pub fn solve_greedy(problem: &Problem) -> Result<Plan, Unsatisfiable> {
-    explain::check_shape(problem)?;
+    explain::check_shape(problem, problem.tensor)?;
     let ctx = evaluate::PreparedProblem::new(problem);
     Ok(greedy::start(&ctx)?.plan)
 }

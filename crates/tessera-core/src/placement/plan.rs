@@ -47,10 +47,15 @@ pub struct StageParts {
     pub bandwidth: f64,
     /// Cost of the hop to the next stage (0 = same node over NVLink/xGMI, 1 = across zones).
     pub next_hop_cost: f64,
+    /// How well the stage's devices share the cluster under the strategy:
+    /// the mean of its devices' values (0 under the score-only baseline).
+    pub sharing: f64,
 }
 
-/// The objective. Every part is in 0..=1; `total` is their weighted sum with the
-/// weights normalised to add up to one.
+/// The objective. Every part is in 0..=1; `total` is their weighted sum: the
+/// five user weights normalised to add up to `1 - w` and `sharing` weighted `w`,
+/// a fixed share under `Strategy::Pack` and `Strategy::Spread` (see the
+/// placement docs) and 0 under the score-only baseline.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Score {
     pub total: f64,
@@ -59,6 +64,10 @@ pub struct Score {
     pub network: f64,
     pub thermal: f64,
     pub bandwidth: f64,
+    /// How well the plan shares the cluster: under `Pack` it leaves large
+    /// devices, whole nodes and whole NVLink/xGMI domains free; under
+    /// `Spread` it keeps away from the instance's other replicas.
+    pub sharing: f64,
 }
 
 /// Predicted single-stream decode speed of a plan.

@@ -42,7 +42,7 @@ struct Usage {
 impl Usage {
     fn new(compiled: &Compiled) -> Self {
         Self {
-            tensor: compiled.ctx.problem.tensor,
+            tensor: compiled.ctx.tensor,
             used: compiled
                 .nodes
                 .iter()
@@ -125,7 +125,7 @@ fn materialize(compiled: &Compiled, chosen: &[usize]) -> Vec<(usize, Vec<usize>)
         .map(|&gi| {
             let group = &compiled.groups[gi];
             let node = &compiled.nodes[group.node];
-            let mut devices = Vec::with_capacity(compiled.ctx.problem.tensor as usize);
+            let mut devices = Vec::with_capacity(compiled.ctx.tensor as usize);
             for &(class, count) in &group.counts {
                 let start = next[group.node][class];
                 devices.extend_from_slice(&node.classes[class][start..start + count as usize]);
@@ -220,7 +220,7 @@ pub(crate) fn run(compiled: &Compiled, opts: &SolveOptions, incumbent: Plan) -> 
         suffix_max_cap[i] = suffix_max_cap[i + 1].max(group.cap);
     }
     let stages = compiled.stages;
-    let tensor = compiled.ctx.problem.tensor;
+    let tensor = compiled.ctx.tensor;
     let max_slots = compiled
         .nodes
         .iter()

@@ -1,0 +1,411 @@
+//! The sixth score part, `sharing`: how well a plan shares the cluster with
+//! later instances (`Strategy::Pack`) or with the instance's other replicas
+//! (`Strategy::Spread`).
+//!
+//! The part is a value per eligible device in 0..=1 (higher is better to take);
+//! a stage's value is the mean over its devices and the plan's the mean over
+//! its stages. A device's value depends only on the cluster as the problem
+//! describes it, never on the other stages of the same plan, so it adds up
+//! group by group like compute, thermal and bandwidth, and the search's bounds
+//! over those sums stay exact.
+//!
+//! Weighting: under `Pack` and `Spread` the plan's total is
+//! `(1 - SHARING_WEIGHT) × (the five user-weighted parts) + SHARING_WEIGHT × sharing`,
+//! so the user weights keep their meaning relative to each other. Under
+//! `ScoreOnly` the part weighs nothing and is not computed (it reads 0).
+
+use super::evaluate::{HOP_CROSS_ZONE, HOP_SAME_RACK, HOP_SAME_ZONE};
+use super::problem::{Interconnect, NodeState, Problem, Strategy};
+
+/// Share of the total the sharing part takes under `Pack` and `Spread`. Tuned
+/// with the cluster benchmark (`benches/cluster.rs`): enough that the cluster
+/// keeps its large devices and whole fast-link domains, little enough that a
+/// plan on a much faster device still wins over a slightly better-packed one.
+pub(crate) const SHARING_WEIGHT: f64 = 0.35;
+
+/// How a `Pack` cost is made of its three measures (they add up to one).
+/// Best fit: the device with the least free memory that still holds the stage.
+const PACK_FIT: f64 = 0.3;
+/// Breaking a node no other workload uses yet.
+const PACK_NODE: f64 = 0.35;
+/// Breaking an NVLink/xGMI domain no other workload uses yet.
+const PACK_DOMAIN: f64 = 0.35;
+
+/// The weight of the sharing part under a strategy.
+pub(crate) fn sharing_weight(strategy: Strategy) -> f64 {
+    match strategy {
+        Strategy::ScoreOnly => 0.0,
+        Strategy::Pack | Strategy::Spread => SHARING_WEIGHT,
+    }
+}
+
+/// `values[node][device]`: the sharing value of every device (0 for devices
+/// that are not eligible), or an empty list under `ScoreOnly`.
+pub(crate) fn device_values(
+    problem: &Problem,
+    eligible: &dyn Fn(usize, usize) -> bool,
+) -> Vec<Vec<f64>> {
+    match problem.strategy {
+        Strategy::ScoreOnly => Vec::new(),
+        Strategy::Pack => pack_values(problem, eligible),
+        Strategy::Spread => spread_values(problem),
+    }
+}
+
+/// Devices of one node joined by NVLink/xGMI, as connected components.
+struct FastDomains {
+    /// Component of each device (an index into `sizes`).
+    of_device: Vec<usize>,
+    /// Devices in each component.
+    sizes: Vec<u32>,
+}
+
+impl FastDomains {
+    fn new(node: &NodeState) -> Self {
+        let device_count = node.devices.len();
+        let mut parent: Vec<usize> = (0..device_count).collect();
+        // Link lists usually run `0-1, 0-2, ...`: the device after the last
+        // match is tried first, so a lookup rarely scans the node.
+        let position = |id: &str, guess: usize| {
+            if node
+                .devices
+                .get(guess)
+                .is_some_and(|device| device.id == id)
+            {
+                Some(guess)
+            } else {
+                node.devices.iter().position(|device| device.id == id)
+            }
+        };
+        let mut components = device_count;
+        let mut last = (0, 0);
+        for link in &node.links {
+            // A fully linked node is one domain after a handful of links.
+            if components <= 1 {
+                break;
+            }
+            if !matches!(link.kind, Interconnect::NvLink | Interconnect::Xgmi) {
+                continue;
+            }
+            let (Some(first), Some(second)) =
+                (position(&link.a, last.0), position(&link.b, last.1 + 1))
+            else {
+                continue;
+            };
+            last = (first, second);
+            let (first_root, second_root) = (root(&mut parent, first), root(&mut parent, second));
+            if first_root != second_root {
+                // The lower index is the root, so components come out in device order.
+                let (low, high) = (first_root.min(second_root), first_root.max(second_root));
+                parent[high] = low;
+                components -= 1;
+            }
+        }
+        let mut of_device = vec![0; device_count];
+        let mut component_of_root = vec![usize::MAX; device_count];
+        let mut sizes = Vec::new();
+        for device in 0..device_count {
+            let device_root = root(&mut parent, device);
+            if component_of_root[device_root] == usize::MAX {
+                component_of_root[device_root] = sizes.len();
+                sizes.push(0);
+            }
+            of_device[device] = component_of_root[device_root];
+            sizes[of_device[device]] += 1;
+        }
+        Self { of_device, sizes }
+    }
+}
+
+/// Union-find root with path halving.
+fn root(parent: &mut [usize], mut item: usize) -> usize {
+    while parent[item] != item {
+        parent[item] = parent[parent[item]];
+        item = parent[item];
+    }
+    item
+}
+
+/// `Pack`: take the devices whose loss costs later instances least. The value
+/// is `1 - cost`, the cost a mix of three measures in 0..=1:
+/// - fit: the device's free memory ÷ the most any eligible device has;
+/// - node: 0 when another workload already holds one of the node's devices,
+///   else the node's free memory ÷ the most any such intact node has;
+/// - domain: the same for the device's NVLink/xGMI domain (a device without
+///   fast links is a domain of its own).
+///
+/// Free memory counts the healthy devices no workload holds. Breaking an
+/// intact 8-GPU MI300X node costs most, a single RTX 4090 least, and a
+/// device on a node and domain already in use costs only its own size.
+fn pack_values(problem: &Problem, eligible: &dyn Fn(usize, usize) -> bool) -> Vec<Vec<f64>> {
+    let mut max_free: f64 = 0.0;
+    for (node_index, node) in problem.nodes.iter().enumerate() {
+        for (device_index, device) in node.devices.iter().enumerate() {
+            if eligible(node_index, device_index) {
+                max_free = max_free.max(device.memory_free_bytes as f64);
+            }
+        }
+    }
+    let capacities: Vec<NodeCapacity> = problem.nodes.iter().map(NodeCapacity::new).collect();
+    let (mut max_node, mut max_domain): (f64, f64) = (0.0, 0.0);
+    for capacity in &capacities {
+        max_node = max_node.max(capacity.node_free.unwrap_or(0.0));
+        for domain_free in capacity.domain_free.iter().flatten() {
+            max_domain = max_domain.max(*domain_free);
+        }
+    }
+    problem
+        .nodes
+        .iter()
+        .zip(&capacities)
+        .enumerate()
+        .map(|(node_index, (node, capacity))| {
+            let node_cost = share(capacity.node_free, max_node);
+            (0..node.devices.len())
+                .map(|device| {
+                    if !eligible(node_index, device) {
+                        return 0.0;
+                    }
+                    let fit_cost = share(
+                        Some(node.devices[device].memory_free_bytes as f64),
+                        max_free,
+                    );
+                    let domain = capacity.domains.of_device[device];
+                    let domain_cost = share(capacity.domain_free[domain], max_domain);
+                    1.0 - (PACK_FIT * fit_cost + PACK_NODE * node_cost + PACK_DOMAIN * domain_cost)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `value ÷ max` in 0..=1; nothing (a node or domain already in use) costs 0.
+fn share(value: Option<f64>, max: f64) -> f64 {
+    match value {
+        Some(value) if max > 0.0 => (value / max).clamp(0.0, 1.0),
+        _ => 0.0,
+    }
+}
+
+/// What breaking a node or one of its fast-link domains would cost.
+struct NodeCapacity {
+    domains: FastDomains,
+    /// Free memory of the node's usable devices; `None` once another
+    /// workload holds one of its devices.
+    node_free: Option<f64>,
+    /// The same per domain.
+    domain_free: Vec<Option<f64>>,
+}
+
+impl NodeCapacity {
+    fn new(node: &NodeState) -> Self {
+        let domains = FastDomains::new(node);
+        let mut node_free = Some(0.0);
+        let mut domain_free = vec![Some(0.0); domains.sizes.len()];
+        for (device, state) in node.devices.iter().enumerate() {
+            let slot = &mut domain_free[domains.of_device[device]];
+            if state.allocated_to.is_some() {
+                node_free = None;
+                *slot = None;
+            } else if state.healthy {
+                let free = state.memory_free_bytes as f64;
+                node_free = node_free.map(|sum| sum + free);
+                *slot = slot.map(|sum| sum + free);
+            }
+        }
+        Self {
+            domains,
+            node_free,
+            domain_free,
+        }
+    }
+}
+
+/// `Spread`: the distance from the nearest node the instance's other replicas
+/// run on, as the network part counts distances: the same node 0, the same
+/// rack 0.4, the same zone 0.7, elsewhere (or unknown) 1. With no other
+/// replicas every node is 1.
+fn spread_values(problem: &Problem) -> Vec<Vec<f64>> {
+    let replica_nodes: Vec<&NodeState> = problem
+        .nodes
+        .iter()
+        .filter(|node| problem.replica_nodes.contains(&node.name))
+        .collect();
+    problem
+        .nodes
+        .iter()
+        .map(|node| {
+            let value = replica_nodes
+                .iter()
+                .map(|replica| separation(node, replica))
+                .fold(1.0, f64::min);
+            vec![value; node.devices.len()]
+        })
+        .collect()
+}
+
+/// How far apart two nodes are for spreading replicas.
+fn separation(node: &NodeState, other: &NodeState) -> f64 {
+    if node.name == other.name {
+        return 0.0;
+    }
+    let same_zone = node.zone.is_some() && node.zone == other.zone;
+    if same_zone && node.rack.is_some() && node.rack == other.rack {
+        HOP_SAME_RACK
+    } else if same_zone {
+        HOP_SAME_ZONE
+    } else {
+        HOP_CROSS_ZONE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::problem::{Link, Stages};
+    use super::super::testutil::*;
+    use super::*;
+
+    fn values(problem: &Problem) -> Vec<Vec<f64>> {
+        device_values(problem, &|node, device| {
+            problem.nodes[node].devices[device].allocated_to.is_none()
+        })
+    }
+
+    #[test]
+    fn score_only_computes_nothing() {
+        let problem = problem(vec![node("a", 2, H100)], 7, 1, Stages::Fixed(1));
+        assert!(values(&problem).is_empty());
+        assert_eq!(sharing_weight(Strategy::ScoreOnly), 0.0);
+    }
+
+    #[test]
+    fn pack_prefers_small_devices_and_broken_nodes_and_domains() {
+        let mut problem = problem(
+            vec![
+                node("h", 4, H100),
+                node("m", 4, MI300X),
+                node("r", 4, RTX4090),
+                node("used", 4, H100),
+            ],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        problem.strategy = Strategy::Pack;
+        problem.nodes[3].devices[0].allocated_to = Some("ns/other".into());
+        let values = values(&problem);
+        let (h100, mi300x, rtx4090, used_h100) =
+            (values[0][0], values[1][0], values[2][0], values[3][1]);
+        assert!(rtx4090 > h100 && h100 > mi300x, "{values:?}");
+        assert!(used_h100 > h100, "{values:?}");
+        // The intact MI300X node is the largest node and domain there is.
+        assert!((mi300x - (1.0 - PACK_FIT - PACK_NODE - PACK_DOMAIN)).abs() < 1e-12);
+        // An intact H100 node: its device, node and domain at 80/192 of the largest.
+        let h100_share = 80.0 / 192.0;
+        assert!((h100 - (1.0 - h100_share)).abs() < 1e-12);
+        // The RTX 4090s have no fast links: each is a domain of its own.
+        let want = 1.0 - (PACK_FIT + PACK_NODE) * 24.0 / 192.0 - PACK_DOMAIN * 24.0 / 768.0;
+        assert!((rtx4090 - want).abs() < 1e-12, "{rtx4090} vs {want}");
+        // A node and domain already in use cost nothing more to break.
+        assert!((used_h100 - (1.0 - PACK_FIT * h100_share)).abs() < 1e-12);
+        assert_eq!(values[3][0], 0.0, "a held device is not eligible");
+    }
+
+    #[test]
+    fn fast_domains_follow_nvlink_and_xgmi_only() {
+        let mut pairs = node("a", 4, RTX4090);
+        for (first, second, kind) in [
+            (0, 1, Interconnect::NvLink),
+            (1, 2, Interconnect::Pcie),
+            (2, 3, Interconnect::Xgmi),
+        ] {
+            pairs.links.push(Link {
+                a: format!("a-{first}"),
+                b: format!("a-{second}"),
+                kind,
+                bandwidth_gbps: 100.0,
+            });
+        }
+        let domains = FastDomains::new(&pairs);
+        assert_eq!(domains.of_device, vec![0, 0, 1, 1]);
+        assert_eq!(domains.sizes, vec![2, 2]);
+    }
+
+    #[test]
+    fn spread_keeps_away_from_replica_nodes_by_distance() {
+        let mut problem = problem(
+            vec![
+                node("a", 1, H100),
+                node("b", 1, H100),
+                node("c", 1, H100),
+                node("d", 1, H100),
+            ],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        for (node_index, zone, rack) in [(0, "z1", "r1"), (1, "z1", "r1"), (2, "z1", "r2")] {
+            problem.nodes[node_index].zone = Some(zone.into());
+            problem.nodes[node_index].rack = Some(rack.into());
+        }
+        problem.strategy = Strategy::Spread;
+        assert!(values(&problem).iter().all(|node| node == &vec![1.0]));
+        problem.replica_nodes = vec!["a".into(), "gone".into()];
+        let by_node: Vec<f64> = values(&problem).iter().map(|node| node[0]).collect();
+        assert_eq!(
+            by_node,
+            vec![0.0, HOP_SAME_RACK, HOP_SAME_ZONE, HOP_CROSS_ZONE]
+        );
+    }
+
+    #[test]
+    fn pack_fills_a_node_in_use_before_breaking_an_intact_one() {
+        use super::super::{SolveOptions, solve};
+        let mut problem = problem(
+            vec![node("a", 4, H100), node("b", 4, H100), node("m", 4, MI300X)],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        problem.nodes[1].devices[0].allocated_to = Some("ns/other".into());
+        let score_only = solve(&problem, &SolveOptions::default()).unwrap();
+        assert_eq!(
+            score_only.stages[0].node, "m",
+            "the score alone takes the MI300X"
+        );
+        assert_eq!(score_only.score.sharing, 0.0);
+        problem.strategy = Strategy::Pack;
+        let packed = solve(&problem, &SolveOptions::default()).unwrap();
+        assert_eq!(packed.stages[0].node, "b", "{packed:?}");
+        assert!(packed.score.sharing > 0.0);
+        assert_eq!(packed.stages[0].parts.sharing, packed.score.sharing);
+    }
+
+    #[test]
+    fn spread_puts_the_next_replica_in_another_zone() {
+        use super::super::{SolveOptions, TensorChoice, solve_replicas};
+        let mut problem = problem(
+            vec![node("a", 2, H100), node("b", 2, H100), node("c", 2, H100)],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        for (node_index, zone) in [(0, "z1"), (1, "z1"), (2, "z2")] {
+            problem.nodes[node_index].zone = Some(zone.into());
+        }
+        problem.strategy = Strategy::Spread;
+        let placed = solve_replicas(
+            &problem,
+            TensorChoice::Fixed(1),
+            3,
+            "ns/m",
+            &SolveOptions::default(),
+        );
+        let nodes: Vec<String> = placed
+            .iter()
+            .map(|replica| replica.as_ref().unwrap().plan.stages[0].node.clone())
+            .collect();
+        // Across zones first, then another node of the first zone.
+        assert_eq!(nodes, vec!["a", "c", "b"]);
+    }
+}
