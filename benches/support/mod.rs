@@ -2,8 +2,10 @@
 //! builds `placement::Problem` values directly, model shapes built the way the
 //! controller builds them, a plan validity check, and a first-fit baseline.
 
+pub mod arrivals;
 pub mod memory;
 pub mod objects;
+pub mod replay;
 
 use std::collections::{BTreeMap, HashSet};
 

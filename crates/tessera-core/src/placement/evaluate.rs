@@ -4,9 +4,9 @@
 //! agree on what a plan is worth.
 
 use std::cell::OnceCell;
-use std::collections::HashMap;
 
 use super::exclusion::{Exclusion, exclusion_text};
+use super::links::link_positions;
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
 use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Weights};
 use super::sharing;
@@ -62,26 +62,16 @@ pub(crate) struct NodeLinks {
 impl NodeLinks {
     fn new(node: &NodeState) -> Self {
         let device_count = node.devices.len();
-        let pos: HashMap<&str, usize> = node
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (d.id.as_str(), i))
-            .collect();
         let mut matrix = vec![None; device_count * device_count];
-        for link in &node.links {
-            if let (Some(&first), Some(&second)) =
-                (pos.get(link.a.as_str()), pos.get(link.b.as_str()))
-            {
-                for (from, to) in [(first, second), (second, first)] {
-                    let slot = &mut matrix[from * device_count + to];
-                    // Keep the best link when a pair is listed twice (e.g. once per direction).
-                    let better = slot.is_none_or(|(kind, gbps): (Interconnect, f64)| {
-                        link.kind < kind || (link.kind == kind && link.bandwidth_gbps > gbps)
-                    });
-                    if better {
-                        *slot = Some((link.kind, link.bandwidth_gbps));
-                    }
+        for (first, second, link) in link_positions(node) {
+            for (from, to) in [(first, second), (second, first)] {
+                let slot = &mut matrix[from * device_count + to];
+                // Keep the best link when a pair is listed twice (e.g. once per direction).
+                let better = slot.is_none_or(|(kind, gbps): (Interconnect, f64)| {
+                    link.kind < kind || (link.kind == kind && link.bandwidth_gbps > gbps)
+                });
+                if better {
+                    *slot = Some((link.kind, link.bandwidth_gbps));
                 }
             }
         }
@@ -597,30 +587,55 @@ fn layer_time(
     seconds
 }
 
-/// The most tokens/s any plan of `problem` with `tensor` GPUs per shard could
-/// be predicted: every layer on the fastest, best-fed free GPU there is,
-/// all-reduces over the fastest link with the least latency, no hops between
-/// stages. Lets `tensor: auto` skip sizes that cannot beat a plan it has.
-pub(crate) fn speed_ceiling(problem: &Problem, tensor: u32) -> f64 {
-    let (mut tflops, mut bandwidth, mut link_bw): (f64, f64, f64) = (0.0, 0.0, link_gbps(None));
-    for node in &problem.nodes {
-        for device in &node.devices {
-            if device.healthy && device.allocated_to.is_none() {
-                tflops = tflops.max(device.fp16_tflops);
-                bandwidth = bandwidth.max(device.memory_bandwidth_gbps);
+/// The most tokens/s any plan of a problem could be predicted, by tensor
+/// size: every layer on the fastest, best-fed free GPU there is, all-reduces
+/// over the fastest link with the least latency, no hops between stages.
+/// Lets `tensor: auto` skip sizes that cannot beat a plan it has.
+pub(crate) struct SpeedCeiling<'p> {
+    model: &'p ModelShape,
+    tflops: f64,
+    bandwidth: f64,
+    link_bw: f64,
+}
+
+impl<'p> SpeedCeiling<'p> {
+    pub(crate) fn new(problem: &'p Problem) -> Self {
+        let (mut tflops, mut bandwidth, mut link_bw): (f64, f64, f64) = (0.0, 0.0, link_gbps(None));
+        for node in &problem.nodes {
+            for device in &node.devices {
+                if device.healthy && device.allocated_to.is_none() {
+                    tflops = tflops.max(device.fp16_tflops);
+                    bandwidth = bandwidth.max(device.memory_bandwidth_gbps);
+                }
+            }
+            for link in &node.links {
+                link_bw = link_bw.max(link_gbps(Some(link.bandwidth_gbps)));
             }
         }
-        for link in &node.links {
-            link_bw = link_bw.max(link_gbps(Some(link.bandwidth_gbps)));
+        Self {
+            model: &problem.model,
+            tflops,
+            bandwidth,
+            link_bw,
         }
     }
-    let fastest_link = (tensor > 1).then(|| (link_bw, link_latency(Some(Interconnect::NvLink))));
-    let seconds = f64::from(problem.model.layers)
-        * layer_time(&problem.model, tensor, (tflops, bandwidth), fastest_link);
-    if seconds > 0.0 && seconds.is_finite() {
-        1.0 / seconds
-    } else {
-        f64::INFINITY
+
+    /// The ceiling with `tensor` GPUs per shard (infinite when nothing is known).
+    pub(crate) fn at(&self, tensor: u32) -> f64 {
+        let fastest_link =
+            (tensor > 1).then(|| (self.link_bw, link_latency(Some(Interconnect::NvLink))));
+        let seconds = f64::from(self.model.layers)
+            * layer_time(
+                self.model,
+                tensor,
+                (self.tflops, self.bandwidth),
+                fastest_link,
+            );
+        if seconds > 0.0 && seconds.is_finite() {
+            1.0 / seconds
+        } else {
+            f64::INFINITY
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use super::evaluate::speed_ceiling;
+use super::evaluate::SpeedCeiling;
 use super::plan::{Plan, Unsatisfiable};
 use super::problem::{Problem, SolveOptions};
 
@@ -116,11 +116,12 @@ pub fn solve_parallelism(
     let mut best: Option<(Plan, u32)> = None;
     let mut alternatives = Vec::with_capacity(sizes.len());
     let mut refusals = Vec::new();
+    let ceilings = SpeedCeiling::new(problem);
     for size in sizes.into_iter().rev() {
         let best_speed = best
             .as_ref()
             .map_or(0.0, |(kept, _)| kept.performance.tokens_per_second);
-        let ceiling = speed_ceiling(problem, size);
+        let ceiling = ceilings.at(size);
         // The margin keeps rounding in the speed model from skipping a size
         // that would tie.
         if ceiling * (1.0 + 1e-9) < best_speed {
@@ -308,7 +309,7 @@ mod tests {
             solve_parallelism(&problem, TensorChoice::Fixed(1), &SolveOptions::default()).unwrap();
         assert!(
             fixed.plan.performance.tokens_per_second
-                <= super::speed_ceiling(&problem, 1) * (1.0 + 1e-9)
+                <= SpeedCeiling::new(&problem).at(1) * (1.0 + 1e-9)
         );
         assert!(auto.parallelism_note().unwrap().contains("1: not solved"));
     }

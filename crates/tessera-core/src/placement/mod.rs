@@ -17,6 +17,7 @@ mod exhaustive;
 mod explain;
 mod greedy;
 mod instance;
+mod links;
 mod plan;
 mod problem;
 mod search;

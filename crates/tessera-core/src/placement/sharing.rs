@@ -15,6 +15,7 @@
 //! `ScoreOnly` the part weighs nothing and is not computed (it reads 0).
 
 use super::evaluate::{HOP_CROSS_ZONE, HOP_SAME_RACK, HOP_SAME_ZONE};
+use super::links::link_positions;
 use super::problem::{Interconnect, NodeState, Problem, Strategy};
 
 /// Share of the total the sharing part takes under `Pack` and `Spread`. Tuned
@@ -64,22 +65,8 @@ impl FastDomains {
     fn new(node: &NodeState) -> Self {
         let device_count = node.devices.len();
         let mut parent: Vec<usize> = (0..device_count).collect();
-        // Link lists usually run `0-1, 0-2, ...`: the device after the last
-        // match is tried first, so a lookup rarely scans the node.
-        let position = |id: &str, guess: usize| {
-            if node
-                .devices
-                .get(guess)
-                .is_some_and(|device| device.id == id)
-            {
-                Some(guess)
-            } else {
-                node.devices.iter().position(|device| device.id == id)
-            }
-        };
         let mut components = device_count;
-        let mut last = (0, 0);
-        for link in &node.links {
+        for (first, second, link) in link_positions(node) {
             // A fully linked node is one domain after a handful of links.
             if components <= 1 {
                 break;
@@ -87,12 +74,6 @@ impl FastDomains {
             if !matches!(link.kind, Interconnect::NvLink | Interconnect::Xgmi) {
                 continue;
             }
-            let (Some(first), Some(second)) =
-                (position(&link.a, last.0), position(&link.b, last.1 + 1))
-            else {
-                continue;
-            };
-            last = (first, second);
             let (first_root, second_root) = (root(&mut parent, first), root(&mut parent, second));
             if first_root != second_root {
                 // The lower index is the root, so components come out in device order.

@@ -1,0 +1,179 @@
+//! Cluster-level placement: one seeded sequence of a few hundred ModelInstance
+//! arrivals and deletions (8B/70B/405B-class, fixed and `auto` tensor sizes,
+//! pipeline `auto`, one to three replicas; see `support::arrivals`) replayed on
+//! the mixed 64-node cluster and on the 1,000-node cluster of the placement
+//! benchmark, under four policies: first-fit, the score alone (today's
+//! objective), `pack` and `spread`.
+//!
+//! For each cluster and policy a `REPORT` line on stderr gives the replicas
+//! placed before the first refusal and in all, the predicted tokens/s of the
+//! replicas running at the end, the mean predicted tokens/s per placement,
+//! the largest free NVLink/xGMI domain left (and how many nodes are free and
+//! fast-linked whole), how close an instance's replicas came to each other,
+//! and the time per placement (mean
+//! and max, measured around the library call). On the 64-node cluster eight
+//! more sequences (other seeds) compare `pack` with the score alone, so the
+//! figures of the one sequence can be told from luck. Criterion then times one
+//! representative placement per cluster size: a 70B instance with tensor
+//! `auto` under `pack`, on the cluster as the first half of the sequence left
+//! it.
+
+#[allow(dead_code)]
+mod support;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use tessera::placement::{NodeState, SolveOptions, Strategy, TensorChoice, solve_replicas};
+
+use support::arrivals::{Arrival, Event, MODEL_70B, describe as describe_events, sequence};
+use support::replay::{Outcome, Policy, replay};
+use support::{cluster, describe};
+
+/// The placement benchmark's clusters.
+const CLUSTER_SEED: u64 = 0x7e55_e7a0_5eed_0001;
+const SEQUENCE_SEED: u64 = 0xc1a5_7e55_0000_0013;
+/// Seeds of the further sequences on the 64-node cluster.
+const MORE_SEQUENCES: std::ops::RangeInclusive<u64> = 1..=8;
+const EVENTS: usize = 300;
+
+const POLICIES: [Policy; 4] = [
+    Policy::FirstFit,
+    Policy::Solver(Strategy::ScoreOnly),
+    Policy::Solver(Strategy::Pack),
+    Policy::Solver(Strategy::Spread),
+];
+
+/// What `pack` must reach against the score alone on the mixed cluster.
+const PLACED_TARGET: f64 = 1.2;
+const SPEED_TARGET: f64 = 0.9;
+
+fn report_line(scenario: &str, policy: Policy, outcome: &Outcome) -> String {
+    format!(
+        "REPORT cluster/{scenario} {}: placed before first refusal={} placed={} refused={} running at end={} tokens/s at end={:.1} mean tokens/s per placement={:.2} largest free NVLink/xGMI domain={} ({}) whole free NVLink/xGMI nodes={} replica pairs sharing a node/rack/zone/apart={}/{}/{}/{} ms per placement mean={:.2} max={:.2}",
+        policy.name(),
+        outcome.before_first_refusal,
+        outcome.placed,
+        outcome.refused,
+        outcome.running_at_end,
+        outcome.tokens_per_second_at_end,
+        outcome.mean_tokens_per_second(),
+        outcome.largest_free_domain.0,
+        outcome.largest_free_domain.1,
+        outcome.whole_free_domains,
+        outcome.replica_pairs[0],
+        outcome.replica_pairs[1],
+        outcome.replica_pairs[2],
+        outcome.replica_pairs[3],
+        outcome.mean_ms(),
+        outcome.max_ms(),
+    )
+}
+
+/// `pack` against the score alone: (placed before the first refusal, placed,
+/// mean tokens/s per placement), each as a ratio.
+fn ratios(score_only: &Outcome, pack: &Outcome) -> [f64; 3] {
+    [
+        pack.before_first_refusal as f64 / score_only.before_first_refusal.max(1) as f64,
+        pack.placed as f64 / score_only.placed.max(1) as f64,
+        pack.mean_tokens_per_second() / score_only.mean_tokens_per_second().max(1e-9),
+    ]
+}
+
+fn target_line(scenario: &str, [first, placed, speed]: [f64; 3]) -> String {
+    let met = |ok: bool| if ok { "met" } else { "MISSED" };
+    format!(
+        "REPORT cluster/{scenario} pack vs score-only: placed before first refusal x{first:.3} and placed x{placed:.3} (target >= {PLACED_TARGET}: {}, {}), mean tokens/s per placement x{speed:.3} (target >= {SPEED_TARGET}: {})",
+        met(first >= PLACED_TARGET),
+        met(placed >= PLACED_TARGET),
+        met(speed >= SPEED_TARGET),
+    )
+}
+
+/// The ratios over further sequences: mean and the worst.
+fn more_sequences_line(nodes: &[NodeState]) -> String {
+    let all: Vec<[f64; 3]> = MORE_SEQUENCES
+        .map(|seed| {
+            let events = sequence(EVENTS, seed);
+            let (score_only, _) = replay(nodes, &events, Policy::Solver(Strategy::ScoreOnly));
+            let (pack, _) = replay(nodes, &events, Policy::Solver(Strategy::Pack));
+            ratios(&score_only, &pack)
+        })
+        .collect();
+    let summary = |index: usize| {
+        let values = all.iter().map(|ratio| ratio[index]);
+        let mean = values.clone().sum::<f64>() / all.len() as f64;
+        format!(
+            "x{mean:.3} (min x{:.3})",
+            values.fold(f64::INFINITY, f64::min)
+        )
+    };
+    format!(
+        "REPORT cluster/64_nodes over {} more sequences, pack vs score-only: placed before first refusal {}, placed {}, mean tokens/s per placement {}",
+        all.len(),
+        summary(0),
+        summary(1),
+        summary(2),
+    )
+}
+
+/// The placement criterion times: one replica of a 70B instance with tensor `auto`.
+fn representative() -> Arrival {
+    Arrival {
+        id: usize::MAX,
+        class: "70B",
+        model: MODEL_70B,
+        tensor: TensorChoice::Auto,
+        replicas: 1,
+    }
+}
+
+fn cluster_benches(c: &mut Criterion) {
+    let events: Vec<Event> = sequence(EVENTS, SEQUENCE_SEED);
+    eprintln!("SEQUENCE {}", describe_events(&events));
+    let mut group = c.benchmark_group("cluster");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for nodes in [64, 1000] {
+        let scenario = format!("{nodes}_nodes");
+        let generated = cluster(nodes, CLUSTER_SEED);
+        eprintln!("CLUSTER cluster/{scenario}: {}", describe(&generated));
+        let mut outcomes = Vec::new();
+        for policy in POLICIES {
+            let (outcome, _) = replay(&generated, &events, policy);
+            eprintln!("{}", report_line(&scenario, policy, &outcome));
+            outcomes.push(outcome);
+        }
+        eprintln!(
+            "{}",
+            target_line(&scenario, ratios(&outcomes[1], &outcomes[2]))
+        );
+        if nodes == 64 {
+            eprintln!("{}", more_sequences_line(&generated));
+        }
+
+        let (_, mid_sequence) = replay(
+            &generated,
+            &events[..EVENTS / 2],
+            Policy::Solver(Strategy::Pack),
+        );
+        let arrival = representative();
+        let problem = mid_sequence.problem(&arrival, Strategy::Pack);
+        let options = SolveOptions::default();
+        let owner = "bench/representative";
+        let placed = solve_replicas(&problem, arrival.tensor, 1, owner, &options);
+        assert!(placed[0].is_ok(), "the representative instance has a plan");
+        group.bench_function(
+            format!("pack_70b_tensor_auto_on_{scenario}_mid_sequence"),
+            |b| b.iter(|| solve_replicas(black_box(&problem), arrival.tensor, 1, owner, &options)),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, cluster_benches);
+criterion_main!(benches);

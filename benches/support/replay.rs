@@ -1,0 +1,381 @@
+//! Replays an arrival sequence on a cluster under one placement policy and
+//! measures the cluster as a whole: instances placed before the first
+//! refusal and in all, predicted tokens/s, the largest free NVLink/xGMI
+//! domain left, and the time each placement took.
+// Only the cluster benchmark uses it.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tessera::placement::{
+    Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, Stages, Strategy, TensorChoice,
+    Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
+};
+
+use super::arrivals::{Arrival, Event};
+use super::{MAX_TEMPERATURE_C, first_fit, model_shape};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// `support::first_fit`: nodes by name, devices by index.
+    FirstFit,
+    /// The solver under a strategy.
+    Solver(Strategy),
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::FirstFit => "first-fit",
+            Policy::Solver(Strategy::ScoreOnly) => "score-only",
+            Policy::Solver(Strategy::Pack) => "pack",
+            Policy::Solver(Strategy::Spread) => "spread",
+        }
+    }
+}
+
+/// What a replay measured. An instance here is one replica: each replica is
+/// a whole sharded copy of the model.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Replicas placed before the first one that found no plan.
+    pub before_first_refusal: usize,
+    /// Replicas placed over the whole sequence (some deleted later).
+    pub placed: usize,
+    pub refused: usize,
+    /// Replicas still running once the sequence ends.
+    pub running_at_end: usize,
+    /// Predicted tokens/s of the replicas running at the end, summed.
+    pub tokens_per_second_at_end: f64,
+    /// Predicted tokens/s summed over every placement made.
+    pub tokens_per_second_placed: f64,
+    /// The most free devices on one node all joined by NVLink/xGMI at the
+    /// end, and that node.
+    pub largest_free_domain: (usize, String),
+    /// Nodes left entirely free with every pair of GPUs NVLink/xGMI-linked:
+    /// where a tensor group as wide as the node can still go.
+    pub whole_free_domains: usize,
+    /// Pairs of replicas of one instance by how close they came: sharing a
+    /// node, else a rack, else a zone, else apart.
+    pub replica_pairs: [usize; 4],
+    /// Wall time of each replica's placement, in milliseconds.
+    pub placement_ms: Vec<f64>,
+}
+
+impl Outcome {
+    pub fn mean_tokens_per_second(&self) -> f64 {
+        if self.placed == 0 {
+            0.0
+        } else {
+            self.tokens_per_second_placed / self.placed as f64
+        }
+    }
+
+    pub fn mean_ms(&self) -> f64 {
+        if self.placement_ms.is_empty() {
+            0.0
+        } else {
+            self.placement_ms.iter().sum::<f64>() / self.placement_ms.len() as f64
+        }
+    }
+
+    pub fn max_ms(&self) -> f64 {
+        self.placement_ms.iter().copied().fold(0.0, f64::max)
+    }
+}
+
+/// One running replica: its devices as `(node, device)` indices, and its
+/// predicted tokens/s.
+struct Running {
+    devices: Vec<(usize, usize)>,
+    tokens_per_second: f64,
+}
+
+/// The cluster as the replay goes: who holds which device.
+pub struct ClusterState {
+    pub nodes: Vec<NodeState>,
+    node_index: HashMap<String, usize>,
+    /// The running replicas of each arrival.
+    held: HashMap<usize, Vec<Running>>,
+}
+
+impl ClusterState {
+    pub fn new(nodes: &[NodeState]) -> Self {
+        Self {
+            nodes: nodes.to_vec(),
+            node_index: nodes
+                .iter()
+                .enumerate()
+                .map(|(index, node)| (node.name.clone(), index))
+                .collect(),
+            held: HashMap::new(),
+        }
+    }
+
+    /// The solver's problem for one replica of `arrival`, on the devices free now.
+    pub fn problem(&self, arrival: &Arrival, strategy: Strategy) -> Problem {
+        Problem {
+            nodes: self.nodes.clone(),
+            model: model_shape(&arrival.model),
+            tensor: match arrival.tensor {
+                TensorChoice::Fixed(size) => size,
+                TensorChoice::Auto => 1,
+            },
+            stages: Stages::Auto,
+            weights: Weights::default(),
+            max_temperature_c: MAX_TEMPERATURE_C,
+            selector: Selector::default(),
+            strategy,
+            replica_nodes: Vec::new(),
+        }
+    }
+
+    fn hold(&mut self, arrival: usize, replica: u32, plan: &Plan) {
+        let holder = format!("bench/instance-{arrival} replica {replica}");
+        let mut devices = Vec::new();
+        for stage in &plan.stages {
+            let node_index = self.node_index[&stage.node];
+            let node = &mut self.nodes[node_index];
+            for (device_index, device) in node.devices.iter_mut().enumerate() {
+                if stage.devices.contains(&device.id) {
+                    assert!(device.allocated_to.is_none(), "{} planned twice", device.id);
+                    device.allocated_to = Some(holder.clone());
+                    devices.push((node_index, device_index));
+                }
+            }
+        }
+        self.held.entry(arrival).or_default().push(Running {
+            devices,
+            tokens_per_second: plan.performance.tokens_per_second,
+        });
+    }
+
+    fn release(&mut self, arrival: usize) {
+        for replica in self.held.remove(&arrival).unwrap_or_default() {
+            for (node, device) in replica.devices {
+                self.nodes[node].devices[device].allocated_to = None;
+            }
+        }
+    }
+
+    /// The most free devices on one node all joined by NVLink/xGMI (a free
+    /// device on its own counts as 1), the first node with that many, and how
+    /// many nodes are such a domain whole.
+    pub fn free_domains(&self) -> ((usize, String), usize) {
+        let mut best = (0, String::new());
+        let mut whole = 0;
+        for node in &self.nodes {
+            let free: Vec<bool> = node
+                .devices
+                .iter()
+                .map(|device| {
+                    device.healthy
+                        && device.allocated_to.is_none()
+                        && device
+                            .temperature_c
+                            .is_none_or(|temperature| temperature < MAX_TEMPERATURE_C)
+                })
+                .collect();
+            let largest = largest_clique(node, &free);
+            if largest > best.0 {
+                best = (largest, node.name.clone());
+            }
+            // A node of one device has no links to judge it by.
+            if largest == node.devices.len() && largest > 1 {
+                whole += 1;
+            }
+        }
+        (best, whole)
+    }
+}
+
+/// The largest set of `free` devices of a node with a fast link between every
+/// pair (nodes have a handful of GPUs: every subset is tried).
+fn largest_clique(node: &NodeState, free: &[bool]) -> usize {
+    let count = node.devices.len();
+    let position = |id: &str| node.devices.iter().position(|device| device.id == id);
+    let mut fast = vec![vec![false; count]; count];
+    for link in &node.links {
+        if matches!(link.kind, Interconnect::NvLink | Interconnect::Xgmi)
+            && let (Some(first), Some(second)) = (position(&link.a), position(&link.b))
+        {
+            fast[first][second] = true;
+            fast[second][first] = true;
+        }
+    }
+    let mut best = 0;
+    for subset in 1u32..(1 << count.min(16)) {
+        let members: Vec<usize> = (0..count)
+            .filter(|&device| subset & (1 << device) != 0)
+            .collect();
+        if members.len() <= best || !members.iter().all(|&device| free[device]) {
+            continue;
+        }
+        let joined = members
+            .iter()
+            .enumerate()
+            .all(|(at, &one)| members[at + 1..].iter().all(|&other| fast[one][other]));
+        if joined {
+            best = members.len();
+        }
+    }
+    best
+}
+
+/// Replays `events` on `nodes` under `policy`; returns what it measured and
+/// the cluster as the sequence left it.
+pub fn replay(nodes: &[NodeState], events: &[Event], policy: Policy) -> (Outcome, ClusterState) {
+    let mut state = ClusterState::new(nodes);
+    let mut outcome = Outcome::default();
+    let mut refused_yet = false;
+    for event in events {
+        let arrival = match event {
+            Event::Delete(id) => {
+                state.release(*id);
+                continue;
+            }
+            Event::Arrive(arrival) => arrival,
+        };
+        let (plans, elapsed_ms, attempts) = place(&state, arrival, policy);
+        outcome
+            .placement_ms
+            .extend(std::iter::repeat_n(elapsed_ms / attempts as f64, attempts));
+        count_replica_pairs(&state, &plans, &mut outcome.replica_pairs);
+        for (replica, plan) in plans.iter().enumerate() {
+            match plan {
+                Some(plan) => {
+                    state.hold(arrival.id, replica as u32, plan);
+                    outcome.placed += 1;
+                    outcome.tokens_per_second_placed += plan.performance.tokens_per_second;
+                    if !refused_yet {
+                        outcome.before_first_refusal += 1;
+                    }
+                }
+                None => {
+                    refused_yet = true;
+                    outcome.refused += 1;
+                }
+            }
+        }
+    }
+    for replicas in state.held.values() {
+        outcome.running_at_end += replicas.len();
+        outcome.tokens_per_second_at_end += replicas
+            .iter()
+            .map(|replica| replica.tokens_per_second)
+            .sum::<f64>();
+    }
+    (outcome.largest_free_domain, outcome.whole_free_domains) = state.free_domains();
+    (outcome, state)
+}
+
+/// Adds every pair of placed replicas to `pairs` by the closest their nodes
+/// come (0 = a node in common, 1 = a rack, 2 = a zone, 3 = apart).
+fn count_replica_pairs(state: &ClusterState, plans: &[Option<Plan>], pairs: &mut [usize; 4]) {
+    let placed: Vec<&Plan> = plans.iter().flatten().collect();
+    let node_of = |name: &String| &state.nodes[state.node_index[name]];
+    for (index, first) in placed.iter().enumerate() {
+        for second in &placed[index + 1..] {
+            let mut closest = 3;
+            for first_stage in &first.stages {
+                for second_stage in &second.stages {
+                    let (one, other) = (node_of(&first_stage.node), node_of(&second_stage.node));
+                    let same_zone = one.zone.is_some() && one.zone == other.zone;
+                    let distance = if one.name == other.name {
+                        0
+                    } else if same_zone && one.rack.is_some() && one.rack == other.rack {
+                        1
+                    } else if same_zone {
+                        2
+                    } else {
+                        3
+                    };
+                    closest = closest.min(distance);
+                }
+            }
+            pairs[closest] += 1;
+        }
+    }
+}
+
+/// Plans every replica of `arrival` (`None` where there is no plan), the
+/// wall time it took in milliseconds, and how many replicas were actually
+/// planned (a refusal ends the search for the rest).
+pub fn place(
+    state: &ClusterState,
+    arrival: &Arrival,
+    policy: Policy,
+) -> (Vec<Option<Plan>>, f64, usize) {
+    match policy {
+        Policy::Solver(strategy) => {
+            let problem = state.problem(arrival, strategy);
+            let owner = format!("bench/instance-{}", arrival.id);
+            let started = Instant::now();
+            let results = solve_replicas(
+                &problem,
+                arrival.tensor,
+                arrival.replicas,
+                &owner,
+                &SolveOptions::default(),
+            );
+            let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            let plans: Vec<Option<Plan>> = results
+                .into_iter()
+                .map(|result| result.ok().map(|placed| placed.plan))
+                .collect();
+            let attempts = plans.iter().filter(|plan| plan.is_some()).count()
+                + usize::from(plans.iter().any(Option::is_none));
+            (plans, elapsed_ms, attempts)
+        }
+        Policy::FirstFit => {
+            let mut problem = state.problem(arrival, Strategy::ScoreOnly);
+            let started = Instant::now();
+            let mut plans = Vec::new();
+            for _ in 0..arrival.replicas {
+                let plan = first_fit_any(&problem, arrival.tensor);
+                if let Some(plan) = &plan {
+                    take_devices(&mut problem, plan, "first-fit");
+                }
+                let refused = plan.is_none();
+                plans.push(plan);
+                if refused {
+                    break;
+                }
+            }
+            let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            let attempts = plans.len();
+            plans.resize(arrival.replicas as usize, None);
+            (plans, elapsed_ms, attempts)
+        }
+    }
+}
+
+/// First fit with `auto` resolved as a scheduler without a solver would: the
+/// largest tensor size `auto` would try first (what it usually picks), then
+/// smaller ones; for each, the fewest stages first-fit can fill.
+fn first_fit_any(problem: &Problem, tensor: TensorChoice) -> Option<Plan> {
+    let sizes = match tensor {
+        TensorChoice::Fixed(size) => vec![size],
+        TensorChoice::Auto => tensor_candidates(problem).into_iter().rev().collect(),
+    };
+    let free_devices = problem
+        .nodes
+        .iter()
+        .flat_map(|node| &node.devices)
+        .filter(|device| device.allocated_to.is_none() && device.healthy)
+        .count() as u32;
+    let mut sized = problem.clone();
+    for size in sizes {
+        sized.tensor = size;
+        for stages in 1..=problem.model.layers.min(free_devices / size) {
+            sized.stages = Stages::Fixed(stages);
+            if let Some(choice) = first_fit(&sized)
+                && let Ok(plan) = evaluate(&sized, &choice)
+            {
+                return Some(plan);
+            }
+        }
+    }
+    None
+}
