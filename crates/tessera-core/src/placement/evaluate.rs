@@ -6,6 +6,7 @@
 use std::cell::OnceCell;
 
 use super::exclusion::{Exclusion, exclusion_text};
+use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::links::link_positions;
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
 use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Weights};
@@ -18,13 +19,6 @@ pub struct StageChoice {
     pub node: String,
     pub devices: Vec<String>,
 }
-
-/// Hop costs by where the next stage is. Inside a node any path is cheap for the
-/// few kilobytes one token's activations take; across nodes the network decides.
-pub(crate) const HOP_SAME_NODE: f64 = 0.05;
-pub(crate) const HOP_SAME_RACK: f64 = 0.4;
-pub(crate) const HOP_SAME_ZONE: f64 = 0.7;
-pub(crate) const HOP_CROSS_ZONE: f64 = 1.0;
 
 /// Tensor-parallel groups all-reduce on every layer, so the slowest link of the
 /// group matters far more than for pipeline hops.

@@ -16,6 +16,7 @@ mod exclusion;
 mod exhaustive;
 mod explain;
 mod greedy;
+mod hops;
 mod instance;
 mod links;
 mod plan;

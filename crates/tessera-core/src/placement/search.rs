@@ -17,7 +17,8 @@
 use std::collections::BTreeSet;
 
 use super::compile::{Compiled, Group};
-use super::evaluate::{HOP_SAME_NODE, HOP_SAME_RACK, memory_part};
+use super::evaluate::memory_part;
+use super::hops::{HOP_SAME_NODE, HOP_SAME_RACK};
 use super::plan::Plan;
 use super::problem::SolveOptions;
 

@@ -14,7 +14,7 @@
 //! so the user weights keep their meaning relative to each other. Under
 //! `ScoreOnly` the part weighs nothing and is not computed (it reads 0).
 
-use super::evaluate::{HOP_CROSS_ZONE, HOP_SAME_RACK, HOP_SAME_ZONE};
+use super::hops::{HOP_CROSS_ZONE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::links::link_positions;
 use super::problem::{Interconnect, NodeState, Problem, Strategy};
 
