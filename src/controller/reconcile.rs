@@ -351,30 +351,25 @@ async fn plan(
     // When nothing fits, a running plan of the same spec that only lost
     // shards keeps the rest.
     let keep = current_hash.as_deref() == Some(instance.placement_hash.as_str());
+    // Each wanted replica's current shards, split once.
+    let by_replica: Vec<Vec<PlannedShard>> = (0..wanted)
+        .map(|replica| replica_plan(&current_plan, replica))
+        .collect();
     let job = {
-        let (spec, nodes, current_plan) = (
-            mi.spec.clone(),
-            observed.nodes.clone(),
-            current_plan.clone(),
-        );
+        let (spec, nodes, by_replica) =
+            (mi.spec.clone(), observed.nodes.clone(), by_replica.clone());
         let (node_grace, max_steps) = (ctx.settings.node_grace, ctx.settings.max_steps);
         move || {
             let mut decisions: Vec<(PlanDecision, BTreeMap<u32, String>)> = Vec::new();
+            // Every replica's plan: the earlier ones as just decided, the later ones as they are.
+            let mut plans = by_replica.clone();
             for replica in 0..wanted {
-                let own = replica_plan(&current_plan, replica);
-                // The other replicas: the earlier ones as just decided, the later ones as they are.
-                let others: Vec<PlannedShard> = decisions
+                let own = &by_replica[replica as usize];
+                let others: Vec<&PlannedShard> = plans
                     .iter()
                     .enumerate()
-                    .flat_map(|(index, (decision, _))| {
-                        decided_plan(decision, &replica_plan(&current_plan, index as u32))
-                    })
-                    .chain(
-                        current_plan
-                            .iter()
-                            .filter(|s| s.replica > replica && s.replica < wanted)
-                            .cloned(),
-                    )
+                    .filter(|(index, _)| *index != replica as usize)
+                    .flat_map(|(_, plan)| plan)
                     .collect();
                 let mut replica_held = held.clone();
                 for shard in &others {
@@ -403,17 +398,18 @@ async fn plan(
                     replica_nodes: &replica_nodes,
                 };
                 let current = Current {
-                    plan: &own,
+                    plan: own,
                     placement_hash: current_hash.as_deref(),
                     failed_admission: &failed_here,
                 };
                 let decision = decide(&spec, &tolerations, &current, &inputs);
                 let broken = match decision {
                     PlanDecision::Unsatisfiable { .. } if keep => {
-                        broken_shards(&own, &failed_here, &inputs)
+                        broken_shards(own, &failed_here, &inputs)
                     }
                     _ => BTreeMap::new(),
                 };
+                plans[replica as usize] = decided_plan(&decision, own);
                 decisions.push((decision, broken));
             }
             decisions
@@ -441,7 +437,7 @@ async fn plan(
                 ctx,
                 (instance, replica),
                 previous,
-                replica_plan(&current_plan, replica),
+                by_replica[index].clone(),
                 (decision, broken),
                 keep,
                 &mut replica_notes,
