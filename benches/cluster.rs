@@ -50,8 +50,14 @@ const PLACED_TARGET: f64 = 1.2;
 const SPEED_TARGET: f64 = 0.9;
 
 fn report_line(scenario: &str, policy: Policy, outcome: &Outcome) -> String {
+    let free_at_first_refusal = outcome
+        .free_at_first_refusal
+        .map_or("none refused".to_string(), |(free, usable)| {
+            format!("{free} of {usable}")
+        });
+    let (auto_gpus, auto_tokens) = outcome.auto_shares();
     format!(
-        "REPORT cluster/{scenario} {}: placed before first refusal={} placed={} refused={} running at end={} tokens/s at end={:.1} mean tokens/s per placement={:.2} largest free NVLink/xGMI domain={} ({}) whole free NVLink/xGMI nodes={} replica pairs sharing a node/rack/zone/apart={}/{}/{}/{} ms per placement mean={:.2} max={:.2}",
+        "REPORT cluster/{scenario} {}: placed before first refusal={} placed={} refused={} running at end={} tokens/s at end={:.1} mean tokens/s per placement={:.2} largest free NVLink/xGMI domain={} ({}) whole free NVLink/xGMI nodes={} replica pairs sharing a node/rack/zone/apart={}/{}/{}/{} GPUs free at first refusal={free_at_first_refusal} GPUs per placement={:.2} tensor auto share of GPUs/tokens/s placed={:.0}%/{:.0}% ms per placement mean={:.2} max={:.2}",
         policy.name(),
         outcome.before_first_refusal,
         outcome.placed,
@@ -66,6 +72,9 @@ fn report_line(scenario: &str, policy: Policy, outcome: &Outcome) -> String {
         outcome.replica_pairs[1],
         outcome.replica_pairs[2],
         outcome.replica_pairs[3],
+        outcome.gpus_per_placement(),
+        auto_gpus * 100.0,
+        auto_tokens * 100.0,
         outcome.mean_ms(),
         outcome.max_ms(),
     )

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use tessera::placement::{
-    Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, Stages, Strategy, TensorChoice,
-    Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
+    Device, Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, Stages, Strategy,
+    TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
 };
 
 use super::arrivals::{Arrival, Event};
@@ -61,6 +61,14 @@ pub struct Outcome {
     pub replica_pairs: [usize; 4],
     /// Wall time of each replica's placement, in milliseconds.
     pub placement_ms: Vec<f64>,
+    /// Usable GPUs free when the first replica was refused, and how many the
+    /// cluster has: whether the cluster was full or only fragmented.
+    pub free_at_first_refusal: Option<(usize, usize)>,
+    /// GPUs summed over every placement made.
+    pub gpus_placed: usize,
+    /// The same two sums over the replicas of `tensor: auto` instances only.
+    pub auto_gpus_placed: usize,
+    pub auto_tokens_per_second_placed: f64,
 }
 
 impl Outcome {
@@ -70,6 +78,19 @@ impl Outcome {
         } else {
             self.tokens_per_second_placed / self.placed as f64
         }
+    }
+
+    pub fn gpus_per_placement(&self) -> f64 {
+        self.gpus_placed as f64 / self.placed.max(1) as f64
+    }
+
+    /// Shares of the GPUs and of the tokens/s placed that went to `tensor:
+    /// auto` instances.
+    pub fn auto_shares(&self) -> (f64, f64) {
+        (
+            self.auto_gpus_placed as f64 / self.gpus_placed.max(1) as f64,
+            self.auto_tokens_per_second_placed / self.tokens_per_second_placed.max(1e-9),
+        )
     }
 
     pub fn mean_ms(&self) -> f64 {
@@ -159,6 +180,21 @@ impl ClusterState {
         }
     }
 
+    /// Usable GPUs (healthy, not too hot) free now, and in all.
+    pub fn usable_gpus(&self) -> (usize, usize) {
+        let usable: Vec<&Device> = self
+            .nodes
+            .iter()
+            .flat_map(|node| &node.devices)
+            .filter(|device| usable(device))
+            .collect();
+        let free = usable
+            .iter()
+            .filter(|device| device.allocated_to.is_none())
+            .count();
+        (free, usable.len())
+    }
+
     /// The most free devices on one node all joined by NVLink/xGMI (a free
     /// device on its own counts as 1), the first node with that many, and how
     /// many nodes are such a domain whole.
@@ -169,13 +205,7 @@ impl ClusterState {
             let free: Vec<bool> = node
                 .devices
                 .iter()
-                .map(|device| {
-                    device.healthy
-                        && device.allocated_to.is_none()
-                        && device
-                            .temperature_c
-                            .is_none_or(|temperature| temperature < MAX_TEMPERATURE_C)
-                })
+                .map(|device| usable(device) && device.allocated_to.is_none())
                 .collect();
             let largest = largest_clique(node, &free);
             if largest > best.0 {
@@ -188,6 +218,14 @@ impl ClusterState {
         }
         (best, whole)
     }
+}
+
+/// Healthy and below the temperature limit: a device some plan could use.
+fn usable(device: &Device) -> bool {
+    device.healthy
+        && device
+            .temperature_c
+            .is_none_or(|temperature| temperature < MAX_TEMPERATURE_C)
 }
 
 /// The largest set of `free` devices of a node with a fast link between every
@@ -247,12 +285,22 @@ pub fn replay(nodes: &[NodeState], events: &[Event], policy: Policy) -> (Outcome
                 Some(plan) => {
                     state.hold(arrival.id, replica as u32, plan);
                     outcome.placed += 1;
-                    outcome.tokens_per_second_placed += plan.performance.tokens_per_second;
+                    let speed = plan.performance.tokens_per_second;
+                    outcome.tokens_per_second_placed += speed;
+                    let gpus: usize = plan.stages.iter().map(|stage| stage.devices.len()).sum();
+                    outcome.gpus_placed += gpus;
+                    if arrival.tensor == TensorChoice::Auto {
+                        outcome.auto_gpus_placed += gpus;
+                        outcome.auto_tokens_per_second_placed += speed;
+                    }
                     if !refused_yet {
                         outcome.before_first_refusal += 1;
                     }
                 }
                 None => {
+                    if !refused_yet {
+                        outcome.free_at_first_refusal = Some(state.usable_gpus());
+                    }
                     refused_yet = true;
                     outcome.refused += 1;
                 }
