@@ -9,9 +9,13 @@
 //!   (thermal trouble shows up there through the health tracker), the links, or
 //!   the allocated set (the state's `allocated` map: which device is held by
 //!   which pod, so the controller never plans onto a device in use);
-//! - **at most once per `min_interval`** when only telemetry drifted:
-//!   temperature, power, or free memory by at least
-//!   `free_memory_threshold_bytes`;
+//! - **at most once per `min_interval`** (five minutes by default) when only
+//!   telemetry drifted: temperature, power, or free memory by at least
+//!   `free_memory_threshold_bytes`. Each node waits a little longer, by a
+//!   share of the interval fixed by its name (`drift_after`), so agents that
+//!   started together do not write in step. Every Node write goes to every
+//!   Node watcher in the cluster, so drift is what a large fleet must not
+//!   pay for often: the fleet benchmark measured it (docs/benchmarks.md);
 //! - **not at all** when nothing that is published changed.
 //!
 //! The write is a JSON merge patch of the Node's metadata that names only our
@@ -60,13 +64,13 @@ pub struct PublisherConfig {
 }
 
 impl PublisherConfig {
-    pub(crate) const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(30);
+    pub(crate) const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(300);
     pub(crate) const DEFAULT_FREE_MEMORY_THRESHOLD_BYTES: u64 = 1 << 30;
     pub(crate) const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(1);
     pub(crate) const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
     pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-    /// The defaults: drift every 30 s at most, 1 GiB free-memory threshold,
+    /// The defaults: drift every 5 min at most, 1 GiB free-memory threshold,
     /// retries from 1 s doubling to 30 s, 30 s for the API server to answer.
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
@@ -78,6 +82,32 @@ impl PublisherConfig {
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
         }
     }
+}
+
+/// Share of `min_interval` by which nodes spread their drift publishes.
+const DRIFT_SPREAD: f64 = 0.1;
+
+impl PublisherConfig {
+    /// How long after the last write drift is published: `min_interval`
+    /// plus up to a tenth of it, the same for a node every time and spread
+    /// evenly over a fleet. `None` when that is too long to represent.
+    pub(crate) fn drift_after(&self) -> Option<Duration> {
+        let extra = self.min_interval.as_secs_f64() * DRIFT_SPREAD * node_share(&self.node_name);
+        let extra = Duration::try_from_secs_f64(extra).ok()?;
+        self.min_interval.checked_add(extra)
+    }
+}
+
+/// A node name's place in 0..1: FNV-1a, fixed on every platform and
+/// release, then mixed (splitmix64's finaliser) so that names differing only
+/// in their last characters land far apart.
+fn node_share(name: &str) -> f64 {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let mut mixed = (hash ^ (hash >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (mixed ^ (mixed >> 31)) as f64 / u64::MAX as f64
 }
 
 /// Counters for the agent's metrics. Shared: the publisher only adds.
@@ -139,7 +169,10 @@ pub(crate) fn needs_publish(
     if !drifted(&last.view, view, config.free_memory_threshold_bytes) {
         return Decision::Nothing;
     }
-    match last.at.checked_add(config.min_interval) {
+    match config
+        .drift_after()
+        .and_then(|after| last.at.checked_add(after))
+    {
         Some(due) if due <= now => Decision::Now,
         Some(due) => Decision::At(due),
         // An interval too long to represent: drift alone is never published.
@@ -506,7 +539,7 @@ mod tests {
     #[test]
     fn defaults() {
         let c = config();
-        assert_eq!(c.min_interval, Duration::from_secs(30));
+        assert_eq!(c.min_interval, Duration::from_secs(300));
         assert_eq!(c.free_memory_threshold_bytes, GIB);
         assert_eq!(c.retry_initial, Duration::from_secs(1));
         assert_eq!(c.retry_max, Duration::from_secs(30));
@@ -647,7 +680,7 @@ mod tests {
         for (what, mutate) in cases {
             let mut v = view();
             mutate(&mut v);
-            let due = t0 + c.min_interval;
+            let due = t0 + c.drift_after().unwrap();
             assert_eq!(
                 needs_publish(&last, &v, t0 + Duration::from_secs(1), &c),
                 Decision::At(due),
@@ -668,7 +701,7 @@ mod tests {
         // not with the previous view.
         let t0 = Instant::now();
         let last = published(t0);
-        let late = t0 + Duration::from_secs(60);
+        let late = t0 + Duration::from_secs(600);
         let mut v = view();
         v.snapshot.devices[0].telemetry.memory_free_bytes -= GIB / 2;
         assert_eq!(needs_publish(&last, &v, late, &config()), Decision::Nothing);
@@ -682,7 +715,7 @@ mod tests {
         let last = published(t0);
         let mut c = config();
         c.free_memory_threshold_bytes = 0;
-        let late = t0 + Duration::from_secs(60);
+        let late = t0 + Duration::from_secs(600);
         assert_eq!(needs_publish(&last, &view(), late, &c), Decision::Nothing);
         let mut v = view();
         v.snapshot.devices[0].telemetry.memory_free_bytes -= 1;
@@ -707,6 +740,34 @@ mod tests {
         let v = last.view.clone();
         let late = t0 + Duration::from_secs(60);
         assert_eq!(needs_publish(&last, &v, late, &config()), Decision::Nothing);
+    }
+
+    #[test]
+    fn drift_waits_a_share_of_the_interval_fixed_per_node() {
+        let mut c = config();
+        let after: Vec<Duration> = (0..1000)
+            .map(|n| {
+                c.node_name = format!("gpu-node-{n:04}");
+                c.drift_after().unwrap()
+            })
+            .collect();
+        let (least, most) = (after.iter().min().unwrap(), after.iter().max().unwrap());
+        assert!(*least >= c.min_interval && *most <= c.min_interval.mul_f64(1.1));
+        // Spread over the whole tenth, not bunched.
+        assert!(
+            *most - *least > c.min_interval.mul_f64(0.09),
+            "{least:?}..{most:?}"
+        );
+        let early = after
+            .iter()
+            .filter(|a| **a < c.min_interval.mul_f64(1.05))
+            .count();
+        assert!(
+            (400..600).contains(&early),
+            "{early} of 1000 in the first half"
+        );
+        c.node_name = "gpu-node-0007".into();
+        assert_eq!(c.drift_after(), Some(after[7]), "the same every time");
     }
 
     #[test]

@@ -86,23 +86,7 @@ pub(crate) fn spawn_poller_with_ids(
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
-            match snapshot(backend.as_mut()) {
-                Ok(mut snap) => {
-                    if let Some(r) = &registry {
-                        r.stabilize_snapshot(&mut snap, is_fallback_id);
-                    }
-                    tracker.apply(&mut snap, Instant::now());
-                    tx.send_modify(|v| {
-                        v.snapshot = snap;
-                        v.ready = true;
-                        v.error = None;
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the GPUs failed; keeping the last state");
-                    tx.send_modify(|v| v.error = Some(e.to_string()));
-                }
-            }
+            poll_with_ids(backend.as_mut(), &mut tracker, &tx, registry.as_ref());
             let spent = started.elapsed();
             // Sleep in short steps so a stop request is seen promptly.
             let mut left = interval.saturating_sub(spent);
@@ -113,6 +97,39 @@ pub(crate) fn spawn_poller_with_ids(
             }
         }
     })
+}
+
+/// One poll: reads the backend, passes health through `tracker`, and
+/// publishes the snapshot through `tx` (a failed read keeps the last snapshot
+/// and records the error). What the poller thread does every interval; a
+/// process that simulates many nodes calls it itself.
+pub fn poll_once(backend: &mut dyn GpuBackend, tracker: &mut HealthTracker, tx: &ViewTx) {
+    poll_with_ids(backend, tracker, tx, None);
+}
+
+fn poll_with_ids(
+    backend: &mut dyn GpuBackend,
+    tracker: &mut HealthTracker,
+    tx: &ViewTx,
+    registry: Option<&Registry>,
+) {
+    match snapshot(backend) {
+        Ok(mut snap) => {
+            if let Some(r) = registry {
+                r.stabilize_snapshot(&mut snap, is_fallback_id);
+            }
+            tracker.apply(&mut snap, Instant::now());
+            tx.send_modify(|v| {
+                v.snapshot = snap;
+                v.ready = true;
+                v.error = None;
+            });
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the GPUs failed; keeping the last state");
+            tx.send_modify(|v| v.error = Some(e.to_string()));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,230 @@
+//! The simulated node agents, all in this process: per node the simulated
+//! GPUs, the agent's health tracker and device view, and the agent's real
+//! publisher (`run_publisher`) writing to the node's Node object. One task
+//! polls every node once per poll interval with the agent's own poll step
+//! (`poll_once`), spread evenly over the interval as independent agents
+//! would be.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kube::Client;
+use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
+use tessera::agent::state::{ViewTx, channel, poll_once};
+use tessera::backend::health::{HealthPolicy, HealthTracker};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::gpus::{KINDS, SimGpus};
+use crate::support::SplitMix64;
+
+/// Polls per interval are done in slices this far apart.
+const POLL_SLICE: Duration = Duration::from_millis(10);
+
+struct SimNode {
+    name: String,
+    gpus: Mutex<SimGpus>,
+    tracker: Mutex<HealthTracker>,
+    tx: ViewTx,
+    stats: Arc<PublisherStats>,
+}
+
+pub struct Fleet {
+    nodes: Vec<SimNode>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Fleet {
+    /// Node kinds drawn from the benchmark mix with `seed`.
+    pub fn new(names: &[String], seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let nodes: Vec<SimNode> = names
+            .iter()
+            .map(|name| {
+                let kind = rng.weighted(&KINDS);
+                let (tx, _) = channel("fake");
+                SimNode {
+                    name: name.clone(),
+                    gpus: Mutex::new(SimGpus::new(name, kind, rng.next_u64())),
+                    tracker: Mutex::new(HealthTracker::new(HealthPolicy::default())),
+                    tx,
+                    stats: Arc::new(PublisherStats::default()),
+                }
+            })
+            .collect();
+        let by_name = names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| (name.clone(), index))
+            .collect();
+        Self { nodes, by_name }
+    }
+
+    pub fn contains(&self, node: &str) -> bool {
+        self.by_name.contains_key(node)
+    }
+
+    /// GPU kind of each node, counted.
+    pub fn kinds(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for node in &self.nodes {
+            let name = lock(&node.gpus).kind().name;
+            match counts.iter_mut().find(|(kind, _)| *kind == name) {
+                Some(entry) => entry.1 += 1,
+                None => counts.push((name, 1)),
+            }
+        }
+        counts
+    }
+
+    /// Starts every node's publisher; they stop when `stop` turns true.
+    pub fn start_publishers(
+        &self,
+        client: &Client,
+        min_interval: Option<Duration>,
+        stop: &watch::Receiver<bool>,
+    ) {
+        for node in &self.nodes {
+            let mut config = PublisherConfig::new(node.name.clone());
+            if let Some(interval) = min_interval {
+                config.min_interval = interval;
+            }
+            let mut stop = stop.clone();
+            tokio::spawn(run_publisher(
+                client.clone(),
+                config,
+                node.tx.subscribe(),
+                Arc::clone(&node.stats),
+                async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                },
+            ));
+        }
+    }
+
+    /// Drifts and polls every node once per `interval`, until dropped.
+    pub async fn poll_forever(self: Arc<Self>, interval: Duration) {
+        let slices = (interval.as_millis() / POLL_SLICE.as_millis()).max(1) as usize;
+        let per_slice = self.nodes.len().div_ceil(slices);
+        let mut tick = tokio::time::interval(POLL_SLICE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            for slice in self.nodes.chunks(per_slice.max(1)) {
+                tick.tick().await;
+                for node in slice {
+                    let mut gpus = lock(&node.gpus);
+                    gpus.drift();
+                    poll_once(&mut *gpus, &mut lock(&node.tracker), &node.tx);
+                }
+            }
+        }
+    }
+
+    /// Polls one node now (a fault then shows without waiting for its turn).
+    fn poll_now(&self, index: usize) {
+        let node = &self.nodes[index];
+        poll_once(&mut *lock(&node.gpus), &mut lock(&node.tracker), &node.tx);
+    }
+
+    /// Patches the API server accepted, summed over the fleet, and failures.
+    pub fn published(&self) -> (u64, u64) {
+        self.nodes.iter().fold((0, 0), |(ok, failed), node| {
+            (ok + node.stats.published(), failed + node.stats.errors())
+        })
+    }
+
+    fn published_by(&self, index: usize) -> u64 {
+        self.nodes[index].stats.published()
+    }
+
+    /// What a device plugin records on Allocate: the devices held by the pod,
+    /// and the model loaded into their memory. Returns a waiter for the write
+    /// that carries it.
+    pub fn allocate(&self, node: &str, devices: &[String], pod_uid: &str) -> Option<PublishWait> {
+        let &index = self.by_name.get(node)?;
+        let before = self.published_by(index);
+        let sim = &self.nodes[index];
+        {
+            let mut gpus = lock(&sim.gpus);
+            for device in devices {
+                gpus.load(device, 0.6);
+            }
+        }
+        sim.tx.send_modify(|view| {
+            for device in devices {
+                view.allocated.insert(device.clone(), pod_uid.to_string());
+            }
+        });
+        Some(PublishWait {
+            index,
+            before,
+            since: Instant::now(),
+        })
+    }
+
+    /// The pod is gone: its devices are free and unloaded.
+    pub fn release(&self, node: &str, pod_uid: &str) {
+        let Some(&index) = self.by_name.get(node) else {
+            return;
+        };
+        let sim = &self.nodes[index];
+        let mut freed = Vec::new();
+        sim.tx.send_if_modified(|view| {
+            let before = view.allocated.len();
+            view.allocated.retain(|device, uid| {
+                let keep = uid != pod_uid;
+                if !keep {
+                    freed.push(device.clone());
+                }
+                keep
+            });
+            view.allocated.len() != before
+        });
+        let mut gpus = lock(&sim.gpus);
+        for device in freed {
+            gpus.load(&device, 0.0);
+        }
+    }
+
+    /// Sets or clears a device fault and polls the node at once, as the
+    /// backend's event stream would report an Xid. Returns a waiter for the
+    /// write that carries it.
+    pub fn fault(&self, node: &str, device: &str, fault: Option<String>) -> Option<PublishWait> {
+        let &index = self.by_name.get(node)?;
+        let before = self.published_by(index);
+        let since = Instant::now();
+        lock(&self.nodes[index].gpus).set_fault(device, fault);
+        self.poll_now(index);
+        Some(PublishWait {
+            index,
+            before,
+            since,
+        })
+    }
+
+    /// How long after `wait.since` the node's next write was accepted
+    /// (`None` after `limit`).
+    pub async fn published_after(&self, wait: &PublishWait, limit: Duration) -> Option<Duration> {
+        loop {
+            if self.published_by(wait.index) > wait.before {
+                return Some(wait.since.elapsed());
+            }
+            if wait.since.elapsed() > limit {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// A change made to one node's view, waiting for the write that carries it.
+pub struct PublishWait {
+    index: usize,
+    before: u64,
+    since: Instant,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,152 @@
+//! What the simulated nodes' kubelets do with shard pods: a pod bound to a
+//! fleet node gets its planned devices (the device plugin's Allocate, which
+//! the agent records and publishes), and a pod being deleted is removed for
+//! good once "its containers stop" (at once: there are none), freeing them.
+//! Every binding is timed, so the benchmark can tell when an instance's
+//! shards are all bound.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tessera::api::DEVICES_ANNOTATION;
+use tokio::time::Instant;
+
+use crate::agents::Fleet;
+
+/// The label the controller puts on every shard pod: the instance's name.
+pub const INSTANCE_LABEL: &str = "tessera.dev/instance";
+
+/// A shard pod bound to a fleet node.
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub pod: String,
+    pub instance: String,
+    pub node: String,
+    pub devices: Vec<String>,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+pub struct Bindings {
+    /// By pod UID, while the pod exists.
+    live: Mutex<HashMap<String, Bound>>,
+    /// Allocation writes: how long each took to be accepted.
+    allocation_writes: Mutex<Vec<Duration>>,
+}
+
+impl Bindings {
+    /// The instance's shard pods bound now.
+    pub fn of_instance(&self, instance: &str) -> Vec<Bound> {
+        lock(&self.live)
+            .values()
+            .filter(|bound| bound.instance == instance)
+            .cloned()
+            .collect()
+    }
+
+    /// One bound pod, chosen by `seed` (the same seed and pods give the same one).
+    pub fn pick(&self, seed: u64) -> Option<Bound> {
+        let live = lock(&self.live);
+        let mut all: Vec<&Bound> = live.values().collect();
+        all.sort_by(|a, b| a.pod.cmp(&b.pod));
+        let chosen = all.get((seed % all.len().max(1) as u64) as usize)?;
+        Some((*chosen).clone())
+    }
+
+    pub fn take_allocation_writes(&self) -> Vec<Duration> {
+        std::mem::take(&mut lock(&self.allocation_writes))
+    }
+}
+
+/// Runs until dropped.
+pub async fn run(client: Client, namespace: String, fleet: Arc<Fleet>, bindings: Arc<Bindings>) {
+    let pods: Api<Pod> = Api::namespaced(client, &namespace);
+    let stream = watcher(pods.clone(), watcher::Config::default())
+        .default_backoff()
+        .touched_objects();
+    let mut stream = std::pin::pin!(stream);
+    // Pod UID → (node, being deleted). Kept for the whole run: a run sees a
+    // few thousand pods at most.
+    let mut known: HashMap<String, (String, bool)> = HashMap::new();
+    loop {
+        let pod = match stream.try_next().await {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return,
+            Err(e) => {
+                eprintln!("pod watch: {e}");
+                continue;
+            }
+        };
+        let uid = pod.uid().unwrap_or_default();
+        let Some(node) = pod.spec.as_ref().and_then(|spec| spec.node_name.clone()) else {
+            continue;
+        };
+        if !fleet.contains(&node) {
+            continue;
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            if known.get(&uid).is_some_and(|(_, deleting)| *deleting) {
+                continue;
+            }
+            known.insert(uid.clone(), (node.clone(), true));
+            lock(&bindings.live).remove(&uid);
+            fleet.release(&node, &uid);
+            let pods = pods.clone();
+            let name = pod.name_any();
+            tokio::spawn(async move {
+                let params = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                let _ = pods.delete(&name, &params).await;
+            });
+            continue;
+        }
+        if known.contains_key(&uid) {
+            continue;
+        }
+        known.insert(uid.clone(), (node.clone(), false));
+        let devices: Vec<String> = pod
+            .annotations()
+            .get(DEVICES_ANNOTATION)
+            .map(|list| list.split(',').map(str::to_string).collect())
+            .unwrap_or_default();
+        let instance = pod
+            .labels()
+            .get(INSTANCE_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        lock(&bindings.live).insert(
+            uid.clone(),
+            Bound {
+                pod: pod.name_any(),
+                instance,
+                node: node.clone(),
+                devices: devices.clone(),
+                at: Instant::now(),
+            },
+        );
+        if let Some(wait) = fleet.allocate(&node, &devices, &uid) {
+            let (fleet, bindings) = (Arc::clone(&fleet), Arc::clone(&bindings));
+            tokio::spawn(async move {
+                if let Some(took) = fleet.published_after(&wait, Duration::from_secs(60)).await {
+                    lock(&bindings.allocation_writes).push(took);
+                }
+            });
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,358 @@
+//! Fleet simulator: what tessera costs a large cluster's control plane and
+//! how fast its controller reacts there, against a real API server.
+//!
+//! ```sh
+//! TESSERA_TEST_KUBECONFIG=<kubeconfig> cargo bench --bench fleet -- --nodes 1000,5000
+//! ```
+//!
+//! Per size N it creates N Nodes (Ready, eight simulated GPUs each, node
+//! Leases renewed as kubelets do), runs N copies of the agent's real
+//! publisher fed by the agent's own poll step over simulated GPUs whose
+//! telemetry drifts, starts this build's `tessera controller` as a process,
+//! loads the fleet with instances, and then measures:
+//! - **steady state** (only telemetry drifting, `--steady-seconds`): Node
+//!   writes per second (the publishers' and every writer's, from the API
+//!   server's metrics) and the bytes every Node watcher receives for them,
+//!   Lease renewals for comparison, API server CPU seconds per minute, the
+//!   etcd database size, the controller's memory and its CPU and reconciles
+//!   per Node write;
+//! - **churn**: time from a ModelInstance created to all its shards bound,
+//!   from an allocation to the Node write carrying it, from a device fault to
+//!   the write carrying it and to the shard re-placed.
+//!
+//! Everything it creates carries a run label and is deleted at the end.
+//! Without `TESSERA_TEST_KUBECONFIG` it prints why it is skipped and exits 0.
+
+#[path = "../../tests/common/real_cluster.rs"]
+mod real_cluster;
+#[allow(dead_code)]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod agents;
+mod gpus;
+mod kubelet;
+mod measure;
+mod nodes;
+mod options;
+mod workload;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use tessera::agent::publisher::PublisherConfig;
+use tessera::api::ModelInstance;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use agents::Fleet;
+use kubelet::Bindings;
+use options::Options;
+use support::SplitMix64;
+use workload::ControllerProcess;
+
+const SEED: u64 = 0xf1ee_7000_0000_0014;
+
+fn main() {
+    let options = match Options::from_args(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("error: {e}\n{}", options::USAGE);
+            std::process::exit(2);
+        }
+    };
+    let Some(kubeconfig) = real_cluster::kubeconfig_path() else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        let config = real_cluster::load_config(&kubeconfig).await;
+        let client = Client::try_from(config).expect("a Kubernetes client");
+        real_cluster::install_crd(&client).await;
+        for &count in &options.nodes {
+            run(&client, &kubeconfig, count, &options).await;
+        }
+    });
+}
+
+/// A short token naming this run's objects.
+fn run_token() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{:06x}", (nanos ^ std::process::id()) & 0xff_ffff)
+}
+
+async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options) {
+    let run = run_token();
+    let scenario = format!("fleet/{count}_nodes");
+    let namespace = format!("fleet-{run}");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))
+        .expect("a valid Namespace");
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {namespace}: {e}"));
+
+    let started = Instant::now();
+    let names = nodes::create(client, &run, count).await;
+    let fleet = Arc::new(Fleet::new(&names, SEED));
+    eprintln!(
+        "{scenario}: {count} Nodes and Leases created in {:.0} s ({})",
+        started.elapsed().as_secs_f64(),
+        fleet
+            .kinds()
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let (stop, stopped) = watch::channel(false);
+    fleet.start_publishers(client, options.publish_interval, &stopped);
+    let poller = tokio::spawn(Arc::clone(&fleet).poll_forever(options.poll));
+    let leases = tokio::spawn(nodes::renew_leases(client.clone(), names.clone()));
+    let started = Instant::now();
+    while fleet.published().0 < count as u64 && started.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "{scenario}: every node published its state in {:.0} s ({} writes, {} failed)",
+        started.elapsed().as_secs_f64(),
+        fleet.published().0,
+        fleet.published().1
+    );
+
+    let bindings = Arc::new(Bindings::default());
+    let kubelets = tokio::spawn(kubelet::run(
+        client.clone(),
+        namespace.clone(),
+        Arc::clone(&fleet),
+        Arc::clone(&bindings),
+    ));
+    let log = std::env::temp_dir().join(format!("tessera-fleet-{run}-controller.log"));
+    let controller = ControllerProcess::start(kubeconfig, &namespace, log);
+    assert!(
+        controller.ready(Duration::from_secs(300)).await,
+        "the controller did not become ready; its log: {}",
+        controller.log.display()
+    );
+    let instances: Api<ModelInstance> = Api::namespaced(client.clone(), &namespace);
+    let mut rng = SplitMix64::new(SEED ^ count as u64);
+    let weights = workload::class_weights();
+
+    // Load: one instance per 20 nodes, placed a few at a time.
+    let load = (count / 20).max(1);
+    let started = Instant::now();
+    let mis: Vec<ModelInstance> = (0..load)
+        .map(|serial| workload::instance("load", serial, rng.weighted(&weights), &namespace, &run))
+        .collect();
+    let placed: Vec<Option<Duration>> = stream::iter(&mis)
+        .map(|mi| workload::create_and_wait(&instances, mi, &bindings, Duration::from_secs(120)))
+        .buffer_unordered(4)
+        .collect()
+        .await;
+    eprintln!(
+        "{scenario}: {} of {load} load instances bound in {:.0} s",
+        placed.iter().flatten().count(),
+        started.elapsed().as_secs_f64()
+    );
+    bindings.take_allocation_writes();
+
+    // Steady state: only telemetry drifts.
+    let interval = options
+        .publish_interval
+        .unwrap_or(PublisherConfig::new("default").min_interval);
+    let before = Sample::take(client, &fleet, &controller).await;
+    tokio::time::sleep(options.steady_for(interval)).await;
+    let after = Sample::take(client, &fleet, &controller).await;
+    let node_bytes = node_size(client, &names[0]).await;
+    print_steady(
+        &scenario,
+        count,
+        &before,
+        &after,
+        node_bytes,
+        interval,
+        options.poll,
+    );
+
+    // Churn: instances arrive (one at a time, so each is timed alone) and
+    // older ones leave; devices fail.
+    let mut create_to_bound = Vec::new();
+    for serial in 0..options.arrivals {
+        let mi = workload::instance("arrival", serial, rng.weighted(&weights), &namespace, &run);
+        if let Some(took) =
+            workload::create_and_wait(&instances, &mi, &bindings, Duration::from_secs(60)).await
+        {
+            create_to_bound.push(took);
+        }
+        if let Some(old) = mis.get(serial) {
+            workload::delete(&instances, &old.metadata.name.clone().unwrap_or_default()).await;
+        }
+    }
+    let allocation_writes = bindings.take_allocation_writes();
+    let (mut fault_writes, mut replaced) = (Vec::new(), Vec::new());
+    for _ in 0..options.faults {
+        let Some(victim) = bindings.pick(rng.next_u64()) else {
+            break;
+        };
+        let Some(device) = victim.devices.first().cloned() else {
+            continue;
+        };
+        let Some(wait) = fleet.fault(
+            &victim.node,
+            &device,
+            Some("Xid 79: GPU has fallen off the bus".into()),
+        ) else {
+            continue;
+        };
+        let started = Instant::now();
+        if let Some(took) = fleet.published_after(&wait, Duration::from_secs(30)).await {
+            fault_writes.push(took);
+        }
+        if let Some(took) = workload::all_bound(
+            &instances,
+            &victim.instance,
+            &bindings,
+            started,
+            Duration::from_secs(90),
+            std::slice::from_ref(&device),
+        )
+        .await
+        {
+            replaced.push(took);
+        }
+        fleet.fault(&victim.node, &device, None);
+    }
+    let controller_end = measure::controller(controller.pid(), controller.port);
+    println!(
+        "REPORT {scenario} churn: create to all shards bound {} ({} of {}); allocation to its Node write {}; device fault to its Node write {}; fault to shard re-placed {} ({} of {}); controller peak RSS {:.0} MiB",
+        summary(&create_to_bound),
+        create_to_bound.len(),
+        options.arrivals,
+        summary(&allocation_writes),
+        summary(&fault_writes),
+        summary(&replaced),
+        replaced.len(),
+        options.faults,
+        controller_end.peak_rss_bytes as f64 / (1 << 20) as f64,
+    );
+
+    // Clean up: instances first (the controller deletes their pods and the
+    // simulated kubelets finish them), then everything else of the run.
+    for mi in instances
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        workload::delete(&instances, &mi.metadata.name.unwrap_or_default()).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60)
+        && pods
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| !l.items.is_empty())
+    {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(controller);
+    let _ = stop.send(true);
+    for task in [poller, leases, kubelets] {
+        task.abort();
+    }
+    let _ = namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await;
+    nodes::delete(client, &names).await;
+}
+
+/// The figures taken at the start and end of the steady-state window.
+struct Sample {
+    at: Instant,
+    api: measure::ApiServer,
+    controller: measure::Controller,
+    published: u64,
+}
+
+impl Sample {
+    async fn take(client: &Client, fleet: &Fleet, controller: &ControllerProcess) -> Self {
+        Self {
+            at: Instant::now(),
+            api: measure::api_server(client).await,
+            controller: measure::controller(controller.pid(), controller.port),
+            published: fleet.published().0,
+        }
+    }
+}
+
+fn print_steady(
+    scenario: &str,
+    count: usize,
+    before: &Sample,
+    after: &Sample,
+    node_bytes: usize,
+    interval: Duration,
+    poll: Duration,
+) {
+    let seconds = after.at.duration_since(before.at).as_secs_f64().max(1e-9);
+    let published = (after.published - before.published) as f64;
+    let node_writes = after.api.node_writes - before.api.node_writes;
+    let per_node_per_5_min = published / count as f64 * 300.0 / seconds;
+    let controller_cpu = after.controller.cpu_seconds - before.controller.cpu_seconds;
+    let reconciles = after.controller.reconciles - before.controller.reconciles;
+    println!(
+        "REPORT {scenario} steady ({seconds:.0} s, publish interval {} s, poll {} ms): tessera Node writes/s={:.2} ({per_node_per_5_min:.2} per node per 5 min) all Node writes/s={:.2} bytes/s to each Node watcher={:.0} (Node {node_bytes} B) Lease renewals/s={:.2} API server CPU s/min={:.2} etcd MiB={:.1} controller RSS MiB={:.0} controller CPU s/min={:.2} controller CPU ms per Node write={:.2} reconciles per Node write={:.3}",
+        interval.as_secs(),
+        poll.as_millis(),
+        published / seconds,
+        node_writes / seconds,
+        published / seconds * node_bytes as f64,
+        (after.api.lease_writes - before.api.lease_writes) / seconds,
+        (after.api.cpu_seconds - before.api.cpu_seconds) * 60.0 / seconds,
+        after.api.etcd_bytes / (1 << 20) as f64,
+        after.controller.rss_bytes as f64 / (1 << 20) as f64,
+        controller_cpu * 60.0 / seconds,
+        controller_cpu * 1e3 / node_writes.max(1.0),
+        reconciles / node_writes.max(1.0),
+    );
+}
+
+/// A Node as every watcher receives it, in bytes of JSON.
+async fn node_size(client: &Client, name: &str) -> usize {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .get(name)
+        .await
+        .ok()
+        .and_then(|node| serde_json::to_vec(&node).ok())
+        .map_or(0, |bytes| bytes.len())
+}
+
+/// "median 1.2 s, p95 …, max …" in milliseconds.
+fn summary(times: &[Duration]) -> String {
+    if times.is_empty() {
+        return "none measured".into();
+    }
+    let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "median {:.0} ms, p95 {:.0} ms, max {:.0} ms",
+        at(0.5),
+        at(0.95),
+        at(1.0)
+    )
+}

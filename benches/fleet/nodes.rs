@@ -1,0 +1,122 @@
+//! The simulated nodes' Kubernetes side: their Node objects (created Ready,
+//! labelled and tainted for this run only) and the node Leases a kubelet
+//! renews, so the node lifecycle controller keeps them Ready as it would
+//! real ones. Lease renewals are what a real fleet's kubelets write anyway;
+//! they are measured apart from tessera's own Node writes.
+
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+pub const RUN_LABEL: &str = "fleet.tessera.dev/run";
+pub const TAINT_KEY: &str = "fleet.tessera.dev/simulated";
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// The lifecycle controller marks a node Unknown 40 s after its last renewal;
+/// kubelets renew every 10 s. 20 s halves the background writes and stays
+/// well inside the grace period.
+pub const LEASE_RENEW: Duration = Duration::from_secs(20);
+/// Requests in flight while creating or deleting thousands of objects.
+const PARALLEL: usize = 16;
+
+pub fn node_name(run: &str, index: usize) -> String {
+    format!("fleet-{run}-{index:05}")
+}
+
+/// Creates the Nodes Ready, with their Leases. Returns the names.
+pub async fn create(client: &Client, run: &str, count: usize) -> Vec<String> {
+    let names: Vec<String> = (0..count).map(|index| node_name(run, index)).collect();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    let now = Timestamp::now().to_string();
+    stream::iter(names.iter().enumerate())
+        .for_each_concurrent(PARALLEL, |(index, name)| {
+            let (nodes, leases, now) = (nodes.clone(), leases.clone(), now.clone());
+            async move {
+                let zone = format!("zone-{}", (b'a' + (index / 16 % 4) as u8) as char);
+                let node: Node = serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": {
+                        RUN_LABEL: run,
+                        "topology.kubernetes.io/zone": zone,
+                        "topology.tessera.dev/rack": format!("rack-{:03}", index / 16),
+                    }},
+                    "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]},
+                }))
+                .expect("a valid Node");
+                if let Err(e) = nodes.create(&PostParams::default(), &node).await {
+                    panic!("creating Node {name}: {e}");
+                }
+                let status = json!({"status": {"conditions": [{
+                    "type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "message": "simulated by the tessera fleet benchmark",
+                    "lastHeartbeatTime": now, "lastTransitionTime": now,
+                }]}});
+                if let Err(e) = nodes
+                    .patch_status(name, &PatchParams::default(), &Patch::Strategic(&status))
+                    .await
+                {
+                    panic!("marking Node {name} Ready: {e}");
+                }
+                let lease: Lease = serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": {RUN_LABEL: run}},
+                    "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro_now()},
+                }))
+                .expect("a valid Lease");
+                if let Err(e) = leases.create(&PostParams::default(), &lease).await {
+                    panic!("creating the Lease of {name}: {e}");
+                }
+            }
+        })
+        .await;
+    names
+}
+
+/// `renewTime` is a MicroTime, serialised with microseconds.
+fn micro_now() -> serde_json::Value {
+    serde_json::to_value(MicroTime(Timestamp::now())).unwrap_or_default()
+}
+
+/// Renews every Lease once per `LEASE_RENEW`, spread evenly over it, until dropped.
+pub async fn renew_leases(client: Client, names: Vec<String>) {
+    let leases: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+    let gap = LEASE_RENEW / names.len().max(1) as u32;
+    let mut tick = tokio::time::interval(gap);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        for name in &names {
+            tick.tick().await;
+            let leases = leases.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                let patch = json!({"spec": {"renewTime": micro_now()}});
+                if let Err(e) = leases
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    eprintln!("renewing the Lease of {name}: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// Deletes the run's Nodes and Leases.
+pub async fn delete(client: &Client, names: &[String]) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    stream::iter(names)
+        .for_each_concurrent(PARALLEL, |name| {
+            let (nodes, leases) = (nodes.clone(), leases.clone());
+            async move {
+                let _ = nodes.delete(name, &DeleteParams::default()).await;
+                let _ = leases.delete(name, &DeleteParams::default()).await;
+            }
+        })
+        .await;
+}

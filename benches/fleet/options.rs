@@ -1,0 +1,75 @@
+//! The simulator's flags. `cargo bench` passes `--bench` to every bench
+//! binary, which is accepted and ignored.
+
+use std::time::Duration;
+
+pub const USAGE: &str = "flags: --nodes N[,N...] (default 1000) --steady-seconds S (default: the \
+publish interval plus a tenth plus 30 s, so that every node's drift write falls inside) \
+--poll-ms MS (the agent's poll interval, default 500) --publish-interval-seconds S (default: the \
+agent's) --arrivals N (default 20) --faults N (default 10)";
+
+#[derive(Debug, PartialEq)]
+pub struct Options {
+    pub nodes: Vec<usize>,
+    /// `None`: long enough for every node's drift write (see `steady_for`).
+    pub steady: Option<Duration>,
+    pub poll: Duration,
+    pub publish_interval: Option<Duration>,
+    pub arrivals: usize,
+    pub faults: usize,
+}
+
+impl Options {
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let mut options = Self {
+            nodes: vec![1000],
+            steady: None,
+            poll: Duration::from_millis(500),
+            publish_interval: None,
+            arrivals: 20,
+            faults: 10,
+        };
+        let mut args = args.into_iter();
+        while let Some(flag) = args.next() {
+            if flag == "--bench" {
+                continue;
+            }
+            let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            let number = |max: u64| -> Result<u64, String> {
+                match value.parse::<u64>() {
+                    Ok(n) if (1..=max).contains(&n) => Ok(n),
+                    _ => Err(format!(
+                        "{flag} {value:?}: expected a whole number from 1 to {max}"
+                    )),
+                }
+            };
+            match flag.as_str() {
+                "--nodes" => {
+                    options.nodes = value
+                        .split(',')
+                        .map(|n| match n.trim().parse::<usize>() {
+                            Ok(n) if (1..=20_000).contains(&n) => Ok(n),
+                            _ => Err(format!("--nodes {value:?}: expected counts from 1 to 20000, comma-separated")),
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
+                "--steady-seconds" => options.steady = Some(Duration::from_secs(number(86_400)?)),
+                "--poll-ms" => options.poll = Duration::from_millis(number(60_000)?),
+                "--publish-interval-seconds" => {
+                    options.publish_interval = Some(Duration::from_secs(number(86_400)?));
+                }
+                "--arrivals" => options.arrivals = number(10_000)? as usize,
+                "--faults" => options.faults = number(10_000)? as usize,
+                _ => return Err(format!("unknown flag {flag}")),
+            }
+        }
+        Ok(options)
+    }
+
+    /// The steady-state window for drift published every `interval` (plus
+    /// each node's share of a tenth).
+    pub fn steady_for(&self, interval: Duration) -> Duration {
+        self.steady
+            .unwrap_or_else(|| interval.mul_f64(1.1) + Duration::from_secs(30))
+    }
+}

@@ -1,0 +1,70 @@
+//! The fleet simulator's own parts that need no cluster: its flags and its
+//! reading of Prometheus text (the simulator itself runs against a real API
+//! server: `cargo bench --bench fleet`).
+
+#[allow(dead_code)]
+#[path = "../benches/fleet/measure.rs"]
+mod measure;
+#[path = "../benches/fleet/options.rs"]
+mod options;
+
+use std::time::Duration;
+
+use options::Options;
+
+fn parse(args: &[&str]) -> Result<Options, String> {
+    Options::from_args(args.iter().map(|a| a.to_string()))
+}
+
+#[test]
+fn flags_parse_and_bad_values_name_the_flag() {
+    let options = parse(&["--bench", "--nodes", "1000,5000", "--poll-ms", "2000"]).unwrap();
+    assert_eq!(options.nodes, vec![1000, 5000]);
+    assert_eq!(options.poll, Duration::from_millis(2000));
+    assert_eq!(options.publish_interval, None);
+    assert_eq!(
+        options.steady_for(Duration::from_secs(300)),
+        Duration::from_secs(360),
+        "the window holds every node's drift write"
+    );
+    for flag in [
+        "--nodes",
+        "--steady-seconds",
+        "--poll-ms",
+        "--publish-interval-seconds",
+        "--arrivals",
+        "--faults",
+    ] {
+        assert!(options::USAGE.contains(flag), "the usage names {flag}");
+        assert!(parse(&[flag, "7"]).is_ok(), "{flag} 7");
+    }
+    for bad in [
+        &["--nodes", "0"][..],
+        &["--nodes", "ten"],
+        &["--nodes", "1000,"],
+        &["--steady-seconds", "-1"],
+        &["--publish-interval-seconds", "0"],
+        &["--poll-ms"],
+        &["--what", "1"],
+    ] {
+        let error = parse(bad).unwrap_err();
+        assert!(error.contains(bad[0]), "{bad:?}: {error}");
+    }
+}
+
+#[test]
+fn metric_sums_take_the_samples_whose_labels_match() {
+    let text = "# HELP req_total requests\nreq_total{resource=\"nodes\",verb=\"PATCH\"} 3\nreq_total{resource=\"pods\",verb=\"PATCH\"} 5\nreq_total{resource=\"nodes\",verb=\"GET\"} 7\nreq_total_other 9\ncpu 1.5\n";
+    let sum = measure::sum;
+    assert_eq!(
+        sum(
+            text,
+            "req_total",
+            &[("resource", "nodes"), ("verb", "PATCH")]
+        ),
+        3.0
+    );
+    assert_eq!(sum(text, "req_total", &[("resource", "nodes")]), 10.0);
+    assert_eq!(sum(text, "cpu", &[]), 1.5);
+    assert_eq!(sum(text, "absent", &[]), 0.0);
+}
