@@ -12,6 +12,7 @@ use std::time::Duration;
 use kube::Client;
 use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use tessera::agent::state::{ViewTx, channel, poll_once};
+use tessera::api::NodeGpuState;
 use tessera::backend::health::{HealthPolicy, HealthTracker};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -59,6 +60,10 @@ impl Fleet {
             .map(|(index, name)| (name.clone(), index))
             .collect();
         Self { nodes, by_name }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
     }
 
     pub fn contains(&self, node: &str) -> bool {
@@ -125,6 +130,23 @@ impl Fleet {
     fn poll_now(&self, index: usize) {
         let node = &self.nodes[index];
         poll_once(&mut *lock(&node.gpus), &mut lock(&node.tracker), &node.tx);
+    }
+
+    /// Whether `state` (a Node's published annotation) says what the node's
+    /// agent knows now: the same allocations and the same health per device.
+    pub fn published_matches(&self, node: &str, state: &NodeGpuState) -> bool {
+        let Some(&index) = self.by_name.get(node) else {
+            return false;
+        };
+        let view = self.nodes[index].tx.borrow().clone();
+        let now = view.snapshot.to_gpu_state(None);
+        let health = |devices: &[tessera::api::GpuDevice]| -> Vec<(String, String)> {
+            devices
+                .iter()
+                .map(|d| (d.id.clone(), format!("{:?}", d.health)))
+                .collect()
+        };
+        state.allocated == view.allocated && health(&state.devices) == health(&now.devices)
     }
 
     /// Patches the API server accepted, summed over the fleet, and failures.

@@ -50,6 +50,10 @@ impl Bindings {
             .collect()
     }
 
+    pub fn all(&self) -> Vec<Bound> {
+        lock(&self.live).values().cloned().collect()
+    }
+
     /// One bound pod, chosen by `seed` (the same seed and pods give the same one).
     pub fn pick(&self, seed: u64) -> Option<Bound> {
         let live = lock(&self.live);

@@ -35,6 +35,7 @@ mod kubelet;
 mod measure;
 mod nodes;
 mod options;
+mod restart;
 mod workload;
 
 use std::path::Path;
@@ -60,6 +61,10 @@ use workload::ControllerProcess;
 const SEED: u64 = 0xf1ee_7000_0000_0014;
 
 fn main() {
+    if std::env::args().any(|arg| arg == "--help" || arg == "-h") {
+        println!("{}", options::USAGE);
+        return;
+    }
     let options = match Options::from_args(std::env::args().skip(1)) {
         Ok(options) => options,
         Err(e) => {
@@ -121,6 +126,7 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
     fleet.start_publishers(client, options.publish_interval, &stopped);
     let poller = tokio::spawn(Arc::clone(&fleet).poll_forever(options.poll));
     let leases = tokio::spawn(nodes::renew_leases(client.clone(), names.clone()));
+    let statuses = tokio::spawn(nodes::keep_ready(client.clone(), run.clone()));
     let started = Instant::now();
     while fleet.published().0 < count as u64 && started.elapsed() < Duration::from_secs(600) {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -132,6 +138,14 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         fleet.published().1
     );
 
+    match nodes::wait_untainted(client, &run, Duration::from_secs(600)).await {
+        Some(took) => eprintln!(
+            "{scenario}: the node lifecycle controller lifted the new Nodes' not-ready taints in {:.0} s",
+            took.as_secs_f64()
+        ),
+        None => eprintln!("{scenario}: some Nodes are still tainted not-ready after 600 s"),
+    }
+
     let bindings = Arc::new(Bindings::default());
     let kubelets = tokio::spawn(kubelet::run(
         client.clone(),
@@ -140,7 +154,7 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         Arc::clone(&bindings),
     ));
     let log = std::env::temp_dir().join(format!("tessera-fleet-{run}-controller.log"));
-    let controller = ControllerProcess::start(kubeconfig, &namespace, log);
+    let mut controller = ControllerProcess::start(kubeconfig, &namespace, log);
     assert!(
         controller.ready(Duration::from_secs(300)).await,
         "the controller did not become ready; its log: {}",
@@ -248,6 +262,21 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         controller_end.peak_rss_bytes as f64 / (1 << 20) as f64,
     );
 
+    if let Some(pidfile) = &options.restart_api_server {
+        restart_api_server(
+            client,
+            &run,
+            &fleet,
+            &bindings,
+            &instances,
+            &mut controller,
+            pidfile,
+            &scenario,
+            &mut rng,
+        )
+        .await;
+    }
+
     // Clean up: instances first (the controller deletes their pods and the
     // simulated kubelets finish them), then everything else of the run.
     for mi in instances
@@ -270,13 +299,150 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
     }
     drop(controller);
     let _ = stop.send(true);
-    for task in [poller, leases, kubelets] {
+    for task in [poller, leases, statuses, kubelets] {
         task.abort();
     }
     let _ = namespaces
         .delete(&namespace, &DeleteParams::default())
         .await;
     nodes::delete(client, &names).await;
+}
+
+/// The API server goes away for a while and comes back; meanwhile a device
+/// of a bound shard fails. Measures the recovery and checks that nothing
+/// was lost (every Node's annotation says what its agent knows, the failed
+/// shard is re-placed) and nothing duplicated (no device held by two pods,
+/// no instance with more pods than planned shards).
+#[allow(clippy::too_many_arguments)]
+async fn restart_api_server(
+    client: &Client,
+    run: &str,
+    fleet: &Fleet,
+    bindings: &Bindings,
+    instances: &Api<ModelInstance>,
+    controller: &mut ControllerProcess,
+    pidfile: &Path,
+    scenario: &str,
+    rng: &mut SplitMix64,
+) {
+    const DOWN: Duration = Duration::from_secs(10);
+    let Some(victim) = bindings.pick(rng.next_u64()) else {
+        eprintln!("{scenario}: no bound shard to fail during the restart");
+        return;
+    };
+    let Some(device) = victim.devices.first().cloned() else {
+        return;
+    };
+    let failures_before = fleet.published().1;
+    let pidfile = pidfile.to_path_buf();
+    let stopped = match tokio::task::spawn_blocking(move || restart::stop(&pidfile)).await {
+        Ok(Ok(stopped)) => stopped,
+        Ok(Err(e)) => panic!("stopping the API server: {e}"),
+        Err(e) => panic!("stopping the API server: {e}"),
+    };
+    let outage = Instant::now();
+    fleet.fault(
+        &victim.node,
+        &device,
+        Some("Xid 48: double bit ECC error".into()),
+    );
+    tokio::time::sleep(DOWN).await;
+    if let Err(e) = stopped.start() {
+        panic!("starting the API server again: {e}");
+    }
+    let mut back = None;
+    while outage.elapsed() < Duration::from_secs(180) {
+        let ready = http::Request::get("/readyz").body(Vec::new()).ok();
+        if let Some(request) = ready
+            && client
+                .request_text(request)
+                .await
+                .is_ok_and(|text| text.trim() == "ok")
+        {
+            back = Some(outage.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let replaced = workload::all_bound(
+        instances,
+        &victim.instance,
+        bindings,
+        outage,
+        Duration::from_secs(300),
+        std::slice::from_ref(&device),
+    );
+    let (replaced, (converged, stale)) =
+        tokio::join!(replaced, converged(client, run, fleet, outage));
+    let failed_writes = fleet.published().1 - failures_before;
+    let mut held = std::collections::HashMap::new();
+    let mut shared = 0;
+    for bound in bindings.all() {
+        for device in bound.devices {
+            if held.insert(device, bound.pod.clone()).is_some() {
+                shared += 1;
+            }
+        }
+    }
+    let mut extra_pods = 0;
+    for mi in instances
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let name = mi.metadata.name.clone().unwrap_or_default();
+        let planned = mi.status.map_or(0, |status| status.plan.len());
+        extra_pods += bindings.of_instance(&name).len().saturating_sub(planned);
+    }
+    let seconds = |at: Option<Duration>| {
+        at.map_or("never".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
+    };
+    println!(
+        "REPORT {scenario} API server restart ({} s down, a device failed meanwhile): API server ready after {}; failed shard re-placed after {}; every Node's annotation as its agent knows it after {} ({stale} not); failed publisher writes {failed_writes} ({:.1} per node); devices held by two pods {shared}; pods beyond the planned shards {extra_pods}; controller {}",
+        DOWN.as_secs(),
+        seconds(back),
+        seconds(replaced),
+        seconds(converged),
+        failed_writes as f64 / fleet.len().max(1) as f64,
+        if controller.running() {
+            "still running"
+        } else {
+            "EXITED"
+        },
+    );
+}
+
+/// How long after `since` every Node's annotation said what its agent knows,
+/// and how many did not when the wait ended.
+async fn converged(
+    client: &Client,
+    run: &str,
+    fleet: &Fleet,
+    since: Instant,
+) -> (Option<Duration>, usize) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let selector = ListParams::default().labels(&format!("{}={run}", nodes::RUN_LABEL));
+    let mut stale = usize::MAX;
+    while since.elapsed() < Duration::from_secs(300) {
+        if let Ok(list) = nodes.list(&selector).await {
+            stale = list
+                .items
+                .iter()
+                .filter(|node| {
+                    let name = node.metadata.name.clone().unwrap_or_default();
+                    let state = tessera::api::NodeGpuState::annotation_of(&node.metadata)
+                        .and_then(|text| tessera::api::NodeGpuState::from_json(text).ok());
+                    !state.is_some_and(|state| fleet.published_matches(&name, &state))
+                })
+                .count();
+            if stale == 0 {
+                return (Some(since.elapsed()), 0);
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    (None, stale)
 }
 
 /// The figures taken at the start and end of the steady-state window.

@@ -1,7 +1,7 @@
 //! The simulated nodes' Kubernetes side: their Node objects (created Ready,
-//! labelled and tainted for this run only) and the node Leases a kubelet
+//! labelled and tainted for this run only), the node Leases a kubelet
 //! renews, so the node lifecycle controller keeps them Ready as it would
-//! real ones. Lease renewals are what a real fleet's kubelets write anyway;
+//! real ones, and a kubelet's answer to finding its Node not Ready. Lease renewals are what a real fleet's kubelets write anyway;
 //! they are measured apart from tessera's own Node writes.
 
 use std::time::Duration;
@@ -11,8 +11,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
 pub const RUN_LABEL: &str = "fleet.tessera.dev/run";
@@ -106,6 +107,37 @@ pub async fn renew_leases(client: Client, names: Vec<String>) {
     }
 }
 
+/// Waits until no Node of the run carries the `not-ready` taint a new Node
+/// gets at creation (the node lifecycle controller lifts it once it sees the
+/// Node Ready, a few thousand Nodes taking it a while). Returns how long.
+pub async fn wait_untainted(client: &Client, run: &str, limit: Duration) -> Option<Duration> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let selector = kube::api::ListParams::default().labels(&format!("{RUN_LABEL}={run}"));
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < limit {
+        let tainted = nodes.list(&selector).await.ok().map(|list| {
+            list.items
+                .iter()
+                .filter(|node| {
+                    node.spec
+                        .as_ref()
+                        .and_then(|spec| spec.taints.as_ref())
+                        .is_some_and(|taints| {
+                            taints
+                                .iter()
+                                .any(|t| t.key.starts_with("node.kubernetes.io/"))
+                        })
+                })
+                .count()
+        });
+        if tainted == Some(0) {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    None
+}
+
 /// Deletes the run's Nodes and Leases.
 pub async fn delete(client: &Client, names: &[String]) {
     let nodes: Api<Node> = Api::all(client.clone());
@@ -119,4 +151,47 @@ pub async fn delete(client: &Client, names: &[String]) {
             }
         })
         .await;
+}
+
+/// What a kubelet does when it finds its Node not Ready (the node lifecycle
+/// controller marks it Unknown when renewals stop, e.g. while the API server
+/// is down): it posts its status again. Watches the run's Nodes and marks any
+/// that is not Ready Ready again, until dropped.
+pub async fn keep_ready(client: Client, run: String) {
+    let nodes: Api<Node> = Api::all(client);
+    let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={run}"));
+    let stream = watcher(nodes.clone(), config)
+        .default_backoff()
+        .touched_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let Ok(node) = event else {
+            continue;
+        };
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref())
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+        if ready {
+            continue;
+        }
+        let name = node.name_any();
+        let now = Timestamp::now().to_string();
+        let status = json!({"status": {"conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "simulated by the tessera fleet benchmark",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }]}});
+        if let Err(e) = nodes
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
+            .await
+        {
+            eprintln!("marking Node {name} Ready again: {e}");
+        }
+    }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 pub const USAGE: &str = "flags: --nodes N[,N...] (default 1000) --steady-seconds S (default: the \
 publish interval plus a tenth plus 30 s, so that every node's drift write falls inside) \
 --poll-ms MS (the agent's poll interval, default 500) --publish-interval-seconds S (default: the \
-agent's) --arrivals N (default 20) --faults N (default 10)";
+agent's) --arrivals N (default 20) --faults N (default 10) --restart-api-server PIDFILE (restart \
+the kube-apiserver this pid file names, on this machine, once the churn is measured)";
 
 #[derive(Debug, PartialEq)]
 pub struct Options {
@@ -17,6 +18,7 @@ pub struct Options {
     pub publish_interval: Option<Duration>,
     pub arrivals: usize,
     pub faults: usize,
+    pub restart_api_server: Option<std::path::PathBuf>,
 }
 
 impl Options {
@@ -28,6 +30,7 @@ impl Options {
             publish_interval: None,
             arrivals: 20,
             faults: 10,
+            restart_api_server: None,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -60,6 +63,9 @@ impl Options {
                 }
                 "--arrivals" => options.arrivals = number(10_000)? as usize,
                 "--faults" => options.faults = number(10_000)? as usize,
+                "--restart-api-server" if !value.is_empty() => {
+                    options.restart_api_server = Some(value.clone().into());
+                }
                 _ => return Err(format!("unknown flag {flag}")),
             }
         }

@@ -144,6 +144,10 @@ impl ControllerProcess {
         Self { child, port, log }
     }
 
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -15,6 +15,7 @@ mod events;
 pub mod hashes;
 pub mod held;
 pub mod metrics;
+mod node_changes;
 mod node_gate;
 pub mod nodes;
 pub mod reconcile;

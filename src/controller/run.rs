@@ -18,6 +18,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
 use super::metrics::{InstanceCache, Metrics, router};
+use super::node_changes::NodeChanges;
 use super::nodes::{StateReports, trim_node};
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
@@ -246,6 +247,16 @@ async fn run_controller(
                 if let Ok(node) = n {
                     reports.observe(node);
                 }
+            }
+        })
+        .filter({
+            let mut changes = NodeChanges::default();
+            move |n| {
+                let wakes = match n {
+                    Ok(node) => changes.wakes(node, std::time::Instant::now()),
+                    Err(_) => true,
+                };
+                std::future::ready(wakes)
             }
         });
     let (pods, pod_writer) = reflector::store();

@@ -1,0 +1,121 @@
+//! Which Node updates wake instances. Every agent's write reaches the
+//! controller, but most only move telemetry (temperature, power, free
+//! memory). Waking every waiting instance on each of them starves those
+//! instances at scale: the reconcile queue's debounce restarts with every
+//! trigger, and a thousand nodes write several times a second. So a change
+//! to what placement hinges on (devices, health, allocations, links,
+//! readiness, cordon, taints, labels) wakes at once; telemetry alone wakes
+//! at most once per [`TELEMETRY_WAKE_EVERY`] for the whole cluster, which is
+//! enough for a waiting instance to notice a device that cooled down or
+//! memory that was freed. The cache itself sees every update either way.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+
+use super::nodes::NodeInfo;
+
+/// How often telemetry-only updates may wake instances.
+pub(crate) const TELEMETRY_WAKE_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub(crate) struct NodeChanges {
+    /// Each GPU node as last seen, telemetry left out.
+    seen: HashMap<String, NodeInfo>,
+    last_telemetry_wake: Option<Instant>,
+}
+
+impl NodeChanges {
+    /// Whether this update of `node` should wake the instances it concerns.
+    pub(crate) fn wakes(&mut self, node: &Node, now: Instant) -> bool {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let Ok(Some(info)) = NodeInfo::from_node(node) else {
+            // Not (or no longer) a GPU node the controller can plan on: that
+            // matters once, to instances planned on it.
+            return self.seen.remove(&name).is_some();
+        };
+        let info = without_telemetry(info);
+        if self.seen.get(&name) != Some(&info) {
+            self.seen.insert(name, info);
+            return true;
+        }
+        let due = self
+            .last_telemetry_wake
+            .is_none_or(|last| now.saturating_duration_since(last) >= TELEMETRY_WAKE_EVERY);
+        if due {
+            self.last_telemetry_wake = Some(now);
+        }
+        due
+    }
+}
+
+fn without_telemetry(mut info: NodeInfo) -> NodeInfo {
+    let state = &mut info.gpus.gpu_state;
+    state.timestamp = None;
+    for device in &mut state.devices {
+        device.temperature_c = None;
+        device.power_w = None;
+        device.memory_free_bytes = 0;
+    }
+    info
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::GPU_STATE_ANNOTATION;
+
+    fn node(temperature: f64, health: &str, allocated: Option<&str>) -> Node {
+        let mut state = json!({"version": "v1", "backend": "fake", "devices": [{
+            "id": "g0", "index": 0, "vendor": "nvidia", "product": "H100",
+            "memoryTotalBytes": 85899345920u64, "memoryFreeBytes": 80000000000u64,
+            "fp16Tflops": 989.0, "memoryBandwidthGbps": 3350.0,
+            "temperatureC": temperature, "health": health,
+        }]});
+        if let Some(uid) = allocated {
+            state["allocated"] = json!({"g0": uid});
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "n1", "annotations": {GPU_STATE_ANNOTATION: state.to_string()}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn placement_changes_wake_at_once_and_telemetry_at_most_every_ten_seconds() {
+        let mut changes = NodeChanges::default();
+        let t0 = Instant::now();
+        assert!(
+            changes.wakes(&node(40.0, "Healthy", None), t0),
+            "a new node"
+        );
+        // Telemetry alone: the first wakes, the next ones within the period do not.
+        assert!(changes.wakes(&node(41.0, "Healthy", None), t0));
+        assert!(!changes.wakes(&node(42.0, "Healthy", None), t0 + Duration::from_secs(1)));
+        assert!(!changes.wakes(&node(43.0, "Healthy", None), t0 + Duration::from_secs(9)));
+        // What placement hinges on wakes at once, however recent the last wake.
+        let t1 = t0 + Duration::from_secs(9);
+        assert!(changes.wakes(&node(43.0, "Healthy", Some("pod-a")), t1));
+        assert!(changes.wakes(&node(43.0, "Unhealthy", Some("pod-a")), t1));
+        assert!(!changes.wakes(&node(44.0, "Unhealthy", Some("pod-a")), t1));
+        assert!(changes.wakes(
+            &node(44.0, "Unhealthy", Some("pod-a")),
+            t0 + TELEMETRY_WAKE_EVERY
+        ));
+    }
+
+    #[test]
+    fn nodes_without_gpu_state_wake_only_when_they_stop_publishing() {
+        let mut changes = NodeChanges::default();
+        let t0 = Instant::now();
+        let mut cpu_node = node(40.0, "Healthy", None);
+        cpu_node.metadata.annotations = None;
+        assert!(!changes.wakes(&cpu_node, t0), "never a GPU node");
+        assert!(changes.wakes(&node(40.0, "Healthy", None), t0));
+        assert!(changes.wakes(&cpu_node, t0), "its state went away");
+        assert!(!changes.wakes(&cpu_node, t0));
+    }
+}
