@@ -82,12 +82,7 @@ impl PublisherConfig {
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
         }
     }
-}
 
-/// Share of `min_interval` by which nodes spread their drift publishes.
-const DRIFT_SPREAD: f64 = 0.1;
-
-impl PublisherConfig {
     /// How long after the last write drift is published: `min_interval`
     /// plus up to a tenth of it, the same for a node every time and spread
     /// evenly over a fleet. `None` when that is too long to represent.
@@ -97,6 +92,9 @@ impl PublisherConfig {
         self.min_interval.checked_add(extra)
     }
 }
+
+/// Share of `min_interval` by which nodes spread their drift publishes.
+const DRIFT_SPREAD: f64 = 0.1;
 
 /// A node name's place in 0..1: FNV-1a, fixed on every platform and
 /// release, then mixed (splitmix64's finaliser) so that names differing only

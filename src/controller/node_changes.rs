@@ -10,6 +10,7 @@
 //! memory that was freed. The cache itself sees every update either way.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -21,8 +22,9 @@ pub(crate) const TELEMETRY_WAKE_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub(crate) struct NodeChanges {
-    /// Each GPU node as last seen, telemetry left out.
-    seen: HashMap<String, NodeInfo>,
+    /// A fingerprint of each GPU node as last seen, telemetry left out (a
+    /// hash, so five thousand nodes cost kilobytes, not megabytes).
+    seen: HashMap<String, u64>,
     last_telemetry_wake: Option<Instant>,
 }
 
@@ -35,9 +37,8 @@ impl NodeChanges {
             // matters once, to instances planned on it.
             return self.seen.remove(&name).is_some();
         };
-        let info = without_telemetry(info);
-        if self.seen.get(&name) != Some(&info) {
-            self.seen.insert(name, info);
+        let fingerprint = fingerprint(without_telemetry(info));
+        if self.seen.insert(name, fingerprint) != Some(fingerprint) {
             return true;
         }
         let due = self
@@ -48,6 +49,13 @@ impl NodeChanges {
         }
         due
     }
+}
+
+/// Every field takes part through its debug form (floats have no `Hash`).
+fn fingerprint(info: NodeInfo) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    format!("{info:?}").hash(&mut hasher);
+    hasher.finish()
 }
 
 fn without_telemetry(mut info: NodeInfo) -> NodeInfo {
