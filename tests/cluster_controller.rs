@@ -29,7 +29,6 @@ mod real_cluster;
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -39,7 +38,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, Config, ResourceExt};
-use real_cluster::{install_crd, kubeconfig_path, load_config};
+use real_cluster::{http_get, install_crd, kubeconfig_path, load_config};
 use serde_json::json;
 use tessera::api::{GPU_STATE_ANNOTATION, ModelInstance, Phase};
 use tokio::time::{Instant, sleep, timeout};
@@ -601,14 +600,8 @@ async fn reasons_from(client: &Client, ns: &str, instance: &str, leader: &str) -
 
 /// One metric's value from a controller's /metrics on loopback.
 fn metric(port: u16, name: &str) -> Option<f64> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream
-        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    text.lines()
+    http_get(port, "/metrics")?
+        .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 

@@ -7,6 +7,8 @@
 mod measure;
 #[path = "../benches/fleet/options.rs"]
 mod options;
+#[path = "common/real_cluster.rs"]
+mod real_cluster;
 
 use std::time::Duration;
 

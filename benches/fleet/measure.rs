@@ -3,9 +3,6 @@
 //! etcd database size it reports), the controller's /metrics, and the
 //! controller process's memory and CPU from /proc.
 
-use std::io::{Read, Write};
-use std::time::Duration;
-
 use kube::Client;
 
 /// The API server's figures at one moment.
@@ -104,23 +101,11 @@ pub fn controller(pid: u32, port: u16) -> Controller {
     // utime and stime are fields 14 and 15 of the line, 12 and 13 here; the
     // kernel counts them in USER_HZ, 100 on Linux.
     let cpu_seconds = (ticks(11) + ticks(12)) / 100.0;
-    let text = http_get(port, "/metrics").unwrap_or_default();
+    let text = crate::real_cluster::http_get(port, "/metrics").unwrap_or_default();
     Controller {
         rss_bytes: kib("VmRSS:"),
         peak_rss_bytes: kib("VmHWM:"),
         cpu_seconds,
         reconciles: sum(&text, "tessera_controller_reconciles_total", &[]),
     }
-}
-
-/// GET on a loopback HTTP/1.0 endpoint.
-pub fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    Some(text)
 }

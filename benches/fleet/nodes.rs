@@ -35,10 +35,9 @@ pub async fn create(client: &Client, run: &str, count: usize) -> Vec<String> {
     let names: Vec<String> = (0..count).map(|index| node_name(run, index)).collect();
     let nodes: Api<Node> = Api::all(client.clone());
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
-    let now = Timestamp::now().to_string();
     stream::iter(names.iter().enumerate())
         .for_each_concurrent(PARALLEL, |(index, name)| {
-            let (nodes, leases, now) = (nodes.clone(), leases.clone(), now.clone());
+            let (nodes, leases) = (nodes.clone(), leases.clone());
             async move {
                 let zone = format!("zone-{}", (b'a' + (index / 16 % 4) as u8) as char);
                 let node: Node = serde_json::from_value(json!({
@@ -53,15 +52,7 @@ pub async fn create(client: &Client, run: &str, count: usize) -> Vec<String> {
                 if let Err(e) = nodes.create(&PostParams::default(), &node).await {
                     panic!("creating Node {name}: {e}");
                 }
-                let status = json!({"status": {"conditions": [{
-                    "type": "Ready", "status": "True", "reason": "KubeletReady",
-                    "message": "simulated by the tessera fleet benchmark",
-                    "lastHeartbeatTime": now, "lastTransitionTime": now,
-                }]}});
-                if let Err(e) = nodes
-                    .patch_status(name, &PatchParams::default(), &Patch::Strategic(&status))
-                    .await
-                {
+                if let Err(e) = mark_ready(&nodes, name).await {
                     panic!("marking Node {name} Ready: {e}");
                 }
                 let lease: Lease = serde_json::from_value(json!({
@@ -76,6 +67,19 @@ pub async fn create(client: &Client, run: &str, count: usize) -> Vec<String> {
         })
         .await;
     names
+}
+
+/// Posts the Node's status Ready, as its kubelet would.
+async fn mark_ready(nodes: &Api<Node>, name: &str) -> Result<Node, kube::Error> {
+    let now = Timestamp::now().to_string();
+    let status = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "True", "reason": "KubeletReady",
+        "message": "simulated by the tessera fleet benchmark",
+        "lastHeartbeatTime": now, "lastTransitionTime": now,
+    }]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(&status))
+        .await
 }
 
 /// `renewTime` is a MicroTime, serialised with microseconds.
@@ -181,16 +185,7 @@ pub async fn keep_ready(client: Client, run: String) {
             continue;
         }
         let name = node.name_any();
-        let now = Timestamp::now().to_string();
-        let status = json!({"status": {"conditions": [{
-            "type": "Ready", "status": "True", "reason": "KubeletReady",
-            "message": "simulated by the tessera fleet benchmark",
-            "lastHeartbeatTime": now, "lastTransitionTime": now,
-        }]}});
-        if let Err(e) = nodes
-            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
-            .await
-        {
+        if let Err(e) = mark_ready(&nodes, &name).await {
             eprintln!("marking Node {name} Ready again: {e}");
         }
     }

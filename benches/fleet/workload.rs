@@ -156,7 +156,9 @@ impl ControllerProcess {
     pub async fn ready(&self, limit: Duration) -> bool {
         let started = Instant::now();
         while started.elapsed() < limit {
-            if crate::measure::http_get(self.port, "/readyz").is_some_and(|r| r.contains(" 200 ")) {
+            if crate::real_cluster::http_get(self.port, "/readyz")
+                .is_some_and(|r| r.contains(" 200 "))
+            {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

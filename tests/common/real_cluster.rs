@@ -70,3 +70,17 @@ pub async fn install_crd(client: &Client) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// GET on a loopback HTTP/1.0 endpoint (a controller's /metrics or /readyz):
+/// the whole response, headers included.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    Some(text)
+}
