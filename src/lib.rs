@@ -26,6 +26,7 @@ pub mod backend;
 pub mod cli;
 pub mod controller;
 pub mod process;
+pub mod watch_backoff;
 
 // The pure core lives in its own crate so the compiler keeps it free of I/O; it is
 // re-exported under the paths the rest of tessera and its users have always used.

@@ -71,9 +71,12 @@ impl Bindings {
 /// Runs until dropped.
 pub async fn run(client: Client, namespace: String, fleet: Arc<Fleet>, bindings: Arc<Bindings>) {
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
-    let stream = watcher(pods.clone(), watcher::Config::default())
-        .default_backoff()
-        .touched_objects();
+    // Retried as the agent's and controller's watches are.
+    let stream = tessera::watch_backoff::with_backoff(
+        "pods (simulated kubelet)",
+        watcher(pods.clone(), watcher::Config::default()),
+    )
+    .touched_objects();
     let mut stream = std::pin::pin!(stream);
     // Pod UID → (node, being deleted). Kept for the whole run: a run sees a
     // few thousand pods at most.

@@ -335,12 +335,12 @@ async fn restart_api_server(
     };
     let failures_before = fleet.published().1;
     let pidfile = pidfile.to_path_buf();
+    let outage = Instant::now();
     let stopped = match tokio::task::spawn_blocking(move || restart::stop(&pidfile)).await {
         Ok(Ok(stopped)) => stopped,
         Ok(Err(e)) => panic!("stopping the API server: {e}"),
         Err(e) => panic!("stopping the API server: {e}"),
     };
-    let outage = Instant::now();
     fleet.fault(
         &victim.node,
         &device,
@@ -399,7 +399,7 @@ async fn restart_api_server(
         at.map_or("never".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
     };
     println!(
-        "REPORT {scenario} API server restart ({} s down, a device failed meanwhile): API server ready after {}; failed shard re-placed after {}; every Node's annotation as its agent knows it after {} ({stale} not); failed publisher writes {failed_writes} ({:.1} per node); devices held by two pods {shared}; pods beyond the planned shards {extra_pods}; controller {}",
+        "REPORT {scenario} API server restart (killed, started again {} s later, a device failed meanwhile): API server ready {} after the kill; failed shard re-placed after {}; every Node's annotation as its agent knows it after {} ({stale} not); failed publisher writes {failed_writes} ({:.1} per node); devices held by two pods {shared}; pods beyond the planned shards {extra_pods}; controller {}",
         DOWN.as_secs(),
         seconds(back),
         seconds(replaced),

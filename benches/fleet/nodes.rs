@@ -4,7 +4,7 @@
 //! real ones, and a kubelet's answer to finding its Node not Ready. Lease renewals are what a real fleet's kubelets write anyway;
 //! they are measured apart from tessera's own Node writes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -99,12 +99,25 @@ pub async fn renew_leases(client: Client, names: Vec<String>) {
             let leases = leases.clone();
             let name = name.clone();
             tokio::spawn(async move {
-                let patch = json!({"spec": {"renewTime": micro_now()}});
-                if let Err(e) = leases
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    eprintln!("renewing the Lease of {name}: {e}");
+                // As a kubelet does: a failed renewal is retried soon (0.2 s
+                // doubling to 7 s) rather than at the next period, so a short
+                // API server outage does not let the Lease lapse.
+                let started = Instant::now();
+                let mut wait = Duration::from_millis(200);
+                loop {
+                    let patch = json!({"spec": {"renewTime": micro_now()}});
+                    let Err(e) = leases
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    else {
+                        break;
+                    };
+                    if started.elapsed() + wait > LEASE_RENEW {
+                        eprintln!("renewing the Lease of {name}: {e}");
+                        break;
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(7));
                 }
             });
         }

@@ -19,6 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::watch_errors::WatchErrors;
 use crate::api::{ModelInstance, Phase};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,6 +40,7 @@ pub struct Metrics {
     pub(crate) plan_seconds: Histogram,
     instances: Family<PhaseLabel, Gauge>,
     leader: Gauge,
+    pub(crate) watch_errors: WatchErrors,
     /// Set once the caches have their first full list.
     pub(crate) synced: Arc<AtomicBool>,
     pub(crate) is_leader: Arc<AtomicBool>,
@@ -80,6 +82,8 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let watch_errors = WatchErrors::default();
+        watch_errors.register(&mut registry);
         Self {
             registry,
             reconciles,
@@ -88,6 +92,7 @@ impl Default for Metrics {
             plan_seconds,
             instances,
             leader,
+            watch_errors,
             synced: Arc::default(),
             is_leader: Arc::default(),
         }

@@ -24,6 +24,7 @@ mod settings;
 pub(crate) mod status;
 mod synced;
 pub mod validate;
+mod watch_errors;
 
 #[cfg(test)]
 pub(crate) mod testkit;

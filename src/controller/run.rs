@@ -26,6 +26,7 @@ use super::synced::{Cache, CacheSync};
 use crate::api::ModelInstance;
 use crate::api_requests::ApiRequests;
 use crate::process::{kube_client, terminated};
+use crate::watch_backoff::with_backoff;
 
 pub struct ControllerConfig {
     pub kubeconfig: Option<PathBuf>,
@@ -234,51 +235,58 @@ async fn run_controller(
     let managed = watcher::Config::default().labels(&managed_selector());
     let sync = CacheSync::new(Arc::clone(&metrics.synced));
 
+    let errors = &metrics.watch_errors;
+
     let (nodes, node_writer) = reflector::store();
-    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(trim_node)
-        .reflect(node_writer)
-        .inspect(sync.observer(Cache::Nodes))
-        .touched_objects()
-        .inspect({
-            let mut reports = StateReports::default();
-            move |n| {
-                if let Ok(node) = n {
-                    reports.observe(node);
-                }
+    let node_stream = with_backoff(
+        "nodes",
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
+    )
+    .modify(trim_node)
+    .reflect(node_writer)
+    .inspect(sync.observer(Cache::Nodes))
+    .touched_objects()
+    .filter_map(errors.absorb(Cache::Nodes))
+    .inspect({
+        let mut reports = StateReports::default();
+        move |n| {
+            if let Ok(node) = n {
+                reports.observe(node);
             }
-        })
-        .filter({
-            let mut changes = NodeChanges::default();
-            move |n| {
-                let wakes = match n {
-                    Ok(node) => changes.wakes(node, std::time::Instant::now()),
-                    Err(_) => true,
-                };
-                std::future::ready(wakes)
-            }
-        });
+        }
+    })
+    .filter({
+        let mut changes = NodeChanges::default();
+        move |n| {
+            let wakes = n
+                .as_ref()
+                .is_ok_and(|node| changes.wakes(node, std::time::Instant::now()));
+            std::future::ready(wakes)
+        }
+    });
     let (pods, pod_writer) = reflector::store();
-    let pod_stream = watcher(pods_api, managed.clone())
-        .default_backoff()
+    let pod_stream = with_backoff("pods", watcher(pods_api, managed.clone()))
         .modify(|p: &mut Pod| p.managed_fields_mut().clear())
         .reflect(pod_writer)
         .inspect(sync.observer(Cache::Pods))
-        .touched_objects();
+        .touched_objects()
+        .filter_map(errors.absorb(Cache::Pods));
     let (services, service_writer) = reflector::store();
-    let service_stream = watcher(services_api, managed)
-        .default_backoff()
+    let service_stream = with_backoff("services", watcher(services_api, managed))
         .modify(|s: &mut Service| s.managed_fields_mut().clear())
         .reflect(service_writer)
         .inspect(sync.observer(Cache::Services))
-        .touched_objects();
+        .touched_objects()
+        .filter_map(errors.absorb(Cache::Services));
     let (instances, instance_writer) = reflector::store();
-    let instance_stream = watcher(instances_api, watcher::Config::default())
-        .default_backoff()
-        .reflect(instance_writer)
-        .inspect(sync.observer(Cache::Instances))
-        .applied_objects();
+    let instance_stream = with_backoff(
+        "instances",
+        watcher(instances_api, watcher::Config::default()),
+    )
+    .reflect(instance_writer)
+    .inspect(sync.observer(Cache::Instances))
+    .applied_objects()
+    .filter_map(errors.absorb(Cache::Instances));
 
     let controller = Controller::for_stream(instance_stream, instances.clone())
         .with_config(controller::Config::default().debounce(std::time::Duration::from_millis(500)));

@@ -18,6 +18,17 @@ pub(crate) enum Cache {
     Instances = 8,
 }
 
+impl Cache {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Nodes => "nodes",
+            Self::Pods => "pods",
+            Self::Services => "services",
+            Self::Instances => "instances",
+        }
+    }
+}
+
 const ALL: u8 =
     Cache::Nodes as u8 | Cache::Pods as u8 | Cache::Services as u8 | Cache::Instances as u8;
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::time::{Interval, MissedTickBehavior};
 use tokio_stream::{Stream, StreamExt};
@@ -67,7 +66,7 @@ fn pods_on_node(
 ) -> impl Stream<Item = Result<Event<Pod>, watcher::Error>> + use<> {
     let pods: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&node_field_selector(node_name));
-    watcher::watcher(pods, config).default_backoff()
+    crate::watch_backoff::with_backoff("pods on this node", watcher::watcher(pods, config))
 }
 
 /// Holds that only time ends (an `unbound` hold past its grace) must end
