@@ -1304,3 +1304,63 @@ async fn failed_admission_lost_node_template_change_and_unsatisfiable() {
     );
     assert_eq!(ctl.terminate(), Some(0), "SIGTERM\n{}", ctl.log_tail());
 }
+
+/// An overloaded API server (429 Too Many Requests, then 503 Service
+/// Unavailable, on every request, with `Retry-After: 1`) is backed off, not
+/// hammered: the client waits as the server asks (then longer, doubling),
+/// and a reconcile that still fails retries 1 s doubling. Once the server
+/// answers again, the instance that arrived meanwhile is placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_api_server_is_backed_off_and_the_work_resumes() {
+    const OVERLOAD: Duration = Duration::from_secs(10);
+    let fake = FakeApiServer::start().await;
+    let scratch = Scratch::new("overload");
+    add_nodes(&fake);
+    let mut ctl = Controller::start(&fake, &scratch, "solo", &["--leader-elect=false"]);
+    add_named(&fake, "warm-up", |_| {});
+    wait_for(
+        "the first instance to be bound",
+        SETTLE,
+        &fake,
+        &mut [&mut ctl],
+        || placements(&fake, &["warm-up"]),
+    )
+    .await;
+
+    for code in [429, 503] {
+        let name = format!("busy-{code}");
+        let before = fake.records().len();
+        fake.overload(Some(code));
+        // Arrives by the open watch, which the overload does not close.
+        add_named(&fake, &name, |_| {});
+        tokio::time::sleep(OVERLOAD).await;
+        fake.overload(None);
+        let refused = fake
+            .records()
+            .iter()
+            .skip(before)
+            .filter(|r| r.status == code)
+            .count();
+        // About one a second as the server asks; a retry without backoff
+        // would send hundreds.
+        assert!(
+            (1..=12).contains(&refused),
+            "{refused} requests answered {code} in {OVERLOAD:?}\n{}",
+            context(&fake, &mut [&mut ctl])
+        );
+        assert!(ctl.exited().is_none(), "{}", ctl.log_tail());
+        wait_for(
+            &format!("{name} to be bound once the server answers again"),
+            // The next retry is at most 16 s away.
+            SETTLE + Duration::from_secs(16),
+            &fake,
+            &mut [&mut ctl],
+            || {
+                report_allocations(&fake);
+                placements(&fake, &[name.as_str()])
+            },
+        )
+        .await;
+    }
+    assert_eq!(ctl.terminate(), Some(0), "SIGTERM\n{}", ctl.log_tail());
+}

@@ -150,6 +150,10 @@ struct Inner {
     watches: Vec<Watch>,
     records: Vec<Record>,
     unknown: Vec<String>,
+    /// While set, every new request is answered with this status (429 or
+    /// 503, `Retry-After: 1`), as an overloaded API server does; watches
+    /// already open stay open.
+    overloaded: Option<u16>,
 }
 
 pub struct FakeApiServer {
@@ -249,6 +253,12 @@ impl FakeApiServer {
         inner
             .remove(&(kind, ns.to_string(), name.to_string()))
             .is_some()
+    }
+
+    /// Answers every new request with `code` (429 Too Many Requests, 503
+    /// Service Unavailable) until called again with `None`.
+    pub fn overload(&self, code: Option<u16>) {
+        lock(&self.inner).overloaded = code;
     }
 
     pub fn records(&self) -> Vec<Record> {
@@ -679,9 +689,11 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, request: Request) -> Res
         Err(e) => return failure((400, "BadRequest", format!("unreadable body: {e}"))),
     };
     let target = parse_path(&path);
-    let response = match &target {
-        None => None,
-        Some(t) => serve(
+    let overloaded = lock(&inner).overloaded;
+    let response = match (&target, overloaded) {
+        (_, Some(code)) => Some(overloaded_response(code)),
+        (None, None) => None,
+        (Some(t), None) => serve(
             &inner,
             &method,
             t,
@@ -709,6 +721,25 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, request: Request) -> Res
         kind,
         status: response.status().as_u16(),
     });
+    response
+}
+
+fn overloaded_response(code: u16) -> Response {
+    let (reason, message) = if code == 429 {
+        (
+            "TooManyRequests",
+            "too many requests, please try again later",
+        )
+    } else {
+        (
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        )
+    };
+    let mut response = json_response(code, &status_body(code, reason, message));
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
     response
 }
 
