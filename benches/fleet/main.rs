@@ -30,6 +30,7 @@ mod real_cluster;
 mod support;
 
 mod agents;
+mod gaps;
 mod gpus;
 mod kubelet;
 mod measure;
@@ -122,6 +123,12 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let drift_gaps = Arc::new(gaps::DriftGaps::default());
+    let gap_watch = tokio::spawn({
+        let (gaps, client) = (Arc::clone(&drift_gaps), client.clone());
+        let selector = format!("{}={run}", nodes::RUN_LABEL);
+        async move { gaps.watch(client, selector).await }
+    });
     let (stop, stopped) = watch::channel(false);
     fleet.start_publishers(client, options.publish_interval, &stopped);
     let poller = tokio::spawn(Arc::clone(&fleet).poll_forever(options.poll));
@@ -277,6 +284,22 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         .await;
     }
 
+    let gaps = drift_gaps.gaps();
+    let short = gaps.iter().filter(|gap| **gap < interval).count();
+    let at = |q: f64| {
+        gaps.get(((gaps.len().max(1) - 1) as f64 * q).round() as usize)
+            .map_or(0.0, Duration::as_secs_f64)
+    };
+    println!(
+        "REPORT {scenario} telemetry-only Node writes over the whole run: {} ({:.1} per node); time since the node's previous write min {:.0} s, median {:.0} s, max {:.0} s; shorter than the {} s publish interval: {short}",
+        gaps.len(),
+        gaps.len() as f64 / count.max(1) as f64,
+        at(0.0),
+        at(0.5),
+        at(1.0),
+        interval.as_secs(),
+    );
+
     // Clean up: instances first (the controller deletes their pods and the
     // simulated kubelets finish them), then everything else of the run.
     for mi in instances
@@ -299,7 +322,7 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
     }
     drop(controller);
     let _ = stop.send(true);
-    for task in [poller, leases, statuses, kubelets] {
+    for task in [poller, leases, statuses, kubelets, gap_watch] {
         task.abort();
     }
     let _ = namespaces
