@@ -1,10 +1,15 @@
-//! The simulated Nodes' writes as a Node watcher sees them, for the whole
-//! run: before every write that changed telemetry alone (no device's health,
-//! no allocation), how long since that Node's previous write. The
-//! steady-state target (at most one write per node per 5 minutes while only
-//! telemetry drifts) holds when no such gap is shorter than the publish
-//! interval; unlike a count over one window, this does not depend on where
-//! the window falls.
+//! The simulated Nodes' writes as a Node watcher in this process sees them,
+//! from the first publish to the end of the churn (an API server restart,
+//! which holds watch events back, is left out): before every write that
+//! changed telemetry alone (no device's health, no allocation), how long
+//! since that Node's previous write. The steady-state target (at most one
+//! write per node per 5 minutes while only telemetry drifts) holds when no
+//! such gap is shorter than the publish interval; unlike a count over one
+//! window, this does not depend on where the window falls. The times are when
+//! the events were read here, so a busy simulator or API server that delays
+//! one event shortens the next gap by as much. (The API server's own
+//! managed-fields time would be exact, but a 1.24 API server does not move it
+//! when only a value changes.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -52,23 +57,23 @@ impl DriftGaps {
         let Some(annotation) = node.annotations().get(GPU_STATE_ANNOTATION) else {
             return;
         };
-        let placement = NodeGpuState::from_json(annotation)
-            .ok()
-            .map(|s| placement_part(&s));
         let Ok(mut last) = self.last.lock() else {
             return;
         };
         let name = node.name_any();
-        if let Some(previous) = last.get(&name) {
-            if previous.annotation == *annotation {
-                return;
-            }
-            if placement.is_some()
-                && previous.placement == placement
-                && let Ok(mut gaps) = self.gaps.lock()
-            {
-                gaps.push(now.saturating_duration_since(previous.at));
-            }
+        let previous = last.get(&name);
+        if previous.is_some_and(|p| p.annotation == *annotation) {
+            return;
+        }
+        let placement = NodeGpuState::from_json(annotation)
+            .ok()
+            .map(|s| placement_part(&s));
+        if let Some(previous) = previous
+            && placement.is_some()
+            && previous.placement == placement
+            && let Ok(mut gaps) = self.gaps.lock()
+        {
+            gaps.push(now.saturating_duration_since(previous.at));
         }
         last.insert(
             name,

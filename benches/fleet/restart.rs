@@ -59,7 +59,7 @@ pub fn stop(pidfile: &Path) -> Result<Stopped, String> {
 
     signal("KILL", pid)?;
     let started = Instant::now();
-    while Path::new(&proc).exists() {
+    while alive(&proc) {
         if started.elapsed() > Duration::from_secs(30) {
             return Err(format!("{proc} still there 30 s after SIGKILL"));
         }
@@ -121,6 +121,17 @@ fn start(
     std::fs::write(pidfile, format!("{new_pid}\n"))
         .map_err(|e| format!("{}: {e}", pidfile.display()))?;
     Ok(new_pid)
+}
+
+/// Whether the process is there and not a zombie (one this process started
+/// earlier, by a previous restart, stays a zombie until the run ends).
+fn alive(proc: &str) -> bool {
+    std::fs::read_to_string(format!("{proc}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z")
+    })
 }
 
 fn signal(name: &str, pid: u32) -> Result<(), String> {

@@ -135,7 +135,7 @@ impl ControllerProcess {
             .arg(kubeconfig)
             .args(["--namespace", namespace, "--leader-elect=false"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file)
