@@ -16,7 +16,7 @@ use futures::{Stream, StreamExt};
 use kube::runtime::{WatchStreamExt, watcher};
 
 /// Expiries closer together than this wait for the backoff.
-pub const EXPIRY_GRACE: Duration = Duration::from_secs(30);
+const EXPIRY_GRACE: Duration = Duration::from_secs(30);
 
 /// `watch` retried with backoff; `what` names it in the log.
 pub fn with_backoff<K, S>(

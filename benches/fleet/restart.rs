@@ -140,7 +140,7 @@ fn signal(name: &str, pid: u32) -> Result<(), String> {
         .status()
         .map_err(|e| format!("kill -{name} {pid}: {e}"))?;
     // The process may have ended by itself meanwhile.
-    if status.success() || !Path::new(&format!("/proc/{pid}")).exists() {
+    if status.success() || !alive(&format!("/proc/{pid}")) {
         Ok(())
     } else {
         Err(format!("kill -{name} {pid} failed: {status}"))
