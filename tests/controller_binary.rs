@@ -8,8 +8,10 @@
 //! that only the Lease holder acts, that SIGTERM hands over the Lease and
 //! that a leader whose Lease was taken exits;
 //! that instances reconciled at the same time get distinct devices and stay
-//! put; and failed admission, a vanished node, a template change and an
-//! unsatisfiable instance (no pods, one event, no hot loop).
+//! put; failed admission, a vanished node, a template change and an
+//! unsatisfiable instance (no pods, one event, no hot loop); an overloaded
+//! server; and a device fault seen only in a slow re-list after every watch
+//! expired.
 
 #[path = "common/fake_apiserver.rs"]
 mod fake_apiserver;
@@ -1363,5 +1365,66 @@ async fn an_overloaded_api_server_is_backed_off_and_the_work_resumes() {
         )
         .await;
     }
+    assert_eq!(ctl.terminate(), Some(0), "SIGTERM\n{}", ctl.log_tail());
+}
+
+/// After an API server restart every watch lists again. A device that failed
+/// meanwhile arrives in the Node list, not as a watch event, and a list of a
+/// large cluster takes seconds (here: one Node a page, a page a second). The
+/// reconcile that fault wakes must read the re-listed Nodes, not the cache
+/// from before: the shard moves off the failed device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_that_arrives_in_a_slow_relist_moves_the_shard() {
+    let fake = FakeApiServer::start().await;
+    let scratch = Scratch::new("relist");
+    add_nodes(&fake);
+    // Listed after the GPU nodes, so the failed node is never on the last page.
+    for name in ["zz-cpu-0", "zz-cpu-1"] {
+        fake.create(
+            Kind::Node,
+            json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}, "spec": {}}),
+        );
+    }
+    let mut ctl = Controller::start(&fake, &scratch, "solo", &["--leader-elect=false"]);
+    add_instance(&fake);
+    let (node, devices, first_uid) = wait_for(
+        "the instance to be bound",
+        SETTLE,
+        &fake,
+        &mut [&mut ctl],
+        || bound(&fake, &[], &["Bound"]),
+    )
+    .await;
+    println!("planned on {node} {devices:?}");
+
+    fake.slow_pages(Some(1), Duration::from_secs(1));
+    fake.expire_watches();
+    let victim = devices[0].clone();
+    fail_device(&fake, &node, &victim);
+    let (new_node, new_devices, _) = wait_for(
+        "the shard to move off the device that failed during the re-list",
+        // Five pages of Nodes, a second each, before the cache has the fault.
+        SETTLE + Duration::from_secs(5),
+        &fake,
+        &mut [&mut ctl],
+        || {
+            let b = bound(&fake, std::slice::from_ref(&victim), &["Bound"])?;
+            if b.2 == first_uid {
+                return Err("the old pod is still there".into());
+            }
+            Ok(b)
+        },
+    )
+    .await;
+    println!("moved to {new_node} {new_devices:?}");
+    let relists = fake
+        .records()
+        .iter()
+        .filter(|r| r.query.contains("continue="))
+        .count();
+    assert!(
+        relists >= 4,
+        "the Nodes were listed in pages ({relists} continued)"
+    );
     assert_eq!(ctl.terminate(), Some(0), "SIGTERM\n{}", ctl.log_tail());
 }

@@ -23,6 +23,7 @@ pub mod run;
 mod settings;
 pub(crate) mod status;
 mod synced;
+mod triggers;
 pub mod validate;
 mod watch_errors;
 

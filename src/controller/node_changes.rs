@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 
 use super::nodes::NodeInfo;
+use super::triggers::Touch;
 
 /// How often telemetry-only updates may wake instances.
 pub(crate) const TELEMETRY_WAKE_EVERY: Duration = Duration::from_secs(10);
@@ -29,9 +30,12 @@ pub(crate) struct NodeChanges {
 }
 
 impl NodeChanges {
-    /// Whether this update of `node` should wake the instances it concerns.
-    pub(crate) fn wakes(&mut self, node: &Node, now: Instant) -> bool {
+    /// Whether this touch of `node` should wake the instances it concerns.
+    pub(crate) fn wakes(&mut self, node: &Node, touch: Touch, now: Instant) -> bool {
         let name = node.metadata.name.clone().unwrap_or_default();
+        if touch == Touch::Deleted {
+            return self.seen.remove(&name).is_some();
+        }
         let Ok(Some(info)) = NodeInfo::from_node(node) else {
             // Not (or no longer) a GPU node the controller can plan on: that
             // matters once, to instances planned on it.
@@ -97,20 +101,29 @@ mod tests {
         let mut changes = NodeChanges::default();
         let t0 = Instant::now();
         assert!(
-            changes.wakes(&node(40.0, "Healthy", None), t0),
+            changes.wakes(&node(40.0, "Healthy", None), Touch::Applied, t0),
             "a new node"
         );
         // Telemetry alone: the first wakes, the next ones within the period do not.
-        assert!(changes.wakes(&node(41.0, "Healthy", None), t0));
-        assert!(!changes.wakes(&node(42.0, "Healthy", None), t0 + Duration::from_secs(1)));
-        assert!(!changes.wakes(&node(43.0, "Healthy", None), t0 + Duration::from_secs(9)));
+        assert!(changes.wakes(&node(41.0, "Healthy", None), Touch::Applied, t0));
+        assert!(!changes.wakes(
+            &node(42.0, "Healthy", None),
+            Touch::Applied,
+            t0 + Duration::from_secs(1)
+        ));
+        assert!(!changes.wakes(
+            &node(43.0, "Healthy", None),
+            Touch::Applied,
+            t0 + Duration::from_secs(9)
+        ));
         // What placement hinges on wakes at once, however recent the last wake.
         let t1 = t0 + Duration::from_secs(9);
-        assert!(changes.wakes(&node(43.0, "Healthy", Some("pod-a")), t1));
-        assert!(changes.wakes(&node(43.0, "Unhealthy", Some("pod-a")), t1));
-        assert!(!changes.wakes(&node(44.0, "Unhealthy", Some("pod-a")), t1));
+        assert!(changes.wakes(&node(43.0, "Healthy", Some("pod-a")), Touch::Applied, t1));
+        assert!(changes.wakes(&node(43.0, "Unhealthy", Some("pod-a")), Touch::Applied, t1));
+        assert!(!changes.wakes(&node(44.0, "Unhealthy", Some("pod-a")), Touch::Applied, t1));
         assert!(changes.wakes(
             &node(44.0, "Unhealthy", Some("pod-a")),
+            Touch::Applied,
             t0 + TELEMETRY_WAKE_EVERY
         ));
     }
@@ -121,9 +134,32 @@ mod tests {
         let t0 = Instant::now();
         let mut cpu_node = node(40.0, "Healthy", None);
         cpu_node.metadata.annotations = None;
-        assert!(!changes.wakes(&cpu_node, t0), "never a GPU node");
-        assert!(changes.wakes(&node(40.0, "Healthy", None), t0));
-        assert!(changes.wakes(&cpu_node, t0), "its state went away");
-        assert!(!changes.wakes(&cpu_node, t0));
+        assert!(
+            !changes.wakes(&cpu_node, Touch::Applied, t0),
+            "never a GPU node"
+        );
+        assert!(changes.wakes(&node(40.0, "Healthy", None), Touch::Applied, t0));
+        assert!(
+            changes.wakes(&cpu_node, Touch::Applied, t0),
+            "its state went away"
+        );
+        assert!(!changes.wakes(&cpu_node, Touch::Applied, t0));
+    }
+
+    #[test]
+    fn a_deleted_gpu_node_wakes_once() {
+        let mut changes = NodeChanges::default();
+        let t0 = Instant::now();
+        let gpu_node = node(40.0, "Healthy", None);
+        assert!(changes.wakes(&gpu_node, Touch::Applied, t0));
+        // As it was last seen: nothing in it changed, yet it is gone.
+        assert!(changes.wakes(&gpu_node, Touch::Deleted, t0));
+        assert!(!changes.wakes(&gpu_node, Touch::Deleted, t0));
+        let mut cpu_node = node(40.0, "Healthy", None);
+        cpu_node.metadata.annotations = None;
+        assert!(
+            !changes.wakes(&cpu_node, Touch::Deleted, t0),
+            "never a GPU node"
+        );
     }
 }

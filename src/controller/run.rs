@@ -23,6 +23,7 @@ use super::nodes::{StateReports, trim_node};
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
 use super::synced::{Cache, CacheSync};
+use super::triggers::{Touch, triggers};
 use crate::api::ModelInstance;
 use crate::api_requests::ApiRequests;
 use crate::process::{kube_client, terminated};
@@ -238,54 +239,49 @@ async fn run_controller(
     let errors = &metrics.watch_errors;
 
     let (nodes, node_writer) = reflector::store();
-    let node_stream = with_backoff(
+    let node_events = with_backoff(
         "nodes",
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
     )
     .modify(trim_node)
     .reflect(node_writer)
-    .inspect(sync.observer(Cache::Nodes))
-    .touched_objects()
-    .filter_map(errors.absorb(Cache::Nodes))
-    .inspect({
+    .inspect(sync.observer(Cache::Nodes));
+    let node_stream = triggers(node_events, nodes.clone(), {
         let mut reports = StateReports::default();
-        move |n| {
-            if let Ok(node) = n {
+        let mut changes = NodeChanges::default();
+        move |node, touch| {
+            if touch == Touch::Applied {
                 reports.observe(node);
             }
+            changes.wakes(node, touch, std::time::Instant::now())
         }
     })
-    .filter({
-        let mut changes = NodeChanges::default();
-        move |n| {
-            let wakes = n
-                .as_ref()
-                .is_ok_and(|node| changes.wakes(node, std::time::Instant::now()));
-            std::future::ready(wakes)
-        }
-    });
+    .filter_map(errors.absorb(Cache::Nodes));
     let (pods, pod_writer) = reflector::store();
-    let pod_stream = with_backoff("pods", watcher(pods_api, managed.clone()))
+    let pod_events = with_backoff("pods", watcher(pods_api, managed.clone()))
         .modify(|p: &mut Pod| p.managed_fields_mut().clear())
         .reflect(pod_writer)
-        .inspect(sync.observer(Cache::Pods))
-        .touched_objects()
-        .filter_map(errors.absorb(Cache::Pods));
+        .inspect(sync.observer(Cache::Pods));
+    let pod_stream =
+        triggers(pod_events, pods.clone(), |_, _| true).filter_map(errors.absorb(Cache::Pods));
     let (services, service_writer) = reflector::store();
-    let service_stream = with_backoff("services", watcher(services_api, managed))
+    let service_events = with_backoff("services", watcher(services_api, managed))
         .modify(|s: &mut Service| s.managed_fields_mut().clear())
         .reflect(service_writer)
-        .inspect(sync.observer(Cache::Services))
-        .touched_objects()
+        .inspect(sync.observer(Cache::Services));
+    let service_stream = triggers(service_events, services.clone(), |_, _| true)
         .filter_map(errors.absorb(Cache::Services));
     let (instances, instance_writer) = reflector::store();
-    let instance_stream = with_backoff(
+    let instance_events = with_backoff(
         "instances",
         watcher(instances_api, watcher::Config::default()),
     )
     .reflect(instance_writer)
-    .inspect(sync.observer(Cache::Instances))
-    .applied_objects()
+    .inspect(sync.observer(Cache::Instances));
+    // A deleted instance's pods and Service go with it (owner references).
+    let instance_stream = triggers(instance_events, instances.clone(), |_, touch| {
+        touch == Touch::Applied
+    })
     .filter_map(errors.absorb(Cache::Instances));
 
     let controller = Controller::for_stream(instance_stream, instances.clone())

@@ -3,10 +3,12 @@
 //! loopback. It speaks the parts of the API the controller and its libraries
 //! use, closely enough for kube-runtime's watcher and reflector:
 //!
-//! - LIST (`kind`, `apiVersion`, `metadata.resourceVersion`, `items`; no
-//!   paging: everything fits in one page) and WATCH (`watch=true`, from a
-//!   `resourceVersion`, newline-delimited JSON events held open until
-//!   `timeoutSeconds`), both with `labelSelector` (`k`, `!k`, `k=v`, `k==v`,
+//! - LIST (`kind`, `apiVersion`, `metadata.resourceVersion`, `items`; pages
+//!   of `limit` items with a `continue` token, the version that of the first
+//!   page) and WATCH (`watch=true`, from a `resourceVersion`,
+//!   newline-delimited JSON events held open until `timeoutSeconds`; from a
+//!   version older than the last `expire_watches`, one ERROR event with a
+//!   410 `Expired` status, as after an API server restart), both with `labelSelector` (`k`, `!k`, `k=v`, `k==v`,
 //!   `k!=v`), for a cluster-scoped resource, one namespace or all namespaces;
 //! - GET, POST (409 `AlreadyExists`), PUT, DELETE (immediate, honouring
 //!   `preconditions.uid` and `preconditions.resourceVersion`), PATCH as JSON
@@ -154,6 +156,13 @@ struct Inner {
     /// 503, `Retry-After: 1`), as an overloaded API server does; watches
     /// already open stay open.
     overloaded: Option<u16>,
+    /// Watches from an older resourceVersion are answered 410 `Expired`.
+    oldest_rv: u64,
+    /// Pages hold at most this many items, however many the client asked
+    /// for (an API server may return fewer than `limit`).
+    page_cap: Option<usize>,
+    /// Every page of a list is answered this much later.
+    page_delay: Duration,
 }
 
 pub struct FakeApiServer {
@@ -259,6 +268,23 @@ impl FakeApiServer {
     /// Service Unavailable) until called again with `None`.
     pub fn overload(&self, code: Option<u16>) {
         lock(&self.inner).overloaded = code;
+    }
+
+    /// Closes every open watch and forgets the history, as an API server
+    /// that restarted does: watches resuming from before now get 410
+    /// `Expired` and must list again.
+    pub fn expire_watches(&self) {
+        let mut inner = lock(&self.inner);
+        inner.oldest_rv = inner.rv + 1;
+        inner.watches.clear();
+    }
+
+    /// Lists made with a `limit` get pages of at most `cap` items, each
+    /// answered `delay` late: a slow list of a large cluster.
+    pub fn slow_pages(&self, cap: Option<usize>, delay: Duration) {
+        let mut inner = lock(&self.inner);
+        inner.page_cap = cap;
+        inner.page_delay = delay;
     }
 
     pub fn records(&self) -> Vec<Record> {
@@ -689,6 +715,17 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, request: Request) -> Res
         Err(e) => return failure((400, "BadRequest", format!("unreadable body: {e}"))),
     };
     let target = parse_path(&path);
+    let is_list = method == Method::GET
+        && target
+            .as_ref()
+            .is_some_and(|t| t.name.is_none() && t.sub.is_none())
+        && !query
+            .split('&')
+            .any(|p| p == "watch=true" || p == "watch=1");
+    let page_delay = lock(&inner).page_delay;
+    if is_list && !page_delay.is_zero() {
+        tokio::time::sleep(page_delay).await;
+    }
     let overloaded = lock(&inner).overloaded;
     let response = match (&target, overloaded) {
         (_, Some(code)) => Some(overloaded_response(code)),
@@ -775,7 +812,7 @@ fn serve(
             if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
                 Some(watch(inner, t, selector, query))
             } else {
-                Some(list(inner, t, &selector))
+                Some(list(inner, t, &selector, query))
             }
         }
         (&Method::POST, None, None) => {
@@ -1033,24 +1070,55 @@ fn patch_object(
     Ok(inner.store(&key, object, Some(owners)))
 }
 
-fn list(inner: &Arc<Mutex<Inner>>, t: &Target, selector: &Selector) -> Response {
+fn list(
+    inner: &Arc<Mutex<Inner>>,
+    t: &Target,
+    selector: &Selector,
+    query: &BTreeMap<String, String>,
+) -> Response {
     let inner = lock(inner);
-    let items: Vec<Value> = inner
-        .objects
-        .iter()
-        .filter(|(k, s)| {
-            k.0 == t.kind
-                && in_namespace(&s.object, t.namespace.as_deref())
-                && selector.matches(&s.object)
-        })
+    let limit = match query.get("limit").filter(|l| !l.is_empty()) {
+        None => None,
+        Some(text) => match text.parse::<usize>() {
+            Ok(limit) if limit > 0 => Some(limit.min(inner.page_cap.unwrap_or(usize::MAX))),
+            Ok(_) => None,
+            Err(_) => return failure((400, "BadRequest", format!("bad limit {text:?}"))),
+        },
+    };
+    // `offset/version`: where the next page starts, and the first page's version.
+    let (offset, rv) = match query.get("continue").filter(|c| !c.is_empty()) {
+        None => (0, inner.rv),
+        Some(token) => match token
+            .split_once('/')
+            .and_then(|(o, v)| Some((o.parse().ok()?, v.parse().ok()?)))
+        {
+            Some(start) => start,
+            None => return failure((400, "BadRequest", format!("bad continue {token:?}"))),
+        },
+    };
+    let matching = inner.objects.iter().filter(|(k, s)| {
+        k.0 == t.kind
+            && in_namespace(&s.object, t.namespace.as_deref())
+            && selector.matches(&s.object)
+    });
+    let mut items: Vec<Value> = matching
+        .skip(offset)
+        .take(limit.map_or(usize::MAX, |l| l.saturating_add(1)))
         .map(|(_, s)| s.object.clone())
         .collect();
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if let Some(limit) = limit
+        && items.len() > limit
+    {
+        items.truncate(limit);
+        metadata["continue"] = json!(format!("{}/{rv}", offset + limit));
+    }
     json_response(
         200,
         &json!({
             "kind": format!("{}List", t.kind.kind()),
             "apiVersion": t.kind.api_version(),
-            "metadata": {"resourceVersion": inner.rv.to_string()},
+            "metadata": metadata,
             "items": items,
         }),
     )
@@ -1089,6 +1157,18 @@ fn watch(
                 let Ok(rv) = rv.parse::<u64>() else {
                     return failure((400, "BadRequest", format!("bad resourceVersion {rv:?}")));
                 };
+                if rv < inner.oldest_rv {
+                    let status = status_body(
+                        410,
+                        "Expired",
+                        &format!("too old resource version: {rv} ({})", inner.oldest_rv),
+                    );
+                    return Response::builder()
+                        .status(StatusCode::OK)
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Body::from(watch_line("ERROR", &status)))
+                        .expect("a response");
+                }
                 if rv > inner.rv {
                     return failure((
                         504,
