@@ -9,7 +9,9 @@ use std::time::Duration;
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
 use serde_json::{Value, json};
-use tessera::agent::publisher::{PublisherConfig, PublisherError, PublisherStats, run_publisher};
+use tessera::agent::publisher::{
+    PublisherConfig, PublisherError, PublisherStats, WriteCause, run_publisher,
+};
 use tessera::agent::state::{DeviceView, ViewTx, channel};
 use tessera::api::{LinkKind, NodeGpuState, Vendor};
 use tessera::backend::{DeviceInfo, DeviceLink, DeviceState, RawHealth, Snapshot, Telemetry};
@@ -367,6 +369,14 @@ async fn telemetry_drift_waits_for_the_interval() {
 
     h.expect_silence(interval + Duration::from_millis(300))
         .await;
+    assert_eq!(h.stats.sent(WriteCause::First), 1);
+    assert_eq!(h.stats.sent(WriteCause::Drift), 2);
+    assert_eq!(h.stats.sent(WriteCause::Change), 0);
+    let gap = h.stats.shortest_drift_gap();
+    assert!(
+        gap.is_some_and(|gap| gap >= interval),
+        "shortest drift gap as sent: {gap:?}"
+    );
     h.shutdown().await;
 }
 
@@ -524,6 +534,10 @@ async fn a_failed_patch_is_counted_and_retried_with_backoff_carrying_the_newest_
     h.published(2).await;
     assert_eq!(h.stats.errors(), 3);
     h.expect_silence(Duration::from_millis(300)).await;
+    let sent = WriteCause::ALL.map(|cause| h.stats.sent(cause));
+    // first (failed), retry (failed), retry; the allocation (failed), retry.
+    assert_eq!(sent, [1, 1, 0, 3], "first, change, drift, retry");
+    assert_eq!(h.stats.shortest_drift_gap(), None);
     h.shutdown().await;
 }
 

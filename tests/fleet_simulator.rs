@@ -36,6 +36,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
         "--publish-interval-seconds",
         "--arrivals",
         "--faults",
+        "--restarts",
     ] {
         assert!(options::USAGE.contains(flag), "the usage names {flag}");
         assert!(parse(&[flag, "7"]).is_ok(), "{flag} 7");
@@ -47,6 +48,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
         &["--steady-seconds", "-1"],
         &["--publish-interval-seconds", "0"],
         &["--poll-ms"],
+        &["--restarts", "0"],
         &["--what", "1"],
     ] {
         let error = parse(bad).unwrap_err();

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kube::Client;
-use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
+use tessera::agent::publisher::{PublisherConfig, PublisherStats, WriteCause, run_publisher};
 use tessera::agent::state::{ViewTx, channel, poll_once};
 use tessera::api::NodeGpuState;
 use tessera::backend::health::{HealthPolicy, HealthTracker};
@@ -154,6 +154,24 @@ impl Fleet {
         self.nodes.iter().fold((0, 0), |(ok, failed), node| {
             (ok + node.stats.published(), failed + node.stats.errors())
         })
+    }
+
+    /// Patches sent by cause (in `WriteCause::ALL` order), summed over the
+    /// fleet; the shortest time a drift patch followed its node's previous
+    /// patch, as sent; how many nodes sent one sooner than `interval`.
+    pub fn sent(&self, interval: Duration) -> ([u64; 4], Option<Duration>, usize) {
+        let mut sent = [0; 4];
+        let (mut shortest, mut early) = (None::<Duration>, 0);
+        for node in &self.nodes {
+            for (total, cause) in sent.iter_mut().zip(WriteCause::ALL) {
+                *total += node.stats.sent(cause);
+            }
+            if let Some(gap) = node.stats.shortest_drift_gap() {
+                shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+                early += usize::from(gap < interval);
+            }
+        }
+        (sent, shortest, early)
     }
 
     fn published_by(&self, index: usize) -> u64 {

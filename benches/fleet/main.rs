@@ -291,20 +291,31 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         at(1.0),
         interval.as_secs(),
     );
+    let ([first, change, drift, retry], shortest, early) = fleet.sent(interval);
+    println!(
+        "REPORT {scenario} Node patches as the agents sent them until the churn ended: first {first}, change {change}, drift {drift}, retry {retry}; shortest time from a node's patch to its next drift patch {}; nodes that sent drift sooner than the {} s interval: {early}",
+        shortest.map_or("none".to_string(), |gap| format!(
+            "{:.1} s",
+            gap.as_secs_f64()
+        )),
+        interval.as_secs(),
+    );
 
     if let Some(pidfile) = &options.restart_api_server {
-        restart_api_server(
-            client,
-            &run,
-            &fleet,
-            &bindings,
-            &instances,
-            &mut controller,
-            pidfile,
-            &scenario,
-            &mut rng,
-        )
-        .await;
+        for _ in 0..options.restarts {
+            restart_api_server(
+                client,
+                &run,
+                &fleet,
+                &bindings,
+                &instances,
+                &mut controller,
+                pidfile,
+                &scenario,
+                &mut rng,
+            )
+            .await;
+        }
     }
 
     // Clean up: instances first (the controller deletes their pods and the

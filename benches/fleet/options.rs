@@ -7,7 +7,8 @@ pub const USAGE: &str = "flags: --nodes N[,N...] (default 1000) --steady-seconds
 publish interval plus a tenth plus 30 s, so that every node's drift write falls inside) \
 --poll-ms MS (the agent's poll interval, default 500) --publish-interval-seconds S (default: the \
 agent's) --arrivals N (default 20) --faults N (default 10) --restart-api-server PIDFILE (restart \
-the kube-apiserver this pid file names, on this machine, once the churn is measured)";
+the kube-apiserver this pid file names, on this machine, once the churn is measured) --restarts N \
+(how many times, one after another; default 1)";
 
 #[derive(Debug, PartialEq)]
 pub struct Options {
@@ -19,6 +20,7 @@ pub struct Options {
     pub arrivals: usize,
     pub faults: usize,
     pub restart_api_server: Option<std::path::PathBuf>,
+    pub restarts: usize,
 }
 
 impl Options {
@@ -31,6 +33,7 @@ impl Options {
             arrivals: 20,
             faults: 10,
             restart_api_server: None,
+            restarts: 1,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -63,6 +66,7 @@ impl Options {
                 }
                 "--arrivals" => options.arrivals = number(10_000)? as usize,
                 "--faults" => options.faults = number(10_000)? as usize,
+                "--restarts" => options.restarts = number(100)? as usize,
                 "--restart-api-server" if !value.is_empty() => {
                     options.restart_api_server = Some(value.clone().into());
                 }

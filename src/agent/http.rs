@@ -16,13 +16,18 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::allocation_metrics::AllocationMetrics;
-use super::publisher::PublisherStats;
+use super::publisher::{PublisherStats, WriteCause};
 use super::registration::{PluginStatus, SILENT_KUBELET};
 use super::state::ViewRx;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HealthLabel {
     health: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
 }
 
 /// Everything the agent counts. Counters others own (registrations, publish
@@ -34,6 +39,7 @@ pub(crate) struct AgentMetrics {
     registrations: Gauge,
     publishes: Gauge,
     publish_errors: Gauge,
+    publish_attempts: Family<CauseLabel, Gauge>,
 }
 
 /// Status kept by the device plugin and the publisher, read at scrape time.
@@ -83,6 +89,13 @@ impl AgentMetrics {
             "Node GPU state patches that failed since start",
             publish_errors.clone(),
         );
+        let publish_attempts = Family::<CauseLabel, Gauge>::default();
+        registry.register(
+            "state_publish_attempts",
+            "Node GPU state patches sent since start, by why: first, change, drift (telemetry \
+             alone, at most once per interval) or retry (after a failure)",
+            publish_attempts.clone(),
+        );
         Self {
             registry,
             devices,
@@ -90,6 +103,7 @@ impl AgentMetrics {
             registrations,
             publishes,
             publish_errors,
+            publish_attempts,
         }
     }
 
@@ -127,6 +141,15 @@ impl AgentMetrics {
         self.publish_errors.set(as_gauge(
             counters.publisher.as_ref().map_or(0, |p| p.errors()),
         ));
+        if let Some(publisher) = &counters.publisher {
+            for cause in WriteCause::ALL {
+                self.publish_attempts
+                    .get_or_create(&CauseLabel {
+                        cause: cause.as_str(),
+                    })
+                    .set(as_gauge(publisher.sent(cause)));
+            }
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -291,6 +314,8 @@ mod tests {
         publisher
             .errors
             .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        publisher.count_sent(WriteCause::First, None);
+        publisher.count_sent(WriteCause::Retry, Some(std::time::Duration::from_secs(1)));
         let (status, text) = get(&app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         for line in [
@@ -300,6 +325,9 @@ mod tests {
             "tessera_agent_allocations_total 1",
             "tessera_agent_allocation_duration_seconds_count 1",
             "tessera_agent_state_publish_errors 2",
+            "tessera_agent_state_publish_attempts{cause=\"first\"} 1",
+            "tessera_agent_state_publish_attempts{cause=\"retry\"} 1",
+            "tessera_agent_state_publish_attempts{cause=\"drift\"} 0",
             "tessera_agent_kubelet_registrations 0",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");

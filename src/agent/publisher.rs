@@ -108,13 +108,55 @@ fn node_share(name: &str) -> f64 {
     (mixed ^ (mixed >> 31)) as f64 / u64::MAX as f64
 }
 
+/// Why a patch was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteCause {
+    /// The first view since the agent started.
+    First,
+    /// Something the controller must react to changed.
+    Change,
+    /// Only telemetry drifted, and the node's interval was over.
+    Drift,
+    /// The previous patch failed (it may still have been written).
+    Retry,
+}
+
+impl WriteCause {
+    pub const ALL: [WriteCause; 4] = [Self::First, Self::Change, Self::Drift, Self::Retry];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Change => "change",
+            Self::Drift => "drift",
+            Self::Retry => "retry",
+        }
+    }
+}
+
 /// Counters for the agent's metrics. Shared: the publisher only adds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PublisherStats {
     /// Patches the API server accepted.
     pub(crate) published: AtomicU64,
     /// Patches that failed (each retry that fails counts again).
     pub(crate) errors: AtomicU64,
+    /// Patches sent, by `WriteCause` (in `WriteCause::ALL` order).
+    sent: [AtomicU64; 4],
+    /// Shortest time from a patch sent to the drift patch sent next, in ms;
+    /// `u64::MAX` until a drift patch is sent.
+    shortest_drift_gap_ms: AtomicU64,
+}
+
+impl Default for PublisherStats {
+    fn default() -> Self {
+        Self {
+            published: AtomicU64::default(),
+            errors: AtomicU64::default(),
+            sent: Default::default(),
+            shortest_drift_gap_ms: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl PublisherStats {
@@ -124,6 +166,30 @@ impl PublisherStats {
 
     pub fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Patches sent for `cause`, answered or not.
+    pub fn sent(&self, cause: WriteCause) -> u64 {
+        self.sent[cause as usize].load(Ordering::Relaxed)
+    }
+
+    /// The shortest time a drift patch followed the patch before it, as the
+    /// agent sent them: what the drift interval holds to on the wire.
+    pub fn shortest_drift_gap(&self) -> Option<Duration> {
+        match self.shortest_drift_gap_ms.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    pub(crate) fn count_sent(&self, cause: WriteCause, since_previous: Option<Duration>) {
+        self.sent[cause as usize].fetch_add(1, Ordering::Relaxed);
+        if cause == WriteCause::Drift
+            && let Some(gap) = since_previous
+        {
+            let ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX - 1);
+            self.shortest_drift_gap_ms.fetch_min(ms, Ordering::Relaxed);
+        }
     }
 }
 
@@ -364,6 +430,7 @@ pub async fn run_publisher<S: Future>(
     let first_backoff = config.retry_initial.min(config.retry_max);
     let mut backoff = first_backoff;
     let mut failures: u32 = 0;
+    let mut last_sent: Option<Instant> = None;
 
     loop {
         let mut wake = None;
@@ -385,6 +452,14 @@ pub async fn run_publisher<S: Future>(
             let due = due.map(|d| retry_at.map_or(d, |r| d.max(r)));
             match due {
                 Some(due) if due <= now => {
+                    let cause = match &last {
+                        _ if failures > 0 => WriteCause::Retry,
+                        None => WriteCause::First,
+                        Some(last) if changed_at_once(&last.view, &current) => WriteCause::Change,
+                        Some(_) => WriteCause::Drift,
+                    };
+                    stats.count_sent(cause, last_sent.map(|at| now.saturating_duration_since(at)));
+                    last_sent = Some(now);
                     in_flight = Some(start_patch(nodes.clone(), &config, current));
                 }
                 other => wake = other,
