@@ -114,6 +114,8 @@ mod tests {
         let mut cm = ConfigMap::default();
         cm.metadata.name = Some(name.into());
         cm.metadata.namespace = Some("ns".into());
+        // Each version its own, as the API server's would be.
+        cm.metadata.resource_version = Some(version.into());
         cm.data = Some(BTreeMap::from([("v".to_string(), version.to_string())]));
         cm
     }
