@@ -27,11 +27,14 @@ pub(crate) enum Touch {
 }
 
 /// A re-list under way: the cache's objects it has not listed yet, and the
-/// triggers it has produced.
+/// objects it woke (by reference: the first list of a large cluster wakes
+/// every object, and the cache holds them already).
 struct Relist<K: Resource<DynamicType = ()>> {
     unseen: HashMap<ObjectRef<K>, Arc<K>>,
-    held: Vec<K>,
+    held: Vec<ObjectRef<K>>,
 }
+
+type Triggers<K> = Box<dyn Iterator<Item = Result<K, watcher::Error>> + Send>;
 
 /// The objects `events` touched that `wakes` lets through, each handed on
 /// once `cache` (fed by the same events, upstream) holds it. `events` must
@@ -48,19 +51,18 @@ where
 {
     let mut relist: Option<Relist<K>> = None;
     events.flat_map(move |event| {
-        let mut out = Vec::new();
-        match event {
-            Err(e) => out.push(Err(e)),
-            Ok(watcher::Event::Apply(object)) => {
-                if wakes(&object, Touch::Applied) {
-                    out.push(Ok(object));
-                }
-            }
-            Ok(watcher::Event::Delete(object)) => {
-                if wakes(&object, Touch::Deleted) {
-                    out.push(Ok(object));
-                }
-            }
+        let out: Triggers<K> = match event {
+            Err(e) => Box::new(std::iter::once(Err(e))),
+            Ok(watcher::Event::Apply(object)) => Box::new(
+                wakes(&object, Touch::Applied)
+                    .then_some(Ok(object))
+                    .into_iter(),
+            ),
+            Ok(watcher::Event::Delete(object)) => Box::new(
+                wakes(&object, Touch::Deleted)
+                    .then_some(Ok(object))
+                    .into_iter(),
+            ),
             Ok(watcher::Event::Init) => {
                 // A re-list that broke off starts again; what it had woken
                 // still waits. The cache is untouched until a list completes.
@@ -71,31 +73,40 @@ where
                     .map(|object| (ObjectRef::from_obj(object.as_ref()), object))
                     .collect();
                 relist = Some(Relist { unseen, held });
+                Box::new(std::iter::empty())
             }
             Ok(watcher::Event::InitApply(object)) => {
                 let wake = wakes(&object, Touch::Applied);
                 match &mut relist {
                     Some(relist) => {
-                        relist.unseen.remove(&ObjectRef::from_obj(&object));
+                        let key = ObjectRef::from_obj(&object);
+                        relist.unseen.remove(&key);
                         if wake {
-                            relist.held.push(object);
+                            relist.held.push(key);
                         }
+                        Box::new(std::iter::empty())
                     }
-                    None if wake => out.push(Ok(object)),
-                    None => {}
+                    None => Box::new(wake.then_some(Ok(object)).into_iter()),
                 }
             }
-            Ok(watcher::Event::InitDone) => {
-                if let Some(Relist { unseen, held }) = relist.take() {
-                    out.extend(held.into_iter().map(Ok));
-                    for gone in unseen.into_values() {
-                        if wakes(&gone, Touch::Deleted) {
-                            out.push(Ok(gone.as_ref().clone()));
-                        }
-                    }
+            Ok(watcher::Event::InitDone) => match relist.take() {
+                None => Box::new(std::iter::empty()),
+                Some(Relist { unseen, held }) => {
+                    let gone: Vec<K> = unseen
+                        .into_values()
+                        .filter(|object| wakes(object, Touch::Deleted))
+                        .map(|object| object.as_ref().clone())
+                        .collect();
+                    // Copied out of the cache one at a time as they are taken.
+                    let cache = cache.clone();
+                    let listed = held
+                        .into_iter()
+                        .filter_map(move |key| cache.get(&key))
+                        .map(|object| Ok(object.as_ref().clone()));
+                    Box::new(listed.chain(gone.into_iter().map(Ok)))
                 }
-            }
-        }
+            },
+        };
         stream::iter(out)
     })
 }
@@ -211,9 +222,8 @@ mod tests {
         assert_eq!(
             seen,
             vec![
-                // Held over the restarted list; `a` vanished from the cache's
-                // view in that list, so it also counts as deleted then.
-                triple("a", "2", "-"),
+                // Woken in the list that broke off, then gone before the
+                // list that completed: handed on once, as a deletion.
                 triple("a", "1", "-"),
                 triple("b", "1", "-"),
             ]
