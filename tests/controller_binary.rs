@@ -352,6 +352,27 @@ async fn wait_for<T>(
     }
 }
 
+/// Waits for the shard to be bound again, off `victim`, by a pod other than
+/// `old_pod` (a UID), with the instance in `phase`.
+async fn moved_off(
+    what: &str,
+    limit: Duration,
+    fake: &FakeApiServer,
+    ctl: &mut Controller,
+    (victim, old_pod): (&str, &str),
+    phase: &str,
+) -> (String, Vec<String>, String) {
+    let victim = [victim.to_string()];
+    wait_for(what, limit, fake, &mut [ctl], || {
+        let b = bound(fake, &victim, &[phase])?;
+        if b.2 == old_pod {
+            return Err("the old pod is still there".into());
+        }
+        Ok(b)
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------
 // Reading the fake.
 
@@ -696,20 +717,14 @@ async fn one_controller_binds_replans_repairs_and_reports() {
     // bound to the new plan.
     let victim = devices[0].clone();
     fail_device(&fake, &node, &victim);
-    let (new_node, new_devices, second_uid) = wait_for(
+    // A running instance that lost its shard is Degraded until the new pod is ready.
+    let (new_node, new_devices, second_uid) = moved_off(
         "the shard to move off the failed device",
         SETTLE,
         &fake,
-        &mut [&mut ctl],
-        || {
-            // A running instance that lost its shard is Degraded until the
-            // new pod is ready.
-            let b = bound(&fake, std::slice::from_ref(&victim), &["Degraded"])?;
-            if b.2 == first_uid {
-                return Err("the old pod is still there".into());
-            }
-            Ok(b)
-        },
+        &mut ctl,
+        (&victim, &first_uid),
+        "Degraded",
     )
     .await;
     println!("moved to {new_node} {new_devices:?}");
@@ -1401,19 +1416,14 @@ async fn a_fault_that_arrives_in_a_slow_relist_moves_the_shard() {
     fake.expire_watches();
     let victim = devices[0].clone();
     fail_device(&fake, &node, &victim);
-    let (new_node, new_devices, _) = wait_for(
+    let (new_node, new_devices, _) = moved_off(
         "the shard to move off the device that failed during the re-list",
         // Five pages of Nodes, a second each, before the cache has the fault.
         SETTLE + Duration::from_secs(5),
         &fake,
-        &mut [&mut ctl],
-        || {
-            let b = bound(&fake, std::slice::from_ref(&victim), &["Bound"])?;
-            if b.2 == first_uid {
-                return Err("the old pod is still there".into());
-            }
-            Ok(b)
-        },
+        &mut ctl,
+        (&victim, &first_uid),
+        "Bound",
     )
     .await;
     println!("moved to {new_node} {new_devices:?}");

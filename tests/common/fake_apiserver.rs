@@ -8,8 +8,8 @@
 //!   page) and WATCH (`watch=true`, from a `resourceVersion`,
 //!   newline-delimited JSON events held open until `timeoutSeconds`; from a
 //!   version older than the last `expire_watches`, one ERROR event with a
-//!   410 `Expired` status, as after an API server restart), both with `labelSelector` (`k`, `!k`, `k=v`, `k==v`,
-//!   `k!=v`), for a cluster-scoped resource, one namespace or all namespaces;
+//!   410 `Expired` status, as after an API server restart), both with
+//!   `labelSelector` (`k`, `!k`, `k=v`, `k==v`, `k!=v`), for a cluster-scoped resource, one namespace or all namespaces;
 //! - GET, POST (409 `AlreadyExists`), PUT, DELETE (immediate, honouring
 //!   `preconditions.uid` and `preconditions.resourceVersion`), PATCH as JSON
 //!   merge patch, strategic merge patch (treated as a merge patch: the objects
@@ -270,9 +270,9 @@ impl FakeApiServer {
         lock(&self.inner).overloaded = code;
     }
 
-    /// Closes every open watch and forgets the history, as an API server
-    /// that restarted does: watches resuming from before now get 410
-    /// `Expired` and must list again.
+    /// Closes every open watch and stops replaying what came before, as an
+    /// API server that restarted does: watches resuming from before now get
+    /// 410 `Expired` and must list again.
     pub fn expire_watches(&self) {
         let mut inner = lock(&self.inner);
         inner.oldest_rv = inner.rv + 1;
