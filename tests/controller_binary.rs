@@ -352,6 +352,15 @@ async fn wait_for<T>(
     }
 }
 
+/// Waits for the one instance's shard to be planned and bound: its node,
+/// devices and pod UID.
+async fn first_bound(fake: &FakeApiServer, ctl: &mut Controller) -> (String, Vec<String>, String) {
+    wait_for("the instance to be bound", SETTLE, fake, &mut [ctl], || {
+        bound(fake, &[], &["Bound"])
+    })
+    .await
+}
+
 /// Waits for the shard to be bound again, off `victim`, by a pod other than
 /// `old_pod` (a UID), with the instance in `phase`.
 async fn moved_off(
@@ -359,7 +368,8 @@ async fn moved_off(
     limit: Duration,
     fake: &FakeApiServer,
     ctl: &mut Controller,
-    (victim, old_pod): (&str, &str),
+    victim: &str,
+    old_pod: &str,
     phase: &str,
 ) -> (String, Vec<String>, String) {
     let victim = [victim.to_string()];
@@ -616,14 +626,7 @@ async fn one_controller_binds_replans_repairs_and_reports() {
     let mi_uid = mi["metadata"]["uid"].as_str().unwrap().to_string();
 
     // Planned, created and bound where planned.
-    let (node, devices, first_uid) = wait_for(
-        "the instance to be bound",
-        SETTLE,
-        &fake,
-        &mut [&mut ctl],
-        || bound(&fake, &[], &["Bound"]),
-    )
-    .await;
+    let (node, devices, first_uid) = first_bound(&fake, &mut ctl).await;
     println!("planned on {node} {devices:?}");
     assert!(
         node == "node-h100" || node == "node-mi300x",
@@ -723,7 +726,8 @@ async fn one_controller_binds_replans_repairs_and_reports() {
         SETTLE,
         &fake,
         &mut ctl,
-        (&victim, &first_uid),
+        &victim,
+        &first_uid,
         "Degraded",
     )
     .await;
@@ -1156,14 +1160,7 @@ async fn failed_admission_lost_node_template_change_and_unsatisfiable() {
         ],
     );
     add_instance(&fake);
-    let (first_node, devices, first) = wait_for(
-        "the instance to be bound",
-        SETTLE,
-        &fake,
-        &mut [&mut ctl],
-        || bound(&fake, &[], &["Bound"]),
-    )
-    .await;
+    let (first_node, devices, first) = first_bound(&fake, &mut ctl).await;
 
     // Kubelet refuses the pod: the shard goes elsewhere.
     fake.modify(Kind::Pod, NS, POD, |p| {
@@ -1402,14 +1399,7 @@ async fn a_fault_that_arrives_in_a_slow_relist_moves_the_shard() {
     }
     let mut ctl = Controller::start(&fake, &scratch, "solo", &["--leader-elect=false"]);
     add_instance(&fake);
-    let (node, devices, first_uid) = wait_for(
-        "the instance to be bound",
-        SETTLE,
-        &fake,
-        &mut [&mut ctl],
-        || bound(&fake, &[], &["Bound"]),
-    )
-    .await;
+    let (node, devices, first_uid) = first_bound(&fake, &mut ctl).await;
     println!("planned on {node} {devices:?}");
 
     fake.slow_pages(Some(1), Duration::from_secs(1));
@@ -1422,7 +1412,8 @@ async fn a_fault_that_arrives_in_a_slow_relist_moves_the_shard() {
         SETTLE + Duration::from_secs(5),
         &fake,
         &mut ctl,
-        (&victim, &first_uid),
+        &victim,
+        &first_uid,
         "Bound",
     )
     .await;

@@ -674,6 +674,10 @@ fn query_params(query: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+fn is_watch(query: &BTreeMap<String, String>) -> bool {
+    matches!(query.get("watch").map(String::as_str), Some("true" | "1"))
+}
+
 fn json_response(code: u16, body: &Value) -> Response {
     Response::builder()
         .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
@@ -715,13 +719,12 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, request: Request) -> Res
         Err(e) => return failure((400, "BadRequest", format!("unreadable body: {e}"))),
     };
     let target = parse_path(&path);
+    let params = query_params(&query);
     let is_list = method == Method::GET
         && target
             .as_ref()
             .is_some_and(|t| t.name.is_none() && t.sub.is_none())
-        && !query
-            .split('&')
-            .any(|p| p == "watch=true" || p == "watch=1");
+        && !is_watch(&params);
     let page_delay = lock(&inner).page_delay;
     if is_list && !page_delay.is_zero() {
         tokio::time::sleep(page_delay).await;
@@ -730,14 +733,7 @@ async fn handle(State(inner): State<Arc<Mutex<Inner>>>, request: Request) -> Res
     let response = match (&target, overloaded) {
         (_, Some(code)) => Some(overloaded_response(code)),
         (None, None) => None,
-        (Some(t), None) => serve(
-            &inner,
-            &method,
-            t,
-            &query_params(&query),
-            &content_type,
-            &body,
-        ),
+        (Some(t), None) => serve(&inner, &method, t, &params, &content_type, &body),
     };
     let kind = target.as_ref().map(|t| t.kind);
     let response = response.unwrap_or_else(|| {
@@ -809,7 +805,7 @@ fn serve(
                     format!("field selectors ({fields}) are not supported by the fake"),
                 )));
             }
-            if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
+            if is_watch(query) {
                 Some(watch(inner, t, selector, query))
             } else {
                 Some(list(inner, t, &selector, query))
