@@ -25,6 +25,7 @@ pub mod api_requests;
 pub mod backend;
 pub mod cli;
 pub mod controller;
+pub mod initial_list;
 pub mod process;
 pub mod watch_backoff;
 

@@ -247,6 +247,11 @@ struct ControllerFlags {
     /// Solver steps per plan before the best plan found is taken.
     #[arg(long, value_name = "N", default_value = "250000", value_parser = clap::value_parser!(u64).range(1..))]
     max_steps: u64,
+    /// How the caches' watches get their first copy of everything: `stream`
+    /// (WatchList, Kubernetes 1.32+, a server on etcd 3.5.13+), `list` (one
+    /// paged LIST), or `auto`: stream where the API server offers it.
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = tessera::initial_list::InitialList::Auto)]
+    initial_list: tessera::initial_list::InitialList,
 }
 
 impl ControllerFlags {
@@ -262,6 +267,7 @@ impl ControllerFlags {
             resource_name,
             node_grace_period,
             max_steps,
+            initial_list,
         } = self;
         use tessera::{
             ControllerConfig, ControllerSettings as Settings, LeaderElection, run_controller as run,
@@ -295,6 +301,7 @@ impl ControllerFlags {
                 node_grace: std::time::Duration::from_secs(node_grace_period),
                 max_steps,
             },
+            initial_list,
         }))
     }
 }
@@ -484,8 +491,15 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             let text = e.render().to_string();
+            // An enum flag's choices are on a line of their own.
+            let choices = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("[possible values: "))
+                .and_then(|l| l.strip_suffix(']'))
+                .map(|values| format!("; expected one of: {values}"))
+                .unwrap_or_default();
             match text.lines().find(|l| l.starts_with("error:")) {
-                Some(line) => eprintln!("{line} (see --help)"),
+                Some(line) => eprintln!("{line}{choices} (see --help)"),
                 None => eprintln!(
                     "error: a subcommand is required: place, discover, agent, controller or crd (see --help)"
                 ),

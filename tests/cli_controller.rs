@@ -42,6 +42,11 @@ fn malformed_flags_are_refused() {
             &["controller", "--resource-name", "tessera.dev/{vendor}/gpu"],
             &["exactly one '/'"],
         ),
+        (
+            &["controller", "--initial-list", "sometimes"],
+            &["sometimes", "auto", "stream", "list"],
+        ),
+        (&["controller", "--initial-list", ""], &["--initial-list"]),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {
         assert_bad_input_result(args, run(args, &[]), needles);

@@ -12,9 +12,9 @@
 #[path = "common/real_cluster.rs"]
 mod real_cluster;
 
+use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
-use kube::{Client, CustomResourceExt};
 use real_cluster::{install_crd, kubeconfig_path, load_config};
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ResourceName};
@@ -76,7 +76,7 @@ fn walk(schema: &Value, path: &mut Vec<String>, out: &mut Vec<Limit>) {
 }
 
 fn schema_limits() -> Vec<Limit> {
-    let crd = serde_json::to_value(ModelInstance::crd()).expect("the CRD serializes");
+    let crd = serde_json::to_value(tessera::api::crd()).expect("the CRD serializes");
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     let mut out = Vec::new();
     walk(spec, &mut vec!["spec".to_string()], &mut out);

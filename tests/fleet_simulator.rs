@@ -24,6 +24,11 @@ fn flags_parse_and_bad_values_name_the_flag() {
     assert_eq!(options.nodes, vec![1000, 5000]);
     assert_eq!(options.poll, Duration::from_millis(2000));
     assert_eq!(options.publish_interval, None);
+    assert_eq!(options.initial_list, "auto");
+    assert!(options::USAGE.contains("--initial-list"));
+    for how in ["auto", "stream", "list"] {
+        assert_eq!(parse(&["--initial-list", how]).unwrap().initial_list, how);
+    }
     assert_eq!(
         options.steady_for(Duration::from_secs(300)),
         Duration::from_secs(360),
@@ -49,6 +54,8 @@ fn flags_parse_and_bad_values_name_the_flag() {
         &["--publish-interval-seconds", "0"],
         &["--poll-ms"],
         &["--restarts", "0"],
+        &["--initial-list", "sometimes"],
+        &["--initial-list"],
         &["--what", "1"],
     ] {
         let error = parse(bad).unwrap_err();

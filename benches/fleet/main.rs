@@ -156,11 +156,27 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         Arc::clone(&bindings),
     ));
     let log = std::env::temp_dir().join(format!("tessera-fleet-{run}-controller.log"));
-    let mut controller = ControllerProcess::start(kubeconfig, &namespace, log);
+    let api_before = measure::api_server(client).await;
+    let peak = ApiServerPeak::watch(client.clone());
+    let started = Instant::now();
+    let mut controller =
+        ControllerProcess::start(kubeconfig, &namespace, &options.initial_list, log);
     assert!(
         controller.ready(Duration::from_secs(300)).await,
         "the controller did not become ready; its log: {}",
         controller.log.display()
+    );
+    let ready_after = started.elapsed();
+    let api_peak = peak.stop().await;
+    let start_controller = measure::controller(controller.pid(), controller.port);
+    println!(
+        "REPORT {scenario} controller start (--initial-list {}): caches synced {:.2} s after the start; controller RSS {:.0} MiB (peak {:.0}); API server RSS {:.0} MiB before, peak {:.0} MiB while the controller listed",
+        options.initial_list,
+        ready_after.as_secs_f64(),
+        start_controller.rss_bytes as f64 / (1 << 20) as f64,
+        start_controller.peak_rss_bytes as f64 / (1 << 20) as f64,
+        api_before.rss_bytes / (1 << 20) as f64,
+        api_peak / (1 << 20) as f64,
     );
     let instances: Api<ModelInstance> = Api::namespaced(client.clone(), &namespace);
     let mut rng = SplitMix64::new(SEED ^ count as u64);
@@ -496,7 +512,7 @@ fn print_steady(
     let controller_cpu = after.controller.cpu_seconds - before.controller.cpu_seconds;
     let reconciles = after.controller.reconciles - before.controller.reconciles;
     println!(
-        "REPORT {scenario} steady ({seconds:.0} s, publish interval {} s, poll {} ms): tessera Node writes/s={:.2} ({per_node_per_5_min:.2} per node per 5 min) all Node writes/s={:.2} bytes/s to each Node watcher={:.0} (Node {node_bytes} B) Lease renewals/s={:.2} API server CPU s/min={:.2} etcd MiB={:.1} controller RSS MiB={:.0} controller CPU s/min={:.2} controller CPU ms per Node write={:.2} reconciles per Node write={:.3}",
+        "REPORT {scenario} steady ({seconds:.0} s, publish interval {} s, poll {} ms): tessera Node writes/s={:.2} ({per_node_per_5_min:.2} per node per 5 min) all Node writes/s={:.2} bytes/s to each Node watcher={:.0} (Node {node_bytes} B) Lease renewals/s={:.2} API server CPU s/min={:.2} API server RSS MiB={:.0} etcd MiB={:.1} controller RSS MiB={:.0} controller CPU s/min={:.2} controller CPU ms per Node write={:.2} reconciles per Node write={:.3}",
         interval.as_secs(),
         poll.as_millis(),
         published / seconds,
@@ -504,12 +520,43 @@ fn print_steady(
         published / seconds * node_bytes as f64,
         (after.api.lease_writes - before.api.lease_writes) / seconds,
         (after.api.cpu_seconds - before.api.cpu_seconds) * 60.0 / seconds,
+        after.api.rss_bytes / (1 << 20) as f64,
         after.api.etcd_bytes / (1 << 20) as f64,
         after.controller.rss_bytes as f64 / (1 << 20) as f64,
         controller_cpu * 60.0 / seconds,
         controller_cpu * 1e3 / node_writes.max(1.0),
         reconciles / node_writes.max(1.0),
     );
+}
+
+/// The API server's largest resident memory, read off its /metrics every
+/// 250 ms while it runs (its peak is transient: a large list is built and
+/// sent, then freed).
+struct ApiServerPeak {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<f64>,
+}
+
+impl ApiServerPeak {
+    fn watch(client: Client) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut peak: f64 = 0.0;
+            loop {
+                peak = peak.max(measure::api_server(&client).await.rss_bytes);
+                tokio::select! {
+                    _ = stopped.changed() => return peak,
+                    () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> f64 {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or(0.0)
+    }
 }
 
 /// A Node as every watcher receives it, in bytes of JSON.

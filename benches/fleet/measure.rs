@@ -12,6 +12,7 @@ pub struct ApiServer {
     pub node_writes: f64,
     pub lease_writes: f64,
     pub etcd_bytes: f64,
+    pub rss_bytes: f64,
 }
 
 pub async fn api_server(client: &Client) -> ApiServer {
@@ -44,6 +45,7 @@ pub async fn api_server(client: &Client) -> ApiServer {
         lease_writes: writes("leases"),
         // Reported per etcd endpoint; there is one.
         etcd_bytes: sum(&text, "etcd_db_total_size_in_bytes", &[]),
+        rss_bytes: sum(&text, "process_resident_memory_bytes", &[]),
     }
 }
 

@@ -8,7 +8,8 @@ publish interval plus a tenth plus 30 s, so that every node's drift write falls 
 --poll-ms MS (the agent's poll interval, default 500) --publish-interval-seconds S (default: the \
 agent's) --arrivals N (default 20) --faults N (default 10) --restart-api-server PIDFILE (restart \
 the kube-apiserver this pid file names, on this machine, once the churn is measured) --restarts N \
-(how many times, one after another; default 1)";
+(how many times, one after another; default 1) --initial-list auto|stream|list (the controller's \
+--initial-list; default auto)";
 
 #[derive(Debug, PartialEq)]
 pub struct Options {
@@ -21,6 +22,8 @@ pub struct Options {
     pub faults: usize,
     pub restart_api_server: Option<std::path::PathBuf>,
     pub restarts: usize,
+    /// The controller's `--initial-list`.
+    pub initial_list: String,
 }
 
 impl Options {
@@ -34,6 +37,7 @@ impl Options {
             faults: 10,
             restart_api_server: None,
             restarts: 1,
+            initial_list: "auto".into(),
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -67,6 +71,14 @@ impl Options {
                 "--arrivals" => options.arrivals = number(10_000)? as usize,
                 "--faults" => options.faults = number(10_000)? as usize,
                 "--restarts" => options.restarts = number(100)? as usize,
+                "--initial-list" => {
+                    if !["auto", "stream", "list"].contains(&value.as_str()) {
+                        return Err(format!(
+                            "--initial-list {value:?}: expected auto, stream or list"
+                        ));
+                    }
+                    options.initial_list = value.clone();
+                }
                 "--restart-api-server" if !value.is_empty() => {
                     options.restart_api_server = Some(value.clone().into());
                 }

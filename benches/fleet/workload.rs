@@ -124,7 +124,7 @@ pub struct ControllerProcess {
 }
 
 impl ControllerProcess {
-    pub fn start(kubeconfig: &Path, namespace: &str, log: PathBuf) -> Self {
+    pub fn start(kubeconfig: &Path, namespace: &str, initial_list: &str, log: PathBuf) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .map(|address| address.port())
@@ -135,6 +135,7 @@ impl ControllerProcess {
             .arg(kubeconfig)
             .args(["--namespace", namespace, "--leader-elect=false"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--initial-list", initial_list])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

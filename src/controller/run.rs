@@ -26,6 +26,7 @@ use super::synced::{Cache, CacheSync};
 use super::triggers::{Touch, triggers};
 use crate::api::ModelInstance;
 use crate::api_requests::ApiRequests;
+use crate::initial_list::InitialList;
 use crate::process::{kube_client, terminated};
 use crate::watch_backoff::with_backoff;
 
@@ -37,6 +38,8 @@ pub struct ControllerConfig {
     /// `None` acts without a lease (a single replica).
     pub leader_election: Option<LeaderElection>,
     pub settings: Settings,
+    /// How the caches' watches list first.
+    pub initial_list: InitialList,
 }
 
 pub struct LeaderElection {
@@ -233,19 +236,24 @@ async fn run_controller(
                 Api::all(client.clone()),
             ),
         };
-    let managed = watcher::Config::default().labels(&managed_selector());
+    // Every cache's resource is served from the same watch cache: one answer
+    // (asked with Nodes, which the controller always watches cluster-wide)
+    // holds for all four.
+    let nodes_api = Api::<Node>::all(client.clone());
+    let first = config
+        .initial_list
+        .configure(&nodes_api, watcher::Config::default(), "all caches")
+        .await;
+    let managed = first.clone().labels(&managed_selector());
     let sync = CacheSync::new(Arc::clone(&metrics.synced));
 
     let errors = &metrics.watch_errors;
 
     let (nodes, node_writer) = reflector::store();
-    let node_events = with_backoff(
-        "nodes",
-        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
-    )
-    .modify(trim_node)
-    .reflect(node_writer)
-    .inspect(sync.observer(Cache::Nodes));
+    let node_events = with_backoff("nodes", watcher(nodes_api, first.clone()))
+        .modify(trim_node)
+        .reflect(node_writer)
+        .inspect(sync.observer(Cache::Nodes));
     let node_stream = triggers(node_events, nodes.clone(), {
         let mut reports = StateReports::default();
         let mut changes = NodeChanges::default();
@@ -272,12 +280,9 @@ async fn run_controller(
     let service_stream = triggers(service_events, services.clone(), |_, _| true)
         .filter_map(errors.absorb(Cache::Services));
     let (instances, instance_writer) = reflector::store();
-    let instance_events = with_backoff(
-        "instances",
-        watcher(instances_api, watcher::Config::default()),
-    )
-    .reflect(instance_writer)
-    .inspect(sync.observer(Cache::Instances));
+    let instance_events = with_backoff("instances", watcher(instances_api, first))
+        .reflect(instance_writer)
+        .inspect(sync.observer(Cache::Instances));
     // A deleted instance's pods and Service go with it (owner references).
     let instance_stream = triggers(instance_events, instances.clone(), |_, touch| {
         touch == Touch::Applied

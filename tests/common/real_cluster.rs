@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, CustomResourceExt};
-use tessera::api::ModelInstance;
+use kube::{Client, Config};
+use tessera::api;
 
 pub const ENV: &str = "TESSERA_TEST_KUBECONFIG";
 
@@ -39,7 +39,7 @@ pub async fn load_config(path: &Path) -> Config {
 /// CRD of the same name is updated) and waits until it is established.
 pub async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = ModelInstance::crd();
+    let crd = api::crd();
     let name = crd.metadata.name.clone().unwrap_or_default();
     crds.patch(
         &name,

@@ -2,18 +2,20 @@
 //! `ModelInstance` custom resource and the `NodeGpuState` a node publishes.
 //! Types and pure validation only; nothing here does I/O.
 
+mod crd;
 mod gpu_state;
 pub mod limits;
 mod model_instance;
 mod resource_name;
 
+pub use crd::{crd, crd_yaml};
 pub use gpu_state::{
     GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState, Vendor,
 };
 pub use model_instance::{
     DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec,
     ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ScoreWeights, Strategy,
-    TensorSize, crd_yaml,
+    TensorSize,
 };
 pub use resource_name::{InvalidResourceName, ResourceName};
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -694,16 +694,11 @@ impl ModelInstanceSpec {
     }
 }
 
-/// The CRD as YAML, exactly as committed under `crds/`.
-pub fn crd_yaml() -> String {
-    let crd = ModelInstance::crd();
-    // The CRD is built from our own static types; serializing it cannot fail.
-    serde_saphyr::to_string(&crd).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::crd_yaml;
+    use kube::CustomResourceExt;
 
     const MINIMAL: &str = "
 model:
