@@ -43,8 +43,9 @@ pub async fn api_server(client: &Client) -> ApiServer {
         cpu_seconds: sum(&text, "process_cpu_seconds_total", &[]),
         node_writes: writes("nodes"),
         lease_writes: writes("leases"),
-        // Reported per etcd endpoint; there is one.
-        etcd_bytes: sum(&text, "etcd_db_total_size_in_bytes", &[]),
+        // Reported per etcd endpoint (there is one); renamed in Kubernetes 1.28.
+        etcd_bytes: sum(&text, "etcd_db_total_size_in_bytes", &[])
+            + sum(&text, "apiserver_storage_size_bytes", &[]),
         rss_bytes: sum(&text, "process_resident_memory_bytes", &[]),
     }
 }
