@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use tessera::placement::{
-    Device, Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, Stages, Strategy,
-    TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
+    Device, Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, SpeedGoal, Stages,
+    Strategy, TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
 };
 
 use super::arrivals::{Arrival, Event};
@@ -149,6 +149,7 @@ impl ClusterState {
             selector: Selector::default(),
             strategy,
             replica_nodes: Vec::new(),
+            goal: SpeedGoal::default(),
         }
     }
 

@@ -12,8 +12,8 @@ use crate::api::{
     PipelineStages, PlannedShard, RACK_LABEL, TensorSize, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
-    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, Stages,
-    Strategy, TensorChoice, Weights,
+    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector,
+    SpeedGoal, Stages, Strategy, TensorChoice, Weights,
 };
 
 /// A node as the planner needs it: name, labels and published GPU state.
@@ -104,6 +104,13 @@ pub fn build_problem<'a>(
             api::Strategy::Spread => Strategy::Spread,
         },
         replica_nodes: Vec::new(),
+        goal: SpeedGoal {
+            optimize: match spec.parallelism.optimize {
+                api::Optimize::Throughput => Optimize::Throughput,
+                api::Optimize::Latency => Optimize::Latency,
+            },
+            min_tokens_per_second: spec.parallelism.min_tokens_per_second,
+        },
     }
 }
 

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use tessera_core::api::{GIB, ModelSpec};
 use tessera_core::placement::{
-    Device, Interconnect, Link, NodeState, Problem, Selector, StageChoice, Stages, Strategy,
-    Weights, evaluate,
+    Device, Interconnect, Link, NodeState, Problem, Selector, SpeedGoal, StageChoice, Stages,
+    Strategy, Weights, evaluate,
 };
 use tessera_core::translate::model_shape;
 
@@ -115,6 +115,7 @@ fn predict(figure: &Figure, gpu: &Gpu) -> f64 {
         selector: Selector::default(),
         strategy: Strategy::Pack,
         replica_nodes: Vec::new(),
+        goal: SpeedGoal::default(),
     };
     let plan = evaluate(
         &problem,

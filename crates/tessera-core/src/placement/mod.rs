@@ -34,8 +34,8 @@ pub use instance::{
 };
 pub use plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime, Unsatisfiable};
 pub use problem::{
-    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Problem, Selector, SolveOptions,
-    Stages, Strategy, Weights,
+    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Optimize, Problem, Selector,
+    SolveOptions, SpeedGoal, Stages, Strategy, Weights,
 };
 
 /// Finds the best plan within the options' budget.
