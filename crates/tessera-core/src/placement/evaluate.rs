@@ -586,14 +586,8 @@ impl<'p> SpeedCeiling<'p> {
         let Some(best) = self.best else {
             return f64::INFINITY;
         };
-        let group = if tensor > 1 {
-            GroupSpeed {
-                link: Some((self.link_gbps, GroupSpeed::least_all_reduce_latency())),
-                ..best
-            }
-        } else {
-            best
-        };
+        // NVLink has the least all-reduce latency; one device ignores the link.
+        let group = best.with_link(self.link_gbps, Some(Interconnect::NvLink));
         let seconds = f64::from(self.model.layers) * layer_time(self.model, tensor, &group).total();
         if seconds > 0.0 && seconds.is_finite() {
             1.0 / seconds

@@ -128,11 +128,6 @@ impl GroupSpeed {
             ..self
         }
     }
-
-    /// The all-reduce latency the best link kind can have, for speed ceilings.
-    pub(crate) fn least_all_reduce_latency() -> f64 {
-        all_reduce_latency(Some(Interconnect::NvLink))
-    }
 }
 
 /// One layer's time for one token, by part, in seconds.
