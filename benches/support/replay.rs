@@ -72,6 +72,15 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Predicted tokens/s per GPU over every placement made.
+    pub fn tokens_per_second_per_gpu(&self) -> f64 {
+        if self.gpus_placed == 0 {
+            0.0
+        } else {
+            self.tokens_per_second_placed / self.gpus_placed as f64
+        }
+    }
+
     pub fn mean_tokens_per_second(&self) -> f64 {
         if self.placed == 0 {
             0.0

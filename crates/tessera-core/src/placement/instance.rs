@@ -240,6 +240,12 @@ pub fn solve_parallelism(
     if goal.optimize == Optimize::Latency && goal.min_tokens_per_second.is_none() {
         sizes.reverse();
     }
+    // The sizes share the step budget, so `auto` searches no longer than a
+    // fixed size does (the deadline is shared anyway).
+    let per_size = SolveOptions {
+        deadline: options.deadline,
+        max_steps: (options.max_steps / sizes.len().max(1) as u64).max(1),
+    };
     let mut best: Option<Candidate> = None;
     let mut alternatives = Vec::with_capacity(sizes.len());
     let mut refusals = Vec::new();
@@ -252,7 +258,7 @@ pub fn solve_parallelism(
             });
             continue;
         }
-        match super::solve_sized(problem, size, options) {
+        match super::solve_sized(problem, size, &per_size) {
             Ok(plan) => {
                 let candidate = Candidate { plan, tensor: size };
                 alternatives.push(Alternative {
