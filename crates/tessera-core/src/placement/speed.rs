@@ -15,11 +15,12 @@ const COMPUTE_EFFICIENCY: f64 = 0.5;
 
 /// Share of datasheet memory bandwidth a decode step reads weights at, by
 /// vendor. NVIDIA 0.85: the weight-dominated figures (70B fp8 on 2 and 8 H100s)
-/// land within 14% with it, and the H100/A100 TP1 figures then leave a
-/// per-layer remainder that is the same on both (the overhead below). AMD 0.70:
-/// MI300X's GEMV kernels reach a smaller share of its 5.3 TB/s; the 405B fp8
-/// figure on 8 MI300X is met at 0.70 with the overhead below (0.85 would predict
-/// it 17% fast). A vendor we know nothing about gets the lower figure.
+/// land within 14% with it, and the H100 and A100 TP1 figures of one framework
+/// then leave per-layer remainders (92 and 122 µs) whose ratio is the clock
+/// ratio the overhead scales by (below). AMD 0.70: MI300X's GEMV kernels reach a
+/// smaller share of its 5.3 TB/s; the 405B fp8 figure on 8 MI300X is met at
+/// 0.70 with the overhead below (0.85 would predict it 10% fast). A vendor we
+/// know nothing about gets the lower figure.
 fn bandwidth_efficiency(vendor: &str) -> f64 {
     match vendor {
         "nvidia" => 0.85,
