@@ -569,4 +569,10 @@ fn place_plans_every_replica_on_its_own_devices() {
     assert_eq!(code, 0, "{stderr}");
     assert!(table.contains("m replica 2 (m):"), "{table}");
     assert!(table.contains("tensor auto (throughput"), "{table}");
+    // Where a token's time goes, under every plan.
+    assert_eq!(
+        table.matches("· layer overhead ").count(),
+        3,
+        "one token line per replica: {table}"
+    );
 }
