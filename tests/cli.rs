@@ -211,6 +211,94 @@ fn out_of_range_model_numbers_are_bad_input() {
 }
 
 #[test]
+fn malformed_speed_goals_are_bad_input() {
+    let dir = Scratch::new("cli", "speed_goals");
+    for (name, parallelism, needles) in [
+        (
+            "optimize-unknown.yaml",
+            "{tensor: auto, optimize: fastest}",
+            &["spec.parallelism.optimize", "fastest"][..],
+        ),
+        (
+            "optimize-number.yaml",
+            "{tensor: auto, optimize: 1}",
+            &["spec.parallelism.optimize"][..],
+        ),
+        (
+            "min-zero.yaml",
+            "{tensor: auto, minTokensPerSecond: 0}",
+            &["parallelism.minTokensPerSecond: 0 is outside the allowed range 0.001 to 1000000"][..],
+        ),
+        (
+            "min-negative.yaml",
+            "{tensor: auto, minTokensPerSecond: -20}",
+            &["parallelism.minTokensPerSecond: -20 is outside"][..],
+        ),
+        (
+            "min-huge.yaml",
+            "{tensor: auto, minTokensPerSecond: 1e308}",
+            &["parallelism.minTokensPerSecond: 1e308 is outside"][..],
+        ),
+        (
+            "min-text.yaml",
+            "{tensor: auto, minTokensPerSecond: fast}",
+            &["spec.parallelism.minTokensPerSecond"][..],
+        ),
+    ] {
+        let path = dir.file(
+            name,
+            &instance(SMALL_MODEL, &format!("  parallelism: {parallelism}\n")),
+        );
+        let mut all = vec![path.as_str()];
+        all.extend_from_slice(needles);
+        assert_bad_input(&["place", "-f", &path], None, &all);
+    }
+}
+
+#[test]
+fn a_speed_nothing_reaches_is_unsatisfiable_and_the_goal_is_explained() {
+    let dir = Scratch::new("cli", "speed_goal_place");
+    let slow = dir.file(
+        "slow.yaml",
+        &instance(
+            SMALL_MODEL,
+            "  parallelism: {tensor: auto, minTokensPerSecond: 100000}\n",
+        ),
+    );
+    let (code, stdout, stderr) = run(&["place", "-f", &slow], None);
+    assert_eq!(code, 2, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stdout.contains("no tensor size reaches parallelism.minTokensPerSecond 100000"),
+        "{stdout}"
+    );
+    let fast = dir.file(
+        "fast.yaml",
+        &instance(
+            SMALL_MODEL,
+            "  parallelism: {tensor: auto, optimize: latency}\n",
+        ),
+    );
+    let (code, stdout, stderr) = run(&["place", "-o", "json", "-f", &fast], None);
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("JSON output parses");
+    let placement = &report["placements"][0];
+    let note = placement["parallelism"]
+        .as_str()
+        .expect("auto explains its choice");
+    assert!(note.contains("latency: the most tokens/s"), "{note}");
+    let time = &placement["plan"]["performance"]["tokenTime"];
+    for part in [
+        "weightsMs",
+        "computeMs",
+        "layerOverheadMs",
+        "allReduceMs",
+        "hopsMs",
+    ] {
+        assert!(time[part].as_f64().is_some(), "{part} in {time}");
+    }
+}
+
+#[test]
 fn names_the_api_server_refuses_are_bad_input() {
     let dir = Scratch::new("cli", "instance_names");
     for (name, needle) in [
@@ -463,9 +551,8 @@ fn place_plans_every_replica_on_its_own_devices() {
     for (index, placement) in placements.iter().enumerate() {
         assert_eq!(placement["replica"], index);
         assert!(
-            placement["parallelism"]
-                .as_str()
-                .is_some_and(|note| note.starts_with("tensor auto chose")),
+            placement["parallelism"].as_str().is_some_and(|note| note
+                .starts_with("tensor auto (throughput: the most tokens/s per GPU) chose")),
             "{placement}"
         );
         for shard in placement["statusPlan"].as_array().expect("a plan") {
@@ -481,5 +568,11 @@ fn place_plans_every_replica_on_its_own_devices() {
     let (code, table, stderr) = run(&["place", "-f", &path], None);
     assert_eq!(code, 0, "{stderr}");
     assert!(table.contains("m replica 2 (m):"), "{table}");
-    assert!(table.contains("tensor auto chose"), "{table}");
+    assert!(table.contains("tensor auto (throughput"), "{table}");
+    // Where a token's time goes, under every plan.
+    assert_eq!(
+        table.matches("· layer overhead ").count(),
+        3,
+        "one token line per replica: {table}"
+    );
 }

@@ -255,6 +255,8 @@ fn the_schema_declares_every_documented_limit() {
         "model.overheadGiB.maximum",
         "replicas.minimum",
         "replicas.maximum",
+        "parallelism.minTokensPerSecond.minimum",
+        "parallelism.minTokensPerSecond.maximum",
         "placement.weights.compute.maximum",
         "placement.maxTemperatureC.minimum",
         "placement.deadlineMs.maximum",

@@ -66,6 +66,10 @@ fn valid_instances_pass() {
     let mut fixed = instance();
     fixed["spec"]["parallelism"]["pipeline"] = json!(4);
     assert_eq!(errors(&fixed), Vec::<String>::new());
+    let mut goal = instance();
+    goal["spec"]["parallelism"]["optimize"] = json!("latency");
+    goal["spec"]["parallelism"]["minTokensPerSecond"] = json!(120.0);
+    assert_eq!(errors(&goal), Vec::<String>::new());
 }
 
 #[test]

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
 use tessera::placement::{
-    Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, SolveOptions,
-    Stages, Strategy as PlacementStrategy, TensorChoice, Weights, best_by_enumeration, solve,
-    solve_parallelism, solve_replicas, take_devices, tensor_candidates,
+    Device, Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector,
+    SolveOptions, SpeedGoal, Stages, Strategy as PlacementStrategy, TensorChoice, Weights,
+    best_by_enumeration, solve, solve_parallelism, solve_replicas, take_devices, tensor_candidates,
 };
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -196,6 +196,7 @@ fn build(
             .iter()
             .map(|position| format!("n{}", position % nodes.len().max(1)))
             .collect(),
+        goal: SpeedGoal::default(),
     }
 }
 
@@ -346,6 +347,8 @@ proptest! {
     fn auto_is_never_slower_than_a_size_it_could_have_chosen(p in problem_strategy()) {
         // The step budget, not a deadline, bounds every solve: deterministic.
         let opts = SolveOptions { deadline: None, max_steps: 50_000 };
+        let mut p = p;
+        p.goal.optimize = Optimize::Latency;
         let auto = solve_parallelism(&p, TensorChoice::Auto, &opts);
         for size in tensor_candidates(&p) {
             let fixed = solve_parallelism(&p, TensorChoice::Fixed(size), &opts);
@@ -361,6 +364,57 @@ proptest! {
                 ),
                 (Err(_), Ok(_)) => prop_assert!(false, "auto found no plan; tensor {} has one", size),
                 _ => {}
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Under `throughput` auto gets at least the tokens/s per GPU of every size
+    /// it could have chosen; with a minimum speed it reaches it with no more
+    /// GPUs than any size that does, and is refused only when none does.
+    #[test]
+    fn auto_serves_its_goal_at_least_as_well_as_every_size(
+        p in problem_strategy(),
+        minimum in prop_oneof![Just(None), (1.0..400.0f64).prop_map(Some)],
+    ) {
+        let opts = SolveOptions { deadline: None, max_steps: 50_000 };
+        let mut p = p;
+        p.goal = SpeedGoal { optimize: Optimize::Throughput, min_tokens_per_second: minimum };
+        let auto = solve_parallelism(&p, TensorChoice::Auto, &opts);
+        let mut unconstrained = p.clone();
+        unconstrained.goal.min_tokens_per_second = None;
+        for size in tensor_candidates(&p) {
+            let Ok(fixed) = solve_parallelism(&unconstrained, TensorChoice::Fixed(size), &opts) else {
+                continue;
+            };
+            let speed = fixed.plan.performance.tokens_per_second;
+            let gpus = size * fixed.plan.stages.len() as u32;
+            match (&auto, minimum) {
+                (Ok(auto), None) => {
+                    let auto_gpus = auto.tensor * auto.plan.stages.len() as u32;
+                    let per_gpu = auto.plan.performance.tokens_per_second / f64::from(auto_gpus);
+                    prop_assert!(
+                        per_gpu >= speed / f64::from(gpus),
+                        "auto: tensor {} at {} per GPU; tensor {} gives {}",
+                        auto.tensor, per_gpu, size, speed / f64::from(gpus)
+                    );
+                }
+                (Ok(auto), Some(min)) => {
+                    let auto_gpus = auto.tensor * auto.plan.stages.len() as u32;
+                    prop_assert!(auto.plan.performance.tokens_per_second >= min);
+                    prop_assert!(
+                        speed < min || gpus >= auto_gpus,
+                        "tensor {} reaches {} with {} GPUs; auto took {}", size, min, gpus, auto_gpus
+                    );
+                }
+                (Err(refused), Some(min)) => prop_assert!(
+                    speed < min,
+                    "refused ({}) though tensor {} reaches {} at {}", refused.reason, size, min, speed
+                ),
+                (Err(_), None) => prop_assert!(false, "auto found no plan; tensor {} has one", size),
             }
         }
     }

@@ -10,8 +10,8 @@ pub mod replay;
 use std::collections::{BTreeMap, HashSet};
 
 use tessera::placement::{
-    Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, StageChoice,
-    Stages, Weights, evaluate,
+    Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, SpeedGoal,
+    StageChoice, Stages, Weights, evaluate,
 };
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -252,6 +252,7 @@ pub fn problem(nodes: Vec<NodeState>, model: &ModelSpec, tensor: u32, stages: u3
         selector: Selector::default(),
         strategy: tessera::placement::Strategy::ScoreOnly,
         replica_nodes: Vec::new(),
+        goal: SpeedGoal::default(),
     }
 }
 

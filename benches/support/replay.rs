@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use tessera::placement::{
-    Device, Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, Stages, Strategy,
-    TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
+    Device, Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, SpeedGoal, Stages,
+    Strategy, TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
 };
 
 use super::arrivals::{Arrival, Event};
@@ -72,6 +72,15 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Predicted tokens/s per GPU over every placement made.
+    pub fn tokens_per_second_per_gpu(&self) -> f64 {
+        if self.gpus_placed == 0 {
+            0.0
+        } else {
+            self.tokens_per_second_placed / self.gpus_placed as f64
+        }
+    }
+
     pub fn mean_tokens_per_second(&self) -> f64 {
         if self.placed == 0 {
             0.0
@@ -149,6 +158,7 @@ impl ClusterState {
             selector: Selector::default(),
             strategy,
             replica_nodes: Vec::new(),
+            goal: SpeedGoal::default(),
         }
     }
 

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::place::{PlaceOutput, Report};
 use crate::api::GIB;
-use crate::placement::Score;
+use crate::placement::{Score, TokenTime};
 
 impl Report {
     pub fn render(&self, output: PlaceOutput) -> String {
@@ -27,6 +27,19 @@ fn score_line(score: &Score) -> String {
         score.thermal,
         score.bandwidth,
         score.sharing
+    )
+}
+
+/// Where one token's time goes, in one line.
+fn token_line(time: &TokenTime) -> String {
+    format!(
+        "token {:.2} ms = weights {:.2} · compute {:.2} · layer overhead {:.2} · all-reduce {:.2} · hops {:.2} (ms, predicted)",
+        time.total_ms(),
+        time.weights_ms,
+        time.compute_ms,
+        time.layer_overhead_ms,
+        time.all_reduce_ms,
+        time.hops_ms
     )
 }
 
@@ -96,6 +109,7 @@ fn table(report: &Report) -> String {
                 }
                 write_rows(&mut out, &rows);
                 let _ = writeln!(out, "  {}", score_line(&plan.score));
+                let _ = writeln!(out, "  {}", token_line(&plan.performance.token_time));
                 if let Some(parallelism) = &placement.parallelism {
                     let _ = writeln!(out, "  {parallelism}");
                 }

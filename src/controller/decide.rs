@@ -413,6 +413,56 @@ mod tests {
         assert!(p.tokens_per_second.unwrap() > 0.0);
     }
 
+    /// What becomes the `ParallelismChosen` event: the goal and every size's
+    /// speed, by default per GPU.
+    #[test]
+    fn tensor_auto_explains_what_it_chose_for() {
+        let nodes = infos(&[node("a", 4, H100)]);
+        let auto = first(
+            &instance("m", &format!("{SMALL}\nparallelism: {{tensor: auto}}")).spec,
+            &nodes,
+            &Held::new(),
+        );
+        let note = auto.parallelism.expect("auto explains its choice");
+        assert!(
+            note.starts_with("tensor auto (throughput: the most tokens/s per GPU) chose 1 GPU(s)"),
+            "{note}"
+        );
+        assert!(note.contains("per GPU)"), "{note}");
+        let fastest = first(
+            &instance(
+                "m",
+                &format!("{SMALL}\nparallelism: {{tensor: auto, optimize: latency}}"),
+            )
+            .spec,
+            &nodes,
+            &Held::new(),
+        );
+        let note = fastest.parallelism.expect("auto explains its choice");
+        assert!(
+            note.starts_with("tensor auto (latency: the most tokens/s) chose 4 GPU(s)"),
+            "{note}"
+        );
+        let unreachable = instance(
+            "m",
+            &format!("{SMALL}\nparallelism: {{tensor: auto, minTokensPerSecond: 100000}}"),
+        )
+        .spec;
+        match decide(
+            &unreachable,
+            &[],
+            &Current::NONE,
+            &inputs(&nodes, &Held::new()),
+        ) {
+            PlanDecision::Unsatisfiable { explanation, .. } => assert!(
+                explanation.reason.contains("minTokensPerSecond 100000"),
+                "{}",
+                explanation.reason
+            ),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
     #[test]
     fn heterogeneous_devices_get_unequal_layer_ranges() {
         // 120B in bf16 (about 224 GiB) needs the MI300X and the H100 together.

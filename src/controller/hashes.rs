@@ -51,7 +51,7 @@ fn fnv(bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use crate::api::{ParallelismSpec, PlacementPolicy, Strategy, TensorSize};
+    use crate::api::{Optimize, ParallelismSpec, PlacementPolicy, Strategy, TensorSize};
 
     /// Instances made before replicas, `tensor: auto` and strategies existed
     /// keep their placement hash, so an upgraded controller keeps their plans.
@@ -74,5 +74,13 @@ mod tests {
             ..ParallelismSpec::default()
         };
         assert_eq!(serde_json::to_value(&auto).unwrap()["tensor"], "auto");
+        let goal = ParallelismSpec {
+            optimize: Optimize::Latency,
+            min_tokens_per_second: Some(50.0),
+            ..ParallelismSpec::default()
+        };
+        let written = serde_json::to_value(&goal).unwrap();
+        assert_eq!(written["optimize"], "latency");
+        assert_eq!(written["minTokensPerSecond"], 50.0);
     }
 }

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{
-    self, GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, NodeGpuState, PipelineStages,
-    PlannedShard, RACK_LABEL, TensorSize, Vendor, ZONE_LABEL,
+    self, GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, ModelSpec, NodeGpuState,
+    PipelineStages, PlannedShard, RACK_LABEL, TensorSize, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
-    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, Stages,
-    Strategy, TensorChoice, Weights,
+    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector,
+    SpeedGoal, Stages, Strategy, TensorChoice, Weights,
 };
 
 /// A node as the planner needs it: name, labels and published GPU state.
@@ -75,21 +75,10 @@ pub fn build_problem<'a>(
         .collect();
     states.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let model = &spec.model;
-    let layers = model.layers;
-    let hidden = model.effective_hidden_size();
     let placement = &spec.placement;
     Problem {
         nodes: states,
-        model: ModelShape {
-            layers,
-            weight_bytes_per_layer: model.weight_bytes_per_layer(),
-            kv_bytes_per_layer: model.kv_bytes_per_layer(),
-            overhead_bytes_per_device: model.overhead_gib * GIB,
-            // Activations cross stages in 16-bit precision whatever the weight dtype.
-            activation_bytes_per_token: hidden * 2.0,
-            flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
-        },
+        model: model_shape(&spec.model),
         // `auto` is solved size by size (see `placement::solve_parallelism`);
         // the problem starts at one GPU per shard.
         tensor: spec.parallelism.tensor.fixed().unwrap_or(1),
@@ -115,6 +104,13 @@ pub fn build_problem<'a>(
             api::Strategy::Spread => Strategy::Spread,
         },
         replica_nodes: Vec::new(),
+        goal: SpeedGoal {
+            optimize: match spec.parallelism.optimize {
+                api::Optimize::Throughput => Optimize::Throughput,
+                api::Optimize::Latency => Optimize::Latency,
+            },
+            min_tokens_per_second: spec.parallelism.min_tokens_per_second,
+        },
     }
 }
 
@@ -171,6 +167,20 @@ fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>)
         labels: node.labels.clone(),
         devices,
         links,
+    }
+}
+
+/// The model as the solver sees it: bytes and FLOPs per layer.
+pub fn model_shape(model: &ModelSpec) -> ModelShape {
+    let layers = model.layers;
+    ModelShape {
+        layers,
+        weight_bytes_per_layer: model.weight_bytes_per_layer(),
+        kv_bytes_per_layer: model.kv_bytes_per_layer(),
+        overhead_bytes_per_device: model.overhead_gib * GIB,
+        // Activations cross stages in 16-bit precision whatever the weight dtype.
+        activation_bytes_per_token: model.effective_hidden_size() * 2.0,
+        flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
     }
 }
 

@@ -71,6 +71,12 @@ pub const OVERHEAD_GIB: Bounds<f64> = Bounds {
 pub const REPLICAS: Bounds<u32> = Bounds { min: 0, max: 256 };
 /// `parallelism.tensor` when it is a number.
 pub const TENSOR: Bounds<u32> = Bounds { min: 1, max: 64 };
+/// `parallelism.minTokensPerSecond`: above zero; a million is far beyond any
+/// single-stream decode speed.
+pub const MIN_TOKENS_PER_SECOND: Bounds<f64> = Bounds {
+    min: 0.001,
+    max: 1_000_000.0,
+};
 /// `parallelism.pipeline` when it is a number (also at most `model.layers`).
 pub const PIPELINE: Bounds<u32> = Bounds { min: 1, max: 1024 };
 /// Each of `placement.weights.*`.

@@ -13,7 +13,7 @@ pub use gpu_state::{
     GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState, Vendor,
 };
 pub use model_instance::{
-    DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec,
+    DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec, Optimize,
     ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ScoreWeights, Strategy,
     TensorSize,
 };

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::GIB;
 use super::limits::{
-    self, DEADLINE_MS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C, MODEL_NAME_LENGTH,
-    OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE, REPLICAS, TENSOR, WEIGHT,
+    self, DEADLINE_MS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND,
+    MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
@@ -192,6 +192,17 @@ pub struct ParallelismSpec {
     /// fit, then the best score.
     #[serde(default)]
     pub pipeline: PipelineStages,
+    /// What `tensor: auto` chooses for: `throughput` (default) the size with
+    /// the most predicted tokens/s per GPU, `latency` the fastest size.
+    // Left out when `throughput`, so specs written before it existed keep
+    // their placement hash and their running plans.
+    #[serde(default, skip_serializing_if = "Optimize::is_throughput")]
+    pub optimize: Optimize,
+    /// Predicted single-stream tokens/s a replica must reach: the fewest GPUs
+    /// that reach it win, and the instance is refused when no plan does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_TOKENS_PER_SECOND.min, max = MIN_TOKENS_PER_SECOND.max))]
+    pub min_tokens_per_second: Option<f64>,
 }
 
 impl Default for ParallelismSpec {
@@ -199,7 +210,28 @@ impl Default for ParallelismSpec {
         Self {
             tensor: TensorSize::default(),
             pipeline: PipelineStages::Auto,
+            optimize: Optimize::default(),
+            min_tokens_per_second: None,
         }
+    }
+}
+
+/// What `parallelism.tensor: auto` optimises.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimize {
+    /// The most predicted tokens/s per GPU among the sizes that hold the
+    /// model: usually the smallest that fits, which leaves the most GPUs to
+    /// other replicas and instances.
+    #[default]
+    Throughput,
+    /// The highest predicted tokens/s, however many GPUs it takes.
+    Latency,
+}
+
+impl Optimize {
+    fn is_throughput(&self) -> bool {
+        *self == Optimize::Throughput
     }
 }
 
@@ -636,6 +668,9 @@ impl ModelInstanceSpec {
         if let TensorSize::Fixed(tensor) = parallelism.tensor {
             TENSOR.check("parallelism.tensor", tensor, &mut problems);
         }
+        if let Some(rate) = parallelism.min_tokens_per_second {
+            MIN_TOKENS_PER_SECOND.check("parallelism.minTokensPerSecond", rate, &mut problems);
+        }
         if let PipelineStages::Fixed(stages) = parallelism.pipeline {
             let before = problems.len();
             PIPELINE.check("parallelism.pipeline", stages, &mut problems);
@@ -752,6 +787,45 @@ model:
     }
 
     #[test]
+    fn optimize_and_a_minimum_speed_parse_and_are_left_out_at_their_defaults() {
+        let spec = parse(&format!(
+            "{MINIMAL}parallelism:\n  tensor: auto\n  optimize: latency\n  minTokensPerSecond: 150.5\n"
+        ))
+        .unwrap();
+        assert_eq!(spec.parallelism.optimize, Optimize::Latency);
+        assert_eq!(spec.parallelism.min_tokens_per_second, Some(150.5));
+        spec.validate().unwrap();
+        let throughput =
+            parse(&format!("{MINIMAL}parallelism:\n  optimize: throughput\n")).unwrap();
+        assert_eq!(throughput.parallelism, ParallelismSpec::default());
+        // Defaults are not written out, so specs from before these fields
+        // keep their placement hash (and their running plans).
+        let written = serde_json::to_value(&throughput.parallelism).unwrap();
+        assert_eq!(
+            written,
+            serde_json::json!({"tensor": 1, "pipeline": "auto"})
+        );
+        for (text, fragment) in [
+            ("optimize: fastest", "fastest"),
+            ("optimize: 3", "optimize"),
+            ("minTokensPerSecond: fast", "minTokensPerSecond"),
+            ("minTokensPerSecond: [1]", "minTokensPerSecond"),
+        ] {
+            let err = parse(&format!("{MINIMAL}parallelism:\n  {text}\n")).unwrap_err();
+            assert!(err.contains(fragment), "{text}: {err}");
+        }
+        for rate in [0.0, -5.0, 1e7, f64::NAN, f64::INFINITY] {
+            let mut spec = parse(MINIMAL).unwrap();
+            spec.parallelism.min_tokens_per_second = Some(rate);
+            let err = spec.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("parallelism.minTokensPerSecond"),
+                "{rate}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn malformed_fields_are_parse_errors() {
         for (extra, frag) in [("  layers: -1\n", "layers"), ("  dtype: fp7\n", "fp7")] {
             let yaml = MINIMAL.replace("  layers: 32\n", "") + extra;
@@ -774,6 +848,7 @@ model:
         s.model.kv_cache_gib = f64::NAN;
         s.parallelism.tensor = TensorSize::Fixed(0);
         s.parallelism.pipeline = PipelineStages::Fixed(40);
+        s.parallelism.min_tokens_per_second = Some(0.0);
         s.placement.weights.compute = 1.5;
         s.placement.max_temperature_c = 0.0;
         s.placement.vendors = vec!["intel".into()];
@@ -787,6 +862,7 @@ model:
             "model.kvCacheGiB",
             "parallelism.tensor",
             "40 stages for 32 layers",
+            "parallelism.minTokensPerSecond",
             "weights.compute",
             "maxTemperatureC",
             "\"intel\"",
@@ -796,7 +872,7 @@ model:
         ] {
             assert!(err.to_string().contains(frag), "{err} lacks {frag}");
         }
-        assert_eq!(err.problems.len(), 11);
+        assert_eq!(err.problems.len(), 12);
     }
 
     #[test]

@@ -8,9 +8,10 @@ use std::cell::OnceCell;
 use super::exclusion::{Exclusion, exclusion_text};
 use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::links::link_positions;
-use super::plan::{Performance, Plan, Score, StageParts, StagePlan};
+use super::plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime};
 use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Weights};
 use super::sharing;
+use super::speed::{GroupSpeed, LayerTime, layer_time, link_gbps};
 use super::split::split_layers;
 
 /// A stage given by names, as a caller outside the solver knows it.
@@ -29,10 +30,6 @@ pub(crate) fn tensor_link_cost(kind: Option<Interconnect>) -> f64 {
         None => 0.6,
     }
 }
-
-/// Efficiency assumed against the datasheet numbers for single-stream decode.
-const COMPUTE_EFFICIENCY: f64 = 0.5;
-const MEMORY_EFFICIENCY: f64 = 0.6;
 
 /// Bandwidth (bytes/s) and latency (s) of a pipeline hop by distance class.
 fn hop_transfer(cost: f64) -> (f64, f64) {
@@ -284,29 +281,30 @@ impl<'p> PreparedProblem<'p> {
             + f64::from(stages * self.tensor) * self.problem.model.overhead_bytes_per_device
     }
 
-    /// Time one layer takes for one token on a group, in seconds.
-    fn layer_seconds(&self, node: usize, devices: &[usize]) -> f64 {
-        let mut tflops = f64::INFINITY;
-        let mut bw = f64::INFINITY;
+    /// Time one layer takes for one token on a group, by part.
+    fn layer_time(&self, node: usize, devices: &[usize]) -> LayerTime {
+        let mut group: Option<GroupSpeed> = None;
         for &device in devices {
             let gpu = self.device(node, device);
-            tflops = tflops.min(gpu.fp16_tflops);
-            bw = bw.min(gpu.memory_bandwidth_gbps);
+            let speed = GroupSpeed::device(&gpu.vendor, gpu.fp16_tflops, gpu.memory_bandwidth_gbps);
+            group = Some(group.map_or(speed, |slowest| slowest.slowest(speed)));
         }
-        let mut slowest_link = None;
+        let Some(mut group) = group else {
+            return LayerTime::default();
+        };
         if devices.len() > 1 {
-            let mut link_bw = f64::INFINITY;
-            let mut latency: f64 = 0.0;
+            let mut slowest_gbps = f64::INFINITY;
+            let mut worst_kind = Some(Interconnect::NvLink);
             for (i, &first) in devices.iter().enumerate() {
                 for &second in &devices[i + 1..] {
                     let link = self.links(node).get(first, second);
-                    link_bw = link_bw.min(link_gbps(link.map(|(_, gbps)| gbps)));
-                    latency = latency.max(link_latency(link.map(|(kind, _)| kind)));
+                    slowest_gbps = slowest_gbps.min(link_gbps(link.map(|(_, gbps)| gbps)));
+                    worst_kind = worse_link(worst_kind, link.map(|(kind, _)| kind));
                 }
             }
-            slowest_link = Some((link_bw, latency));
+            group = group.with_link(slowest_gbps, worst_kind);
         }
-        layer_time(&self.problem.model, self.tensor, (tflops, bw), slowest_link)
+        layer_time(&self.problem.model, self.tensor, &group)
     }
 
     /// Scores the groups as a plan. `groups` are `(node, device indices)`; their
@@ -327,10 +325,11 @@ impl<'p> PreparedProblem<'p> {
                 self.problem.model.layers
             ));
         }
-        let layer_seconds: Vec<f64> = ordered
+        let layer_times: Vec<LayerTime> = ordered
             .iter()
-            .map(|(node, devices)| self.layer_seconds(*node, devices))
+            .map(|(node, devices)| self.layer_time(*node, devices))
             .collect();
+        let layer_seconds: Vec<f64> = layer_times.iter().map(LayerTime::total).collect();
         let layers = split_layers(self.problem.model.layers, &capacities, &layer_seconds);
 
         let mut totals = PlanTotals::default();
@@ -356,17 +355,12 @@ impl<'p> PreparedProblem<'p> {
             stages.push(stage);
             layer_start += layers[stage_index];
         }
-        let stage_ms: Vec<f64> = layer_seconds
-            .iter()
-            .zip(&layers)
-            .map(|(seconds, &count)| seconds * f64::from(count) * 1e3)
-            .collect();
         Ok(Plan {
             stages,
             score: self.plan_score(stage_count, &totals),
             optimal: false,
             steps: 0,
-            performance: performance(stage_ms, transfer_ms),
+            performance: performance(&layer_times, &layers, transfer_ms),
         })
     }
 
@@ -541,44 +535,13 @@ struct PlanTotals {
     network_cost: f64,
 }
 
-/// Bandwidth a tensor group's all-reduce gets from a link (GB/s); a missing
-/// or unreported link is taken as PCIe Gen4 x8.
-fn link_gbps(reported: Option<f64>) -> f64 {
-    match reported {
-        Some(gbps) if gbps > 0.0 => gbps,
-        _ => 16.0,
+/// The worse of two links for an all-reduce: no link is worst, then PCIe,
+/// then xGMI, then NVLink.
+fn worse_link(first: Option<Interconnect>, second: Option<Interconnect>) -> Option<Interconnect> {
+    match (first, second) {
+        (Some(first), Some(second)) => Some(first.max(second)),
+        _ => None,
     }
-}
-
-/// Latency of one all-reduce step over a link, in seconds.
-fn link_latency(kind: Option<Interconnect>) -> f64 {
-    match kind {
-        Some(Interconnect::NvLink | Interconnect::Xgmi) => 5e-6,
-        Some(Interconnect::Pcie) => 10e-6,
-        None => 15e-6,
-    }
-}
-
-/// Seconds one layer takes for one token on `tensor` devices with the given
-/// slowest device `(TFLOPS, GB/s)` and, for a group, slowest link `(GB/s,
-/// latency in s)`.
-fn layer_time(
-    model: &ModelShape,
-    tensor: u32,
-    (tflops, bandwidth): (f64, f64),
-    slowest_link: Option<(f64, f64)>,
-) -> f64 {
-    let tensor = f64::from(tensor.max(1));
-    let compute = model.flops_per_layer_token / (tensor * tflops * 1e12 * COMPUTE_EFFICIENCY);
-    let memory = model.weight_bytes_per_layer / (tensor * bandwidth * 1e9 * MEMORY_EFFICIENCY);
-    let mut seconds = compute.max(memory);
-    if let Some((link_bw, latency)) = slowest_link {
-        // Two ring all-reduces of the activations per layer.
-        let ring =
-            2.0 * (tensor - 1.0) / tensor * model.activation_bytes_per_token / (link_bw * 1e9);
-        seconds += 2.0 * (ring + latency);
-    }
-    seconds
 }
 
 /// The most tokens/s any plan of a problem could be predicted, by tensor
@@ -587,44 +550,45 @@ fn layer_time(
 /// Lets `tensor: auto` skip sizes that cannot beat a plan it has.
 pub(crate) struct SpeedCeiling<'p> {
     model: &'p ModelShape,
-    tflops: f64,
-    bandwidth: f64,
-    link_bw: f64,
+    /// The best device figures any free device has (possibly from different devices).
+    best: Option<GroupSpeed>,
+    link_gbps: f64,
 }
 
 impl<'p> SpeedCeiling<'p> {
     pub(crate) fn new(problem: &'p Problem) -> Self {
-        let (mut tflops, mut bandwidth, mut link_bw): (f64, f64, f64) = (0.0, 0.0, link_gbps(None));
+        let mut best: Option<GroupSpeed> = None;
+        let mut fastest_link = link_gbps(None);
         for node in &problem.nodes {
             for device in &node.devices {
                 if device.healthy && device.allocated_to.is_none() {
-                    tflops = tflops.max(device.fp16_tflops);
-                    bandwidth = bandwidth.max(device.memory_bandwidth_gbps);
+                    let speed = GroupSpeed::device(
+                        &device.vendor,
+                        device.fp16_tflops,
+                        device.memory_bandwidth_gbps,
+                    );
+                    best = Some(best.map_or(speed, |best| best.fastest(speed)));
                 }
             }
             for link in &node.links {
-                link_bw = link_bw.max(link_gbps(Some(link.bandwidth_gbps)));
+                fastest_link = fastest_link.max(link_gbps(Some(link.bandwidth_gbps)));
             }
         }
         Self {
             model: &problem.model,
-            tflops,
-            bandwidth,
-            link_bw,
+            best,
+            link_gbps: fastest_link,
         }
     }
 
     /// The ceiling with `tensor` GPUs per shard (infinite when nothing is known).
     pub(crate) fn at(&self, tensor: u32) -> f64 {
-        let fastest_link =
-            (tensor > 1).then(|| (self.link_bw, link_latency(Some(Interconnect::NvLink))));
-        let seconds = f64::from(self.model.layers)
-            * layer_time(
-                self.model,
-                tensor,
-                (self.tflops, self.bandwidth),
-                fastest_link,
-            );
+        let Some(best) = self.best else {
+            return f64::INFINITY;
+        };
+        // NVLink has the least all-reduce latency; one device ignores the link.
+        let group = best.with_link(self.link_gbps, Some(Interconnect::NvLink));
+        let seconds = f64::from(self.model.layers) * layer_time(self.model, tensor, &group).total();
         if seconds > 0.0 && seconds.is_finite() {
             1.0 / seconds
         } else {
@@ -634,12 +598,29 @@ impl<'p> SpeedCeiling<'p> {
 }
 
 /// Predicted speed: a token passes every stage and every hop in turn.
-fn performance(stage_ms: Vec<f64>, transfer_ms: Vec<f64>) -> Performance {
-    let token_ms: f64 = stage_ms.iter().sum::<f64>() + transfer_ms.iter().sum::<f64>();
+fn performance(layer_times: &[LayerTime], layers: &[u32], transfer_ms: Vec<f64>) -> Performance {
+    let mut token_time = TokenTime {
+        hops_ms: transfer_ms.iter().fold(0.0, |sum, ms| sum + ms),
+        ..TokenTime::default()
+    };
+    let mut stage_ms = Vec::with_capacity(layers.len());
+    for (time, &count) in layer_times.iter().zip(layers) {
+        let count_ms = f64::from(count) * 1e3;
+        if time.weights >= time.compute {
+            token_time.weights_ms += time.weights * count_ms;
+        } else {
+            token_time.compute_ms += time.compute * count_ms;
+        }
+        token_time.layer_overhead_ms += time.overhead * count_ms;
+        token_time.all_reduce_ms += time.all_reduce * count_ms;
+        stage_ms.push(time.total() * count_ms);
+    }
+    let token_ms: f64 = stage_ms.iter().sum::<f64>() + token_time.hops_ms;
     Performance {
         tokens_per_second: if token_ms > 0.0 { 1e3 / token_ms } else { 0.0 },
         stage_ms,
         transfer_ms,
+        token_time,
     }
 }
 

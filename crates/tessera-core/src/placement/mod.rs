@@ -23,6 +23,7 @@ mod plan;
 mod problem;
 mod search;
 mod sharing;
+mod speed;
 mod split;
 
 pub use evaluate::{StageChoice, evaluate};
@@ -31,10 +32,10 @@ pub use instance::{
     Alternative, InstancePlan, TensorChoice, solve_parallelism, solve_replicas, take_devices,
     tensor_candidates,
 };
-pub use plan::{Performance, Plan, Score, StageParts, StagePlan, Unsatisfiable};
+pub use plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime, Unsatisfiable};
 pub use problem::{
-    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Problem, Selector, SolveOptions,
-    Stages, Strategy, Weights,
+    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Optimize, Problem, Selector,
+    SolveOptions, SpeedGoal, Stages, Strategy, Weights,
 };
 
 /// Finds the best plan within the options' budget.

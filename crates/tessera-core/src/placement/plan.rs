@@ -79,6 +79,36 @@ pub struct Performance {
     pub stage_ms: Vec<f64>,
     /// Time each hop to the next stage spends on one token's activations.
     pub transfer_ms: Vec<f64>,
+    /// Where a token's time goes, summed over the stages and hops.
+    pub token_time: TokenTime,
+}
+
+/// The parts of one token's time through the whole plan, in milliseconds;
+/// they add up to `1000 / tokens_per_second`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenTime {
+    /// Reading the weights, in the layers where that is slower than the compute.
+    pub weights_ms: f64,
+    /// Computing, in the layers where that is slower than reading the weights.
+    pub compute_ms: f64,
+    /// What every layer pays whatever the tensor size: kernel launches, small
+    /// kernels, synchronisation.
+    pub layer_overhead_ms: f64,
+    /// Tensor groups' all-reduces (two per layer).
+    pub all_reduce_ms: f64,
+    /// Activations handed from one stage to the next.
+    pub hops_ms: f64,
+}
+
+impl TokenTime {
+    pub fn total_ms(&self) -> f64 {
+        self.weights_ms
+            + self.compute_ms
+            + self.layer_overhead_ms
+            + self.all_reduce_ms
+            + self.hops_ms
+    }
 }
 
 /// No plan exists. `reason` is one sentence a person can act on; `details` list

@@ -22,6 +22,28 @@ pub struct Problem {
     /// Nodes the instance's other replicas run on, one entry per stage:
     /// what `Strategy::Spread` keeps away from.
     pub replica_nodes: Vec<String>,
+    /// What `tensor: auto` chooses for, and the speed a plan must reach
+    /// (read by `solve_parallelism`; `solve` plans one size as asked).
+    pub goal: SpeedGoal,
+}
+
+/// What an instance's parallelism is chosen for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpeedGoal {
+    pub optimize: Optimize,
+    /// Predicted tokens/s a plan must reach: among the plans that do, the
+    /// fewest GPUs win; with none, there is no plan.
+    pub min_tokens_per_second: Option<f64>,
+}
+
+/// What `tensor: auto` compares the sizes by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Optimize {
+    /// Predicted tokens/s per GPU (all GPUs of all stages).
+    #[default]
+    Throughput,
+    /// Predicted tokens/s.
+    Latency,
 }
 
 /// How a plan shares the cluster, besides its own score.

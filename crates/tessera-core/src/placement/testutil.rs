@@ -120,5 +120,6 @@ pub(crate) fn problem(
         selector: Selector::default(),
         strategy: Strategy::ScoreOnly,
         replica_nodes: Vec::new(),
+        goal: SpeedGoal::default(),
     }
 }
