@@ -152,21 +152,30 @@ all_running() {
   done
 }
 
-# scrape NAMESPACE POD PORT: the pod's /metrics, through a port-forward.
+# scrape NAMESPACE POD PORT: the pod's /metrics, through a port-forward. A forward
+# can fail to open (a local port taken, the kubelet's stream not ready yet), so up to
+# three are tried, each on a fresh local port.
 scrape() {
-  local port=$((20000 + RANDOM % 20000)) out="" pf i
-  kubectl -n "$1" port-forward "pod/$2" "$port:$3" >/dev/null 2>&1 &
-  pf=$!
-  for i in $(seq 1 50); do
-    out=$(curl -sf --max-time 3 "http://127.0.0.1:$port/metrics") && break
-    sleep 0.2
+  local port out="" pf i attempt errors
+  errors=$(mktemp)
+  for attempt in 1 2 3; do
+    port=$((20000 + RANDOM % 20000))
+    kubectl -n "$1" port-forward "pod/$2" "$port:$3" >/dev/null 2>>"$errors" &
+    pf=$!
+    for i in $(seq 1 50); do
+      out=$(curl -sf --max-time 3 "http://127.0.0.1:$port/metrics") && break
+      sleep 0.2
+    done
+    kill "$pf" 2>/dev/null || true
+    wait "$pf" 2>/dev/null || true
+    [[ -z "$out" ]] || break
   done
-  kill "$pf" 2>/dev/null || true
-  wait "$pf" 2>/dev/null || true
   [[ -n "$out" ]] || {
-    echo "no /metrics from $1/$2 port $3"
+    echo "no /metrics from $1/$2 port $3 in $attempt port-forwards: $(tail -3 "$errors")"
+    rm -f "$errors"
     return 1
   }
+  rm -f "$errors"
   printf '%s\n' "$out"
 }
 # metric TEXT NAME: the value of the sample named exactly NAME (labels included).
