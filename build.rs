@@ -1,18 +1,29 @@
-//! Compiles the kubelet device plugin API (`proto/deviceplugin/v1beta1/api.proto`)
-//! into Rust: messages, the `Registration` and `DevicePlugin` servers and
-//! clients. `protoc` comes from `protoc-bin-vendored`, so building needs no
-//! system package; a `PROTOC` set in the environment still wins (for platforms
-//! the vendored binaries do not cover).
+//! Compiles the kubelet plugin APIs listed in [`PROTOS`] into Rust: messages,
+//! servers and clients. Each kubelet-facing plugin adds its API to the list;
+//! the generated code of each lands in the module its proto package names.
+//! `protoc` comes from `protoc-bin-vendored`, so building needs no system
+//! package; a `PROTOC` set in the environment still wins (for platforms the
+//! vendored binaries do not cover).
 
 use std::path::PathBuf;
 
-const PROTO: &str = "proto/deviceplugin/v1beta1/api.proto";
+/// The proto files, relative to [`INCLUDE`].
+const PROTOS: &[&str] = &[
+    // Device plugin v1beta1: `Registration` (kubelet's) and `DevicePlugin` (ours).
+    "deviceplugin/v1beta1/api.proto",
+];
 const INCLUDE: &str = "proto";
 
 fn main() {
-    println!("cargo:rerun-if-changed={PROTO}");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=PROTOC");
+    let files: Vec<PathBuf> = PROTOS
+        .iter()
+        .map(|proto| PathBuf::from(INCLUDE).join(proto))
+        .collect();
+    for file in &files {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
 
     let mut config = tonic_prost_build::Config::new();
     if std::env::var_os("PROTOC").is_none() {
@@ -28,9 +39,9 @@ fn main() {
     let result = tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_with_config(config, &[PathBuf::from(PROTO)], &[PathBuf::from(INCLUDE)]);
+        .compile_with_config(config, &files, &[PathBuf::from(INCLUDE)]);
     if let Err(e) = result {
-        fail(&format!("compiling {PROTO}: {e}"));
+        fail(&format!("compiling {}: {e}", PROTOS.join(", ")));
     }
 }
 

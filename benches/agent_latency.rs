@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tessera::agent::kubelet_api::v1beta1::Empty;
-use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
-use tessera::agent::plugin::{NoBinder, PluginServer, PluginService};
-use tessera::agent::registration::connect_unix;
+use tessera::agent::binding::NoBinder;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::Empty;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
+use tessera::agent::device_plugin::registration::connect_unix;
+use tessera::agent::device_plugin::server::{PluginServer, PluginService};
 use tessera::agent::state::channel;
 use tessera::backend::fake::FakeBackend;
 use tessera::backend::{RawHealth, snapshot};

@@ -18,9 +18,11 @@ use tokio_stream::StreamExt;
 
 use kubelet::FakeKubelet;
 use support::memory::status_kib;
-use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
-use tessera::agent::kubelet_api::v1beta1::{AllocateRequest, ContainerAllocateRequest, Empty};
-use tessera::agent::registration::connect_unix;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::{
+    AllocateRequest, ContainerAllocateRequest, Empty,
+};
+use tessera::agent::device_plugin::registration::connect_unix;
 
 const GPUS: &str = "8xH100-80GiB";
 const SCRAPES: usize = 20;

@@ -28,11 +28,14 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
+use tessera::agent::binding::Binder;
 use tessera::agent::binding::{BindingConfig, BindingIndex};
-use tessera::agent::devices_env::RuntimeOptions;
-use tessera::agent::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
-use tessera::agent::kubelet_api::v1beta1::{AllocateRequest, ContainerAllocateRequest};
-use tessera::agent::plugin::{Binder, PluginService};
+use tessera::agent::device_plugin::devices_env::RuntimeOptions;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::{
+    AllocateRequest, ContainerAllocateRequest,
+};
+use tessera::agent::device_plugin::server::PluginService;
 use tessera::agent::state::channel;
 use tessera::api::Vendor;
 use tessera::backend::{DeviceInfo, DeviceState, RawHealth, Snapshot, Telemetry};

@@ -1,9 +1,11 @@
 //! Resident memory of the controller's caches at scale: 5,000 GPU nodes (8
 //! GPUs each, with NVLink/xGMI link lists) and 500 ModelInstances of 4 shards
 //! with their shard pods and Services, filled into the same reflector stores
-//! and trimmed the same way as `tessera controller` does, plus the parsed GPU
-//! states it keeps. Prints VmRSS before
-//! and after; run with `cargo bench --bench controller_memory`.
+//! and cut down to the same parts as `tessera controller` does (a Node to its
+//! parsed GPU state). Prints the heap bytes each cache holds (counted by
+//! this benchmark's allocator, so memory freed but kept by the allocator does
+//! not blur them) and VmRSS before and after; run with
+//! `cargo bench --bench controller_memory`.
 
 #[allow(dead_code)]
 mod support;
@@ -12,8 +14,11 @@ use k8s_openapi::api::core::v1::{ContainerImage, Node, NodeSystemInfo, Pod, Serv
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use tessera::api::{ModelInstanceStatus, Phase, PlannedShard};
-use tessera::controller::build::{headless_service, shard_pods};
-use tessera::controller::nodes::{ParsedNodes, trim_node};
+use tessera::controller::desired::{headless_service, shard_pods};
+use tessera::controller::node_cache::{CachedNode, gpu_nodes};
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use support::cluster;
 use support::memory::status_kib;
@@ -23,6 +28,33 @@ const SEED: u64 = 0x7e55_e7a0_5eed_0002;
 const NODES: usize = 5000;
 const INSTANCES: usize = 500;
 const SHARDS: usize = 4;
+
+/// The system allocator, counting the bytes in use.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call goes to the system allocator unchanged; only a counter
+// is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live_mib() -> f64 {
+    LIVE.load(Ordering::Relaxed) as f64 / f64::from(1 << 20)
+}
 
 fn fill<K>(writer: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
 where
@@ -62,20 +94,19 @@ fn full_node(n: &tessera::placement::NodeState) -> Node {
 
 fn main() {
     let before = status_kib("self", "VmRSS:");
-    let (nodes, mut node_writer) = reflector::store::<Node>();
+    let (nodes, mut node_writer) = reflector::store::<CachedNode>();
     let (instances, mut instance_writer) = reflector::store();
     let (pods, mut pod_writer) = reflector::store::<Pod>();
     let (services, mut service_writer) = reflector::store::<Service>();
 
     let generated = cluster(NODES, SEED);
+    let start = live_mib();
     fill(
         &mut node_writer,
-        generated.iter().map(|n| {
-            let mut node = full_node(n);
-            trim_node(&mut node);
-            node
-        }),
+        generated.iter().map(|n| CachedNode::from(full_node(n))),
     );
+    let node_mib = live_mib() - start;
+    let start = live_mib();
     let mut all_instances = Vec::new();
     let mut all_pods = Vec::new();
     let mut all_services = Vec::new();
@@ -119,10 +150,9 @@ fn main() {
     fill(&mut instance_writer, all_instances);
     fill(&mut pod_writer, all_pods);
     fill(&mut service_writer, all_services);
+    let other_mib = live_mib() - start;
     drop(generated);
-    // The parsed GPU states a reconcile keeps next to the Node cache.
-    let parsed = ParsedNodes::default();
-    let gpu_nodes = parsed.read(&nodes.state()).len();
+    let gpu_nodes = gpu_nodes(&nodes.state()).len();
     let after = status_kib("self", "VmRSS:");
     let peak = status_kib("self", "VmHWM:");
     println!(
@@ -131,6 +161,10 @@ fn main() {
         instances.state().len(),
         pods.state().len(),
         services.state().len()
+    );
+    println!(
+        "heap held: nodes {node_mib:.1} MiB ({:.1} KiB a node), instances, pods and services {other_mib:.1} MiB",
+        node_mib * 1024.0 / NODES as f64
     );
     println!(
         "VmRSS before {:.1} MiB, after {:.1} MiB (caches {:.1} MiB); peak {:.1} MiB",

@@ -27,13 +27,14 @@ pub mod cli;
 pub mod controller;
 pub mod initial_list;
 pub mod process;
+pub mod wall_deadline;
 pub mod watch_backoff;
 
 // The pure core lives in its own crate so the compiler keeps it free of I/O; it is
 // re-exported under the paths the rest of tessera and its users have always used.
 pub use tessera_core::{api, placement, translate};
 
-pub use agent::registration::PluginConfig;
+pub use agent::device_plugin::registration::PluginConfig;
 pub use agent::run::{AgentConfig, PublishOptions, run as run_agent};
 pub use cli::discover::{DiscoverArgs, run as discover, summary as discover_summary};
 pub use cli::place::{PlaceArgs, run as place};

@@ -14,6 +14,11 @@ use tessera::cli::discover::DiscoverOutput;
 use tessera::cli::place::PlaceOutput;
 use tessera::cli::{LogFormat, init_logging};
 
+// Why jemalloc: see its entry in Cargo.toml.
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Places large models across the GPUs of a Kubernetes cluster.
 #[derive(Parser)]
 #[command(name = "tessera", version)]

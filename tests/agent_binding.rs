@@ -18,19 +18,20 @@ use tokio::task::JoinHandle;
 use tonic::Code;
 use tower_test::mock;
 
+use tessera::agent::binding::Binder;
 use tessera::agent::binding::{
     BindingConfig, BindingIndex, CHECKPOINT_VERSION, PendingBinding, UNBOUND, load_checkpoint,
     run_pod_watch,
 };
-use tessera::agent::devices_env::RuntimeOptions;
-use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
-use tessera::agent::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
-use tessera::agent::kubelet_api::v1beta1::*;
-use tessera::agent::plugin::{Binder, PluginService};
-use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
-use tessera::agent::registration::{
+use tessera::agent::device_plugin::devices_env::RuntimeOptions;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::*;
+use tessera::agent::device_plugin::registration::{
     PluginConfig, PluginError, PluginStatus, connect_unix, run_device_plugin,
 };
+use tessera::agent::device_plugin::server::PluginService;
+use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use tessera::agent::state;
 use tessera::api::NodeGpuState;
 use tessera::backend::fake::FakeBackend;

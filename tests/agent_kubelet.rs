@@ -14,9 +14,9 @@ use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tonic::{Code, Streaming};
 
-use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
-use tessera::agent::kubelet_api::v1beta1::*;
-use tessera::agent::registration::{
+use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::*;
+use tessera::agent::device_plugin::registration::{
     PluginConfig, PluginError, PluginStatus, connect_unix, run_device_plugin,
 };
 use tessera::agent::state::{self, ViewTx};

@@ -14,10 +14,11 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, Phase};
-use tessera::controller::build::{headless_service, shard_pods};
 use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
+use tessera::controller::desired::{headless_service, shard_pods};
 use tessera::controller::held::Held;
 use tessera::controller::metrics::Metrics;
+use tessera::controller::node_cache::CachedNode;
 use tessera::controller::nodes::NodeInfo;
 use tessera::controller::reconcile::{Caches, Context, Settings, reconcile};
 use tower_test::mock::{self, Handle, SendResponse};
@@ -79,7 +80,7 @@ struct World {
 
 fn context(world: World, client: kube::Client) -> Arc<Context> {
     let caches = Caches {
-        nodes: filled(world.nodes).0,
+        nodes: filled(world.nodes.into_iter().map(CachedNode::from).collect()).0,
         pods: filled(world.pods).0,
         services: filled(world.services).0,
         instances: filled(world.instances).0,
@@ -599,7 +600,7 @@ async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
     let mut spec = serde_json::to_value(instance()).unwrap();
     spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
     let mi: ModelInstance = serde_json::from_value(spec).unwrap();
-    let (nodes, mut node_writer) = filled(vec![node("a", 2)]);
+    let (nodes, mut node_writer) = filled(vec![CachedNode::from(node("a", 2))]);
     let (pods, mut pod_writer) = filled(Vec::<Pod>::new());
     let (services, mut service_writer) = filled(Vec::<Service>::new());
     let caches = Caches {
@@ -687,7 +688,8 @@ async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
     .unwrap();
     state["allocated"] = json!({ devices: "uid-shard-0" });
     a["metadata"]["annotations"]["tessera.dev/gpu-state"] = json!(state.to_string());
-    node_writer.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(a).unwrap()));
+    let a: Node = serde_json::from_value(a).unwrap();
+    node_writer.apply_watcher_event(&watcher::Event::Apply(a.into()));
     let mut mi = serde_json::to_value(&mi).unwrap();
     mi["status"] = status;
     let mi: ModelInstance = serde_json::from_value(mi).unwrap();

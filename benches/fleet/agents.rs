@@ -31,14 +31,14 @@ struct SimNode {
     stats: Arc<PublisherStats>,
 }
 
-pub struct Fleet {
+pub(crate) struct Fleet {
     nodes: Vec<SimNode>,
     by_name: HashMap<String, usize>,
 }
 
 impl Fleet {
     /// Node kinds drawn from the benchmark mix with `seed`.
-    pub fn new(names: &[String], seed: u64) -> Self {
+    pub(crate) fn new(names: &[String], seed: u64) -> Self {
         let mut rng = SplitMix64::new(seed);
         let nodes: Vec<SimNode> = names
             .iter()
@@ -62,16 +62,16 @@ impl Fleet {
         Self { nodes, by_name }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.nodes.len()
     }
 
-    pub fn contains(&self, node: &str) -> bool {
+    pub(crate) fn contains(&self, node: &str) -> bool {
         self.by_name.contains_key(node)
     }
 
     /// GPU kind of each node, counted.
-    pub fn kinds(&self) -> Vec<(&'static str, usize)> {
+    pub(crate) fn kinds(&self) -> Vec<(&'static str, usize)> {
         let mut counts: Vec<(&'static str, usize)> = Vec::new();
         for node in &self.nodes {
             let name = lock(&node.gpus).kind().name;
@@ -84,7 +84,7 @@ impl Fleet {
     }
 
     /// Starts every node's publisher; they stop when `stop` turns true.
-    pub fn start_publishers(
+    pub(crate) fn start_publishers(
         &self,
         client: &Client,
         min_interval: Option<Duration>,
@@ -109,7 +109,7 @@ impl Fleet {
     }
 
     /// Drifts and polls every node once per `interval`, until dropped.
-    pub async fn poll_forever(self: Arc<Self>, interval: Duration) {
+    pub(crate) async fn poll_forever(self: Arc<Self>, interval: Duration) {
         let slices = (interval.as_millis() / POLL_SLICE.as_millis()).max(1) as usize;
         let per_slice = self.nodes.len().div_ceil(slices);
         let mut tick = tokio::time::interval(POLL_SLICE);
@@ -134,7 +134,7 @@ impl Fleet {
 
     /// Whether `state` (a Node's published annotation) says what the node's
     /// agent knows now: the same allocations and the same health per device.
-    pub fn published_matches(&self, node: &str, state: &NodeGpuState) -> bool {
+    pub(crate) fn published_matches(&self, node: &str, state: &NodeGpuState) -> bool {
         let Some(&index) = self.by_name.get(node) else {
             return false;
         };
@@ -150,7 +150,7 @@ impl Fleet {
     }
 
     /// Patches the API server accepted, summed over the fleet, and failures.
-    pub fn published(&self) -> (u64, u64) {
+    pub(crate) fn published(&self) -> (u64, u64) {
         self.nodes.iter().fold((0, 0), |(ok, failed), node| {
             (ok + node.stats.published(), failed + node.stats.errors())
         })
@@ -159,7 +159,7 @@ impl Fleet {
     /// Patches sent by cause (in `WriteCause::ALL` order), summed over the
     /// fleet; the shortest time a drift patch followed its node's previous
     /// patch, as sent; how many nodes sent one sooner than `interval`.
-    pub fn sent(&self, interval: Duration) -> ([u64; 4], Option<Duration>, usize) {
+    pub(crate) fn sent(&self, interval: Duration) -> ([u64; 4], Option<Duration>, usize) {
         let mut sent = [0; 4];
         let (mut shortest, mut early) = (None::<Duration>, 0);
         for node in &self.nodes {
@@ -181,7 +181,12 @@ impl Fleet {
     /// What a device plugin records on Allocate: the devices held by the pod,
     /// and the model loaded into their memory. Returns a waiter for the write
     /// that carries it.
-    pub fn allocate(&self, node: &str, devices: &[String], pod_uid: &str) -> Option<PublishWait> {
+    pub(crate) fn allocate(
+        &self,
+        node: &str,
+        devices: &[String],
+        pod_uid: &str,
+    ) -> Option<PublishWait> {
         let &index = self.by_name.get(node)?;
         let before = self.published_by(index);
         let sim = &self.nodes[index];
@@ -204,7 +209,7 @@ impl Fleet {
     }
 
     /// The pod is gone: its devices are free and unloaded.
-    pub fn release(&self, node: &str, pod_uid: &str) {
+    pub(crate) fn release(&self, node: &str, pod_uid: &str) {
         let Some(&index) = self.by_name.get(node) else {
             return;
         };
@@ -230,7 +235,12 @@ impl Fleet {
     /// Sets or clears a device fault and polls the node at once, as the
     /// backend's event stream would report an Xid. Returns a waiter for the
     /// write that carries it.
-    pub fn fault(&self, node: &str, device: &str, fault: Option<String>) -> Option<PublishWait> {
+    pub(crate) fn fault(
+        &self,
+        node: &str,
+        device: &str,
+        fault: Option<String>,
+    ) -> Option<PublishWait> {
         let &index = self.by_name.get(node)?;
         let before = self.published_by(index);
         let since = Instant::now();
@@ -245,7 +255,11 @@ impl Fleet {
 
     /// How long after `wait.since` the node's next write was accepted
     /// (`None` after `limit`).
-    pub async fn published_after(&self, wait: &PublishWait, limit: Duration) -> Option<Duration> {
+    pub(crate) async fn published_after(
+        &self,
+        wait: &PublishWait,
+        limit: Duration,
+    ) -> Option<Duration> {
         loop {
             if self.published_by(wait.index) > wait.before {
                 return Some(wait.since.elapsed());
@@ -259,7 +273,7 @@ impl Fleet {
 }
 
 /// A change made to one node's view, waiting for the write that carries it.
-pub struct PublishWait {
+pub(crate) struct PublishWait {
     index: usize,
     before: u64,
     since: Instant,

@@ -10,11 +10,11 @@ use tessera::backend::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHeal
 use crate::support::SplitMix64;
 
 const GIB: u64 = 1 << 30;
-pub const GPUS_PER_NODE: u32 = 8;
+pub(crate) const GPUS_PER_NODE: u32 = 8;
 
 #[derive(Clone, Copy, Debug)]
-pub struct Kind {
-    pub name: &'static str,
+pub(crate) struct Kind {
+    pub(crate) name: &'static str,
     vendor: Vendor,
     product: &'static str,
     memory_gib: u64,
@@ -26,7 +26,7 @@ pub struct Kind {
     busy_w: f64,
 }
 
-pub const KINDS: [(Kind, u32); 4] = [
+pub(crate) const KINDS: [(Kind, u32); 4] = [
     (
         Kind {
             name: "h100",
@@ -105,7 +105,7 @@ struct Board {
 }
 
 /// One node's GPUs.
-pub struct SimGpus {
+pub(crate) struct SimGpus {
     kind: Kind,
     level_c: f64,
     boards: Vec<Board>,
@@ -113,7 +113,7 @@ pub struct SimGpus {
 }
 
 impl SimGpus {
-    pub fn new(node: &str, kind: Kind, seed: u64) -> Self {
+    pub(crate) fn new(node: &str, kind: Kind, seed: u64) -> Self {
         let mut rng = SplitMix64::new(seed);
         let level_c = 35.0 + rng.below(15) as f64;
         let boards = (0..GPUS_PER_NODE)
@@ -146,12 +146,12 @@ impl SimGpus {
         }
     }
 
-    pub fn kind(&self) -> Kind {
+    pub(crate) fn kind(&self) -> Kind {
         self.kind
     }
 
     /// One poll interval of drift.
-    pub fn drift(&mut self) {
+    pub(crate) fn drift(&mut self) {
         for board in &mut self.boards {
             let busy = board.shard_used > 0;
             // Whole degrees, as NVML and ROCm SMI report them.
@@ -171,13 +171,13 @@ impl SimGpus {
     }
 
     /// A shard holds `share` of the device's memory (or none: 0.0).
-    pub fn load(&mut self, device: &str, share: f64) {
+    pub(crate) fn load(&mut self, device: &str, share: f64) {
         if let Some(board) = self.boards.iter_mut().find(|b| b.info.id == device) {
             board.shard_used = (board.info.memory_total_bytes as f64 * share) as u64;
         }
     }
 
-    pub fn set_fault(&mut self, device: &str, fault: Option<String>) {
+    pub(crate) fn set_fault(&mut self, device: &str, fault: Option<String>) {
         if let Some(board) = self.boards.iter_mut().find(|b| b.info.id == device) {
             board.fault = fault;
         }

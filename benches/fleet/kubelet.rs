@@ -20,20 +20,20 @@ use tokio::time::Instant;
 use crate::agents::Fleet;
 
 /// The label the controller puts on every shard pod: the instance's name.
-pub const INSTANCE_LABEL: &str = "tessera.dev/instance";
+pub(crate) const INSTANCE_LABEL: &str = "tessera.dev/instance";
 
 /// A shard pod bound to a fleet node.
 #[derive(Clone, Debug)]
-pub struct Bound {
-    pub pod: String,
-    pub instance: String,
-    pub node: String,
-    pub devices: Vec<String>,
-    pub at: Instant,
+pub(crate) struct Bound {
+    pub(crate) pod: String,
+    pub(crate) instance: String,
+    pub(crate) node: String,
+    pub(crate) devices: Vec<String>,
+    pub(crate) at: Instant,
 }
 
 #[derive(Default)]
-pub struct Bindings {
+pub(crate) struct Bindings {
     /// By pod UID, while the pod exists.
     live: Mutex<HashMap<String, Bound>>,
     /// Allocation writes: how long each took to be accepted.
@@ -42,7 +42,7 @@ pub struct Bindings {
 
 impl Bindings {
     /// The instance's shard pods bound now.
-    pub fn of_instance(&self, instance: &str) -> Vec<Bound> {
+    pub(crate) fn of_instance(&self, instance: &str) -> Vec<Bound> {
         lock(&self.live)
             .values()
             .filter(|bound| bound.instance == instance)
@@ -50,12 +50,12 @@ impl Bindings {
             .collect()
     }
 
-    pub fn all(&self) -> Vec<Bound> {
+    pub(crate) fn all(&self) -> Vec<Bound> {
         lock(&self.live).values().cloned().collect()
     }
 
     /// One bound pod, chosen by `seed` (the same seed and pods give the same one).
-    pub fn pick(&self, seed: u64) -> Option<Bound> {
+    pub(crate) fn pick(&self, seed: u64) -> Option<Bound> {
         let live = lock(&self.live);
         let mut all: Vec<&Bound> = live.values().collect();
         all.sort_by(|a, b| a.pod.cmp(&b.pod));
@@ -63,13 +63,18 @@ impl Bindings {
         Some((*chosen).clone())
     }
 
-    pub fn take_allocation_writes(&self) -> Vec<Duration> {
+    pub(crate) fn take_allocation_writes(&self) -> Vec<Duration> {
         std::mem::take(&mut lock(&self.allocation_writes))
     }
 }
 
 /// Runs until dropped.
-pub async fn run(client: Client, namespace: String, fleet: Arc<Fleet>, bindings: Arc<Bindings>) {
+pub(crate) async fn run(
+    client: Client,
+    namespace: String,
+    fleet: Arc<Fleet>,
+    bindings: Arc<Bindings>,
+) {
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     // Retried as the agent's and controller's watches are.
     let stream = tessera::watch_backoff::with_backoff(

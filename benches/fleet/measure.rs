@@ -7,15 +7,15 @@ use kube::Client;
 
 /// The API server's figures at one moment.
 #[derive(Clone, Debug, Default)]
-pub struct ApiServer {
-    pub cpu_seconds: f64,
-    pub node_writes: f64,
-    pub lease_writes: f64,
-    pub etcd_bytes: f64,
-    pub rss_bytes: f64,
+pub(crate) struct ApiServer {
+    pub(crate) cpu_seconds: f64,
+    pub(crate) node_writes: f64,
+    pub(crate) lease_writes: f64,
+    pub(crate) etcd_bytes: f64,
+    pub(crate) rss_bytes: f64,
 }
 
-pub async fn api_server(client: &Client) -> ApiServer {
+pub(crate) async fn api_server(client: &Client) -> ApiServer {
     let request = match http::Request::get("/metrics").body(Vec::new()) {
         Ok(request) => request,
         Err(_) => return ApiServer::default(),
@@ -51,7 +51,7 @@ pub async fn api_server(client: &Client) -> ApiServer {
 }
 
 /// The sum of a metric's samples whose labels include every `(name, value)`.
-pub fn sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
@@ -74,14 +74,14 @@ pub fn sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
 
 /// The controller process's figures at one moment.
 #[derive(Clone, Debug, Default)]
-pub struct Controller {
-    pub rss_bytes: u64,
-    pub peak_rss_bytes: u64,
-    pub cpu_seconds: f64,
-    pub reconciles: f64,
+pub(crate) struct Controller {
+    pub(crate) rss_bytes: u64,
+    pub(crate) peak_rss_bytes: u64,
+    pub(crate) cpu_seconds: f64,
+    pub(crate) reconciles: f64,
 }
 
-pub fn controller(pid: u32, port: u16) -> Controller {
+pub(crate) fn controller(pid: u32, port: u16) -> Controller {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |field: &str| {
         status

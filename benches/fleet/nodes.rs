@@ -16,22 +16,22 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-pub const RUN_LABEL: &str = "fleet.tessera.dev/run";
-pub const TAINT_KEY: &str = "fleet.tessera.dev/simulated";
+pub(crate) const RUN_LABEL: &str = "fleet.tessera.dev/run";
+pub(crate) const TAINT_KEY: &str = "fleet.tessera.dev/simulated";
 const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// The lifecycle controller marks a node Unknown 40 s after its last renewal;
 /// kubelets renew every 10 s. 20 s halves the background writes and stays
 /// well inside the grace period.
-pub const LEASE_RENEW: Duration = Duration::from_secs(20);
+pub(crate) const LEASE_RENEW: Duration = Duration::from_secs(20);
 /// Requests in flight while creating or deleting thousands of objects.
 const PARALLEL: usize = 16;
 
-pub fn node_name(run: &str, index: usize) -> String {
+pub(crate) fn node_name(run: &str, index: usize) -> String {
     format!("fleet-{run}-{index:05}")
 }
 
 /// Creates the Nodes Ready, with their Leases. Returns the names.
-pub async fn create(client: &Client, run: &str, count: usize) -> Vec<String> {
+pub(crate) async fn create(client: &Client, run: &str, count: usize) -> Vec<String> {
     let names: Vec<String> = (0..count).map(|index| node_name(run, index)).collect();
     let nodes: Api<Node> = Api::all(client.clone());
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
@@ -88,7 +88,7 @@ fn micro_now() -> serde_json::Value {
 }
 
 /// Renews every Lease once per `LEASE_RENEW`, spread evenly over it, until dropped.
-pub async fn renew_leases(client: Client, names: Vec<String>) {
+pub(crate) async fn renew_leases(client: Client, names: Vec<String>) {
     let leases: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
     let gap = LEASE_RENEW / names.len().max(1) as u32;
     let mut tick = tokio::time::interval(gap);
@@ -127,7 +127,11 @@ pub async fn renew_leases(client: Client, names: Vec<String>) {
 /// Waits until no Node of the run carries the `not-ready` taint a new Node
 /// gets at creation (the node lifecycle controller lifts it once it sees the
 /// Node Ready, a few thousand Nodes taking it a while). Returns how long.
-pub async fn wait_untainted(client: &Client, run: &str, limit: Duration) -> Option<Duration> {
+pub(crate) async fn wait_untainted(
+    client: &Client,
+    run: &str,
+    limit: Duration,
+) -> Option<Duration> {
     let nodes: Api<Node> = Api::all(client.clone());
     let selector = kube::api::ListParams::default().labels(&format!("{RUN_LABEL}={run}"));
     let started = tokio::time::Instant::now();
@@ -156,7 +160,7 @@ pub async fn wait_untainted(client: &Client, run: &str, limit: Duration) -> Opti
 }
 
 /// Deletes the run's Nodes and Leases.
-pub async fn delete(client: &Client, names: &[String]) {
+pub(crate) async fn delete(client: &Client, names: &[String]) {
     let nodes: Api<Node> = Api::all(client.clone());
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
     stream::iter(names)
@@ -174,7 +178,7 @@ pub async fn delete(client: &Client, names: &[String]) {
 /// controller marks it Unknown when renewals stop, e.g. while the API server
 /// is down): it posts its status again. Watches the run's Nodes and marks any
 /// that is not Ready Ready again, until dropped.
-pub async fn keep_ready(client: Client, run: String) {
+pub(crate) async fn keep_ready(client: Client, run: String) {
     let nodes: Api<Node> = Api::all(client);
     let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={run}"));
     let stream = watcher(nodes.clone(), config)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-pub const USAGE: &str = "flags: --nodes N[,N...] (default 1000) --steady-seconds S (default: the \
+pub(crate) const USAGE: &str = "flags: --nodes N[,N...] (default 1000) --steady-seconds S (default: the \
 publish interval plus a tenth plus 30 s, so that every node's drift write falls inside) \
 --poll-ms MS (the agent's poll interval, default 500) --publish-interval-seconds S (default: the \
 agent's) --arrivals N (default 20) --faults N (default 10) --restart-api-server PIDFILE (restart \
@@ -12,22 +12,22 @@ the kube-apiserver this pid file names, on this machine, once the churn is measu
 --initial-list; default auto)";
 
 #[derive(Debug, PartialEq)]
-pub struct Options {
-    pub nodes: Vec<usize>,
+pub(crate) struct Options {
+    pub(crate) nodes: Vec<usize>,
     /// `None`: long enough for every node's drift write (see `steady_for`).
-    pub steady: Option<Duration>,
-    pub poll: Duration,
-    pub publish_interval: Option<Duration>,
-    pub arrivals: usize,
-    pub faults: usize,
-    pub restart_api_server: Option<std::path::PathBuf>,
-    pub restarts: usize,
+    pub(crate) steady: Option<Duration>,
+    pub(crate) poll: Duration,
+    pub(crate) publish_interval: Option<Duration>,
+    pub(crate) arrivals: usize,
+    pub(crate) faults: usize,
+    pub(crate) restart_api_server: Option<std::path::PathBuf>,
+    pub(crate) restarts: usize,
     /// The controller's `--initial-list`.
-    pub initial_list: String,
+    pub(crate) initial_list: String,
 }
 
 impl Options {
-    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+    pub(crate) fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
         let mut options = Self {
             nodes: vec![1000],
             steady: None,
@@ -90,7 +90,7 @@ impl Options {
 
     /// The steady-state window for drift published every `interval` (plus
     /// each node's share of a tenth).
-    pub fn steady_for(&self, interval: Duration) -> Duration {
+    pub(crate) fn steady_for(&self, interval: Duration) -> Duration {
         self.steady
             .unwrap_or_else(|| interval.mul_f64(1.1) + Duration::from_secs(30))
     }

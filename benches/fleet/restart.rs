@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A stopped process and how to start it again.
-pub struct Stopped {
+pub(crate) struct Stopped {
     pidfile: std::path::PathBuf,
     program: OsString,
     args: Vec<OsString>,
@@ -24,7 +24,7 @@ pub struct Stopped {
 
 /// Reads how the process was started, then kills it and waits until it is
 /// gone.
-pub fn stop(pidfile: &Path) -> Result<Stopped, String> {
+pub(crate) fn stop(pidfile: &Path) -> Result<Stopped, String> {
     let pid = std::fs::read_to_string(pidfile)
         .map_err(|e| format!("{}: {e}", pidfile.display()))?
         .trim()
@@ -70,7 +70,7 @@ pub fn stop(pidfile: &Path) -> Result<Stopped, String> {
 
 impl Stopped {
     /// Starts the process again as it was; the pid file names the new one.
-    pub fn start(self) -> Result<u32, String> {
+    pub(crate) fn start(self) -> Result<u32, String> {
         let Self {
             pidfile,
             program,

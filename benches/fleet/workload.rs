@@ -21,7 +21,7 @@ const CLASSES: [(&str, f64, u32, u32, f64, u32, u32); 3] = [
     ("405b", 405.0, 126, 16384, 40.0, 8, 5),
 ];
 
-pub fn class_weights() -> Vec<(usize, u32)> {
+pub(crate) fn class_weights() -> Vec<(usize, u32)> {
     CLASSES
         .iter()
         .enumerate()
@@ -30,7 +30,7 @@ pub fn class_weights() -> Vec<(usize, u32)> {
 }
 
 /// A ModelInstance of class `class`, confined to this run's nodes.
-pub fn instance(
+pub(crate) fn instance(
     name_prefix: &str,
     serial: usize,
     class: usize,
@@ -58,7 +58,7 @@ pub fn instance(
 
 /// Creates `mi` and waits until every planned shard is bound; returns the
 /// time that took (`None` when it did not happen within `limit`).
-pub async fn create_and_wait(
+pub(crate) async fn create_and_wait(
     api: &Api<ModelInstance>,
     mi: &ModelInstance,
     bindings: &Bindings,
@@ -82,7 +82,7 @@ pub async fn create_and_wait(
 
 /// Waits until the instance has a plan and a bound pod for every planned
 /// shard, none of them on `avoid` devices.
-pub async fn all_bound(
+pub(crate) async fn all_bound(
     api: &Api<ModelInstance>,
     name: &str,
     bindings: &Bindings,
@@ -110,21 +110,26 @@ pub async fn all_bound(
     None
 }
 
-pub async fn delete(api: &Api<ModelInstance>, name: &str) {
+pub(crate) async fn delete(api: &Api<ModelInstance>, name: &str) {
     if let Err(e) = api.delete(name, &DeleteParams::default()).await {
         eprintln!("deleting {name}: {e}");
     }
 }
 
 /// A `tessera controller` process (this build), killed when dropped.
-pub struct ControllerProcess {
+pub(crate) struct ControllerProcess {
     child: Child,
-    pub port: u16,
-    pub log: PathBuf,
+    pub(crate) port: u16,
+    pub(crate) log: PathBuf,
 }
 
 impl ControllerProcess {
-    pub fn start(kubeconfig: &Path, namespace: &str, initial_list: &str, log: PathBuf) -> Self {
+    pub(crate) fn start(
+        kubeconfig: &Path,
+        namespace: &str,
+        initial_list: &str,
+        log: PathBuf,
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .map(|address| address.port())
@@ -145,16 +150,16 @@ impl ControllerProcess {
         Self { child, port, log }
     }
 
-    pub fn running(&mut self) -> bool {
+    pub(crate) fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Waits for /readyz (caches synced).
-    pub async fn ready(&self, limit: Duration) -> bool {
+    pub(crate) async fn ready(&self, limit: Duration) -> bool {
         let started = Instant::now();
         while started.elapsed() < limit {
             if crate::real_cluster::http_get(self.port, "/readyz")

@@ -12,7 +12,7 @@ use super::{ModelSpec, SplitMix64};
 
 /// Llama 3.1 8B in bf16 with an 8 GiB KV cache: one H100, A100 or MI300X,
 /// or two RTX 4090s.
-pub const MODEL_8B: ModelSpec = ModelSpec {
+pub(crate) const MODEL_8B: ModelSpec = ModelSpec {
     parameters: 8.0e9,
     layers: 32,
     hidden: 4096,
@@ -21,7 +21,7 @@ pub const MODEL_8B: ModelSpec = ModelSpec {
 };
 
 /// Llama 3.1 70B in bf16 with a 20 GiB KV cache (about 152 GiB).
-pub const MODEL_70B: ModelSpec = ModelSpec {
+pub(crate) const MODEL_70B: ModelSpec = ModelSpec {
     parameters: 70.6e9,
     layers: 80,
     hidden: 8192,
@@ -30,7 +30,7 @@ pub const MODEL_70B: ModelSpec = ModelSpec {
 };
 
 /// Llama 3.1 405B in bf16 with a 40 GiB KV cache (about 795 GiB).
-pub const MODEL_405B: ModelSpec = ModelSpec {
+pub(crate) const MODEL_405B: ModelSpec = ModelSpec {
     parameters: 405e9,
     layers: 126,
     hidden: 16384,
@@ -40,17 +40,17 @@ pub const MODEL_405B: ModelSpec = ModelSpec {
 
 /// A ModelInstance as it arrives.
 #[derive(Clone, Debug)]
-pub struct Arrival {
+pub(crate) struct Arrival {
     /// Position among the arrivals, from 0; deletions name it.
-    pub id: usize,
-    pub class: &'static str,
-    pub model: ModelSpec,
-    pub tensor: TensorChoice,
-    pub replicas: u32,
+    pub(crate) id: usize,
+    pub(crate) class: &'static str,
+    pub(crate) model: ModelSpec,
+    pub(crate) tensor: TensorChoice,
+    pub(crate) replicas: u32,
 }
 
 #[derive(Clone, Debug)]
-pub enum Event {
+pub(crate) enum Event {
     Arrive(Arrival),
     /// The arrival with this id is deleted (nothing happens when it was
     /// never placed).
@@ -74,7 +74,7 @@ const TENSOR_405B: [(Option<u32>, u32); 3] = [(Some(4), 25), (Some(8), 55), (Non
 const REPLICAS: [(u32, u32); 3] = [(1, 80), (2, 15), (3, 5)];
 
 /// `events` events from `seed`.
-pub fn sequence(events: usize, seed: u64) -> Vec<Event> {
+pub(crate) fn sequence(events: usize, seed: u64) -> Vec<Event> {
     let mut rng = SplitMix64::new(seed);
     let mut out = Vec::with_capacity(events);
     let mut live: Vec<usize> = Vec::new();
@@ -106,7 +106,7 @@ pub fn sequence(events: usize, seed: u64) -> Vec<Event> {
 }
 
 /// One line on the sequence for the bench log.
-pub fn describe(events: &[Event]) -> String {
+pub(crate) fn describe(events: &[Event]) -> String {
     let (mut by_class, mut auto, mut replicas, mut deletions) = ([0usize; 3], 0, 0, 0);
     for event in events {
         match event {

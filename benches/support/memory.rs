@@ -4,7 +4,7 @@
 
 /// A `kB` field of `/proc/<pid>/status` (`pid` may be `self`), e.g.
 /// `VmRSS:`; 0 when it cannot be read.
-pub fn status_kib(pid: &str, field: &str) -> u64 {
+pub(crate) fn status_kib(pid: &str, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

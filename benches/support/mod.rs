@@ -2,34 +2,33 @@
 //! builds `placement::Problem` values directly, model shapes built the way the
 //! controller builds them, a plan validity check, and a first-fit baseline.
 
-pub mod arrivals;
-pub mod memory;
-pub mod objects;
-pub mod replay;
+pub(crate) mod arrivals;
+pub(crate) mod memory;
+pub(crate) mod objects;
+pub(crate) mod replay;
 
 use std::collections::{BTreeMap, HashSet};
 
+use tessera::api::telemetry::planned_free_memory;
 use tessera::placement::{
     Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, SpeedGoal,
     StageChoice, Stages, Weights, evaluate,
 };
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-/// The controller rounds free memory down to this step before planning.
-const FREE_MEMORY_STEP: u64 = 256 << 20;
 /// Devices at or above this temperature are excluded (the CRD's default limit).
-pub const MAX_TEMPERATURE_C: f64 = 85.0;
+pub(crate) const MAX_TEMPERATURE_C: f64 = 85.0;
 
 /// splitmix64: tiny, fast and good enough to make clusters that look random but
 /// are the same on every run.
-pub struct SplitMix64(u64);
+pub(crate) struct SplitMix64(u64);
 
 impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -38,21 +37,21 @@ impl SplitMix64 {
     }
 
     /// Uniform in `0..n` (multiply-shift; the bias is far below what matters here).
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
 
     /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    pub fn chance(&mut self, p: f64) -> bool {
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
         self.unit() < p
     }
 
     /// One of `choices`, with probability proportional to its weight.
-    pub fn weighted<T: Copy>(&mut self, choices: &[(T, u32)]) -> T {
+    pub(crate) fn weighted<T: Copy>(&mut self, choices: &[(T, u32)]) -> T {
         let total: u64 = choices.iter().map(|&(_, w)| u64::from(w)).sum();
         let mut r = self.below(total);
         for &(v, w) in choices {
@@ -67,18 +66,18 @@ impl SplitMix64 {
 
 /// A GPU model as a node agent would report it.
 #[derive(Clone, Copy, Debug)]
-pub struct GpuKind {
-    pub product: &'static str,
-    pub vendor: &'static str,
-    pub memory_gib: u64,
-    pub tflops: f64,
-    pub bandwidth_gbps: f64,
+pub(crate) struct GpuKind {
+    pub(crate) product: &'static str,
+    pub(crate) vendor: &'static str,
+    pub(crate) memory_gib: u64,
+    pub(crate) tflops: f64,
+    pub(crate) bandwidth_gbps: f64,
     /// Link between every pair of devices on a node of this kind.
-    pub link: Interconnect,
-    pub link_gbps: f64,
+    pub(crate) link: Interconnect,
+    pub(crate) link_gbps: f64,
 }
 
-pub const H100: GpuKind = GpuKind {
+pub(crate) const H100: GpuKind = GpuKind {
     product: "NVIDIA H100 80GB HBM3",
     vendor: "nvidia",
     memory_gib: 80,
@@ -88,7 +87,7 @@ pub const H100: GpuKind = GpuKind {
     link_gbps: 900.0,
 };
 
-pub const A100: GpuKind = GpuKind {
+pub(crate) const A100: GpuKind = GpuKind {
     product: "NVIDIA A100-SXM4-40GB",
     vendor: "nvidia",
     memory_gib: 40,
@@ -98,7 +97,7 @@ pub const A100: GpuKind = GpuKind {
     link_gbps: 600.0,
 };
 
-pub const MI300X: GpuKind = GpuKind {
+pub(crate) const MI300X: GpuKind = GpuKind {
     product: "AMD Instinct MI300X",
     vendor: "amd",
     memory_gib: 192,
@@ -108,7 +107,7 @@ pub const MI300X: GpuKind = GpuKind {
     link_gbps: 128.0,
 };
 
-pub const RTX4090: GpuKind = GpuKind {
+pub(crate) const RTX4090: GpuKind = GpuKind {
     product: "NVIDIA GeForce RTX 4090",
     vendor: "nvidia",
     memory_gib: 24,
@@ -118,9 +117,9 @@ pub const RTX4090: GpuKind = GpuKind {
     link_gbps: 32.0,
 };
 
-pub const GPUS_PER_NODE: u32 = 8;
-pub const ZONES: usize = 4;
-pub const NODES_PER_RACK: usize = 16;
+pub(crate) const GPUS_PER_NODE: u32 = 8;
+pub(crate) const ZONES: usize = 4;
+pub(crate) const NODES_PER_RACK: usize = 16;
 
 /// Share of nodes by GPU kind.
 const KIND_MIX: [(GpuKind, u32); 4] = [(H100, 35), (A100, 25), (MI300X, 15), (RTX4090, 25)];
@@ -146,7 +145,7 @@ const UNHEALTHY_DEVICES: f64 = 0.01;
 /// `nodes` nodes of 8 GPUs each, named `node-0000`, `node-0001`, ... (name order
 /// = generation order). Racks of 16 consecutive nodes; racks dealt round-robin
 /// over 4 zones. The same seed always gives the same cluster.
-pub fn cluster(nodes: usize, seed: u64) -> Vec<NodeState> {
+pub(crate) fn cluster(nodes: usize, seed: u64) -> Vec<NodeState> {
     let mut rng = SplitMix64::new(seed);
     (0..nodes).map(|i| node(i, &mut rng)).collect()
 }
@@ -167,7 +166,7 @@ fn node(i: usize, rng: &mut SplitMix64) -> NodeState {
             if partly_used && rng.chance(PARTLY_USED_DEVICES) {
                 // 1 GiB to 3/4 of the card, rounded down as the controller does.
                 let used = (GIB + rng.unit() * (0.75 * total as f64 - GIB)) as u64;
-                free = (total - used) / FREE_MEMORY_STEP * FREE_MEMORY_STEP;
+                free = planned_free_memory(total - used);
             }
             let temperature = if rng.chance(TOO_HOT_DEVICES) {
                 MAX_TEMPERATURE_C + 1.0 + rng.below(5) as f64
@@ -219,16 +218,16 @@ fn node(i: usize, rng: &mut SplitMix64) -> NodeState {
 
 /// A model spec as a `ModelInstance` gives it (bf16 weights).
 #[derive(Clone, Copy, Debug)]
-pub struct ModelSpec {
-    pub parameters: f64,
-    pub layers: u32,
-    pub hidden: u32,
-    pub kv_cache_gib: f64,
-    pub overhead_gib: f64,
+pub(crate) struct ModelSpec {
+    pub(crate) parameters: f64,
+    pub(crate) layers: u32,
+    pub(crate) hidden: u32,
+    pub(crate) kv_cache_gib: f64,
+    pub(crate) overhead_gib: f64,
 }
 
 /// The solver's view of a model, computed as `controller::build_problem` does.
-pub fn model_shape(m: &ModelSpec) -> ModelShape {
+pub(crate) fn model_shape(m: &ModelSpec) -> ModelShape {
     let layers = f64::from(m.layers);
     let bytes_per_parameter = 2.0; // bf16
     ModelShape {
@@ -241,7 +240,12 @@ pub fn model_shape(m: &ModelSpec) -> ModelShape {
     }
 }
 
-pub fn problem(nodes: Vec<NodeState>, model: &ModelSpec, tensor: u32, stages: u32) -> Problem {
+pub(crate) fn problem(
+    nodes: Vec<NodeState>,
+    model: &ModelSpec,
+    tensor: u32,
+    stages: u32,
+) -> Problem {
     Problem {
         nodes,
         model: model_shape(model),
@@ -257,7 +261,7 @@ pub fn problem(nodes: Vec<NodeState>, model: &ModelSpec, tensor: u32, stages: u3
 }
 
 /// One line describing a generated cluster, for the bench log.
-pub fn describe(nodes: &[NodeState]) -> String {
+pub(crate) fn describe(nodes: &[NodeState]) -> String {
     let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
     let (mut devices, mut unhealthy, mut hot, mut partly) = (0, 0, 0, 0);
     for n in nodes {
@@ -281,7 +285,7 @@ pub fn describe(nodes: &[NodeState]) -> String {
 /// stage's devices exist on its node, are eligible and distinct, the stages
 /// cover all layers in order, and each device's predicted memory fits its free
 /// memory.
-pub fn assert_valid(p: &Problem, plan: &Plan, stages: usize) {
+pub(crate) fn assert_valid(p: &Problem, plan: &Plan, stages: usize) {
     assert_eq!(plan.stages.len(), stages, "stage count");
     let mut seen = HashSet::new();
     let mut next_layer = 0;
@@ -338,7 +342,7 @@ fn eligible(p: &Problem, d: &Device) -> bool {
 /// can each hold an even share of the model (layers/stages rounded up, split
 /// across the tensor group, plus the per-device overhead) form a stage, until
 /// there are enough stages. `None` when the cluster runs out first.
-pub fn first_fit(p: &Problem) -> Option<Vec<StageChoice>> {
+pub(crate) fn first_fit(p: &Problem) -> Option<Vec<StageChoice>> {
     let Stages::Fixed(k) = p.stages else {
         panic!("the baseline needs a fixed stage count");
     };
@@ -375,7 +379,7 @@ pub fn first_fit(p: &Problem) -> Option<Vec<StageChoice>> {
 
 /// The `REPORT` line comparing our plan with the first-fit baseline on the
 /// solver's own objective.
-pub fn report(scenario: &str, p: &Problem, ours: &Plan) -> String {
+pub(crate) fn report(scenario: &str, p: &Problem, ours: &Plan) -> String {
     let baseline = match first_fit(p) {
         None => "first-fit finds no plan".to_string(),
         Some(stages) => match evaluate(p, &stages) {

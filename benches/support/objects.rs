@@ -9,7 +9,7 @@ use tessera::api::{GPU_STATE_ANNOTATION, ModelInstance, RACK_LABEL, ZONE_LABEL};
 use tessera::placement::{Interconnect, NodeState};
 
 /// A Node as the API server returns it once its agent has published.
-pub fn to_node(n: &NodeState) -> Node {
+pub(crate) fn to_node(n: &NodeState) -> Node {
     let devices: Vec<_> = n
         .devices
         .iter()
@@ -50,7 +50,7 @@ pub fn to_node(n: &NodeState) -> Node {
 }
 
 /// The 1.8T model of the placement benchmark, as 64 single-GPU stages.
-pub fn instance_1_8t() -> ModelInstance {
+pub(crate) fn instance_1_8t() -> ModelInstance {
     serde_json::from_value(json!({
         "apiVersion": "tessera.dev/v1alpha1",
         "kind": "ModelInstance",

@@ -9,15 +9,15 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use tessera::placement::{
-    Device, Interconnect, NodeState, Plan, Problem, Selector, SolveOptions, SpeedGoal, Stages,
-    Strategy, TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
+    Device, NodeState, Plan, Problem, Selector, SolveOptions, SpeedGoal, Stages, Strategy,
+    TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
 };
 
 use super::arrivals::{Arrival, Event};
 use super::{MAX_TEMPERATURE_C, first_fit, model_shape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Policy {
+pub(crate) enum Policy {
     /// `support::first_fit`: nodes by name, devices by index.
     FirstFit,
     /// The solver under a strategy.
@@ -25,7 +25,7 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Policy::FirstFit => "first-fit",
             Policy::Solver(Strategy::ScoreOnly) => "score-only",
@@ -38,42 +38,42 @@ impl Policy {
 /// What a replay measured. An instance here is one replica: each replica is
 /// a whole sharded copy of the model.
 #[derive(Clone, Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Replicas placed before the first one that found no plan.
-    pub before_first_refusal: usize,
+    pub(crate) before_first_refusal: usize,
     /// Replicas placed over the whole sequence (some deleted later).
-    pub placed: usize,
-    pub refused: usize,
+    pub(crate) placed: usize,
+    pub(crate) refused: usize,
     /// Replicas still running once the sequence ends.
-    pub running_at_end: usize,
+    pub(crate) running_at_end: usize,
     /// Predicted tokens/s of the replicas running at the end, summed.
-    pub tokens_per_second_at_end: f64,
+    pub(crate) tokens_per_second_at_end: f64,
     /// Predicted tokens/s summed over every placement made.
-    pub tokens_per_second_placed: f64,
+    pub(crate) tokens_per_second_placed: f64,
     /// The most free devices on one node all joined by NVLink/xGMI at the
     /// end, and that node.
-    pub largest_free_domain: (usize, String),
+    pub(crate) largest_free_domain: (usize, String),
     /// Nodes left entirely free with every pair of GPUs NVLink/xGMI-linked:
     /// where a tensor group as wide as the node can still go.
-    pub whole_free_domains: usize,
+    pub(crate) whole_free_domains: usize,
     /// Pairs of replicas of one instance by how close they came: sharing a
     /// node, else a rack, else a zone, else apart.
-    pub replica_pairs: [usize; 4],
+    pub(crate) replica_pairs: [usize; 4],
     /// Wall time of each replica's placement, in milliseconds.
-    pub placement_ms: Vec<f64>,
+    pub(crate) placement_ms: Vec<f64>,
     /// Usable GPUs free when the first replica was refused, and how many the
     /// cluster has: whether the cluster was full or only fragmented.
-    pub free_at_first_refusal: Option<(usize, usize)>,
+    pub(crate) free_at_first_refusal: Option<(usize, usize)>,
     /// GPUs summed over every placement made.
-    pub gpus_placed: usize,
+    pub(crate) gpus_placed: usize,
     /// The same two sums over the replicas of `tensor: auto` instances only.
-    pub auto_gpus_placed: usize,
-    pub auto_tokens_per_second_placed: f64,
+    pub(crate) auto_gpus_placed: usize,
+    pub(crate) auto_tokens_per_second_placed: f64,
 }
 
 impl Outcome {
     /// Predicted tokens/s per GPU over every placement made.
-    pub fn tokens_per_second_per_gpu(&self) -> f64 {
+    pub(crate) fn tokens_per_second_per_gpu(&self) -> f64 {
         if self.gpus_placed == 0 {
             0.0
         } else {
@@ -81,7 +81,7 @@ impl Outcome {
         }
     }
 
-    pub fn mean_tokens_per_second(&self) -> f64 {
+    pub(crate) fn mean_tokens_per_second(&self) -> f64 {
         if self.placed == 0 {
             0.0
         } else {
@@ -89,20 +89,20 @@ impl Outcome {
         }
     }
 
-    pub fn gpus_per_placement(&self) -> f64 {
+    pub(crate) fn gpus_per_placement(&self) -> f64 {
         self.gpus_placed as f64 / self.placed.max(1) as f64
     }
 
     /// Shares of the GPUs and of the tokens/s placed that went to `tensor:
     /// auto` instances.
-    pub fn auto_shares(&self) -> (f64, f64) {
+    pub(crate) fn auto_shares(&self) -> (f64, f64) {
         (
             self.auto_gpus_placed as f64 / self.gpus_placed.max(1) as f64,
             self.auto_tokens_per_second_placed / self.tokens_per_second_placed.max(1e-9),
         )
     }
 
-    pub fn mean_ms(&self) -> f64 {
+    pub(crate) fn mean_ms(&self) -> f64 {
         if self.placement_ms.is_empty() {
             0.0
         } else {
@@ -110,7 +110,7 @@ impl Outcome {
         }
     }
 
-    pub fn max_ms(&self) -> f64 {
+    pub(crate) fn max_ms(&self) -> f64 {
         self.placement_ms.iter().copied().fold(0.0, f64::max)
     }
 }
@@ -123,15 +123,15 @@ struct Running {
 }
 
 /// The cluster as the replay goes: who holds which device.
-pub struct ClusterState {
-    pub nodes: Vec<NodeState>,
+pub(crate) struct ClusterState {
+    pub(crate) nodes: Vec<NodeState>,
     node_index: HashMap<String, usize>,
     /// The running replicas of each arrival.
     held: HashMap<usize, Vec<Running>>,
 }
 
 impl ClusterState {
-    pub fn new(nodes: &[NodeState]) -> Self {
+    pub(crate) fn new(nodes: &[NodeState]) -> Self {
         Self {
             nodes: nodes.to_vec(),
             node_index: nodes
@@ -144,7 +144,7 @@ impl ClusterState {
     }
 
     /// The solver's problem for one replica of `arrival`, on the devices free now.
-    pub fn problem(&self, arrival: &Arrival, strategy: Strategy) -> Problem {
+    pub(crate) fn problem(&self, arrival: &Arrival, strategy: Strategy) -> Problem {
         Problem {
             nodes: self.nodes.clone(),
             model: model_shape(&arrival.model),
@@ -191,7 +191,7 @@ impl ClusterState {
     }
 
     /// Usable GPUs (healthy, not too hot) free now, and in all.
-    pub fn usable_gpus(&self) -> (usize, usize) {
+    pub(crate) fn usable_gpus(&self) -> (usize, usize) {
         let usable: Vec<&Device> = self
             .nodes
             .iter()
@@ -208,7 +208,7 @@ impl ClusterState {
     /// The most free devices on one node all joined by NVLink/xGMI (a free
     /// device on its own counts as 1), the first node with that many, and how
     /// many nodes are such a domain whole.
-    pub fn free_domains(&self) -> ((usize, String), usize) {
+    pub(crate) fn free_domains(&self) -> ((usize, String), usize) {
         let mut best = (0, String::new());
         let mut whole = 0;
         for node in &self.nodes {
@@ -245,7 +245,7 @@ fn largest_clique(node: &NodeState, free: &[bool]) -> usize {
     let position = |id: &str| node.devices.iter().position(|device| device.id == id);
     let mut fast = vec![vec![false; count]; count];
     for link in &node.links {
-        if matches!(link.kind, Interconnect::NvLink | Interconnect::Xgmi)
+        if link.kind.is_scale_up()
             && let (Some(first), Some(second)) = (position(&link.a), position(&link.b))
         {
             fast[first][second] = true;
@@ -273,7 +273,11 @@ fn largest_clique(node: &NodeState, free: &[bool]) -> usize {
 
 /// Replays `events` on `nodes` under `policy`; returns what it measured and
 /// the cluster as the sequence left it.
-pub fn replay(nodes: &[NodeState], events: &[Event], policy: Policy) -> (Outcome, ClusterState) {
+pub(crate) fn replay(
+    nodes: &[NodeState],
+    events: &[Event],
+    policy: Policy,
+) -> (Outcome, ClusterState) {
     let mut state = ClusterState::new(nodes);
     let mut outcome = Outcome::default();
     let mut refused_yet = false;
@@ -360,7 +364,7 @@ fn count_replica_pairs(state: &ClusterState, plans: &[Option<Plan>], pairs: &mut
 /// Plans every replica of `arrival` (`None` where there is no plan), the
 /// wall time it took in milliseconds, and how many replicas were actually
 /// planned (a refusal ends the search for the rest).
-pub fn place(
+pub(crate) fn place(
     state: &ClusterState,
     arrival: &Arrival,
     policy: Policy,

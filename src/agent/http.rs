@@ -15,9 +15,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::allocation_metrics::AllocationMetrics;
+use super::device_plugin::AllocationMetrics;
+use super::device_plugin::registration::{PluginStatus, SILENT_KUBELET};
 use super::publisher::{PublisherStats, WriteCause};
-use super::registration::{PluginStatus, SILENT_KUBELET};
 use super::state::ViewRx;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -11,16 +11,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::binding::{BindingConfig, BindingIndex, run_pod_watch};
+use super::device_plugin::registration::{PluginConfig, PluginRunner};
 use super::http::{AgentMetrics, Counters, router, serve};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
-use super::registration::{PluginConfig, PluginRunner};
 use super::state::{ViewRx, channel, spawn_poller_with_ids};
-use crate::api::{ResourceName, Vendor};
 use crate::api_requests::ApiRequests;
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
 use crate::process::{kube_client, terminated};
+use tessera_core::api::{ResourceName, Vendor};
 
 pub struct AgentConfig {
     pub detect: DetectOptions,

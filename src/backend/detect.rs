@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use super::amd::{AmdBackend, DEFAULT_SYSFS_ROOT};
 use super::fake::FakeBackend;
 use super::nvml::NvmlBackend;
-use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
+use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Snapshot, Telemetry};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendChoice {
@@ -196,5 +196,27 @@ impl GpuBackend for Merged {
             }
         }
         Ok(links)
+    }
+
+    /// Each backend reads its own snapshot (in one go, where it can); the
+    /// devices are numbered on across them.
+    fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
+        self.owner.clear();
+        let (mut devices, mut links) = (Vec::new(), Vec::new());
+        for (backend_index, backend) in self.backends.iter_mut().enumerate() {
+            let own = backend.snapshot()?;
+            for mut state in own.devices {
+                self.owner
+                    .insert(state.info.id.clone(), (backend_index, state.info.clone()));
+                state.info.index = devices.len() as u32;
+                devices.push(state);
+            }
+            links.extend(own.links);
+        }
+        Ok(Snapshot {
+            backend: self.name.clone(),
+            devices,
+            links,
+        })
     }
 }

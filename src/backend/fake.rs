@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
-use crate::api::{GIB, LinkKind, Vendor};
+use tessera_core::api::{GIB, LinkKind, Vendor};
 
 /// Environment variable naming the fake devices: a spec or a file path.
 pub(crate) const ENV_VAR: &str = "TESSERA_FAKE_GPUS";

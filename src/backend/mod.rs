@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use vendor_wiring::container_wiring;
 
-use crate::api::{GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, NodeGpuState, Vendor};
+use tessera_core::api::{
+    GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, NodeGpuState, Vendor,
+};
 
 /// What a backend reports about one device that does not change while it runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -99,6 +101,13 @@ pub trait GpuBackend: Send {
     /// Current health, including faults reported by events since the last call.
     fn health(&mut self, device: &DeviceInfo) -> Result<RawHealth, BackendError>;
     fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError>;
+
+    /// Everything at one moment: what one poll reads. The default asks the
+    /// methods above device by device; a backend whose devices share reads
+    /// of the machine (AMD's sysfs topology) reads it once here instead.
+    fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
+        device_by_device(self)
+    }
 }
 
 /// Whether a device ID is a positional stand-in a backend gave a device that
@@ -125,27 +134,18 @@ pub struct Snapshot {
     pub links: Vec<DeviceLink>,
 }
 
-/// Reads a full snapshot. A device whose telemetry cannot be read is reported
-/// unhealthy with the reason rather than dropped, so it never silently vanishes.
+/// Reads a full snapshot ([`GpuBackend::snapshot`]).
 pub fn snapshot(backend: &mut dyn GpuBackend) -> Result<Snapshot, BackendError> {
+    backend.snapshot()
+}
+
+fn device_by_device<B: GpuBackend + ?Sized>(backend: &mut B) -> Result<Snapshot, BackendError> {
     let infos = backend.devices()?;
     let mut devices = Vec::with_capacity(infos.len());
     for info in infos {
-        let (telemetry, health) = match backend.telemetry(&info) {
-            Ok(t) => (t, backend.health(&info)?),
-            Err(e) => (
-                Telemetry {
-                    memory_free_bytes: 0,
-                    ..Telemetry::default()
-                },
-                RawHealth::Unhealthy(format!("telemetry unreadable: {e}")),
-            ),
-        };
-        devices.push(DeviceState {
-            info,
-            telemetry,
-            health,
-        });
+        let telemetry = backend.telemetry(&info);
+        let state = device_state(info, telemetry, |info| backend.health(info))?;
+        devices.push(state);
     }
     let infos: Vec<DeviceInfo> = devices.iter().map(|d| d.info.clone()).collect();
     let links = backend.links(&infos)?;
@@ -153,6 +153,31 @@ pub fn snapshot(backend: &mut dyn GpuBackend) -> Result<Snapshot, BackendError> 
         backend: backend.name().to_string(),
         devices,
         links,
+    })
+}
+
+/// One device of a snapshot. A device whose telemetry cannot be read is
+/// reported unhealthy with the reason rather than dropped, so it never
+/// silently vanishes; its health is read only when its telemetry was.
+pub(crate) fn device_state(
+    info: DeviceInfo,
+    telemetry: Result<Telemetry, BackendError>,
+    health: impl FnOnce(&DeviceInfo) -> Result<RawHealth, BackendError>,
+) -> Result<DeviceState, BackendError> {
+    let (telemetry, health) = match telemetry {
+        Ok(telemetry) => (telemetry, health(&info)?),
+        Err(e) => (
+            Telemetry {
+                memory_free_bytes: 0,
+                ..Telemetry::default()
+            },
+            RawHealth::Unhealthy(format!("telemetry unreadable: {e}")),
+        ),
+    };
+    Ok(DeviceState {
+        info,
+        telemetry,
+        health,
     })
 }
 

@@ -7,7 +7,7 @@
 
 use super::container::{ContainerWiring, HostRoots};
 use super::{DeviceInfo, amd, fake, nvml};
-use crate::api::Vendor;
+use tessera_core::api::Vendor;
 
 /// Adds what a container given one vendor's devices needs.
 type WireContainer = fn(&[&DeviceInfo], HostRoots<'_>, &mut ContainerWiring);

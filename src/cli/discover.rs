@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use super::InputError;
 use super::input::parse_cluster;
 use super::render::write_rows;
-use crate::api::{GIB, Health, LinkKind, NodeGpuState};
 use crate::backend::cuda_probe::{self, ProbeReport};
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
 use crate::backend::{GpuBackend, Snapshot, is_fallback_id, snapshot};
-use crate::translate::ClusterNode;
+use tessera_core::api::{GIB, Health, LinkKind, NodeGpuState};
+use tessera_core::translate::ClusterNode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DiscoverOutput {

@@ -10,8 +10,10 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::InputError;
-use crate::api::{GROUP, Health, LinkKind, ModelInstance, NodeGpuState, VERSION, Vendor, limits};
-use crate::translate::ClusterNode;
+use tessera_core::api::{
+    GROUP, Health, LinkKind, ModelInstance, NodeGpuState, VERSION, Vendor, limits,
+};
+use tessera_core::translate::ClusterNode;
 
 /// Parses YAML into a type, refusing unknown fields (as `kubectl apply` does with
 /// strict field validation) and naming the path of whatever does not fit.

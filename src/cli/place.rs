@@ -10,10 +10,11 @@ use serde::Serialize;
 
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
-use crate::api::{ModelInstance, PlannedShard};
-use crate::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
-use crate::translate::{
-    ClusterNode, WallDeadline, build_problem, planned_shards, pod_holder, tensor_choice,
+use crate::wall_deadline::WallDeadline;
+use tessera_core::api::{ModelInstance, PlannedShard};
+use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
+use tessera_core::translate::{
+    ClusterNode, build_problem, planned_shards, pod_holder, tensor_choice,
 };
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use super::place::{PlaceOutput, Report};
-use crate::api::GIB;
-use crate::placement::{Score, TokenTime};
+use tessera_core::api::GIB;
+use tessera_core::placement::{Score, TokenTime};
 
 impl Report {
     pub fn render(&self, output: PlaceOutput) -> String {

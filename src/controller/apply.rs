@@ -15,11 +15,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::build::INSTANCE_LABEL;
+use super::desired::INSTANCE_LABEL;
 use super::events::EventNote;
 use super::hashes::recorded_pod_hash;
 use super::held::finished;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, SHARD_ANNOTATION};
+use tessera_core::api::{DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, SHARD_ANNOTATION};
 
 /// The name the controller writes under (field manager, event reporter).
 pub(crate) const MANAGER: &str = "tessera-controller";

@@ -6,8 +6,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 
-use crate::api::{ModelInstance, PlannedShard};
-use crate::placement::Unsatisfiable;
+use tessera_core::api::{ModelInstance, PlannedShard};
+use tessera_core::placement::Unsatisfiable;
 
 /// Something worth an Event.
 #[derive(Clone, Debug, PartialEq)]

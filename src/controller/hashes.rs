@@ -6,7 +6,7 @@ use std::hash::Hasher;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::ModelInstanceSpec;
+use tessera_core::api::ModelInstanceSpec;
 
 /// Pod annotation: the hash of everything the controller put into a shard pod.
 /// A pod whose hash differs from the desired one is replaced (pod specs are
@@ -51,7 +51,7 @@ fn fnv(bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use crate::api::{Optimize, ParallelismSpec, PlacementPolicy, Strategy, TensorSize};
+    use tessera_core::api::{Optimize, ParallelismSpec, PlacementPolicy, Strategy, TensorSize};
 
     /// Instances made before replicas, `tensor: auto` and strategies existed
     /// keep their placement hash, so an upgraded controller keeps their plans.

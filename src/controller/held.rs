@@ -8,8 +8,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::nodes::NodeInfo;
-use crate::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard};
-use crate::translate::pod_holder;
+use tessera_core::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard};
+use tessera_core::translate::pod_holder;
 
 /// `(node, device ID)` → who holds it, for the explanation of a refusal.
 pub type Held = HashMap<(String, String), String>;
@@ -122,10 +122,10 @@ pub(crate) fn finished(pod: &Pod) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{NodeGpuState, PlannedShard};
     use crate::controller::testkit::*;
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+    use tessera_core::api::{NodeGpuState, PlannedShard};
 
     fn pod(name: &str, owner: &str, node: &str, devices: &str, phase: &str) -> Pod {
         Pod {
@@ -154,7 +154,7 @@ mod tests {
     #[test]
     fn everything_but_my_own_devices_is_held() {
         let mut other = instance("other", SMALL);
-        other.status = Some(crate::api::ModelInstanceStatus {
+        other.status = Some(tessera_core::api::ModelInstanceStatus {
             plan: vec![PlannedShard {
                 replica: 0,
                 shard: 0,
@@ -193,7 +193,7 @@ mod tests {
         // Kubelet admitted my shard before the agent saw its binding: the agent
         // publishes the devices as held by a pod it cannot name.
         let mut me = instance("me", SMALL);
-        me.status = Some(crate::api::ModelInstanceStatus {
+        me.status = Some(tessera_core::api::ModelInstanceStatus {
             plan: vec![PlannedShard {
                 replica: 0,
                 shard: 0,
@@ -242,7 +242,7 @@ mod tests {
         let nodes = infos(&[node_with("a", &state("a", 4, H100))]);
         // Just planned on a-g1; the cache still has no status, or the old one.
         let mut moved = instance("moved", SMALL);
-        moved.status = Some(crate::api::ModelInstanceStatus {
+        moved.status = Some(tessera_core::api::ModelInstanceStatus {
             plan: vec![shard("a", "a-g0")],
             ..Default::default()
         });

@@ -20,7 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::watch_errors::WatchErrors;
-use crate::api::{ModelInstance, Phase};
+use tessera_core::api::{ModelInstance, Phase};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {

@@ -1,20 +1,21 @@
 //! The controller: reconciles ModelInstances into placed, bound shard pods.
 //!
 //! A reconcile runs in stages, the pure ones apart from the API calls:
-//! observe (`nodes`, `held`) → `validate` → `decide` → `build` → `apply`
+//! observe (`node_cache`, `nodes`, `held`) → `validate` → `decide` → build (`desired`) → `apply`
 //! (with `node_gate`) → `status`, then `events`. `reconcile` calls them in that
 //! order and nothing else does; `hashes` holds every hash they compare;
-//! `crate::translate` (shared with `tessera place`) turns Kubernetes objects
+//! `tessera_core::translate` (shared with `tessera place`) turns Kubernetes objects
 //! into the solver's problem; `run` wires caches (`synced`), leader election
 //! and the HTTP endpoints.
 
 pub(crate) mod apply;
-pub mod build;
 pub mod decide;
+pub mod desired;
 mod events;
 pub mod hashes;
 pub mod held;
 pub mod metrics;
+pub mod node_cache;
 mod node_changes;
 mod node_gate;
 pub mod nodes;

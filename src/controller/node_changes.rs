@@ -13,8 +13,9 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 
+use super::node_cache::CachedNode;
 use super::nodes::NodeInfo;
 use super::triggers::Touch;
 
@@ -31,17 +32,17 @@ pub(crate) struct NodeChanges {
 
 impl NodeChanges {
     /// Whether this touch of `node` should wake the instances it concerns.
-    pub(crate) fn wakes(&mut self, node: &Node, touch: Touch, now: Instant) -> bool {
-        let name = node.metadata.name.clone().unwrap_or_default();
+    pub(crate) fn wakes(&mut self, node: &CachedNode, touch: Touch, now: Instant) -> bool {
+        let name = node.name_any();
         if touch == Touch::Deleted {
             return self.seen.remove(&name).is_some();
         }
-        let Ok(Some(info)) = NodeInfo::from_node(node) else {
+        let Some(info) = &node.info else {
             // Not (or no longer) a GPU node the controller can plan on: that
             // matters once, to instances planned on it.
             return self.seen.remove(&name).is_some();
         };
-        let fingerprint = fingerprint(without_telemetry(info));
+        let fingerprint = fingerprint(&without_telemetry(info));
         if self.seen.insert(name, fingerprint) != Some(fingerprint) {
             return true;
         }
@@ -56,31 +57,28 @@ impl NodeChanges {
 }
 
 /// Every field takes part through its debug form (floats have no `Hash`).
-fn fingerprint(info: NodeInfo) -> u64 {
+fn fingerprint(info: &NodeInfo) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     format!("{info:?}").hash(&mut hasher);
     hasher.finish()
 }
 
-fn without_telemetry(mut info: NodeInfo) -> NodeInfo {
-    let state = &mut info.gpus.gpu_state;
-    state.timestamp = None;
-    for device in &mut state.devices {
-        device.temperature_c = None;
-        device.power_w = None;
-        device.memory_free_bytes = 0;
-    }
+/// What is telemetry is the API's one definition (`api::telemetry`).
+fn without_telemetry(info: &NodeInfo) -> NodeInfo {
+    let mut info = info.clone();
+    info.gpus.gpu_state = info.gpus.gpu_state.without_telemetry();
     info
 }
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
 
     use super::*;
-    use crate::api::GPU_STATE_ANNOTATION;
+    use tessera_core::api::GPU_STATE_ANNOTATION;
 
-    fn node(temperature: f64, health: &str, allocated: Option<&str>) -> Node {
+    fn node(temperature: f64, health: &str, allocated: Option<&str>) -> CachedNode {
         let mut state = json!({"version": "v1", "backend": "fake", "devices": [{
             "id": "g0", "index": 0, "vendor": "nvidia", "product": "H100",
             "memoryTotalBytes": 85899345920u64, "memoryFreeBytes": 80000000000u64,
@@ -90,10 +88,16 @@ mod tests {
         if let Some(uid) = allocated {
             state["allocated"] = json!({"g0": uid});
         }
-        serde_json::from_value(json!({
+        let node: Node = serde_json::from_value(json!({
             "metadata": {"name": "n1", "annotations": {GPU_STATE_ANNOTATION: state.to_string()}},
         }))
-        .unwrap()
+        .unwrap();
+        node.into()
+    }
+
+    fn cpu_node() -> CachedNode {
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
+        node.into()
     }
 
     #[test]
@@ -132,8 +136,7 @@ mod tests {
     fn nodes_without_gpu_state_wake_only_when_they_stop_publishing() {
         let mut changes = NodeChanges::default();
         let t0 = Instant::now();
-        let mut cpu_node = node(40.0, "Healthy", None);
-        cpu_node.metadata.annotations = None;
+        let cpu_node = cpu_node();
         assert!(
             !changes.wakes(&cpu_node, Touch::Applied, t0),
             "never a GPU node"
@@ -155,8 +158,7 @@ mod tests {
         // As it was last seen: nothing in it changed, yet it is gone.
         assert!(changes.wakes(&gpu_node, Touch::Deleted, t0));
         assert!(!changes.wakes(&gpu_node, Touch::Deleted, t0));
-        let mut cpu_node = node(40.0, "Healthy", None);
-        cpu_node.metadata.annotations = None;
+        let cpu_node = cpu_node();
         assert!(
             !changes.wakes(&cpu_node, Touch::Deleted, t0),
             "never a GPU node"

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::nodes::NodeInfo;
-use crate::api::DEVICES_ANNOTATION;
+use tessera_core::api::DEVICES_ANNOTATION;
 
 /// How long a bound pod may hold its node before the next is bound anyway
 /// (an agent that does not report allocations, a kubelet that is down).

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -16,28 +16,29 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 use super::apply::{self, ApplyError, ShardState};
-use super::build::{
+use super::decide::{PlanDecision, PlanInputs, Replicas, decide_replicas};
+use super::desired::{
     INSTANCE_LABEL, REPLICA_LABEL, headless_service, shard_pod_name, shard_pods, shard_resource,
 };
-use super::decide::{Current, PlanDecision, PlanInputs, broken_shards, decide};
 use super::events::{self, EventNote, plan_notes, unsatisfiable_text};
 use super::hashes::placement_hash;
 use super::held::{Claims, Held, held_devices};
 use super::metrics::Metrics;
+use super::node_cache::{CachedNode, gpu_nodes};
 use super::node_gate::{NodeGate, may_bind};
-use super::nodes::{NodeInfo, ParsedNodes, Readiness};
+use super::nodes::{NodeInfo, Readiness};
 pub use super::settings::Settings;
 use super::status::{self, Outcome, PLACED, ReplicaStatus, StatusInputs};
 use super::validate;
-use crate::api::{
+use tessera_core::api::{
     DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
     SHARD_ANNOTATION,
 };
-use crate::placement::Unsatisfiable;
+use tessera_core::placement::Unsatisfiable;
 
 /// The caches the controller reads; the writes go through `client`.
 pub struct Caches {
-    pub nodes: Store<Node>,
+    pub nodes: Store<CachedNode>,
     pub pods: Store<Pod>,
     pub services: Store<Service>,
     pub instances: Store<ModelInstance>,
@@ -58,7 +59,6 @@ pub struct Context {
     /// same time) plan one after the other, each seeing the devices the
     /// others just took although the cache shows their status a moment later.
     claims: tokio::sync::Mutex<Claims>,
-    parsed_nodes: ParsedNodes,
     node_gate: NodeGate,
 }
 
@@ -79,7 +79,6 @@ impl Context {
             unsatisfiable: Mutex::default(),
             failures: Mutex::default(),
             claims: tokio::sync::Mutex::default(),
-            parsed_nodes: ParsedNodes::default(),
             node_gate: NodeGate::default(),
         }
     }
@@ -229,7 +228,7 @@ struct Observed {
 }
 
 fn observe(ctx: &Context, instance: &Instance) -> Observed {
-    let nodes = ctx.parsed_nodes.read(&ctx.caches.nodes.state());
+    let nodes = gpu_nodes(&ctx.caches.nodes.state());
     let pods = ctx.caches.pods.state();
     let mine = pods
         .iter()
@@ -314,11 +313,8 @@ fn refuse(mi: &ModelInstance, invalid: InvalidSpec, notes: &mut Vec<EventNote>) 
     }
 }
 
-/// The decide stage, replica by replica: keep, repair or re-plan (`decide`),
-/// run off the async workers because the solver may search up to the
-/// instance's deadline. Each replica plans with the other replicas' devices
-/// taken (the earlier ones as just decided) and their nodes known, so
-/// replicas never share a device and `spread` can keep them apart.
+/// The decide stage for every replica (`decide_replicas`), run off the async
+/// workers because the solver may search up to the instance's deadline.
 async fn plan(
     mi: &ModelInstance,
     ctx: &Context,
@@ -360,59 +356,26 @@ async fn plan(
             (mi.spec.clone(), observed.nodes.clone(), by_replica.clone());
         let (node_grace, max_steps) = (ctx.settings.node_grace, ctx.settings.max_steps);
         move || {
-            let mut decisions: Vec<(PlanDecision, BTreeMap<u32, String>)> = Vec::new();
-            // Every replica's plan: the earlier ones as just decided, the later ones as they are.
-            let mut plans = by_replica.clone();
-            for replica in 0..wanted {
-                let own = &by_replica[replica as usize];
-                let others: Vec<&PlannedShard> = plans
-                    .iter()
-                    .enumerate()
-                    .filter(|(index, _)| *index != replica as usize)
-                    .flat_map(|(_, plan)| plan)
-                    .collect();
-                let mut replica_held = held.clone();
-                for shard in &others {
-                    for device in &shard.devices {
-                        replica_held
-                            .entry((shard.node.clone(), device.clone()))
-                            .or_insert_with(|| {
-                                format!("replica {} of this instance", shard.replica)
-                            });
-                    }
-                }
-                let replica_nodes: Vec<String> = others.iter().map(|s| s.node.clone()).collect();
-                let failed_here: Vec<u32> = failed
-                    .iter()
-                    .filter(|(r, _)| *r == replica)
-                    .map(|(_, shard)| *shard)
-                    .collect();
-                let inputs = PlanInputs {
-                    nodes: &nodes,
-                    held: &replica_held,
-                    now,
-                    node_grace,
-                    max_steps,
-                    known_unsatisfiable: known.get(replica as usize).and_then(Option::as_ref),
-                    replica,
-                    replica_nodes: &replica_nodes,
-                };
-                let current = Current {
-                    plan: own,
-                    placement_hash: current_hash.as_deref(),
-                    failed_admission: &failed_here,
-                };
-                let decision = decide(&spec, &tolerations, &current, &inputs);
-                let broken = match decision {
-                    PlanDecision::Unsatisfiable { .. } if keep => {
-                        broken_shards(own, &failed_here, &inputs)
-                    }
-                    _ => BTreeMap::new(),
-                };
-                plans[replica as usize] = decided_plan(&decision, own);
-                decisions.push((decision, broken));
-            }
-            decisions
+            let replicas = Replicas {
+                spec: &spec,
+                tolerations: &tolerations,
+                current: &by_replica,
+                placement_hash: current_hash.as_deref(),
+                keep_when_unsatisfiable: keep,
+                failed_admission: &failed,
+                known_unsatisfiable: &known,
+            };
+            let base = PlanInputs {
+                nodes: &nodes,
+                held: &held,
+                now,
+                node_grace,
+                max_steps,
+                known_unsatisfiable: None,
+                replica: 0,
+                replica_nodes: &[],
+            };
+            decide_replicas(&replicas, &base)
         }
     };
     let planning = Instant::now();
@@ -460,15 +423,6 @@ fn replica_plan(plan: &[PlannedShard], replica: u32) -> Vec<PlannedShard> {
         .filter(|shard| shard.replica == replica)
         .cloned()
         .collect()
-}
-
-/// The plan a decision leaves a replica with (`current` when it keeps it).
-fn decided_plan(decision: &PlanDecision, current: &[PlannedShard]) -> Vec<PlannedShard> {
-    match decision {
-        PlanDecision::Keep => current.to_vec(),
-        PlanDecision::Planned(new) => new.plan.clone(),
-        PlanDecision::Unsatisfiable { .. } => current.to_vec(),
-    }
 }
 
 /// One replica's decision as an outcome, with its Events and the

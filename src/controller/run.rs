@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
@@ -18,17 +18,17 @@ use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
 use super::metrics::{InstanceCache, Metrics, router};
+use super::node_cache::{CachedNode, StateReports, cached};
 use super::node_changes::NodeChanges;
-use super::nodes::{StateReports, trim_node};
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
 use super::synced::{Cache, CacheSync};
 use super::triggers::{Touch, triggers};
-use crate::api::ModelInstance;
 use crate::api_requests::ApiRequests;
 use crate::initial_list::InitialList;
 use crate::process::{kube_client, terminated};
 use crate::watch_backoff::with_backoff;
+use tessera_core::api::ModelInstance;
 
 pub struct ControllerConfig {
     pub kubeconfig: Option<PathBuf>,
@@ -196,7 +196,7 @@ async fn lead(
 /// those waiting for room anywhere.
 fn instances_for_node(
     instances: &Store<ModelInstance>,
-    node: &Node,
+    node: &CachedNode,
 ) -> Vec<ObjectRef<ModelInstance>> {
     let name = node.name_any();
     instances
@@ -251,7 +251,7 @@ async fn run_controller(
 
     let (nodes, node_writer) = reflector::store();
     let node_events = with_backoff("nodes", watcher(nodes_api, first.clone()))
-        .modify(trim_node)
+        .map_ok(cached)
         .reflect(node_writer)
         .inspect(sync.observer(Cache::Nodes));
     let node_stream = triggers(node_events, nodes.clone(), {

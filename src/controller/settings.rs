@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::api::ResourceName;
+use tessera_core::api::ResourceName;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -18,7 +18,7 @@ impl Default for Settings {
         Self {
             resource_name: ResourceName::default(),
             node_grace: Duration::from_secs(300),
-            max_steps: crate::placement::SolveOptions::default().max_steps,
+            max_steps: tessera_core::placement::SolveOptions::default().max_steps,
         }
     }
 }

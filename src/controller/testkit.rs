@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::decide::PlanInputs;
 use super::held::Held;
 use super::nodes::NodeInfo;
-use crate::api::{
+use tessera_core::api::{
     GPU_STATE_ANNOTATION, GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, ModelInstance,
     NodeGpuState, Vendor,
 };

@@ -3,8 +3,8 @@
 //! this repeats those rules (for older CRDs) and adds the ones that need the
 //! pod template or the controller's configuration.
 
-use crate::api::limits;
-use crate::api::{InvalidSpec, ModelInstance, ResourceName};
+use tessera_core::api::limits;
+use tessera_core::api::{InvalidSpec, ModelInstance, ResourceName};
 
 pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidSpec> {
     let mut problems = match mi.spec.validate() {
@@ -114,7 +114,7 @@ mod tests {
         }
 
         let mut mi = instance("llama", SMALL);
-        mi.spec.parallelism.tensor = crate::api::TensorSize::Fixed(0);
+        mi.spec.parallelism.tensor = tessera_core::api::TensorSize::Fixed(0);
         assert!(problems(&mi).contains("parallelism.tensor"));
     }
 }

@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 /// A scratch directory under the system temp dir, removed when dropped.
-pub struct Scratch(pub PathBuf);
+pub(crate) struct Scratch(pub PathBuf);
 
 impl Scratch {
     /// `<temp>/tessera-<suite>-<test>-<pid>`, empty.
-    pub fn new(suite: &str, test: &str) -> Self {
+    pub(crate) fn new(suite: &str, test: &str) -> Self {
         let dir =
             std::env::temp_dir().join(format!("tessera-{suite}-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -23,13 +23,13 @@ impl Scratch {
     }
 
     /// Writes a fixture file and returns its path as a string for the command line.
-    pub fn file(&self, name: &str, text: &str) -> String {
+    pub(crate) fn file(&self, name: &str, text: &str) -> String {
         let path = self.0.join(name);
         std::fs::write(&path, text).expect("write fixture");
         path.display().to_string()
     }
 
-    pub fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.0.join(name).display().to_string()
     }
 }
@@ -42,7 +42,7 @@ impl Drop for Scratch {
 
 /// (exit code, stdout, stderr) of a finished run; fails on a panic or a
 /// run killed by a signal.
-pub fn finish(args: &[&str], out: Output) -> (i32, String, String) {
+pub(crate) fn finish(args: &[&str], out: Output) -> (i32, String, String) {
     let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
     let stderr = String::from_utf8(out.stderr).expect("stderr is UTF-8");
     assert!(
@@ -54,7 +54,11 @@ pub fn finish(args: &[&str], out: Output) -> (i32, String, String) {
 }
 
 /// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
-pub fn assert_bad_input_result(args: &[&str], result: (i32, String, String), needles: &[&str]) {
+pub(crate) fn assert_bad_input_result(
+    args: &[&str],
+    result: (i32, String, String),
+    needles: &[&str],
+) {
     let (code, stdout, stderr) = result;
     assert_eq!(code, 1, "tessera {args:?}: exit code\nstderr: {stderr}");
     assert!(
@@ -75,7 +79,7 @@ pub fn assert_bad_input_result(args: &[&str], result: (i32, String, String), nee
 }
 
 /// Runs the built binary; returns (exit code, stdout, stderr).
-pub fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+pub(crate) fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
     cmd.args(args)
         .env_remove("RUST_LOG")
@@ -96,12 +100,12 @@ pub fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
 }
 
 /// Bad input: exit 1, nothing on stdout, one `error: ` line naming every `needle`.
-pub fn assert_bad_input(args: &[&str], stdin: Option<&str>, needles: &[&str]) {
+pub(crate) fn assert_bad_input(args: &[&str], stdin: Option<&str>, needles: &[&str]) {
     assert_bad_input_result(args, run(args, stdin), needles);
 }
 
 /// A minimal valid ModelInstance; `extra_spec` lines go under `spec:`.
-pub fn instance(model: &str, extra_spec: &str) -> String {
+pub(crate) fn instance(model: &str, extra_spec: &str) -> String {
     format!(
         "apiVersion: tessera.dev/v1alpha1\nkind: ModelInstance\nmetadata: {{name: m}}\nspec:\n  model: {{{model}}}\n{extra_spec}"
     )

@@ -44,7 +44,7 @@ use tokio::sync::mpsc;
 
 /// The resources the fake serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
+pub(crate) enum Kind {
     Node,
     Pod,
     Service,
@@ -63,7 +63,7 @@ impl Kind {
         Kind::ModelInstance,
     ];
 
-    pub fn kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> &'static str {
         match self {
             Kind::Node => "Node",
             Kind::Pod => "Pod",
@@ -74,7 +74,7 @@ impl Kind {
         }
     }
 
-    pub fn api_version(self) -> &'static str {
+    pub(crate) fn api_version(self) -> &'static str {
         match self {
             Kind::Node | Kind::Pod | Kind::Service => "v1",
             Kind::Event => "events.k8s.io/v1",
@@ -112,18 +112,18 @@ impl Kind {
 
 /// One request as the fake saw it.
 #[derive(Clone, Debug)]
-pub struct Record {
-    pub method: String,
-    pub path: String,
-    pub query: String,
+pub(crate) struct Record {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) query: String,
     /// The bearer token the client sent, if any.
-    pub client: Option<String>,
-    pub kind: Option<Kind>,
-    pub status: u16,
+    pub(crate) client: Option<String>,
+    pub(crate) kind: Option<Kind>,
+    pub(crate) status: u16,
 }
 
 impl Record {
-    pub fn is_write(&self) -> bool {
+    pub(crate) fn is_write(&self) -> bool {
         !matches!(self.method.as_str(), "GET" | "HEAD")
     }
 }
@@ -165,7 +165,7 @@ struct Inner {
     page_delay: Duration,
 }
 
-pub struct FakeApiServer {
+pub(crate) struct FakeApiServer {
     inner: Arc<Mutex<Inner>>,
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
@@ -183,7 +183,7 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 
 impl FakeApiServer {
     /// Serves on an ephemeral loopback port, on the current tokio runtime.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port for the fake API server");
@@ -200,12 +200,12 @@ impl FakeApiServer {
         Self { inner, addr, task }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// A kubeconfig for this server whose client sends `token`.
-    pub fn kubeconfig(&self, token: &str) -> String {
+    pub(crate) fn kubeconfig(&self, token: &str) -> String {
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
              users:\n- name: {token}\n  user:\n    token: {token}\n\
@@ -217,7 +217,7 @@ impl FakeApiServer {
 
     /// Creates an object as a POST would (uid, resourceVersion, timestamps);
     /// panics if it exists.
-    pub fn create(&self, kind: Kind, object: Value) -> Value {
+    pub(crate) fn create(&self, kind: Kind, object: Value) -> Value {
         let mut inner = lock(&self.inner);
         let ns = object["metadata"]["namespace"].as_str().map(str::to_string);
         match inner.create(kind, ns.as_deref(), object, None) {
@@ -226,7 +226,7 @@ impl FakeApiServer {
         }
     }
 
-    pub fn get(&self, kind: Kind, ns: &str, name: &str) -> Option<Value> {
+    pub(crate) fn get(&self, kind: Kind, ns: &str, name: &str) -> Option<Value> {
         let inner = lock(&self.inner);
         inner
             .objects
@@ -234,7 +234,7 @@ impl FakeApiServer {
             .map(|s| s.object.clone())
     }
 
-    pub fn list(&self, kind: Kind) -> Vec<Value> {
+    pub(crate) fn list(&self, kind: Kind) -> Vec<Value> {
         let inner = lock(&self.inner);
         inner
             .objects
@@ -245,7 +245,7 @@ impl FakeApiServer {
     }
 
     /// Changes an object in place (a MODIFIED event); panics if it is missing.
-    pub fn modify(&self, kind: Kind, ns: &str, name: &str, change: impl FnOnce(&mut Value)) {
+    pub(crate) fn modify(&self, kind: Kind, ns: &str, name: &str, change: impl FnOnce(&mut Value)) {
         let mut inner = lock(&self.inner);
         let key = (kind, ns.to_string(), name.to_string());
         let Some(stored) = inner.objects.get(&key) else {
@@ -257,7 +257,7 @@ impl FakeApiServer {
     }
 
     /// Deletes an object as a user would (a DELETED event); false if missing.
-    pub fn delete(&self, kind: Kind, ns: &str, name: &str) -> bool {
+    pub(crate) fn delete(&self, kind: Kind, ns: &str, name: &str) -> bool {
         let mut inner = lock(&self.inner);
         inner
             .remove(&(kind, ns.to_string(), name.to_string()))
@@ -266,14 +266,14 @@ impl FakeApiServer {
 
     /// Answers every new request with `code` (429 Too Many Requests, 503
     /// Service Unavailable) until called again with `None`.
-    pub fn overload(&self, code: Option<u16>) {
+    pub(crate) fn overload(&self, code: Option<u16>) {
         lock(&self.inner).overloaded = code;
     }
 
     /// Closes every open watch and stops replaying what came before, as an
     /// API server that restarted does: watches resuming from before now get
     /// 410 `Expired` and must list again.
-    pub fn expire_watches(&self) {
+    pub(crate) fn expire_watches(&self) {
         let mut inner = lock(&self.inner);
         inner.oldest_rv = inner.rv + 1;
         inner.watches.clear();
@@ -281,23 +281,23 @@ impl FakeApiServer {
 
     /// Lists made with a `limit` get pages of at most `cap` items, each
     /// answered `delay` late: a slow list of a large cluster.
-    pub fn slow_pages(&self, cap: Option<usize>, delay: Duration) {
+    pub(crate) fn slow_pages(&self, cap: Option<usize>, delay: Duration) {
         let mut inner = lock(&self.inner);
         inner.page_cap = cap;
         inner.page_delay = delay;
     }
 
-    pub fn records(&self) -> Vec<Record> {
+    pub(crate) fn records(&self) -> Vec<Record> {
         lock(&self.inner).records.clone()
     }
 
     /// Requests no route matched.
-    pub fn unknown(&self) -> Vec<String> {
+    pub(crate) fn unknown(&self) -> Vec<String> {
         lock(&self.inner).unknown.clone()
     }
 
     /// Open watch streams (closed ones are noticed on the next event).
-    pub fn watches(&self) -> usize {
+    pub(crate) fn watches(&self) -> usize {
         lock(&self.inner).watches.len()
     }
 }

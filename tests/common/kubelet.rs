@@ -14,10 +14,14 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use tessera::agent::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
-use tessera::agent::kubelet_api::v1beta1::registration_server::{Registration, RegistrationServer};
-use tessera::agent::kubelet_api::v1beta1::{Empty, ListAndWatchResponse, RegisterRequest};
-use tessera::agent::registration::connect_unix;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
+use tessera::agent::device_plugin::kubelet_api::v1beta1::registration_server::{
+    Registration, RegistrationServer,
+};
+use tessera::agent::device_plugin::kubelet_api::v1beta1::{
+    Empty, ListAndWatchResponse, RegisterRequest,
+};
+use tessera::agent::device_plugin::registration::connect_unix;
 
 /// Longest wait for a registration or for the stand-in to stop.
 const WAIT: Duration = Duration::from_secs(5);
@@ -52,7 +56,7 @@ impl Registration for Recorder {
 }
 
 /// A kubelet stand-in serving `Registration` at `<dir>/kubelet.sock`.
-pub struct FakeKubelet {
+pub(crate) struct FakeKubelet {
     path: PathBuf,
     requests: mpsc::UnboundedReceiver<RegisterRequest>,
     stop: Option<oneshot::Sender<()>>,
@@ -61,13 +65,13 @@ pub struct FakeKubelet {
 
 impl FakeKubelet {
     /// Binds `<dir>/kubelet.sock` (replacing a stale one) and serves on it.
-    pub fn start(dir: &Path) -> Self {
+    pub(crate) fn start(dir: &Path) -> Self {
         Self::serve(dir, false)
     }
 
     /// Like [`FakeKubelet::start`], but each `Register` opens the plugin's
     /// `ListAndWatch` before it answers, as kubelet v1.24 does.
-    pub fn start_calling_back(dir: &Path) -> Self {
+    pub(crate) fn start_calling_back(dir: &Path) -> Self {
         Self::serve(dir, true)
     }
 
@@ -100,7 +104,7 @@ impl FakeKubelet {
     }
 
     /// The next `Register` call; fails the test after five seconds.
-    pub async fn next_registration(&mut self) -> RegisterRequest {
+    pub(crate) async fn next_registration(&mut self) -> RegisterRequest {
         match tokio::time::timeout(WAIT, self.requests.recv()).await {
             Ok(Some(request)) => request,
             Ok(None) => panic!("the kubelet stand-in stopped before a Register call"),
@@ -109,12 +113,12 @@ impl FakeKubelet {
     }
 
     /// Whether no `Register` call has arrived (that was not taken already).
-    pub fn nothing_registered(&mut self) -> bool {
+    pub(crate) fn nothing_registered(&mut self) -> bool {
         self.requests.try_recv().is_err()
     }
 
     /// Stops serving and removes `kubelet.sock`, as an exiting kubelet leaves things.
-    pub async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 /// which could leave the library missing or stale. So when run by cargo (which
 /// sets `CARGO`), the fixture is built first (`cargo build --offline -p
 /// tessera-mock-nvml`, a no-op when up to date) with the test's profile.
-pub fn mock_library() -> PathBuf {
+pub(crate) fn mock_library() -> PathBuf {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
     LIBRARY
         .get_or_init(|| {

@@ -14,10 +14,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tessera::api;
 
-pub const ENV: &str = "TESSERA_TEST_KUBECONFIG";
+pub(crate) const ENV: &str = "TESSERA_TEST_KUBECONFIG";
 
 /// The kubeconfig to test against; `None` (with the reason printed) skips the test.
-pub fn kubeconfig_path() -> Option<PathBuf> {
+pub(crate) fn kubeconfig_path() -> Option<PathBuf> {
     match std::env::var_os(ENV).filter(|p| !p.is_empty()) {
         Some(path) => Some(PathBuf::from(path)),
         None => {
@@ -27,7 +27,7 @@ pub fn kubeconfig_path() -> Option<PathBuf> {
     }
 }
 
-pub async fn load_config(path: &Path) -> Config {
+pub(crate) async fn load_config(path: &Path) -> Config {
     let kubeconfig = Kubeconfig::read_from(path)
         .unwrap_or_else(|e| panic!("{ENV}={}: cannot read the kubeconfig: {e}", path.display()));
     Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -37,7 +37,7 @@ pub async fn load_config(path: &Path) -> Config {
 
 /// Applies this build's ModelInstance CRD (server-side, forced: an installed
 /// CRD of the same name is updated) and waits until it is established.
-pub async fn install_crd(client: &Client) {
+pub(crate) async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = api::crd();
     let name = crd.metadata.name.clone().unwrap_or_default();
@@ -73,7 +73,7 @@ pub async fn install_crd(client: &Client) {
 
 /// GET on a loopback HTTP/1.0 endpoint (a controller's /metrics or /readyz):
 /// the whole response, headers included.
-pub fn http_get(port: u16, path: &str) -> Option<String> {
+pub(crate) fn http_get(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;

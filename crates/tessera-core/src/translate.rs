@@ -3,16 +3,16 @@
 //! instance's status plan. Pure: callers fetch the objects.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 
+use crate::api::telemetry::planned_free_memory;
 use crate::api::{
     self, GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, ModelSpec, NodeGpuState,
     PipelineStages, PlannedShard, RACK_LABEL, TensorSize, Vendor, ZONE_LABEL,
 };
 use crate::placement::{
-    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector,
+    Device, Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector,
     SpeedGoal, Stages, Strategy, TensorChoice, Weights,
 };
 
@@ -49,17 +49,6 @@ pub fn pod_holder(node: &str, uid: &str) -> String {
     } else {
         format!("a pod on {node} (uid {uid})")
     }
-}
-
-/// Free memory is rounded down before planning so that drift of a few MiB
-/// neither changes plans nor hides identical devices from the solver's
-/// symmetry breaking. Down is the safe direction: a plan made on the rounded
-/// figure fits the raw one. Temperature is passed raw: the limit is a hard
-/// constraint, and the solver rounds only what its score reads.
-const FREE_MEMORY_STEP: u64 = 256 << 20;
-
-fn rounded_free(bytes: u64) -> u64 {
-    bytes / FREE_MEMORY_STEP * FREE_MEMORY_STEP
 }
 
 /// Builds the solver's problem. `allocated` maps `(node, device id)` to the
@@ -125,7 +114,7 @@ fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>)
             vendor: device.vendor.as_str().to_string(),
             product: device.product.clone(),
             memory_total_bytes: device.memory_total_bytes,
-            memory_free_bytes: rounded_free(device.memory_free_bytes),
+            memory_free_bytes: planned_free_memory(device.memory_free_bytes),
             fp16_tflops: device.fp16_tflops,
             memory_bandwidth_gbps: device.memory_bandwidth_gbps,
             temperature_c: device.temperature_c,
@@ -146,12 +135,7 @@ fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>)
         .links
         .iter()
         .filter_map(|link| {
-            let kind = match link.kind {
-                LinkKind::Nvlink => Interconnect::NvLink,
-                LinkKind::Xgmi => Interconnect::Xgmi,
-                LinkKind::Pcie => Interconnect::Pcie,
-                LinkKind::Unknown => return None,
-            };
+            let kind = interconnect(link.kind)?;
             Some(Link {
                 a: link.a.clone(),
                 b: link.b.clone(),
@@ -209,24 +193,28 @@ pub fn planned_shards(plan: &Plan, replica: u32) -> Vec<PlannedShard> {
         .collect()
 }
 
-/// A wall-clock deadline for the solver.
-pub struct WallDeadline(Instant);
-
-impl WallDeadline {
-    pub fn after(timeout: Duration) -> Self {
-        Self(Instant::now() + timeout)
-    }
-}
-
-impl Deadline for WallDeadline {
-    fn expired(&self) -> bool {
-        Instant::now() >= self.0
+/// The solver's name for a link kind; `None` for a kind this build does not know.
+fn interconnect(kind: LinkKind) -> Option<Interconnect> {
+    match kind {
+        LinkKind::Nvlink => Some(Interconnect::NvLink),
+        LinkKind::Xgmi => Some(Interconnect::Xgmi),
+        LinkKind::Pcie => Some(Interconnect::Pcie),
+        LinkKind::Unknown => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_solver_sees_the_same_scale_up_domains_as_the_agent_reports() {
+        for kind in [LinkKind::Nvlink, LinkKind::Xgmi, LinkKind::Pcie] {
+            let solver = interconnect(kind).expect("a known kind");
+            assert_eq!(solver.is_scale_up(), kind.is_scale_up(), "{kind:?}");
+        }
+        assert_eq!(interconnect(LinkKind::Unknown), None);
+    }
     use crate::api::{GPU_STATE_ANNOTATION, GPU_STATE_VERSION, GpuDevice, GpuLink};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::checkpoint::DEFAULT_CHECKPOINT_PATH;
-use crate::api::DEFAULT_RESOURCE_NAME;
+use tessera_core::api::DEFAULT_RESOURCE_NAME;
 
 /// How a [`BindingIndex`](super::BindingIndex) keeps its checkpoint and
 /// which resource it serves.

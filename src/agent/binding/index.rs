@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
+use super::Binder;
 use super::catch_up::NodePods;
 use super::changes::CheckpointChange;
 use super::checkpoint::{Checkpoint, CheckpointWriter, load_checkpoint};
@@ -21,7 +22,6 @@ use super::config::BindingConfig;
 use super::ledger::Ledger;
 use super::pods::{PodInfo, pod_info, pod_key};
 use super::view::AllocatedView;
-use crate::agent::plugin::Binder;
 use crate::agent::state::ViewTx;
 
 /// A planned binding still waiting for its devices.

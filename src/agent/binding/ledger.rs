@@ -10,7 +10,7 @@ use super::pods::{Plan, PodInfo};
 
 /// The owner [`BindingIndex::allocated_devices`](super::BindingIndex::allocated_devices)
 /// gives devices recorded under `unbound`.
-pub const UNBOUND: &str = crate::api::NodeGpuState::UNBOUND_OWNER;
+pub const UNBOUND: &str = tessera_core::api::NodeGpuState::UNBOUND_OWNER;
 
 pub(super) struct Ledger {
     /// Every pod on the node the watch has reported, by UID.

@@ -4,8 +4,8 @@
 //!
 //! [`BindingIndex`] holds what the agent knows about the pods on its node (fed
 //! by [`run_pod_watch`], or directly in tests) and the allocation checkpoint,
-//! and implements [`Binder`](crate::agent::plugin::Binder) for the device
-//! plugin:
+//! and implements [`Binder`], the question a kubelet-facing plugin asks of
+//! it:
 //!
 //! - **pending** bindings are pods on this node with a devices annotation that
 //!   have no allocation recorded yet, are not finished (phase Succeeded or
@@ -69,6 +69,7 @@
 //!
 //! ## Files
 //!
+//! - `binder`: the [`Binder`] trait, and [`NoBinder`] for an agent without plans;
 //! - `checkpoint`: the checkpoint's format, reading and atomic writing;
 //! - `pods`: what the index keeps of a Pod object;
 //! - `device_set`: device lists as the rules compare them;
@@ -80,6 +81,7 @@
 //! - `config`, `index`: the index, its locking and its [`BindingConfig`];
 //! - `watch`: the pod watch feeding the index.
 
+mod binder;
 mod catch_up;
 mod changes;
 mod checkpoint;
@@ -95,6 +97,7 @@ mod tidy;
 mod view;
 mod watch;
 
+pub use binder::{Binder, NoBinder};
 pub use checkpoint::{
     Allocation, CHECKPOINT_VERSION, Checkpoint, CheckpointError, DEFAULT_CHECKPOINT_PATH,
     load_checkpoint,

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::DEVICES_ANNOTATION;
+use tessera_core::api::DEVICES_ANNOTATION;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Phase {

@@ -401,7 +401,7 @@ mod tests {
     use crate::agent::binding::checkpoint::Checkpoint;
     use crate::agent::binding::pods::pod_info;
     use crate::agent::binding::test_pods::{ids, pod};
-    use crate::api::DEFAULT_RESOURCE_NAME;
+    use tessera_core::api::DEFAULT_RESOURCE_NAME;
 
     /// A ledger after the first list of `pods`.
     fn listed(pods: &[(&str, &str, &str)]) -> Ledger {

@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::DEVICES_ANNOTATION;
+use tessera_core::api::DEVICES_ANNOTATION;
 
 /// Device IDs from string literals.
 pub(super) fn ids(devices: &[&str]) -> Vec<String> {

@@ -134,11 +134,11 @@ mod tests {
     use k8s_openapi::jiff::SignedDuration;
 
     use super::*;
+    use crate::agent::binding::Binder;
     use crate::agent::binding::BindingConfig;
     use crate::agent::binding::index::BindingIndex;
     use crate::agent::binding::ledger::UNBOUND;
     use crate::agent::binding::test_pods::{ids, pod};
-    use crate::agent::plugin::Binder;
 
     #[test]
     fn an_allocation_made_before_the_binding_was_seen_is_resolved_to_the_pod() {

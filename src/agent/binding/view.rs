@@ -54,12 +54,12 @@ impl AllocatedView {
 mod tests {
     use std::collections::BTreeMap;
 
+    use crate::agent::binding::Binder;
     use crate::agent::binding::BindingConfig;
     use crate::agent::binding::checkpoint::{Allocation, Checkpoint, CheckpointWriter};
     use crate::agent::binding::index::BindingIndex;
     use crate::agent::binding::ledger::UNBOUND;
     use crate::agent::binding::test_pods::{ids, pod};
-    use crate::agent::plugin::Binder;
     use crate::agent::state::{ViewRx, channel};
 
     fn owners(view: &ViewRx) -> Vec<(String, String)> {

@@ -62,7 +62,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::*;
-    use crate::api::Vendor;
+    use tessera_core::api::Vendor;
 
     fn gpu(id: &str, index: u32, pci: &str) -> DeviceInfo {
         crate::backend::test_device(id, index, Vendor::Amd, pci)

@@ -6,19 +6,30 @@ use std::io;
 use std::path::Path;
 
 use super::super::{DeviceInfo, RawHealth};
-use super::drm::{drm_class_dir, find_card, read_cards};
-use super::kfd::read_topology;
+use super::drm::{Card, drm_class_dir, find_card, read_cards};
+use super::kfd::{Topology, read_topology};
 use super::sensors::uncorrectable;
 use super::sysfs_files::{describe_io, is_unsupported, read_text, read_u64};
 
 /// Unhealthy, with the reason, when anything on the way to the device's RAS
 /// count is gone or unreadable, or the count shows uncorrectable errors.
 pub(super) fn read_health(sysfs_root: &Path, device: &DeviceInfo) -> RawHealth {
-    let pci = device.pci_bus_id.as_str();
     let topology = match read_topology(sysfs_root) {
         Ok(topology) => topology,
         Err(error) => return RawHealth::Unhealthy(error.to_string()),
     };
+    health_in(sysfs_root, &topology, &read_cards(sysfs_root), device)
+}
+
+/// [`read_health`] with the topology and the cards already read (once for
+/// every device of a poll).
+pub(super) fn health_in(
+    sysfs_root: &Path,
+    topology: &Topology,
+    cards: &[Card],
+    device: &DeviceInfo,
+) -> RawHealth {
+    let pci = device.pci_bus_id.as_str();
     if let Some(broken) = topology
         .broken
         .iter()
@@ -32,8 +43,7 @@ pub(super) fn read_health(sysfs_root: &Path, device: &DeviceInfo) -> RawHealth {
              driver after a failed reset)"
         ));
     };
-    let cards = read_cards(sysfs_root);
-    let Some(card) = find_card(&cards, gpu) else {
+    let Some(card) = find_card(cards, gpu) else {
         return RawHealth::Unhealthy(format!(
             "the DRM device of {pci} is gone: no {}/card* has that PCI address",
             drm_class_dir(sysfs_root).display()

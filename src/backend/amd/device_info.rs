@@ -8,7 +8,7 @@ use super::estimates::{fp16_flops_per_cu_clock, gfx_target_name, memory_bandwidt
 use super::kfd::Gpu;
 use super::products::product;
 use super::sysfs_files::{parse_i64, read_opt_i64, read_text};
-use crate::api::Vendor;
+use tessera_core::api::Vendor;
 
 /// The device at position `index`; `None` for a GPU without KFD nodes.
 pub(super) fn describe(gpu: &Gpu, card: Option<&Card>, index: u32) -> Option<DeviceInfo> {

@@ -83,6 +83,8 @@ pub(super) fn drm_class_dir(sysfs_root: &Path) -> PathBuf {
 
 /// AMD DRM cards (`card<N>`, not connectors like `card0-DP-1`), in card order.
 pub(super) fn read_cards(sysfs_root: &Path) -> Vec<Card> {
+    #[cfg(test)]
+    super::sysfs_files::reads::count(super::sysfs_files::reads::Read::Cards);
     let Ok(entries) = std::fs::read_dir(drm_class_dir(sysfs_root)) else {
         return Vec::new();
     };

@@ -108,6 +108,8 @@ pub(super) fn kfd_nodes_dir(sysfs_root: &Path) -> PathBuf {
 /// Reads the KFD topology. A node that vanishes while read is skipped; a
 /// node whose files cannot be understood is listed in `broken`.
 pub(super) fn read_topology(sysfs_root: &Path) -> Result<Topology, BackendError> {
+    #[cfg(test)]
+    super::sysfs_files::reads::count(super::sysfs_files::reads::Read::Topology);
     let dir = kfd_nodes_dir(sysfs_root);
     let numbers = match numbered_dirs(&dir) {
         Ok(numbers) => numbers,

@@ -8,10 +8,10 @@ use std::path::Path;
 use super::super::{BackendError, DeviceInfo, DeviceLink};
 use super::drm::{Card, find_card, read_cards};
 use super::estimates::{FALLBACK_PCIE_GBPS, pcie_gbps_one_way, round1, xgmi_gbps};
-use super::kfd::{Gpu, IOLINK_PCIE, IOLINK_XGMI, RawLink, read_topology};
+use super::kfd::{Gpu, IOLINK_PCIE, IOLINK_XGMI, RawLink, Topology, read_topology};
 use super::products::product;
 use super::sysfs_files::read_text;
-use crate::api::LinkKind;
+use tessera_core::api::LinkKind;
 
 /// One link per pair of `devices` still in the topology, `a` before `b` by index.
 pub(super) fn pair_links(
@@ -20,12 +20,20 @@ pub(super) fn pair_links(
 ) -> Result<Vec<DeviceLink>, BackendError> {
     let topology = read_topology(sysfs_root)?;
     topology.check()?;
-    let cards = read_cards(sysfs_root);
+    Ok(links_in(&topology, &read_cards(sysfs_root), devices))
+}
+
+/// [`pair_links`] with the topology (checked) and the cards already read.
+pub(super) fn links_in(
+    topology: &Topology,
+    cards: &[Card],
+    devices: &[DeviceInfo],
+) -> Vec<DeviceLink> {
     let mut present: Vec<(&DeviceInfo, &Gpu, f64)> = devices
         .iter()
         .filter_map(|device| {
             let gpu = topology.gpu(&device.pci_bus_id)?;
-            let pcie = pcie_gbps(gpu, find_card(&cards, gpu));
+            let pcie = pcie_gbps(gpu, find_card(cards, gpu));
             Some((device, gpu, pcie))
         })
         .collect();
@@ -72,7 +80,7 @@ pub(super) fn pair_links(
             links.push(link);
         }
     }
-    Ok(links)
+    links
 }
 
 /// Both directions of the GPU's PCIe link, GB/s.

@@ -102,11 +102,13 @@ mod telemetry;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
+use super::{
+    BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Snapshot, Telemetry, device_state,
+};
 pub(crate) use container::wire_container;
 use device_info::describe;
-use drm::{find_card, read_cards};
-use kfd::{kfd_nodes_dir, read_topology};
+use drm::{Card, find_card, read_cards};
+use kfd::{Topology, kfd_nodes_dir, read_topology};
 
 /// Where sysfs is mounted on a node (or in a container given the host's `/sys`).
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
@@ -178,31 +180,7 @@ impl GpuBackend for AmdBackend {
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
         let topology = read_topology(&self.root)?;
         topology.check()?;
-        let cards = read_cards(&self.root);
-        // `topology.gpus` is in PCI order, which makes the indices.
-        let mut listed: Vec<DeviceInfo> = Vec::with_capacity(topology.gpus.len());
-        for gpu in &topology.gpus {
-            let index = u32::try_from(listed.len()).unwrap_or(u32::MAX);
-            if let Some(device) = describe(gpu, find_card(&cards, gpu), index) {
-                listed.push(device);
-            }
-        }
-        // Unique ids must be unique; if two devices share one, use PCI addresses.
-        let mut seen: HashMap<String, usize> = HashMap::new();
-        for device in &listed {
-            *seen.entry(device.id.clone()).or_default() += 1;
-        }
-        for device in &mut listed {
-            if seen.get(&device.id).copied().unwrap_or(0) > 1 {
-                tracing::warn!(
-                    id = %device.id,
-                    pci = %device.pci_bus_id,
-                    "unique id shared by several GPUs; using the PCI bus id"
-                );
-                device.id = device.pci_bus_id.clone();
-            }
-        }
-        Ok(listed)
+        Ok(listed(&topology, &read_cards(&self.root)))
     }
 
     fn telemetry(&mut self, device: &DeviceInfo) -> Result<Telemetry, BackendError> {
@@ -215,5 +193,88 @@ impl GpuBackend for AmdBackend {
 
     fn links(&mut self, devices: &[DeviceInfo]) -> Result<Vec<DeviceLink>, BackendError> {
         links::pair_links(&self.root, devices)
+    }
+
+    /// One walk of the KFD topology and one scan of the DRM cards for the
+    /// whole poll (asked device by device, every device would read both again).
+    fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
+        let topology = read_topology(&self.root)?;
+        topology.check()?;
+        let cards = read_cards(&self.root);
+        let infos = listed(&topology, &cards);
+        let devices = infos
+            .iter()
+            .map(|info| {
+                let card = topology
+                    .gpu(&info.pci_bus_id)
+                    .and_then(|gpu| find_card(&cards, gpu));
+                device_state(info.clone(), self.telemetry_of(card, info), |info| {
+                    Ok(device_health::health_in(
+                        &self.root, &topology, &cards, info,
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Snapshot {
+            backend: self.name().to_string(),
+            devices,
+            links: links::links_in(&topology, &cards, &infos),
+        })
+    }
+}
+
+/// The devices of the topology, with their cards.
+fn listed(topology: &Topology, cards: &[Card]) -> Vec<DeviceInfo> {
+    // `topology.gpus` is in PCI order, which makes the indices.
+    let mut listed: Vec<DeviceInfo> = Vec::with_capacity(topology.gpus.len());
+    for gpu in &topology.gpus {
+        let index = u32::try_from(listed.len()).unwrap_or(u32::MAX);
+        if let Some(device) = describe(gpu, find_card(cards, gpu), index) {
+            listed.push(device);
+        }
+    }
+    // Unique ids must be unique; if two devices share one, use PCI addresses.
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for device in &listed {
+        *seen.entry(device.id.clone()).or_default() += 1;
+    }
+    for device in &mut listed {
+        if seen.get(&device.id).copied().unwrap_or(0) > 1 {
+            tracing::warn!(
+                id = %device.id,
+                pci = %device.pci_bus_id,
+                "unique id shared by several GPUs; using the PCI bus id"
+            );
+            device.id = device.pci_bus_id.clone();
+        }
+    }
+    listed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sysfs_files::reads;
+    use super::*;
+
+    #[test]
+    fn a_poll_reads_the_machine_once() {
+        let root =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/amd/mi300x-8");
+        let mut backend = AmdBackend::new(root).unwrap();
+        reads::take();
+        let snapshot = backend.snapshot().unwrap();
+        let [walks, scans, files] = reads::take();
+        assert_eq!(snapshot.devices.len(), 8);
+        assert_eq!((walks, scans), (1, 1), "one topology walk, one card scan");
+
+        // Asked device by device, the same answer costs a walk and two scans per device.
+        let by_device = super::super::device_by_device(&mut backend).unwrap();
+        let [walks_by_device, scans_by_device, files_by_device] = reads::take();
+        assert_eq!(by_device, snapshot);
+        assert_eq!((walks_by_device, scans_by_device), (8 + 2, 2 * 8 + 2));
+        assert!(
+            files * 2 < files_by_device,
+            "{files} files read in one poll, {files_by_device} device by device"
+        );
     }
 }

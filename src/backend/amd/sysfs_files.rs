@@ -17,6 +17,8 @@ pub(super) fn failed(message: impl Into<String>) -> BackendError {
 }
 
 pub(super) fn read_text(path: &Path) -> io::Result<String> {
+    #[cfg(test)]
+    reads::count(reads::Read::File);
     std::fs::read_to_string(path)
 }
 
@@ -75,5 +77,39 @@ pub(super) fn read_opt_i64(path: &Path) -> Result<Option<i64>, BackendError> {
         Ok(text) => parse_i64(path, &text).map(Some),
         Err(error) if error.kind() == io::ErrorKind::NotFound || is_unsupported(&error) => Ok(None),
         Err(error) => Err(failed(describe_io(path, &error))),
+    }
+}
+
+/// How often the backend read sysfs, per thread: what the tests count to
+/// hold a poll to one read of the machine.
+#[cfg(test)]
+pub(super) mod reads {
+    use std::cell::Cell;
+
+    #[derive(Clone, Copy)]
+    pub(crate) enum Read {
+        /// One walk of the KFD topology.
+        Topology,
+        /// One scan of the DRM cards.
+        Cards,
+        /// One file.
+        File,
+    }
+
+    thread_local! {
+        static COUNTS: Cell<[usize; 3]> = const { Cell::new([0; 3]) };
+    }
+
+    pub(crate) fn count(read: Read) {
+        COUNTS.with(|counts| {
+            let mut now = counts.get();
+            now[read as usize] += 1;
+            counts.set(now);
+        });
+    }
+
+    /// Topology walks, card scans and files read since the last call.
+    pub(crate) fn take() -> [usize; 3] {
+        COUNTS.with(|counts| counts.replace([0; 3]))
     }
 }

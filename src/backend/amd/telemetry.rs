@@ -4,13 +4,24 @@
 
 use super::super::{BackendError, DeviceInfo, Telemetry};
 use super::AmdBackend;
-use super::drm::card_for_pci;
+use super::drm::{Card, card_for_pci};
 use super::sensors::{clock_mhz, hwmon_dir, power_w, temperature_c};
 use super::sysfs_files::{failed, read_opt_i64, read_u64};
 
 impl AmdBackend {
     pub(super) fn read_telemetry(&self, device: &DeviceInfo) -> Result<Telemetry, BackendError> {
-        let card = card_for_pci(&self.root, &device.pci_bus_id).ok_or_else(|| {
+        let card = card_for_pci(&self.root, &device.pci_bus_id);
+        self.telemetry_of(card.as_ref(), device)
+    }
+
+    /// The readings of `device`, whose DRM card (`None`: gone) was found by
+    /// the caller.
+    pub(super) fn telemetry_of(
+        &self,
+        card: Option<&Card>,
+        device: &DeviceInfo,
+    ) -> Result<Telemetry, BackendError> {
+        let card = card.ok_or_else(|| {
             failed(format!(
                 "the DRM device of {} ({}) is gone",
                 device.id, device.pci_bus_id

@@ -78,7 +78,7 @@ mod tests {
 
     use super::super::devices::fallback_id;
     use super::*;
-    use crate::api::Vendor;
+    use tessera_core::api::Vendor;
 
     fn gpu(id: &str, index: u32, pci: &str) -> DeviceInfo {
         crate::backend::test_device(id, index, Vendor::Nvidia, pci)

@@ -15,7 +15,7 @@ use super::pci::{normalize_pci_bus_id, read_numa_node};
 use super::specs::{
     cuda_cores_per_sm, estimate_fp16_tflops, estimate_memory_bandwidth_gbps, sm_count_by_product,
 };
-use crate::api::Vendor;
+use tessera_core::api::Vendor;
 
 /// Prefix of the id given to a GPU whose UUID cannot be read.
 const FALLBACK_ID_PREFIX: &str = "nvml-index-";

@@ -26,7 +26,7 @@ use super::NvmlBackend;
 use super::errors::library_failed;
 use super::link_speeds::{nvlink_gbps_per_link, pcie_gbps};
 use super::pci::normalize_pci_bus_id;
-use crate::api::LinkKind;
+use tessera_core::api::LinkKind;
 
 /// `NVML_NVLINK_MAX_LINKS` (18 since Hopper).
 const NVLINK_MAX_LINKS: u32 = 18;

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use super::{ConditionText, ShardCounts, Verdict};
-use crate::api::Phase;
+use tessera_core::api::Phase;
 
 pub(super) fn verdict(mut replicas: Vec<(Verdict, ShardCounts)>) -> Verdict {
     match replicas.len() {

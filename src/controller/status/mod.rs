@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 mod merge;
 
 use super::apply::ShardState;
-use crate::api::{ModelInstanceStatus, Phase, PlannedShard};
+use tessera_core::api::{ModelInstanceStatus, Phase, PlannedShard};
 
 pub(crate) const PLACED: &str = "Placed";
 pub(crate) const READY: &str = "Ready";

@@ -61,6 +61,11 @@ pub enum Vendor {
 }
 
 impl Vendor {
+    /// Every vendor tessera plans on (not `Unknown`). Resource names, the
+    /// CRD's vendor rule and its validation all derive from this list, so a
+    /// new vendor is one entry here plus its backend.
+    pub const ALL: [Vendor; 2] = [Vendor::Nvidia, Vendor::Amd];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Vendor::Nvidia => "nvidia",
@@ -117,6 +122,14 @@ pub enum LinkKind {
     Pcie,
     #[serde(other)]
     Unknown,
+}
+
+impl LinkKind {
+    /// A direct GPU-to-GPU fabric: devices joined by it form one scale-up
+    /// domain, where tensor groups belong.
+    pub fn is_scale_up(self) -> bool {
+        matches!(self, LinkKind::Nvlink | LinkKind::Xgmi)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -338,6 +351,23 @@ mod tests {
             timestamp: None,
             allocated: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn every_known_vendor_reads_back_from_its_name() {
+        for vendor in Vendor::ALL {
+            let read: Vendor = serde_json::from_value(serde_json::json!(vendor.as_str())).unwrap();
+            assert_eq!(read, vendor);
+        }
+        assert!(!Vendor::ALL.contains(&Vendor::Unknown));
+    }
+
+    #[test]
+    fn only_gpu_to_gpu_fabrics_are_scale_up_domains() {
+        assert!(LinkKind::Nvlink.is_scale_up());
+        assert!(LinkKind::Xgmi.is_scale_up());
+        assert!(!LinkKind::Pcie.is_scale_up());
+        assert!(!LinkKind::Unknown.is_scale_up());
     }
 
     #[test]

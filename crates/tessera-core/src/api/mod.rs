@@ -7,6 +7,7 @@ mod gpu_state;
 pub mod limits;
 mod model_instance;
 mod resource_name;
+pub mod telemetry;
 
 pub use crd::{crd, crd_yaml};
 pub use gpu_state::{

@@ -3,6 +3,10 @@
 //! refuses bad objects at `kubectl apply`; `validate` repeats those rules for
 //! input that does not pass through an API server (the CLI, or an older CRD).
 
+// kube-derive's `KubeSchema` copies each struct into a private module of its own
+// to build the schema; the lint would flag those copies, not our items.
+#![allow(unreachable_pub)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
@@ -11,11 +15,11 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::GIB;
 use super::limits::{
     self, DEADLINE_MS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND,
     MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
+use super::{GIB, Vendor};
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
 // Two printer columns share `type_ = "integer"`, which clippy mistakes for a repeated attribute.
@@ -456,8 +460,7 @@ pub struct PlacementPolicy {
     pub max_temperature_c: f64,
     /// Allowed vendors (`nvidia`, `amd`); empty allows both.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(validation = Rule::new("self.all(v, v == 'nvidia' || v == 'amd')")
-        .message("vendors may only contain \"nvidia\" and \"amd\""))]
+    #[x_kube(validation = vendors_rule())]
     pub vendors: Vec<String>,
     /// Allowed products, matched case-insensitively as substrings of the product
     /// name (`H100`, `MI300X`); empty allows all.
@@ -703,9 +706,10 @@ impl ModelInstanceSpec {
             &mut problems,
         );
         for vendor in &placement.vendors {
-            if vendor != "nvidia" && vendor != "amd" {
+            if !Vendor::ALL.iter().any(|known| known.as_str() == vendor) {
                 problems.push(format!(
-                    "placement.vendors: {vendor:?} is not one of \"nvidia\", \"amd\""
+                    "placement.vendors: {vendor:?} is not one of {}",
+                    quoted_vendors().join(", ")
                 ));
             }
         }
@@ -727,6 +731,32 @@ impl ModelInstanceSpec {
             Err(InvalidSpec { problems })
         }
     }
+}
+
+/// `"nvidia"`, `"amd"`: the known vendors as the messages name them.
+fn quoted_vendors() -> Vec<String> {
+    Vendor::ALL
+        .iter()
+        .map(|v| format!("{:?}", v.as_str()))
+        .collect()
+}
+
+/// The CEL rule that keeps `placement.vendors` to [`Vendor::ALL`].
+fn vendors_rule() -> kube::core::Rule {
+    let allowed: Vec<String> = Vendor::ALL
+        .iter()
+        .map(|v| format!("v == '{}'", v.as_str()))
+        .collect();
+    let mut names = quoted_vendors();
+    let last = names.pop().unwrap_or_default();
+    let listed = if names.is_empty() {
+        last
+    } else {
+        format!("{} and {last}", names.join(", "))
+    };
+    kube::core::Rule::new(format!("self.all(v, {})", allowed.join(" || "))).message(
+        kube::core::Message::Message(format!("vendors may only contain {listed}")),
+    )
 }
 
 #[cfg(test)]

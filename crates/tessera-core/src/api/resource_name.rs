@@ -36,7 +36,7 @@ impl ResourceName {
     /// Every name this can stand for.
     pub fn all(&self) -> Vec<String> {
         if self.per_vendor() {
-            [Vendor::Nvidia, Vendor::Amd]
+            Vendor::ALL
                 .into_iter()
                 .map(|v| self.for_vendor(v))
                 .collect()
@@ -74,7 +74,12 @@ impl FromStr for ResourceName {
             return Err(fail(format!("{PLACEHOLDER} may appear once")));
         }
         // The longest vendor name stands in, so length limits hold for all.
-        check(&s.replace(PLACEHOLDER, Vendor::Nvidia.as_str())).map_err(fail)?;
+        let longest = Vendor::ALL
+            .into_iter()
+            .map(Vendor::as_str)
+            .max_by_key(|name| name.len())
+            .unwrap_or_default();
+        check(&s.replace(PLACEHOLDER, longest)).map_err(fail)?;
         Ok(ResourceName(s.to_string()))
     }
 }

@@ -10,9 +10,9 @@ use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::links::link_positions;
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime};
 use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Weights};
-use super::sharing;
 use super::speed::{GroupSpeed, LayerTime, layer_time, link_gbps};
 use super::split::split_layers;
+use super::strategy_score;
 
 /// A stage given by names, as a caller outside the solver knows it.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,8 +25,8 @@ pub struct StageChoice {
 /// group matters far more than for pipeline hops.
 pub(crate) fn tensor_link_cost(kind: Option<Interconnect>) -> f64 {
     match kind {
-        Some(Interconnect::NvLink | Interconnect::Xgmi) => 0.0,
-        Some(Interconnect::Pcie) => 0.5,
+        Some(kind) if kind.is_scale_up() => 0.0,
+        Some(_) => 0.5,
         None => 0.6,
     }
 }
@@ -136,9 +136,10 @@ impl<'p> PreparedProblem<'p> {
                 }
             }
         }
-        let sharing_weight = sharing::sharing_weight(problem.strategy);
-        let sharing =
-            sharing::device_values(problem, &|node, device| exclusions[node][device].is_none());
+        let sharing_weight = strategy_score::sharing_weight(problem.strategy);
+        let sharing = strategy_score::device_values(problem, &|node, device| {
+            exclusions[node][device].is_none()
+        });
         let normalized = problem.weights.normalized();
         // Scaling by exactly 1 under `ScoreOnly` keeps every score as it was.
         let user_share = 1.0 - sharing_weight;
@@ -641,12 +642,14 @@ fn ratio(value: f64, max: f64) -> f64 {
     }
 }
 
-/// The temperature the objective reads: whole degrees, so drift of a fraction
-/// of a degree neither changes a plan's score nor splits twin devices. The
-/// temperature limit is a hard constraint and compares the raw reading
-/// (`exclusion`): a device at 84.6 °C is below an 85 °C limit.
+/// The temperature the objective reads (`api::telemetry`): whole degrees, so
+/// drift of a fraction of a degree neither changes a plan's score nor splits
+/// twin devices. The temperature limit is a hard constraint and compares the
+/// raw reading (`exclusion`): a device at 84.6 °C is below an 85 °C limit.
 pub(crate) fn scored_temperature(device: &Device) -> Option<f64> {
-    device.temperature_c.map(f64::round)
+    device
+        .temperature_c
+        .map(crate::api::telemetry::scored_temperature)
 }
 
 fn exclusion(

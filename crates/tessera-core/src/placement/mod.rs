@@ -22,9 +22,9 @@ mod links;
 mod plan;
 mod problem;
 mod search;
-mod sharing;
 mod speed;
 mod split;
+mod strategy_score;
 
 pub use evaluate::{StageChoice, evaluate};
 pub use exhaustive::best_by_enumeration;

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::telemetry::scored_temperature;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Problem {
     pub nodes: Vec<NodeState>,
@@ -84,7 +86,7 @@ impl Problem {
                     }
                     None
                 }
-                reading => reading.map(f64::round),
+                reading => reading.map(scored_temperature),
             };
         }
         canonical
@@ -133,6 +135,14 @@ pub enum Interconnect {
     NvLink,
     Xgmi,
     Pcie,
+}
+
+impl Interconnect {
+    /// A direct GPU-to-GPU fabric: devices joined by it form one scale-up
+    /// domain, where tensor groups belong.
+    pub fn is_scale_up(self) -> bool {
+        matches!(self, Interconnect::NvLink | Interconnect::Xgmi)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 
 use super::hashes::{SPEC_HASH_ANNOTATION, pod_hash};
 use super::nodes::NodeInfo;
-use crate::api::{
+use tessera_core::api::{
     DEVICES_ANNOTATION, ModelInstance, PlannedShard, ResourceName, SCHEDULER_NAME,
     SHARD_ANNOTATION, Vendor,
 };

@@ -91,7 +91,7 @@ fn kubelet_response(wiring: ContainerWiring, cdi: bool) -> ContainerAllocateResp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Vendor;
+    use tessera_core::api::Vendor;
 
     fn info(id: &str, index: u32, vendor: Vendor) -> DeviceInfo {
         crate::backend::test_device(id, index, vendor, "")

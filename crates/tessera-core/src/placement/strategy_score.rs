@@ -1,4 +1,4 @@
-//! The sixth score part, `sharing`: how well a plan shares the cluster with
+//! The strategy's score part, the sixth, named `sharing`: how well a plan shares the cluster with
 //! later instances (`Strategy::Pack`) or with the instance's other replicas
 //! (`Strategy::Spread`).
 //!
@@ -16,7 +16,7 @@
 
 use super::hops::{HOP_CROSS_ZONE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::links::link_positions;
-use super::problem::{Interconnect, NodeState, Problem, Strategy};
+use super::problem::{NodeState, Problem, Strategy};
 
 /// Share of the total the sharing part takes under `Pack` and `Spread`. Tuned
 /// with the cluster benchmark (`benches/cluster.rs`): enough that the cluster
@@ -71,7 +71,7 @@ impl FastDomains {
             if components <= 1 {
                 break;
             }
-            if !matches!(link.kind, Interconnect::NvLink | Interconnect::Xgmi) {
+            if !link.kind.is_scale_up() {
                 continue;
             }
             let (first_root, second_root) = (root(&mut parent, first), root(&mut parent, second));
@@ -245,6 +245,7 @@ mod tests {
     use super::super::problem::{Link, Stages};
     use super::super::testutil::*;
     use super::*;
+    use crate::placement::Interconnect;
 
     fn values(problem: &Problem) -> Vec<Vec<f64>> {
         device_values(problem, &|node, device| {

@@ -14,12 +14,16 @@ use super::hashes::{placement_hash, problem_hash};
 use super::held::Held;
 use super::nodes::NodeInfo;
 use super::settings::Settings;
-use crate::api::{Health, ModelInstanceSpec, PlannedShard, Vendor};
-use crate::placement::{
+use crate::wall_deadline::WallDeadline;
+use tessera_core::api::{Health, ModelInstanceSpec, PlannedShard, Vendor};
+use tessera_core::placement::{
     Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
     solve_parallelism,
 };
-use crate::translate::{WallDeadline, build_problem, planned_shards, tensor_choice};
+use tessera_core::translate::{build_problem, planned_shards, tensor_choice};
+
+mod replicas;
+pub use replicas::{ReplicaDecision, Replicas, decide_replicas};
 
 /// Everything the plan stage reads besides the instance.
 pub struct PlanInputs<'a> {
@@ -230,7 +234,7 @@ pub fn decide(
 fn eligible<'a>(
     inputs: &'a PlanInputs,
     tolerations: &[Toleration],
-) -> (Vec<&'a crate::translate::ClusterNode>, Vec<String>) {
+) -> (Vec<&'a tessera_core::translate::ClusterNode>, Vec<String>) {
     let mut ok = Vec::new();
     let mut excluded = Vec::new();
     for node in inputs.nodes {

@@ -21,7 +21,6 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::LinkKind;
 use crate::backend::Snapshot;
 
 /// Above this many candidate sets the search is greedy.
@@ -109,7 +108,7 @@ impl Universe {
         let device_count = ids.len();
         let mut fast = vec![vec![0u64; device_count]; device_count];
         for link in &snapshot.links {
-            if !matches!(link.kind, LinkKind::Nvlink | LinkKind::Xgmi) || link.a == link.b {
+            if !link.kind.is_scale_up() || link.a == link.b {
                 continue;
             }
             if let (Some(&a), Some(&b)) = (local.get(link.a.as_str()), local.get(link.b.as_str())) {
@@ -346,8 +345,9 @@ fn binomial(total: u64, chosen: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Vendor;
     use crate::backend::{DeviceInfo, DeviceLink, DeviceState, RawHealth, Telemetry};
+    use tessera_core::api::LinkKind;
+    use tessera_core::api::Vendor;
 
     fn device(id: &str, index: u32, numa: Option<i32>) -> DeviceState {
         DeviceState {

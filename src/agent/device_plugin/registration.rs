@@ -32,8 +32,9 @@ use super::devices_env::RuntimeOptions;
 use super::kubelet_api::v1beta1::RegisterRequest;
 use super::kubelet_api::v1beta1::registration_client::RegistrationClient;
 use super::kubelet_api::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET, VERSION};
-use super::plugin::{Binder, NoBinder, PluginServer, PluginService, plugin_options};
-use super::state::{ViewRx, ViewTx};
+use super::server::{PluginServer, PluginService, plugin_options};
+use crate::agent::binding::{Binder, NoBinder};
+use crate::agent::state::{ViewRx, ViewTx};
 
 /// The extended resource offered unless configured otherwise.
 pub(crate) const DEFAULT_RESOURCE_NAME: &str = "tessera.dev/gpu";

@@ -16,13 +16,11 @@
 //!   there under `UNBOUND` and stay until the agent restarts, since nothing
 //!   tells the agent when a pod ends.
 //!
-//! [`DeviceView`]: super::state::DeviceView
+//! [`DeviceView`]: crate::agent::state::DeviceView
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -44,76 +42,19 @@ use super::kubelet_api::v1beta1::{
 };
 use super::kubelet_api::{HEALTHY, UNHEALTHY};
 use super::preferred::preferred_allocation;
-use super::state::{DeviceView, ViewRx, ViewTx};
+use crate::agent::binding::Binder;
+use crate::agent::state::{DeviceView, ViewRx, ViewTx};
 use crate::backend::{DeviceInfo, RawHealth};
 
 /// The owner `Allocate` records in `DeviceView::allocated` when the binder
 /// does not keep that map: kubelet does not say which pod it allocates for.
-pub(crate) const UNBOUND: &str = crate::api::NodeGpuState::UNBOUND_OWNER;
+pub(crate) const UNBOUND: &str = tessera_core::api::NodeGpuState::UNBOUND_OWNER;
 
 /// What we tell kubelet about ourselves.
 pub(crate) fn plugin_options() -> DevicePluginOptions {
     DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,
-    }
-}
-
-/// The seam through which the controller's planned bindings (pod annotation
-/// `tessera.dev/devices`) steer device choice. Kubelet does not tell a device
-/// plugin which pod it is serving, so a binder recognises the pod by the
-/// request itself (e.g. a pending pod on this node whose planned devices are
-/// all available and include the must-include ones).
-pub trait Binder: Send + Sync {
-    /// The devices planned for the pod being admitted, when one is recognised:
-    /// exactly `size` IDs out of `available`, including every `must_include`.
-    /// An answer that breaks those rules is ignored (with a warning) and the
-    /// topology choice is used. `None`: no plan applies.
-    fn planned_for(
-        &self,
-        available: &[String],
-        must_include: &[String],
-        size: usize,
-    ) -> Option<Vec<String>>;
-
-    /// Whether kubelet may hand out `requested` (one container's devices):
-    /// `Err(reason)` vetoes an allocation that contradicts a planned binding,
-    /// and kubelet fails the container with the reason.
-    fn check_allocate(&self, requested: &[String]) -> Result<(), String>;
-
-    /// Whether `requested` is a request the binder has a plan or an
-    /// allocation for. When it is not, [`Binder::catch_up`] runs before
-    /// [`Binder::check_allocate`].
-    fn expects(&self, _requested: &[String]) -> bool {
-        true
-    }
-
-    /// Brings the binder up to date with the pods kubelet may be admitting
-    /// (its source of pods can lag behind kubelet's); called when a request
-    /// matches nothing the binder knows.
-    fn catch_up(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(std::future::ready(()))
-    }
-
-    /// Whether the binder keeps the device view's `allocated` map itself (it
-    /// knows which pod holds what, and when pods end). When it does not,
-    /// `Allocate` records what it hands out under `UNBOUND`.
-    fn keeps_allocated_view(&self) -> bool {
-        false
-    }
-}
-
-/// No plans: topology decides and every allocation of healthy devices is fine.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoBinder;
-
-impl Binder for NoBinder {
-    fn planned_for(&self, _: &[String], _: &[String], _: usize) -> Option<Vec<String>> {
-        None
-    }
-
-    fn check_allocate(&self, _: &[String]) -> Result<(), String> {
-        Ok(())
     }
 }
 
@@ -500,7 +441,8 @@ pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::kubelet_api::v1beta1::ContainerAllocateRequest;
+    use crate::agent::binding::NoBinder;
+    use crate::agent::device_plugin::kubelet_api::v1beta1::ContainerAllocateRequest;
     use crate::agent::state::channel;
 
     fn s(list: &[&str]) -> Vec<String> {
