@@ -32,6 +32,56 @@ struct PhaseLabel {
     phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+/// Where the wanted replicas of every instance stand, counted from the
+/// statuses: `ready` (every shard ready), `starting` (a pod for every shard,
+/// not all ready), `planned` (a plan, not every pod yet) and `unplaced` (no
+/// plan: waiting for room). They add up to the replicas wanted.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ReplicaStates {
+    ready: i64,
+    starting: i64,
+    planned: i64,
+    unplaced: i64,
+}
+
+impl ReplicaStates {
+    fn add(&mut self, mi: &ModelInstance) {
+        let wanted = mi.spec.replicas;
+        let (planned, with_pods, ready) = match &mi.status {
+            None => (0, 0, 0),
+            Some(status) => {
+                let planned = status
+                    .plan
+                    .iter()
+                    .map(|shard| shard.replica)
+                    .filter(|replica| *replica < wanted)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len() as u32;
+                let with_pods = status.replicas.min(planned);
+                (planned, with_pods, status.ready_replicas.min(with_pods))
+            }
+        };
+        self.ready += i64::from(ready);
+        self.starting += i64::from(with_pods - ready);
+        self.planned += i64::from(planned - with_pods);
+        self.unplaced += i64::from(wanted.saturating_sub(planned));
+    }
+
+    fn by_state(&self) -> [(&'static str, i64); 4] {
+        [
+            ("ready", self.ready),
+            ("starting", self.starting),
+            ("planned", self.planned),
+            ("unplaced", self.unplaced),
+        ]
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub(crate) reconciles: Counter,
@@ -39,6 +89,7 @@ pub struct Metrics {
     pub(crate) reconcile_seconds: Histogram,
     pub(crate) plan_seconds: Histogram,
     instances: Family<PhaseLabel, Gauge>,
+    replicas: Family<StateLabel, Gauge>,
     leader: Gauge,
     pub(crate) watch_errors: WatchErrors,
     /// Set once the caches have their first full list.
@@ -76,6 +127,12 @@ impl Default for Metrics {
         );
         let instances = Family::<PhaseLabel, Gauge>::default();
         registry.register("instances", "ModelInstances by phase", instances.clone());
+        let replicas = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "replicas",
+            "Replicas wanted by all ModelInstances, by state: ready, starting (every pod, not all ready), planned (not every pod yet), unplaced",
+            replicas.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -91,6 +148,7 @@ impl Default for Metrics {
             reconcile_seconds,
             plan_seconds,
             instances,
+            replicas,
             leader,
             watch_errors,
             synced: Arc::default(),
@@ -113,8 +171,10 @@ impl Metrics {
             .inc();
     }
 
-    /// The exposition text, with the per-phase gauge counted from the cache.
+    /// The exposition text, with the per-phase and per-state gauges counted
+    /// from the cache.
     pub(crate) fn render(&self, instances: Option<&Store<ModelInstance>>) -> String {
+        let mut replicas = ReplicaStates::default();
         let mut counts = std::collections::BTreeMap::new();
         for phase in [
             Phase::Pending,
@@ -127,6 +187,7 @@ impl Metrics {
             counts.insert(format!("{phase:?}"), 0i64);
         }
         for mi in instances.map(Store::state).unwrap_or_default() {
+            replicas.add(&mi);
             let phase = mi
                 .status
                 .as_ref()
@@ -137,6 +198,11 @@ impl Metrics {
         for (phase, count) in counts {
             self.instances
                 .get_or_create(&PhaseLabel { phase })
+                .set(count);
+        }
+        for (state, count) in replicas.by_state() {
+            self.replicas
+                .get_or_create(&StateLabel { state })
                 .set(count);
         }
         self.leader
@@ -191,4 +257,76 @@ pub(crate) fn router(metrics: Arc<Metrics>, instances: InstanceCache) -> Router 
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .with_state(ControllerEndpoints { metrics, instances })
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::{reflector, watcher};
+    use tessera_core::api::{ModelInstanceStatus, PlannedShard};
+
+    use super::*;
+    use crate::controller::testkit::{SMALL, instance};
+
+    fn shard(replica: u32) -> PlannedShard {
+        PlannedShard {
+            replica,
+            shard: 0,
+            node: "a".into(),
+            devices: vec![format!("g{replica}")],
+            layer_start: 0,
+            layer_end: 32,
+            predicted_memory_gib: 16.0,
+        }
+    }
+
+    /// Wants `wanted` replicas; `planned` of them have a plan, `with_pods`
+    /// every pod, `ready` every shard ready.
+    fn with(wanted: u32, planned: u32, with_pods: u32, ready: u32) -> ModelInstance {
+        let mut mi = instance(&format!("m{wanted}{planned}{with_pods}{ready}"), SMALL);
+        mi.spec.replicas = wanted;
+        mi.status = Some(ModelInstanceStatus {
+            plan: (0..planned).map(shard).collect(),
+            replicas: with_pods,
+            ready_replicas: ready,
+            ..Default::default()
+        });
+        mi
+    }
+
+    #[test]
+    fn every_wanted_replica_is_counted_once_by_where_it_stands() {
+        let mut states = ReplicaStates::default();
+        states.add(&with(4, 3, 2, 1));
+        let mut new = instance("new", SMALL);
+        new.spec.replicas = 2;
+        states.add(&new);
+        // Scaled down: the plan still names a replica no longer wanted.
+        states.add(&with(1, 2, 2, 2));
+        assert_eq!(
+            states,
+            ReplicaStates {
+                ready: 2,
+                starting: 1,
+                planned: 1,
+                unplaced: 3
+            }
+        );
+    }
+
+    #[test]
+    fn the_gauge_is_exposed_by_state() {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(with(3, 2, 1, 1)));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let text = Metrics::default().render(Some(&store));
+        for line in [
+            "tessera_controller_replicas{state=\"ready\"} 1",
+            "tessera_controller_replicas{state=\"starting\"} 0",
+            "tessera_controller_replicas{state=\"planned\"} 1",
+            "tessera_controller_replicas{state=\"unplaced\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+        }
+    }
 }
