@@ -142,6 +142,21 @@ impl Merged {
         }
     }
 
+    /// Records which backend owns `device` (as that backend numbers it) and
+    /// returns it numbered on after the `merged_so_far` devices listed before.
+    fn adopt(
+        &mut self,
+        backend_index: usize,
+        device: DeviceInfo,
+        merged_so_far: usize,
+    ) -> DeviceInfo {
+        let mut merged = device.clone();
+        merged.index = merged_so_far as u32;
+        self.owner
+            .insert(device.id.clone(), (backend_index, device));
+        merged
+    }
+
     fn owned(&self, device: &DeviceInfo) -> Result<(usize, DeviceInfo), BackendError> {
         self.owner.get(&device.id).cloned().ok_or_else(|| {
             BackendError::Failed(format!("device {} is not known to any backend", device.id))
@@ -157,12 +172,9 @@ impl GpuBackend for Merged {
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
         let mut merged_devices = Vec::new();
         self.owner.clear();
-        for (backend_index, backend) in self.backends.iter_mut().enumerate() {
-            for device in backend.devices()? {
-                let mut merged = device.clone();
-                merged.index = merged_devices.len() as u32;
-                self.owner
-                    .insert(device.id.clone(), (backend_index, device));
+        for backend_index in 0..self.backends.len() {
+            for device in self.backends[backend_index].devices()? {
+                let merged = self.adopt(backend_index, device, merged_devices.len());
                 merged_devices.push(merged);
             }
         }
@@ -203,12 +215,10 @@ impl GpuBackend for Merged {
     fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
         self.owner.clear();
         let (mut devices, mut links) = (Vec::new(), Vec::new());
-        for (backend_index, backend) in self.backends.iter_mut().enumerate() {
-            let own = backend.snapshot()?;
+        for backend_index in 0..self.backends.len() {
+            let own = self.backends[backend_index].snapshot()?;
             for mut state in own.devices {
-                self.owner
-                    .insert(state.info.id.clone(), (backend_index, state.info.clone()));
-                state.info.index = devices.len() as u32;
+                state.info = self.adopt(backend_index, state.info, devices.len());
                 devices.push(state);
             }
             links.extend(own.links);

@@ -17,7 +17,6 @@ use kube::Resource;
 use kube::runtime::watcher;
 
 use super::nodes::NodeInfo;
-use tessera_core::api::NodeGpuState;
 use tessera_core::translate::ClusterNode;
 
 /// A Node as the controller's cache holds it. A `Resource` of the Node's own
@@ -37,25 +36,18 @@ pub struct CachedNode {
 
 impl From<Node> for CachedNode {
     fn from(node: Node) -> Self {
-        let (info, report) = match NodeGpuState::annotation_of(&node.metadata) {
-            None => (None, None),
-            Some(text) => match NodeGpuState::from_json_listing_unknown(text) {
-                Err(e) => (None, Some(format!("skipping the node's GPU state: {e}"))),
-                Ok((gpu_state, unknown)) => {
-                    let gpus = ClusterNode {
-                        name: node.metadata.name.clone().unwrap_or_default(),
-                        labels: node.metadata.labels.clone().unwrap_or_default(),
-                        gpu_state,
-                    };
-                    let report = (!unknown.is_empty()).then(|| {
-                        format!(
-                            "ignoring fields of the node's GPU state this controller does not know: {}",
-                            unknown.join(", ")
-                        )
-                    });
-                    (Some(Arc::new(NodeInfo::with_gpus(&node, gpus))), report)
-                }
-            },
+        let (info, report) = match ClusterNode::from_node_listing_unknown(&node) {
+            Ok(None) => (None, None),
+            Err(e) => (None, Some(format!("skipping the node's GPU state: {e}"))),
+            Ok(Some((gpus, unknown))) => {
+                let report = (!unknown.is_empty()).then(|| {
+                    format!(
+                        "ignoring fields of the node's GPU state this controller does not know: {}",
+                        unknown.join(", ")
+                    )
+                });
+                (Some(Arc::new(NodeInfo::with_gpus(&node, gpus))), report)
+            }
         };
         Self {
             metadata: ObjectMeta {

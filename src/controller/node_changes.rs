@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use super::node_cache::CachedNode;
 use super::nodes::NodeInfo;
 use super::triggers::Touch;
+use tessera_core::translate::ClusterNode;
 
 /// How often telemetry-only updates may wake instances.
 pub(crate) const TELEMETRY_WAKE_EVERY: Duration = Duration::from_secs(10);
@@ -63,11 +64,19 @@ fn fingerprint(info: &NodeInfo) -> u64 {
     hasher.finish()
 }
 
-/// What is telemetry is the API's one definition (`api::telemetry`).
+/// What is telemetry is the API's one definition (`api::telemetry`); the
+/// state is copied once, without it.
 fn without_telemetry(info: &NodeInfo) -> NodeInfo {
-    let mut info = info.clone();
-    info.gpus.gpu_state = info.gpus.gpu_state.without_telemetry();
-    info
+    NodeInfo {
+        gpus: ClusterNode {
+            name: info.gpus.name.clone(),
+            labels: info.gpus.labels.clone(),
+            gpu_state: info.gpus.gpu_state.without_telemetry(),
+        },
+        readiness: info.readiness.clone(),
+        cordoned: info.cordoned,
+        taints: info.taints.clone(),
+    }
 }
 
 #[cfg(test)]

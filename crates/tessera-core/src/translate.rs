@@ -28,16 +28,25 @@ impl ClusterNode {
     /// Reads a Node object. `Ok(None)` when the node publishes no GPU state (a
     /// CPU node, or one whose agent has not started yet).
     pub fn from_node(node: &Node) -> Result<Option<Self>, GpuStateError> {
+        Ok(Self::from_node_listing_unknown(node)?.map(|(node, _)| node))
+    }
+
+    /// [`ClusterNode::from_node`], also returning the paths of the state's
+    /// fields this build ignored (see [`NodeGpuState::from_json_listing_unknown`]).
+    pub fn from_node_listing_unknown(
+        node: &Node,
+    ) -> Result<Option<(Self, Vec<String>)>, GpuStateError> {
         let meta = &node.metadata;
         let Some(text) = NodeGpuState::annotation_of(meta) else {
             return Ok(None);
         };
-        let gpu_state = NodeGpuState::from_json(text)?;
-        Ok(Some(Self {
+        let (gpu_state, unknown) = NodeGpuState::from_json_listing_unknown(text)?;
+        let node = Self {
             name: meta.name.clone().unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
             gpu_state,
-        }))
+        };
+        Ok(Some((node, unknown)))
     }
 }
 

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::PublisherConfig;
 use super::patch::unstamped;
 use crate::agent::state::DeviceView;
+use tessera_core::api::NodeGpuState;
 
 impl PublisherConfig {
     /// How long after the last write drift is published: `min_interval`
@@ -61,10 +62,12 @@ pub(crate) fn needs_publish(
     now: Instant,
     config: &PublisherConfig,
 ) -> Decision {
-    if changed_at_once(&last.view, view) {
+    // Each view as it would be published, once for both questions.
+    let (old, new) = (unstamped(&last.view), unstamped(view));
+    if old.changed_beyond_telemetry(&new) {
         return Decision::Now;
     }
-    if !drifted(&last.view, view, config.free_memory_threshold_bytes) {
+    if !drifted(&old, &new, config.free_memory_threshold_bytes) {
         return Decision::Nothing;
     }
     match config
@@ -84,9 +87,8 @@ pub(super) fn changed_at_once(old: &DeviceView, new: &DeviceView) -> bool {
 }
 
 /// Telemetry changes that are published, rate-limited. Assumes the device
-/// lists match (otherwise [`changed_at_once`] already said so).
-fn drifted(old: &DeviceView, new: &DeviceView, free_memory_threshold: u64) -> bool {
-    let (old, new) = (unstamped(old), unstamped(new));
+/// lists match (otherwise the change was published at once).
+fn drifted(old: &NodeGpuState, new: &NodeGpuState, free_memory_threshold: u64) -> bool {
     old.devices
         .iter()
         .zip(&new.devices)
