@@ -11,6 +11,12 @@ use std::path::PathBuf;
 const PROTOS: &[&str] = &[
     // Device plugin v1beta1: `Registration` (kubelet's) and `DevicePlugin` (ours).
     "deviceplugin/v1beta1/api.proto",
+    // DRA: kubelet's `Registration` (served by the plugin), `DRAPlugin` v1 and
+    // v1beta1, and `DRAResourceHealth` (ours, all).
+    "pluginregistration/v1/api.proto",
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
+    "dra-health/v1alpha1/api.proto",
 ];
 const INCLUDE: &str = "proto";
 

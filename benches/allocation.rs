@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use tessera::agent::binding::Binder;
 use tessera::agent::binding::{BindingConfig, BindingIndex};
-use tessera::agent::device_plugin::devices_env::RuntimeOptions;
+use tessera::agent::container_devices::RuntimeOptions;
 use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
 use tessera::agent::device_plugin::kubelet_api::v1beta1::{
     AllocateRequest, ContainerAllocateRequest,

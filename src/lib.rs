@@ -35,7 +35,8 @@ pub mod watch_backoff;
 pub use tessera_core::{api, placement, translate};
 
 pub use agent::device_plugin::registration::PluginConfig;
-pub use agent::run::{AgentConfig, PublishOptions, run as run_agent};
+pub use agent::dra::DraConfig;
+pub use agent::run::{AgentConfig, AllocationMode, PublishOptions, run as run_agent};
 pub use cli::discover::{DiscoverArgs, run as discover, summary as discover_summary};
 pub use cli::place::{PlaceArgs, run as place};
 pub use controller::reconcile::Settings as ControllerSettings;

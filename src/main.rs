@@ -42,7 +42,7 @@ enum Command {
     Crd,
     /// Run the node agent (DaemonSet): kubelet device plugin, GPU health, and the
     /// node's GPU state published on its Node object.
-    Agent(AgentFlags),
+    Agent(Box<AgentFlags>),
     /// Run the controller (Deployment): reconcile ModelInstances into placed
     /// shard pods bound to their planned nodes and devices.
     Controller(ControllerFlags),
@@ -121,9 +121,33 @@ struct AgentFlags {
     /// (e.g. `tessera.dev/{vendor}-gpu`) gives each vendor its own.
     #[arg(long, value_name = "NAME", default_value = tessera::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
     resource_name: ResourceName,
-    /// Also name allocated devices as CDI devices.
+    /// Also name allocated devices as the vendors' CDI devices.
     #[arg(long)]
     cdi: bool,
+    /// How kubelet hands out the GPUs: `device-plugin` (an extended
+    /// resource), `dra` (ResourceSlices and claims, Kubernetes 1.34+), or
+    /// `auto`: DRA where the API server serves resource.k8s.io/v1 and kubelet
+    /// registers the driver, else the device plugin.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = AllocationFlag::DevicePlugin)]
+    allocation: AllocationFlag,
+    /// The DRA driver name (ResourceSlices, the DeviceClass and claims carry it).
+    #[arg(long, value_name = "NAME", default_value = tessera::agent::dra::DEFAULT_DRIVER_NAME, value_parser = driver_name)]
+    dra_driver_name: String,
+    /// Kubelet's plugin registration directory (DRA).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    kubelet_registry_dir: PathBuf,
+    /// Kubelet's plugins directory: the DRA driver's socket and its record of
+    /// prepared claims go in `<DIR>/<driver name>/`.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/plugins")]
+    kubelet_plugins_dir: PathBuf,
+    /// Where the DRA driver writes a CDI spec per prepared claim (a directory
+    /// the container runtime reads CDI specs from).
+    #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
     /// Device registry file.
     #[arg(
         long,
@@ -166,6 +190,11 @@ impl AgentFlags {
             plugin_dir,
             resource_name,
             cdi,
+            allocation,
+            dra_driver_name,
+            kubelet_registry_dir,
+            kubelet_plugins_dir,
+            cdi_dir,
             registry,
             checkpoint,
             kubeconfig,
@@ -176,7 +205,7 @@ impl AgentFlags {
             listen,
         } = self;
         use std::time::Duration;
-        use tessera::{AgentConfig, PluginConfig, PublishOptions, run_agent as run};
+        use tessera::{AgentConfig, DraConfig, PluginConfig, PublishOptions, run_agent as run};
         let detect = gpus.options();
         let publish = if no_publish {
             None
@@ -211,6 +240,14 @@ impl AgentFlags {
                 ..PluginConfig::default()
             },
             publish,
+            allocation: allocation.into(),
+            dra: DraConfig {
+                driver_name: dra_driver_name,
+                registry_dir: kubelet_registry_dir,
+                plugins_dir: kubelet_plugins_dir,
+                cdi_dir,
+                ..DraConfig::default()
+            },
             listen,
         };
         block_on(run(config))
@@ -445,6 +482,28 @@ fn non_empty(text: &str) -> Result<String, String> {
     } else {
         Ok(text.to_string())
     }
+}
+
+/// `--allocation`'s values.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AllocationFlag {
+    Auto,
+    Dra,
+    DevicePlugin,
+}
+
+impl From<AllocationFlag> for tessera::AllocationMode {
+    fn from(flag: AllocationFlag) -> Self {
+        match flag {
+            AllocationFlag::Auto => Self::Auto,
+            AllocationFlag::Dra => Self::Dra,
+            AllocationFlag::DevicePlugin => Self::DevicePlugin,
+        }
+    }
+}
+
+fn driver_name(text: &str) -> Result<String, String> {
+    tessera::agent::dra::check_driver_name(text).map(|()| text.to_string())
 }
 
 fn resource_name(text: &str) -> Result<ResourceName, String> {

@@ -242,6 +242,31 @@ fn missing_node_name_and_bad_flags_are_one_line_errors() {
             "reserved for native resources",
         ),
         (
+            vec!["agent", "--allocation", "sometimes"],
+            "invalid value 'sometimes' for '--allocation <MODE>'",
+        ),
+        (
+            vec!["agent", "--dra-driver-name", "GPU.Tessera.dev"],
+            "\"GPU.Tessera.dev\" is not a DRA driver name",
+        ),
+        (
+            vec![
+                "agent",
+                "--no-publish",
+                "--backend",
+                "fake",
+                "--fake",
+                "1xL4-24GiB",
+                "--allocation",
+                "dra",
+                "--registry",
+                &registry,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            "--allocation dra needs the API server",
+        ),
+        (
             vec![
                 "agent",
                 "--no-publish",

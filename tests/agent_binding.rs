@@ -23,7 +23,7 @@ use tessera::agent::binding::{
     BindingConfig, BindingIndex, CHECKPOINT_VERSION, PendingBinding, UNBOUND, load_checkpoint,
     run_pod_watch,
 };
-use tessera::agent::device_plugin::devices_env::RuntimeOptions;
+use tessera::agent::container_devices::RuntimeOptions;
 use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_client::DevicePluginClient;
 use tessera::agent::device_plugin::kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
 use tessera::agent::device_plugin::kubelet_api::v1beta1::*;

@@ -1,6 +1,6 @@
 //! The agent's HTTP endpoints: `/healthz` (the process serves), `/readyz`
-//! (registered with kubelet and the GPUs have been read) and Prometheus
-//! `/metrics`.
+//! (registered with kubelet — the device plugin or the DRA driver — and the
+//! GPUs have been read) and Prometheus `/metrics`.
 
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use prometheus_client::registry::Registry;
 
 use super::device_plugin::AllocationMetrics;
 use super::device_plugin::registration::{PluginStatus, SILENT_KUBELET};
+use super::dra::{DraStatus, SliceStats};
 use super::publisher::{PublisherStats, WriteCause};
 use super::state::ViewRx;
 
@@ -40,6 +41,8 @@ pub(crate) struct AgentMetrics {
     publishes: Gauge,
     publish_errors: Gauge,
     publish_attempts: Family<CauseLabel, Gauge>,
+    slice_writes: Gauge,
+    slice_errors: Gauge,
 }
 
 /// Status kept by the device plugin and the publisher, read at scrape time.
@@ -48,6 +51,8 @@ pub(crate) struct AgentMetrics {
 pub(crate) struct Counters {
     pub(crate) plugin: Option<Arc<PluginStatus>>,
     pub(crate) publisher: Option<Arc<PublisherStats>>,
+    pub(crate) dra: Option<Arc<DraStatus>>,
+    pub(crate) slices: Option<Arc<SliceStats>>,
 }
 
 impl AgentMetrics {
@@ -58,7 +63,7 @@ impl AgentMetrics {
         let allocated = Gauge::default();
         registry.register(
             "allocated_devices",
-            "GPUs handed out to containers",
+            "GPUs handed out to containers (device plugin) or prepared for claims (DRA)",
             allocated.clone(),
         );
         registry.register(
@@ -74,7 +79,7 @@ impl AgentMetrics {
         let registrations = Gauge::default();
         registry.register(
             "kubelet_registrations",
-            "Successful registrations with kubelet since start",
+            "Successful registrations with kubelet since start (device plugin or DRA driver)",
             registrations.clone(),
         );
         let publishes = Gauge::default();
@@ -96,6 +101,18 @@ impl AgentMetrics {
              alone, at most once per interval) or retry (after a failure)",
             publish_attempts.clone(),
         );
+        let slice_writes = Gauge::default();
+        registry.register(
+            "resource_slice_writes",
+            "ResourceSlices written since start (DRA)",
+            slice_writes.clone(),
+        );
+        let slice_errors = Gauge::default();
+        registry.register(
+            "resource_slice_errors",
+            "Failed attempts to publish the node's ResourceSlices since start (DRA)",
+            slice_errors.clone(),
+        );
         Self {
             registry,
             devices,
@@ -104,6 +121,8 @@ impl AgentMetrics {
             publishes,
             publish_errors,
             publish_attempts,
+            slice_writes,
+            slice_errors,
         }
     }
 
@@ -133,8 +152,13 @@ impl AgentMetrics {
         self.allocated.set(current.allocated.len() as i64);
         let as_gauge = |count: u64| i64::try_from(count).unwrap_or(i64::MAX);
         self.registrations.set(as_gauge(
-            counters.plugin.as_ref().map_or(0, |p| p.registrations()),
+            counters.plugin.as_ref().map_or(0, |p| p.registrations())
+                + counters.dra.as_ref().map_or(0, |d| d.registrations()),
         ));
+        self.slice_writes
+            .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.writes())));
+        self.slice_errors
+            .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.errors())));
         self.publishes.set(as_gauge(
             counters.publisher.as_ref().map_or(0, |p| p.published()),
         ));
@@ -197,6 +221,15 @@ async fn readyz(State(endpoints): State<AgentEndpoints>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("{SILENT_KUBELET}\n"),
         );
+    }
+    if let Some(dra) = &endpoints.counters.dra
+        && dra.registered() != Some(true)
+    {
+        let why = match dra.refusal() {
+            Some(error) => format!("kubelet refused the DRA driver: {error}\n"),
+            None => "DRA driver not registered with kubelet yet\n".to_string(),
+        };
+        return (StatusCode::SERVICE_UNAVAILABLE, why);
     }
     (StatusCode::OK, "ready\n".to_string())
 }
@@ -266,7 +299,7 @@ mod tests {
         let plugin = Arc::new(PluginStatus::default());
         let counters = Counters {
             plugin: Some(plugin.clone()),
-            publisher: None,
+            ..Counters::default()
         };
         let app = router(
             rx,
@@ -296,8 +329,8 @@ mod tests {
         let (tx, rx) = channel("fake");
         let publisher = Arc::new(PublisherStats::default());
         let counters = Counters {
-            plugin: None,
             publisher: Some(publisher.clone()),
+            ..Counters::default()
         };
         let allocation = AllocationMetrics::default();
         let app = router(rx, counters, Arc::new(AgentMetrics::new(&allocation)));

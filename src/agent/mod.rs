@@ -1,16 +1,22 @@
 //! The node agent (`tessera agent`, a DaemonSet): watches the node's GPUs
-//! through the backend layer, serves the kubelet device plugin API so kubelet
-//! can hand devices to containers, and publishes the node's GPU state on its
-//! Node object for the controller.
+//! through the backend layer, offers them to kubelet — as a device plugin or
+//! as a DRA driver — so kubelet can hand devices to containers, and publishes
+//! the node's GPU state on its Node object for the controller.
 //!
-//! Each kubelet-facing plugin has its own folder (`device_plugin`); what it
-//! shares with others sits beside it: the device view (`state`), the planned
-//! bindings (`binding`), the Node publisher (`publisher`), the HTTP endpoints
-//! (`http`) and the wiring (`run`).
+//! Each kubelet-facing plugin has its own folder (`device_plugin`, `dra`);
+//! what they share sits beside them: the device view (`state`), what a
+//! container needs for its devices (`container_devices`), the gRPC server on
+//! a unix socket (`unix_server`), the planned bindings of the device plugin
+//! (`binding`), the Node publisher (`publisher`), the HTTP endpoints (`http`)
+//! and the wiring (`run`).
 
 pub mod binding;
+pub mod container_devices;
 pub mod device_plugin;
+pub mod dra;
 mod http;
 pub mod publisher;
 pub mod run;
 pub mod state;
+mod unix_authority;
+mod unix_server;

@@ -1,6 +1,7 @@
-//! `tessera agent`: wires the backend poller, the device plugin, the node
-//! state publisher and the HTTP endpoints together, and shuts them down in
-//! order on SIGTERM or SIGINT (stop serving, remove our socket, stop polling).
+//! `tessera agent`: wires the backend poller, the kubelet-facing plugin (the
+//! device plugin or the DRA driver, see [`AllocationMode`]), the node state
+//! publisher and the HTTP endpoints together, and shuts them down in order on
+//! SIGTERM or SIGINT (stop serving, remove our sockets, stop polling).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,16 +12,46 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::binding::{BindingConfig, BindingIndex, run_pod_watch};
+use super::container_devices::RuntimeOptions;
 use super::device_plugin::registration::{PluginConfig, PluginRunner};
-use super::http::{AgentMetrics, Counters, router, serve};
+use super::dra::slice_publisher::delete_node_slices;
+use super::dra::{DraConfig, DraHandle};
+use super::http::{AgentMetrics, Counters, router, serve as serve_http};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
-use super::state::{ViewRx, channel, spawn_poller_with_ids};
+use super::state::{ViewRx, ViewTx, channel, spawn_poller_with_ids};
 use crate::api_requests::ApiRequests;
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
 use crate::process::{kube_client, terminated};
 use tessera_core::api::{ResourceName, Vendor};
+
+/// How kubelet learns which devices a container gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocationMode {
+    /// DRA where the API server serves `resource.k8s.io/v1` and this node's
+    /// kubelet registers the driver; otherwise the device plugin.
+    Auto,
+    /// The DRA driver: ResourceSlices and claims.
+    Dra,
+    /// The device plugin: an extended resource.
+    DevicePlugin,
+}
+
+impl AllocationMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Dra => "dra",
+            Self::DevicePlugin => "device-plugin",
+        }
+    }
+}
+
+/// How long `auto` waits for kubelet to register the DRA driver before it
+/// offers the GPUs through the device plugin instead. Kubelet's plugin
+/// watcher sees a new socket within a second.
+const DRA_REGISTRATION_WAIT: Duration = Duration::from_secs(20);
 
 pub struct AgentConfig {
     pub detect: DetectOptions,
@@ -36,6 +67,8 @@ pub struct AgentConfig {
     pub checkpoint: PathBuf,
     /// `None` runs without an API server (`--no-publish`).
     pub publish: Option<PublishOptions>,
+    pub allocation: AllocationMode,
+    pub dra: DraConfig,
     pub listen: SocketAddr,
 }
 
@@ -54,6 +87,8 @@ pub enum AgentError {
     Kube(String),
     #[error("{0}")]
     Resource(String),
+    #[error("{0}")]
+    Mode(String),
     #[error("cannot serve the HTTP endpoints on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -62,7 +97,7 @@ pub enum AgentError {
 }
 
 /// Runs the agent until SIGTERM/SIGINT.
-pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
+pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let backend = detect(&config.detect)?;
     tracing::info!(backend = backend.name(), "GPU backend selected");
     let (tx, rx) = channel(backend.name());
@@ -78,16 +113,14 @@ pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
         stop_polling.clone(),
         known,
     );
-    let resource = node_resource(&config.resource, rx.clone()).await;
-    config.plugin.resource_name = match resource {
-        Ok(name) => name,
-        Err(e) => {
-            stop_polling.store(true, Ordering::Relaxed);
-            return Err(e);
-        }
-    };
-    tracing::info!(resource = %config.plugin.resource_name, "offering the GPUs as");
+    let result = serve(config, rx, tx).await;
+    stop_polling.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || poller.join()).await;
+    result
+}
 
+/// Everything but the poller, until SIGTERM/SIGINT.
+async fn serve(config: AgentConfig, rx: ViewRx, tx: ViewTx) -> Result<(), AgentError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -112,52 +145,38 @@ pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
             source,
         })?;
 
-    let allocation = config.plugin.allocation_metrics.clone();
-    // Planned bindings need the API server; without it (`--no-publish`) kubelet
-    // gets the plain topology-aware choice, and the view's allocated set only
-    // grows (the plugin records what it hands out; no pod watch clears it).
-    let binding = match (&config.publish, &client) {
+    let runtime = RuntimeOptions {
+        cdi: config.plugin.cdi,
+        sysfs_root: config.plugin.sysfs_root.clone(),
+        procfs_root: config.plugin.procfs_root.clone(),
+    };
+    let dra = match (&config.publish, &client) {
         (Some(p), Some(client)) => {
-            let index = Arc::new(BindingIndex::open(BindingConfig {
-                checkpoint: Some(config.checkpoint.clone()),
-                resource_name: config.plugin.resource_name.clone(),
-                ..BindingConfig::default()
-            }));
-            // The published allocated set follows the checkpoint: seeded
-            // from it now, cleared as the pod watch sees pods end.
-            index.keep_view(tx.clone());
-            index.catch_up_with(client.clone(), &p.node_name);
-            tokio::spawn(run_pod_watch(
-                client.clone(),
-                p.node_name.clone(),
-                index.clone(),
-                stopped(),
+            start_dra(&config, &p.node_name, client, runtime, &rx, &tx).await?
+        }
+        _ if config.allocation == AllocationMode::Dra => {
+            return Err(AgentError::Mode(
+                "--allocation dra needs the API server (claims are read there, slices written there): drop --no-publish".into(),
             ));
-            Some(index)
         }
         _ => None,
     };
-    let mut plugin_config = config.plugin;
-    if let Some(index) = &binding {
-        plugin_config.binder = index.clone();
-    }
-    let runner = PluginRunner::new(plugin_config, rx.clone(), tx.clone());
-    let plugin_status = runner.status();
-    let plugin_stop = stopped();
-    let stop_waiting = stopped();
-    let plugin = tokio::spawn(async move {
-        if let Some(index) = binding {
-            tokio::select! {
-                _ = index.synced() => {}
-                _ = tokio::time::sleep(Duration::from_secs(30)) => tracing::warn!(
-                    "the pods on this node were not listed within 30 s; serving kubelet anyway (allocations are refused until they are)"
-                ),
-                // SIGTERM while waiting: nothing is served yet, nothing to stop.
-                _ = stop_waiting => return Ok(()),
+
+    let allocation = config.plugin.allocation_metrics.clone();
+    let (plugin, plugin_status) = match &dra {
+        Some(_) => (None, None),
+        None => {
+            // `auto` may have offered the GPUs through DRA in an earlier run.
+            if let (AllocationMode::Auto, Some(p), Some(client)) =
+                (config.allocation, &config.publish, &client)
+            {
+                forget_dra_slices(client, &config.dra.driver_name, &p.node_name).await;
             }
+            let (task, status) =
+                start_device_plugin(&config, client.as_ref(), &rx, &tx, &stopped).await?;
+            (Some(task), Some(status))
         }
-        runner.run(plugin_stop).await
-    });
+    };
 
     let publisher_stats = Arc::new(PublisherStats::default());
     let publisher = match (config.publish, client) {
@@ -197,19 +216,26 @@ pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
     }
 
     let counters = Counters {
-        plugin: Some(plugin_status),
+        plugin: plugin_status,
         publisher: publisher.as_ref().map(|_| publisher_stats.clone()),
+        dra: dra.as_ref().map(|d| d.status.clone()),
+        slices: dra.as_ref().map(|d| d.slice_stats.clone()),
     };
     let mut metrics = AgentMetrics::new(&allocation);
     api_requests.register(metrics.registry_mut());
     let app = router(rx.clone(), counters, Arc::new(metrics));
-    let http = tokio::spawn(serve(listener, app, stopped()));
+    let http = tokio::spawn(serve_http(listener, app, stopped()));
 
     terminated().await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    if let Ok(Err(e)) = plugin.await {
+    if let Some(plugin) = plugin
+        && let Ok(Err(e)) = plugin.await
+    {
         tracing::warn!(error = %e, "device plugin stopped with an error");
+    }
+    if let Some(dra) = dra {
+        dra.stop().await;
     }
     if let Some(p) = publisher
         && let Ok(Err(e)) = p.await
@@ -219,9 +245,169 @@ pub async fn run(mut config: AgentConfig) -> Result<(), AgentError> {
     if let Ok(Err(e)) = http.await {
         tracing::warn!(error = %e, "HTTP endpoints stopped with an error");
     }
-    stop_polling.store(true, Ordering::Relaxed);
-    let _ = tokio::task::spawn_blocking(move || poller.join()).await;
     Ok(())
+}
+
+/// The DRA driver, when the mode asks for it and (for `auto`) the API
+/// server serves DRA and kubelet registers the driver; `None`: the device
+/// plugin it is.
+async fn start_dra(
+    config: &AgentConfig,
+    node_name: &str,
+    client: &kube::Client,
+    runtime: RuntimeOptions,
+    rx: &ViewRx,
+    tx: &ViewTx,
+) -> Result<Option<DraHandle>, AgentError> {
+    match config.allocation {
+        AllocationMode::DevicePlugin => return Ok(None),
+        AllocationMode::Auto => match serves_dra(client).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(
+                    "the API server does not serve resource.k8s.io/v1: offering the GPUs through the device plugin"
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell whether the API server serves DRA: offering the GPUs through the device plugin");
+                return Ok(None);
+            }
+        },
+        AllocationMode::Dra => {}
+    }
+    let mut dra = DraHandle::serve(
+        &config.dra,
+        node_name,
+        client.clone(),
+        runtime,
+        rx.clone(),
+        tx.clone(),
+    )
+    .await;
+    if config.allocation == AllocationMode::Auto {
+        let word = dra.registered_within(DRA_REGISTRATION_WAIT).await;
+        if word != Some(true) {
+            let why = match word {
+                Some(_) => format!(
+                    "kubelet refused it: {}",
+                    dra.status.refusal().unwrap_or_default()
+                ),
+                None => format!(
+                    "kubelet did not register it within {DRA_REGISTRATION_WAIT:?} (is {} the kubelet's plugin registration directory?)",
+                    config.dra.registry_dir.display()
+                ),
+            };
+            tracing::warn!(driver = %config.dra.driver_name, "not a DRA driver on this node, {why}: offering the GPUs through the device plugin");
+            dra.stop().await;
+            return Ok(None);
+        }
+    }
+    dra.publish_slices(
+        client.clone(),
+        &config.dra.driver_name,
+        node_name,
+        rx.clone(),
+    );
+    tracing::info!(driver = %config.dra.driver_name, mode = config.allocation.as_str(), "offering the GPUs through DRA");
+    Ok(Some(dra))
+}
+
+/// Whether the API server serves ResourceSlices in `resource.k8s.io/v1`.
+async fn serves_dra(client: &kube::Client) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "resourceslices")),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A node on the device plugin offers nothing through DRA: slices left by an
+/// earlier run go (best effort; an API server without DRA has none).
+async fn forget_dra_slices(client: &kube::Client, driver: &str, node_name: &str) {
+    match delete_node_slices(client.clone(), driver, node_name).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            slices = n,
+            "deleted this node's ResourceSlices: the GPUs are offered through the device plugin"
+        ),
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not delete this node's ResourceSlices of an earlier DRA run")
+        }
+    }
+}
+
+type PluginTask =
+    tokio::task::JoinHandle<Result<(), super::device_plugin::registration::PluginError>>;
+
+/// The device plugin, with the planned bindings where there is an API server.
+async fn start_device_plugin<S, F>(
+    config: &AgentConfig,
+    client: Option<&kube::Client>,
+    rx: &ViewRx,
+    tx: &ViewTx,
+    stopped: &S,
+) -> Result<
+    (
+        PluginTask,
+        Arc<super::device_plugin::registration::PluginStatus>,
+    ),
+    AgentError,
+>
+where
+    S: Fn() -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut plugin_config = config.plugin.clone();
+    plugin_config.resource_name = node_resource(&config.resource, rx.clone()).await?;
+    tracing::info!(resource = %plugin_config.resource_name, "offering the GPUs as");
+
+    // Planned bindings need the API server; without it (`--no-publish`) kubelet
+    // gets the plain topology-aware choice, and the view's allocated set only
+    // grows (the plugin records what it hands out; no pod watch clears it).
+    let binding = match (&config.publish, client) {
+        (Some(p), Some(client)) => {
+            let index = Arc::new(BindingIndex::open(BindingConfig {
+                checkpoint: Some(config.checkpoint.clone()),
+                resource_name: plugin_config.resource_name.clone(),
+                ..BindingConfig::default()
+            }));
+            // The published allocated set follows the checkpoint: seeded
+            // from it now, cleared as the pod watch sees pods end.
+            index.keep_view(tx.clone());
+            index.catch_up_with(client.clone(), &p.node_name);
+            tokio::spawn(run_pod_watch(
+                client.clone(),
+                p.node_name.clone(),
+                index.clone(),
+                stopped(),
+            ));
+            Some(index)
+        }
+        _ => None,
+    };
+    if let Some(index) = &binding {
+        plugin_config.binder = index.clone();
+    }
+    let runner = PluginRunner::new(plugin_config, rx.clone(), tx.clone());
+    let plugin_status = runner.status();
+    let plugin_stop = stopped();
+    let stop_waiting = stopped();
+    let plugin = tokio::spawn(async move {
+        if let Some(index) = binding {
+            tokio::select! {
+                _ = index.synced() => {}
+                _ = tokio::time::sleep(Duration::from_secs(30)) => tracing::warn!(
+                    "the pods on this node were not listed within 30 s; serving kubelet anyway (allocations are refused until they are)"
+                ),
+                // SIGTERM while waiting: nothing is served yet, nothing to stop.
+                _ = stop_waiting => return Ok(()),
+            }
+        }
+        runner.run(plugin_stop).await
+    });
+    Ok((plugin, plugin_status))
 }
 
 /// The resource this node's GPUs are offered as. Per vendor, the node's one

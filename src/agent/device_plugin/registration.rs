@@ -28,12 +28,12 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::allocation_metrics::AllocationMetrics;
-use super::devices_env::RuntimeOptions;
 use super::kubelet_api::v1beta1::RegisterRequest;
 use super::kubelet_api::v1beta1::registration_client::RegistrationClient;
 use super::kubelet_api::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET, VERSION};
 use super::server::{PluginServer, PluginService, plugin_options};
 use crate::agent::binding::{Binder, NoBinder};
+use crate::agent::container_devices::RuntimeOptions;
 use crate::agent::state::{ViewRx, ViewTx};
 
 /// The extended resource offered unless configured otherwise.

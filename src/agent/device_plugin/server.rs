@@ -20,19 +20,17 @@
 
 use std::collections::BTreeSet;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use super::allocation_metrics::AllocationMetrics;
-use super::devices_env::{RuntimeOptions, container_response};
+use super::devices_env::container_response;
 use super::kubelet_api::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use super::kubelet_api::v1beta1::{
     AllocateRequest, AllocateResponse, ContainerPreferredAllocationRequest,
@@ -43,7 +41,9 @@ use super::kubelet_api::v1beta1::{
 use super::kubelet_api::{HEALTHY, UNHEALTHY};
 use super::preferred::preferred_allocation;
 use crate::agent::binding::Binder;
+use crate::agent::container_devices::RuntimeOptions;
 use crate::agent::state::{DeviceView, ViewRx, ViewTx};
+use crate::agent::unix_server::{Authority, UnixServer};
 use crate::backend::{DeviceInfo, RawHealth};
 
 /// The owner `Allocate` records in `DeviceView::allocated` when the binder
@@ -358,84 +358,29 @@ async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
     }
 }
 
-/// How long a stopping server may take to finish its connections.
-const STOP_GRACE: Duration = Duration::from_secs(3);
-
 /// A `DevicePlugin` server on a unix socket.
-pub struct PluginServer {
-    path: PathBuf,
-    /// Device and inode of the socket file we bound.
-    identity: Option<(u64, u64)>,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), tonic::transport::Error>>,
-}
+pub struct PluginServer(UnixServer);
 
 impl PluginServer {
     /// Binds `path` (replacing a stale file) and serves `service` on it.
     pub async fn start(path: &Path, service: PluginService) -> io::Result<Self> {
-        match std::fs::symlink_metadata(path) {
-            Ok(_) => std::fs::remove_file(path)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = UnixListener::bind(path)?;
-        let identity = file_identity(path);
         let (stop, stop_rx) = watch::channel(false);
-        let service = service.with_stop(stop_rx.clone());
-        let mut signal = stop_rx;
-        let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    // A dropped sender also means stop.
-                    let _ = signal.wait_for(|s| *s).await;
-                })
-                .await
-        });
-        tracing::info!(socket = %path.display(), "device plugin serving");
-        Ok(Self {
-            path: path.to_path_buf(),
-            identity,
-            stop,
-            task,
-        })
+        let service = service.with_stop(stop_rx);
+        let routes = Routes::new(DevicePluginServer::new(service));
+        UnixServer::start("device plugin", path, Authority::Valid, routes, stop).map(Self)
     }
 
     /// Whether our socket file is still there (not removed or replaced) and
     /// the server still runs.
     pub(crate) fn is_intact(&self) -> bool {
-        !self.task.is_finished()
-            && self.identity.is_some()
-            && file_identity(&self.path) == self.identity
+        self.0.is_intact()
     }
 
     /// Stops serving (ending open streams) and removes the socket file if it
     /// is still the one we bound.
-    pub async fn stop(mut self) {
-        let _ = self.stop.send(true);
-        match tokio::time::timeout(STOP_GRACE, &mut self.task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "device plugin server failed"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "device plugin server task failed"),
-            Err(_) => {
-                tracing::warn!("device plugin server did not stop in time; aborting it");
-                self.task.abort();
-            }
-        }
-        if self.identity.is_some()
-            && file_identity(&self.path) == self.identity
-            && let Err(e) = std::fs::remove_file(&self.path)
-        {
-            tracing::warn!(socket = %self.path.display(), error = %e, "removing our socket failed");
-        }
+    pub async fn stop(self) {
+        self.0.stop().await;
     }
-}
-
-/// Device and inode of a file (not following symlinks).
-pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let metadata = std::fs::symlink_metadata(path).ok()?;
-    Some((metadata.dev(), metadata.ino()))
 }
 
 #[cfg(test)]

@@ -1,0 +1,241 @@
+//! Reading a claim's allocation for this node: which of its devices the claim
+//! was given, for which request. Everything kubelet's call does not prove is
+//! checked here, each failure a sentence for that claim alone: the claim is
+//! the one kubelet means (same UID), it is allocated, and every device of this
+//! driver in it is in this node's pool, one of this node's devices, and
+//! healthy. Devices of other drivers are theirs to prepare.
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use super::device_names::device_names;
+use crate::backend::{DeviceState, RawHealth, Snapshot};
+
+/// One device of this node a claim was given.
+#[derive(Debug)]
+pub(crate) struct AllocatedDevice<'a> {
+    /// The claim's request (`request` or `request/subrequest`).
+    pub(crate) request: String,
+    /// Its name in this node's slices.
+    pub(crate) name: String,
+    pub(crate) state: &'a DeviceState,
+}
+
+/// Who this driver is on which node.
+#[derive(Clone, Debug)]
+pub(crate) struct DriverOnNode {
+    pub(crate) driver: String,
+    /// The node's name, which is also the name of its pool.
+    pub(crate) node_name: String,
+}
+
+/// The devices of this node `claim` was allocated, in the allocation's order.
+pub(crate) fn allocated_devices<'a>(
+    claim: &ResourceClaim,
+    uid: &str,
+    on: &DriverOnNode,
+    snapshot: &'a Snapshot,
+) -> Result<Vec<AllocatedDevice<'a>>, String> {
+    let named = format!(
+        "claim {}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    );
+    let actual_uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    if actual_uid != uid {
+        return Err(format!(
+            "{named} has UID {actual_uid}, not {uid}: it was deleted and created again since kubelet read it"
+        ));
+    }
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|status| status.allocation.as_ref())
+        .and_then(|allocation| allocation.devices.as_ref())
+        .and_then(|devices| devices.results.as_deref())
+        .ok_or_else(|| format!("{named} is not allocated"))?;
+    let ours: Vec<_> = results.iter().filter(|r| r.driver == on.driver).collect();
+    if ours.is_empty() {
+        return Err(format!("{named} has no device of driver {}", on.driver));
+    }
+
+    let names = device_names(snapshot.devices.iter().map(|d| d.info.id.as_str()));
+    let mut devices = Vec::with_capacity(ours.len());
+    let mut problems = Vec::new();
+    for result in ours {
+        let device = format!("{}/{}", result.pool, result.device);
+        if result.pool != on.node_name {
+            problems.push(format!(
+                "device {device} is not on this node (its pool is {}, this node's is {})",
+                result.pool, on.node_name
+            ));
+            continue;
+        }
+        let found = snapshot
+            .devices
+            .iter()
+            .find(|state| names.get(&state.info.id) == Some(&result.device));
+        let Some(state) = found else {
+            problems.push(format!("device {device} is not one of this node's GPUs"));
+            continue;
+        };
+        if let RawHealth::Unhealthy(why) = &state.health {
+            problems.push(format!(
+                "device {device} ({}) is unhealthy: {why}",
+                state.info.id
+            ));
+            continue;
+        }
+        devices.push(AllocatedDevice {
+            request: result.request.clone(),
+            name: result.device.clone(),
+            state,
+        });
+    }
+    if problems.is_empty() {
+        Ok(devices)
+    } else {
+        Err(format!("{named}: {}", problems.join("; ")))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
+        ResourceClaimStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::backend::fake::FakeBackend;
+    use crate::backend::snapshot;
+
+    pub(crate) fn on() -> DriverOnNode {
+        DriverOnNode {
+            driver: "gpu.tessera.dev".into(),
+            node_name: "node-1".into(),
+        }
+    }
+
+    /// A claim `ns/c` with UID `uid` allocated `(driver, pool, device)`s for request `gpus`.
+    pub(crate) fn claim(uid: &str, results: &[(&str, &str, &str)]) -> ResourceClaim {
+        ResourceClaim {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some("c".into()),
+                uid: Some(uid.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Default::default(),
+            status: Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(
+                            results
+                                .iter()
+                                .map(|(driver, pool, device)| DeviceRequestAllocationResult {
+                                    request: "gpus".into(),
+                                    driver: (*driver).into(),
+                                    pool: (*pool).into(),
+                                    device: (*device).into(),
+                                    ..DeviceRequestAllocationResult::default()
+                                })
+                                .collect(),
+                        ),
+                        config: None,
+                    }),
+                    ..AllocationResult::default()
+                }),
+                ..ResourceClaimStatus::default()
+            }),
+        }
+    }
+
+    fn node() -> Snapshot {
+        snapshot(&mut FakeBackend::new("4xH100-80GiB").unwrap()).unwrap()
+    }
+
+    fn name(snap: &Snapshot, i: usize) -> String {
+        device_names(snap.devices.iter().map(|d| d.info.id.as_str()))[&snap.devices[i].info.id]
+            .clone()
+    }
+
+    #[test]
+    fn the_devices_of_this_driver_on_this_node_in_order() {
+        let snap = node();
+        let (d2, d0) = (name(&snap, 2), name(&snap, 0));
+        let claim = claim(
+            "u",
+            &[
+                ("gpu.tessera.dev", "node-1", &d2),
+                ("other.dev", "x", "y"),
+                ("gpu.tessera.dev", "node-1", &d0),
+            ],
+        );
+        let devices = allocated_devices(&claim, "u", &on(), &snap).unwrap();
+        let ids: Vec<&str> = devices.iter().map(|d| d.state.info.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                snap.devices[2].info.id.as_str(),
+                snap.devices[0].info.id.as_str()
+            ]
+        );
+        assert_eq!(devices[0].request, "gpus");
+        assert_eq!(devices[0].name, d2);
+    }
+
+    #[test]
+    fn each_bad_allocation_is_one_sentence_for_its_claim() {
+        let mut snap = node();
+        snap.devices[1].health = RawHealth::Unhealthy("XID 79".into());
+        let (d0, d1) = (name(&snap, 0), name(&snap, 1));
+        let err = |claim: &ResourceClaim, uid: &str| {
+            allocated_devices(claim, uid, &on(), &snap).unwrap_err()
+        };
+
+        let replaced = err(&claim("new", &[("gpu.tessera.dev", "node-1", &d0)]), "old");
+        assert!(
+            replaced.contains("claim ns/c has UID new, not old"),
+            "{replaced}"
+        );
+
+        let mut unallocated = claim("u", &[]);
+        unallocated.status = None;
+        assert_eq!(err(&unallocated, "u"), "claim ns/c is not allocated");
+
+        let others = err(&claim("u", &[("other.dev", "node-1", &d0)]), "u");
+        assert_eq!(others, "claim ns/c has no device of driver gpu.tessera.dev");
+
+        let bad = err(
+            &claim(
+                "u",
+                &[
+                    ("gpu.tessera.dev", "node-2", &d0),
+                    ("gpu.tessera.dev", "node-1", "gpu-nope"),
+                    ("gpu.tessera.dev", "node-1", &d1),
+                    ("gpu.tessera.dev", "node-1", &d0),
+                ],
+            ),
+            "u",
+        );
+        assert!(bad.starts_with("claim ns/c: "), "{bad}");
+        assert!(
+            bad.contains(&format!(
+                "device node-2/{d0} is not on this node (its pool is node-2, this node's is node-1)"
+            )),
+            "{bad}"
+        );
+        assert!(
+            bad.contains("device node-1/gpu-nope is not one of this node's GPUs"),
+            "{bad}"
+        );
+        assert!(
+            bad.contains(&format!(
+                "device node-1/{d1} ({}) is unhealthy: XID 79",
+                snap.devices[1].info.id
+            )),
+            "{bad}"
+        );
+    }
+}

@@ -1,0 +1,493 @@
+//! Preparing and unpreparing claims: the work behind kubelet's
+//! `NodePrepareResources` and `NodeUnprepareResources`, whatever API version
+//! it came in. A claim is read from the API server (kubelet sends only its
+//! name and UID), its devices checked (`allocation`), a CDI spec written for
+//! it (`cdi`) and the result recorded (`prepared`) before kubelet hears of
+//! it. Both calls are idempotent, and every claim succeeds or fails alone.
+//!
+//! One claim at a time: the record and the CDI directory are the driver's
+//! whole state, and kubelet's calls are few (one per pod start and end).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::Mutex;
+
+use super::allocation::{AllocatedDevice, DriverOnNode, allocated_devices};
+use super::cdi::{CdiDevice, CdiDir, device_name};
+use super::prepared::{PreparedClaim, PreparedClaims, PreparedDevice};
+use crate::agent::container_devices::{RuntimeOptions, container_devices};
+use crate::agent::state::{ViewRx, ViewTx};
+
+/// Where claims are read: the API server, or a stand-in in tests.
+pub(crate) trait ClaimReader: Send + Sync + 'static {
+    fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<ResourceClaim, String>> + Send;
+}
+
+impl ClaimReader for kube::Client {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        kube::Api::<ResourceClaim>::namespaced(self.clone(), namespace)
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The claim kubelet names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClaimRef {
+    pub(crate) namespace: String,
+    pub(crate) uid: String,
+    pub(crate) name: String,
+}
+
+pub(crate) struct Driver<C> {
+    on: DriverOnNode,
+    cdi: CdiDir,
+    runtime: RuntimeOptions,
+    view: ViewRx,
+    /// Where the devices in use are shown to the rest of the agent (the
+    /// view's `allocated`: device ID → claim UID).
+    tx: Option<ViewTx>,
+    claims: C,
+    prepared: Mutex<PreparedClaims>,
+}
+
+impl<C: ClaimReader> Driver<C> {
+    pub(crate) fn new(
+        on: DriverOnNode,
+        cdi: CdiDir,
+        runtime: RuntimeOptions,
+        view: ViewRx,
+        claims: C,
+        prepared: PreparedClaims,
+    ) -> Self {
+        Self {
+            on,
+            cdi,
+            runtime,
+            view,
+            tx: None,
+            claims,
+            prepared: Mutex::new(prepared),
+        }
+    }
+
+    /// Keeps the view's `allocated` map equal to the prepared devices, from now on.
+    pub(crate) async fn keep_view(mut self, tx: ViewTx) -> Self {
+        show_in_use(&tx, &*self.prepared.lock().await);
+        self.tx = Some(tx);
+        self
+    }
+
+    pub(crate) fn on(&self) -> &DriverOnNode {
+        &self.on
+    }
+
+    pub(crate) fn view(&self) -> &ViewRx {
+        &self.view
+    }
+
+    /// Prepares each claim: its devices, or why not.
+    pub(crate) async fn prepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
+        let mut answers = BTreeMap::new();
+        for claim in claims {
+            let answer = self.prepare_one(claim).await;
+            match &answer {
+                Ok(devices) => tracing::info!(
+                    claim = %format!("{}/{}", claim.namespace, claim.name),
+                    uid = %claim.uid,
+                    devices = devices.len(),
+                    "claim prepared"
+                ),
+                Err(error) => tracing::warn!(uid = %claim.uid, %error, "claim not prepared"),
+            }
+            answers.insert(claim.uid.clone(), answer);
+        }
+        answers
+    }
+
+    /// Unprepares each claim: `Ok` once its CDI spec and record are gone
+    /// (also when they never existed).
+    pub(crate) async fn unprepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> BTreeMap<String, Result<(), String>> {
+        let mut answers = BTreeMap::new();
+        for claim in claims {
+            let mut prepared = self.prepared.lock().await;
+            let answer = self
+                .cdi
+                .remove(&claim.uid)
+                .map_err(|e| format!("removing the CDI spec of claim {}: {e}", claim.uid))
+                .and_then(|()| {
+                    prepared
+                        .remove(&claim.uid)
+                        .map_err(|e| format!("recording claim {} as unprepared: {e}", claim.uid))
+                });
+            if let Some(tx) = &self.tx {
+                show_in_use(tx, &prepared);
+            }
+            if answer.is_ok() {
+                tracing::info!(uid = %claim.uid, "claim unprepared");
+            }
+            answers.insert(claim.uid.clone(), answer);
+        }
+        answers
+    }
+
+    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        let mut prepared = self.prepared.lock().await;
+        if let Some(done) = prepared.get(&claim.uid)
+            && self.cdi.exists(&claim.uid)
+        {
+            return Ok(done.devices.clone());
+        }
+        let object = self
+            .claims
+            .claim(&claim.namespace, &claim.name)
+            .await
+            .map_err(|e| format!("reading claim {}/{}: {e}", claim.namespace, claim.name))?;
+        let view = self.view.borrow().clone();
+        if !view.ready {
+            return Err("this node's GPUs have not been read yet".to_string());
+        }
+        let devices = allocated_devices(&object, &claim.uid, &self.on, &view.snapshot)?;
+        let (specs, answer) = self.wire(&claim.uid, &view.snapshot.backend, &devices);
+        self.cdi.write(&claim.uid, &specs).map_err(|e| {
+            format!(
+                "writing CDI spec {}: {e}",
+                self.cdi.spec_path(&claim.uid).display()
+            )
+        })?;
+        let record = PreparedClaim {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            devices: answer.clone(),
+        };
+        if let Err(e) = prepared.insert(&claim.uid, record) {
+            // Not recorded: not prepared (kubelet retries).
+            let _ = self.cdi.remove(&claim.uid);
+            return Err(format!("recording claim {} as prepared: {e}", claim.uid));
+        }
+        if let Some(tx) = &self.tx {
+            show_in_use(tx, &prepared);
+        }
+        Ok(answer)
+    }
+
+    /// One CDI device per request of the claim, holding what a container
+    /// needs for that request's devices; kubelet learns it through the
+    /// request's first device (so a container given the whole claim does not
+    /// get a request's edits twice), with the vendors' CDI names when on.
+    fn wire(
+        &self,
+        uid: &str,
+        backend: &str,
+        devices: &[AllocatedDevice<'_>],
+    ) -> (Vec<CdiDevice>, Vec<PreparedDevice>) {
+        let mut requests: Vec<&str> = Vec::new();
+        for device in devices {
+            if !requests.contains(&device.request.as_str()) {
+                requests.push(&device.request);
+            }
+        }
+        let mut specs = Vec::new();
+        let mut first_ids: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for request in requests {
+            let infos: Vec<_> = devices
+                .iter()
+                .filter(|d| d.request == request)
+                .map(|d| &d.state.info)
+                .collect();
+            let mut wiring = container_devices(backend, &infos, &self.runtime);
+            let name = device_name(uid, request);
+            let mut ids = vec![self.cdi.qualified_id(&name)];
+            ids.append(&mut wiring.cdi_devices);
+            first_ids.insert(request, ids);
+            specs.push(CdiDevice { name, wiring });
+        }
+        let answer = devices
+            .iter()
+            .map(|device| PreparedDevice {
+                request_names: vec![device.request.clone()],
+                pool: self.on.node_name.clone(),
+                device: device.name.clone(),
+                id: device.state.info.id.clone(),
+                cdi_ids: first_ids
+                    .remove(device.request.as_str())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        (specs, answer)
+    }
+}
+
+fn show_in_use(tx: &ViewTx, prepared: &PreparedClaims) {
+    let in_use = prepared.devices_in_use();
+    tx.send_if_modified(|view| {
+        if view.allocated == in_use {
+            return false;
+        }
+        view.allocated = in_use.clone();
+        true
+    });
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::agent::container_devices::TESSERA_VISIBLE_DEVICES;
+    use crate::agent::dra::allocation::tests::{claim, on};
+    use crate::agent::dra::cdi::read_env;
+    use crate::agent::dra::device_names::device_names;
+    use crate::agent::state::channel;
+    use crate::backend::fake::FakeBackend;
+    use crate::backend::{RawHealth, snapshot};
+
+    /// Claims by name, counting reads.
+    #[derive(Clone, Default)]
+    pub(crate) struct Claims {
+        pub(crate) by_name: BTreeMap<String, ResourceClaim>,
+        pub(crate) reads: Arc<AtomicUsize>,
+    }
+
+    impl ClaimReader for Claims {
+        async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.by_name
+                .get(&format!("{namespace}/{name}"))
+                .cloned()
+                .ok_or_else(|| format!("resourceclaims \"{name}\" not found"))
+        }
+    }
+
+    pub(crate) struct Setup {
+        pub(crate) dir: tempfile::TempDir,
+        pub(crate) tx: ViewTx,
+        pub(crate) rx: ViewRx,
+        pub(crate) names: Vec<String>,
+        pub(crate) ids: Vec<String>,
+    }
+
+    pub(crate) fn setup(spec: &str) -> Setup {
+        let (tx, rx) = channel("fake");
+        let snap = snapshot(&mut FakeBackend::new(spec).unwrap()).unwrap();
+        let ids: Vec<String> = snap.devices.iter().map(|d| d.info.id.clone()).collect();
+        let names = device_names(ids.iter().map(String::as_str));
+        let names = ids.iter().map(|id| names[id].clone()).collect();
+        tx.send_modify(|v| {
+            v.snapshot = snap;
+            v.ready = true;
+        });
+        Setup {
+            dir: tempfile::tempdir().unwrap(),
+            tx,
+            rx,
+            names,
+            ids,
+        }
+    }
+
+    impl Setup {
+        pub(crate) fn cdi(&self) -> CdiDir {
+            CdiDir {
+                dir: self.dir.path().join("cdi"),
+                driver: "gpu.tessera.dev".into(),
+            }
+        }
+
+        pub(crate) fn record(&self) -> PreparedClaims {
+            PreparedClaims::open(self.dir.path().join("plugin/prepared.json"))
+        }
+
+        pub(crate) fn driver(&self, claims: Claims) -> Driver<Claims> {
+            Driver::new(
+                on(),
+                self.cdi(),
+                RuntimeOptions::default(),
+                self.rx.clone(),
+                claims,
+                self.record(),
+            )
+        }
+    }
+
+    pub(crate) fn one_claim(uid: &str, results: &[(&str, &str, &str)]) -> Claims {
+        Claims {
+            by_name: BTreeMap::from([("ns/c".to_string(), claim(uid, results))]),
+            ..Claims::default()
+        }
+    }
+
+    pub(crate) fn reference(uid: &str) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            uid: uid.into(),
+            name: "c".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_prepared_claim_gets_a_cdi_spec_with_its_devices_and_a_record() {
+        let s = setup("4xH100-80GiB");
+        let d = "gpu.tessera.dev";
+        let claims = one_claim(
+            "u1",
+            &[(d, "node-1", &s.names[3]), (d, "node-1", &s.names[1])],
+        );
+        let driver = s.driver(claims.clone()).keep_view(s.tx.clone()).await;
+        let answer = driver.prepare(&[reference("u1")]).await;
+        let devices = answer["u1"].as_ref().unwrap();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0].device, s.names[3]);
+        assert_eq!(devices[0].pool, "node-1");
+        assert_eq!(devices[0].request_names, ["gpus"]);
+        assert_eq!(devices[0].cdi_ids, ["gpu.tessera.dev/claim=u1-gpus"]);
+        assert!(devices[1].cdi_ids.is_empty());
+
+        let env = read_env(&s.cdi().spec_path("u1"));
+        assert_eq!(
+            env["u1-gpus"][TESSERA_VISIBLE_DEVICES],
+            format!("{},{}", s.ids[3], s.ids[1])
+        );
+        let in_use = s.rx.borrow().allocated.clone();
+        assert_eq!(
+            in_use,
+            BTreeMap::from([
+                (s.ids[3].clone(), "u1".into()),
+                (s.ids[1].clone(), "u1".into())
+            ])
+        );
+
+        // Idempotent, and answered from the record without reading again.
+        let again = driver.prepare(&[reference("u1")]).await;
+        assert_eq!(again["u1"].as_ref().unwrap(), devices);
+        assert_eq!(claims.reads.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn prepared_claims_survive_a_restart_and_unprepare_is_idempotent() {
+        let s = setup("2xH100-80GiB");
+        let claims = one_claim("u1", &[("gpu.tessera.dev", "node-1", &s.names[0])]);
+        let first = s.driver(claims.clone());
+        let prepared = first.prepare(&[reference("u1")]).await["u1"]
+            .clone()
+            .unwrap();
+        drop(first);
+
+        // A new agent: same answer with no API server at all, devices still in use.
+        let restarted = s.driver(Claims::default()).keep_view(s.tx.clone()).await;
+        assert_eq!(
+            restarted.prepare(&[reference("u1")]).await["u1"]
+                .as_ref()
+                .unwrap(),
+            &prepared
+        );
+        assert_eq!(s.rx.borrow().allocated.len(), 1);
+
+        for _ in 0..2 {
+            let answer = restarted.unprepare(&[reference("u1")]).await;
+            assert_eq!(answer["u1"], Ok(()));
+        }
+        assert!(!s.cdi().exists("u1"));
+        assert!(s.rx.borrow().allocated.is_empty());
+        assert!(s.record().get("u1").is_none());
+    }
+
+    #[tokio::test]
+    async fn each_claim_fails_alone_with_its_reason_and_nothing_prepared() {
+        let s = setup("2xH100-80GiB");
+        let d = "gpu.tessera.dev";
+        s.tx.send_modify(|v| v.snapshot.devices[1].health = RawHealth::Unhealthy("XID 48".into()));
+        let mut claims = one_claim("good", &[(d, "node-1", &s.names[0])]);
+        for (name, uid, result) in [
+            ("elsewhere", "u2", (d, "node-2", s.names[0].as_str())),
+            ("unknown", "u3", (d, "node-1", "gpu-none")),
+            ("sick", "u4", (d, "node-1", s.names[1].as_str())),
+        ] {
+            let mut c = claim(uid, &[result]);
+            c.metadata.name = Some(name.into());
+            claims.by_name.insert(format!("ns/{name}"), c);
+        }
+        let mut malformed = claim("u5", &[]);
+        malformed.metadata.name = Some("malformed".into());
+        malformed.status = None;
+        claims.by_name.insert("ns/malformed".into(), malformed);
+        let driver = s.driver(claims);
+        let refs: Vec<ClaimRef> = [
+            ("c", "good"),
+            ("elsewhere", "u2"),
+            ("unknown", "u3"),
+            ("sick", "u4"),
+            ("malformed", "u5"),
+            ("gone", "u6"),
+        ]
+        .iter()
+        .map(|(name, uid)| ClaimRef {
+            namespace: "ns".into(),
+            uid: (*uid).into(),
+            name: (*name).into(),
+        })
+        .collect();
+        let answers = driver.prepare(&refs).await;
+        assert!(answers["good"].is_ok());
+        let error = |uid: &str| answers[uid].clone().unwrap_err();
+        assert!(
+            error("u2").contains("is not on this node"),
+            "{}",
+            error("u2")
+        );
+        assert!(
+            error("u3").contains("is not one of this node's GPUs"),
+            "{}",
+            error("u3")
+        );
+        assert!(
+            error("u4").contains("is unhealthy: XID 48"),
+            "{}",
+            error("u4")
+        );
+        assert_eq!(error("u5"), "claim ns/malformed is not allocated");
+        assert!(
+            error("u6").starts_with("reading claim ns/gone: "),
+            "{}",
+            error("u6")
+        );
+        for uid in ["u2", "u3", "u4", "u5", "u6"] {
+            assert!(!s.cdi().exists(uid), "{uid}");
+            assert!(s.record().get(uid).is_none(), "{uid}");
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_is_prepared_before_the_gpus_are_read() {
+        let (_tx, rx) = channel("fake");
+        let s = setup("1xH100-80GiB");
+        let claims = one_claim("u1", &[("gpu.tessera.dev", "node-1", &s.names[0])]);
+        let driver = Driver::new(
+            on(),
+            s.cdi(),
+            RuntimeOptions::default(),
+            rx,
+            claims,
+            s.record(),
+        );
+        let answer = driver.prepare(&[reference("u1")]).await;
+        assert_eq!(
+            answer["u1"],
+            Err("this node's GPUs have not been read yet".to_string())
+        );
+    }
+}

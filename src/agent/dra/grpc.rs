@@ -1,0 +1,258 @@
+//! The driver's gRPC services on its socket, as kubelet calls them:
+//! `DRAPlugin` v1 and v1beta1 (the same work in two message sets, so a
+//! kubelet of either generation can prepare claims) and `DRAResourceHealth`,
+//! which streams each device's health to kubelets that read it (feature gate
+//! ResourceHealthStatus) for the status of the pods using it.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::Routes;
+use tonic::{Request, Response, Status};
+
+use super::device_names::device_names;
+use super::driver::{ClaimReader, ClaimRef, Driver};
+use super::kubelet_api::{health, v1, v1beta1};
+use super::prepared::PreparedDevice;
+use crate::agent::state::DeviceView;
+use crate::backend::RawHealth;
+
+/// kubelet truncates longer health messages.
+const MAX_HEALTH_MESSAGE: usize = 1024;
+
+/// All of the driver's services, ready to serve; `stop` ends the health streams.
+pub(crate) fn routes<C: ClaimReader>(
+    driver: Arc<Driver<C>>,
+    stop: watch::Receiver<bool>,
+) -> Routes {
+    Routes::new(v1::dra_plugin_server::DraPluginServer::new(V1(
+        driver.clone()
+    )))
+    .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(
+        driver.clone(),
+    )))
+    .add_service(
+        health::dra_resource_health_server::DraResourceHealthServer::new(Health { driver, stop }),
+    )
+}
+
+struct V1<C>(Arc<Driver<C>>);
+struct V1beta1<C>(Arc<Driver<C>>);
+
+/// The claims of either version's request (the same three fields).
+macro_rules! claim_refs {
+    ($claims:expr) => {
+        $claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                uid: c.uid,
+                name: c.name,
+            })
+            .collect::<Vec<_>>()
+    };
+}
+
+#[tonic::async_trait]
+impl<C: ClaimReader> v1::dra_plugin_server::DraPlugin for V1<C> {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        let claims = claim_refs!(request.into_inner().claims);
+        let answers = self.0.prepare(&claims).await;
+        let claims = answers
+            .into_iter()
+            .map(|(uid, answer)| {
+                let response = match answer {
+                    Ok(devices) => v1::NodePrepareResourceResponse {
+                        devices: devices.into_iter().map(v1_device).collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => v1::NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error,
+                    },
+                };
+                (uid, response)
+            })
+            .collect();
+        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = claim_refs!(request.into_inner().claims);
+        let claims = self
+            .0
+            .unprepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| {
+                let error = answer.err().unwrap_or_default();
+                (uid, v1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+fn v1_device(device: PreparedDevice) -> v1::Device {
+    v1::Device {
+        request_names: device.request_names,
+        pool_name: device.pool,
+        device_name: device.device,
+        cdi_device_ids: device.cdi_ids,
+        share_id: None,
+    }
+}
+
+#[tonic::async_trait]
+impl<C: ClaimReader> v1beta1::dra_plugin_server::DraPlugin for V1beta1<C> {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let claims = claim_refs!(request.into_inner().claims);
+        let claims = self
+            .0
+            .prepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| {
+                let (devices, error) = match answer {
+                    Ok(devices) => (devices, String::new()),
+                    Err(error) => (Vec::new(), error),
+                };
+                let devices = devices
+                    .into_iter()
+                    .map(|d| v1beta1::Device {
+                        request_names: d.request_names,
+                        pool_name: d.pool,
+                        device_name: d.device,
+                        cdi_device_ids: d.cdi_ids,
+                    })
+                    .collect();
+                (uid, v1beta1::NodePrepareResourceResponse { devices, error })
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
+            claims,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = claim_refs!(request.into_inner().claims);
+        let claims = self
+            .0
+            .unprepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| {
+                let error = answer.err().unwrap_or_default();
+                (uid, v1beta1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}
+
+struct Health<C> {
+    driver: Arc<Driver<C>>,
+    stop: watch::Receiver<bool>,
+}
+
+#[tonic::async_trait]
+impl<C: ClaimReader> health::dra_resource_health_server::DraResourceHealth for Health<C> {
+    type NodeWatchResourcesStream =
+        ReceiverStream<Result<health::NodeWatchResourcesResponse, Status>>;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<health::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let (out, stream) = mpsc::channel(4);
+        let mut view = self.driver.view().clone();
+        let mut stop = self.stop.clone();
+        let pool = self.driver.on().node_name.clone();
+        tokio::spawn(async move {
+            let mut sent = None;
+            loop {
+                let now = device_health(&view.borrow_and_update());
+                if sent.as_ref() != Some(&now) {
+                    let message = health::NodeWatchResourcesResponse {
+                        devices: now
+                            .iter()
+                            .map(|(device, (status, message))| health::DeviceHealth {
+                                device: Some(health::DeviceIdentifier {
+                                    pool_name: pool.clone(),
+                                    device_name: device.clone(),
+                                }),
+                                health: *status as i32,
+                                last_updated_time: unix_now(),
+                                health_check_timeout_seconds: 0,
+                                message: message.clone(),
+                            })
+                            .collect(),
+                    };
+                    if out.send(Ok(message)).await.is_err() {
+                        return;
+                    }
+                    sent = Some(now);
+                }
+                tokio::select! {
+                    changed = view.changed() => if changed.is_err() { return },
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(stream)))
+    }
+}
+
+type DeviceHealths = std::collections::BTreeMap<String, (health::HealthStatus, String)>;
+
+/// Each device's health by its slice name (before the first reading: none).
+fn device_health(view: &DeviceView) -> DeviceHealths {
+    if !view.ready {
+        return DeviceHealths::new();
+    }
+    let names = device_names(view.snapshot.devices.iter().map(|d| d.info.id.as_str()));
+    view.snapshot
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let name = names.get(&d.info.id)?.clone();
+            let health = match &d.health {
+                RawHealth::Healthy => (health::HealthStatus::Healthy, String::new()),
+                RawHealth::Unhealthy(why) => {
+                    let mut message = why.clone();
+                    if message.len() > MAX_HEALTH_MESSAGE {
+                        let mut end = MAX_HEALTH_MESSAGE;
+                        while !message.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        message.truncate(end);
+                    }
+                    (health::HealthStatus::Unhealthy, message)
+                }
+            };
+            Some((name, health))
+        })
+        .collect()
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}

@@ -1,0 +1,260 @@
+//! Publishing the node's devices as ResourceSlices for as long as the agent
+//! runs. At start the node's existing slices of this driver are read (their
+//! pool generation is where this run counts on from); then every time the
+//! devices change as a slice shows them (a device comes or goes, its health
+//! changes; telemetry is not in a slice) the whole pool is written again
+//! under the next generation, and slices left over from a larger pool are
+//! deleted. A failed write is retried with backoff.
+//!
+//! Whether the API server keeps device taints is learnt from its answer: a
+//! tainted device that comes back without its taint means it does not
+//! (DRADeviceTaints off), and from then on unhealthy devices are left out.
+//!
+//! On shutdown the slices stay: the devices are still there and in use, and
+//! the next agent writes them again.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+
+use super::slices::{SliceOwner, node_slices, pool_devices};
+use crate::agent::state::ViewRx;
+
+/// The field manager of our slice writes.
+const FIELD_MANAGER: &str = "tessera-agent";
+const BACKOFF_START: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Counters for the agent's metrics.
+#[derive(Debug, Default)]
+pub struct SliceStats {
+    /// Slices written (created or updated) and accepted.
+    pub(crate) writes: AtomicU64,
+    /// Slices deleted as left over.
+    pub(crate) deletes: AtomicU64,
+    /// Failed attempts to publish the pool.
+    pub(crate) errors: AtomicU64,
+    /// The pool generation last published.
+    pub(crate) generation: AtomicU64,
+}
+
+impl SliceStats {
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+}
+
+/// What the publisher has written.
+struct Published {
+    /// `None` until this run wrote the pool.
+    devices: Option<Vec<Device>>,
+    generation: i64,
+    names: BTreeSet<String>,
+}
+
+/// Publishes `view`'s devices as the pool of `node_name` until `shutdown`.
+pub(crate) async fn run_slice_publisher(
+    client: Client,
+    driver: String,
+    node_name: String,
+    mut view: ViewRx,
+    stats: Arc<SliceStats>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client);
+    let mut backoff = BACKOFF_START;
+    let mut taints = true;
+    let mut published: Option<Published> = None;
+    let mut owner: Option<SliceOwner> = None;
+    loop {
+        let ready = view.borrow_and_update().ready;
+        if ready {
+            let result = publish_once(
+                &slices,
+                &nodes,
+                &driver,
+                &node_name,
+                &view,
+                &mut owner,
+                &mut published,
+                &mut taints,
+                &stats,
+            )
+            .await;
+            match result {
+                Ok(()) => backoff = BACKOFF_START,
+                Err(e) => {
+                    stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, retry_in = ?backoff, "publishing the node's ResourceSlices failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut shutdown => return,
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            _ = &mut shutdown => return,
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn publish_once(
+    slices: &Api<ResourceSlice>,
+    nodes: &Api<Node>,
+    driver: &str,
+    node_name: &str,
+    view: &ViewRx,
+    owner: &mut Option<SliceOwner>,
+    published: &mut Option<Published>,
+    taints: &mut bool,
+    stats: &SliceStats,
+) -> Result<(), kube::Error> {
+    let owner = match owner {
+        Some(owner) => owner,
+        None => {
+            let node = nodes.get(node_name).await?;
+            owner.insert(SliceOwner {
+                driver: driver.to_string(),
+                node_name: node_name.to_string(),
+                node_uid: node.metadata.uid.unwrap_or_default(),
+            })
+        }
+    };
+    if published.is_none() {
+        *published = Some(existing(slices, driver, node_name).await?);
+    }
+    let Some(last) = published.as_mut() else {
+        return Ok(());
+    };
+    loop {
+        let devices = pool_devices(&view.borrow().snapshot, driver, *taints);
+        if last.devices.as_ref() == Some(&devices) {
+            return Ok(());
+        }
+        let generation = last.generation + 1;
+        let wanted = node_slices(owner, &devices, generation);
+        let mut kept_taints = true;
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for slice in &wanted {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let written = slices.patch(&name, &params, &Patch::Apply(slice)).await?;
+            stats.writes.fetch_add(1, Ordering::Relaxed);
+            kept_taints &= taints_kept(slice, &written);
+        }
+        let names: BTreeSet<String> = wanted
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        for stale in last.names.difference(&names) {
+            match slices.delete(stale, &DeleteParams::default()).await {
+                Ok(_) => {
+                    stats.deletes.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        *last = Published {
+            devices: Some(devices),
+            generation,
+            names,
+        };
+        stats.generation.store(
+            u64::try_from(generation).unwrap_or_default(),
+            Ordering::Relaxed,
+        );
+        tracing::info!(
+            generation,
+            slices = wanted.len(),
+            "published the node's ResourceSlices"
+        );
+        if kept_taints {
+            return Ok(());
+        }
+        tracing::warn!(
+            "the API server dropped the device taints (DRADeviceTaints is off): unhealthy devices are left out of the slices instead"
+        );
+        *taints = false;
+    }
+}
+
+/// The node's slices of this driver as they are: their generation (the
+/// newest) and names; this run has written none of them yet.
+async fn existing(
+    slices: &Api<ResourceSlice>,
+    driver: &str,
+    node_name: &str,
+) -> Result<Published, kube::Error> {
+    let params =
+        ListParams::default().fields(&format!("spec.nodeName={node_name},spec.driver={driver}"));
+    let list = slices.list(&params).await?;
+    Ok(Published {
+        devices: None,
+        generation: list
+            .items
+            .iter()
+            .map(|s| s.spec.pool.generation)
+            .max()
+            .unwrap_or(0),
+        names: list
+            .items
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect(),
+    })
+}
+
+/// Whether every taint written came back.
+fn taints_kept(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
+    let count = |slice: &ResourceSlice| -> usize {
+        slice
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .map(|d| d.taints.as_ref().map_or(0, Vec::len))
+            .sum()
+    };
+    count(written) >= count(sent)
+}
+
+/// Deletes the node's slices of this driver (the node's GPUs are offered
+/// through the device plugin instead, and must not be offered twice).
+pub(crate) async fn delete_node_slices(
+    client: Client,
+    driver: &str,
+    node_name: &str,
+) -> Result<usize, kube::Error> {
+    let slices: Api<ResourceSlice> = Api::all(client);
+    let found = existing(&slices, driver, node_name).await?;
+    for name in &found.names {
+        match slices.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(found.names.len())
+}
