@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Helpers shared by the end-to-end scripts (sourced, not run). The caller sets
 # NAMESPACE (where the instances are), RESOURCE_NAME, KUBELET_CHECKPOINT (may be empty),
+# DRA_MANAGER_STATE (kubelet's record of prepared claims, with DRA; may be unset),
 # TESSERA_NAMESPACE and FAKE_CONFIGMAP (the fake GPU ConfigMap) and defines die MESSAGE.
 
 mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
@@ -77,6 +78,22 @@ shards_match_plan() {
     if [[ "$(sorted_csv <<<"$seen")" != "$(sorted_csv <<<"$devices")" ]]; then
       echo "pod $name sees TESSERA_VISIBLE_DEVICES='$seen'; the plan says $devices"
       return 1
+    fi
+    if [[ -n "${DRA_MANAGER_STATE:-}" ]]; then
+      # kubelet's record of the claims it prepared, by device name; the agent's
+      # ResourceSlice maps the names back to device IDs.
+      local claim prepared ids
+      claim=$(jq -r '.spec.resourceClaims[]? | select(.name == "gpus") | .resourceClaimName // ""' <<<"$pod")
+      prepared=$(jq -r --arg claim "$claim" --arg ns "$NAMESPACE" '.Data | fromjson | [.ClaimInfoStateList[]?
+          | select(.ClaimName == $claim and .Namespace == $ns) | .DriverState[]?.Devices[]?.DeviceName] | join(",")' \
+        "$DRA_MANAGER_STATE")
+      ids=$(kubectl get resourceslices -o json | jq -r --arg node "$node" --arg names "$prepared" '
+          ($names | split(",")) as $want | [.items[] | select(.spec.nodeName == $node) | .spec.devices[]?
+          | select(.name as $n | $want | index($n)) | .attributes.id.string] | join(",")')
+      if [[ -z "$claim" || "$(sorted_csv <<<"$ids")" != "$(sorted_csv <<<"$devices")" ]]; then
+        echo "kubelet prepared '$prepared' (devices '$ids') for claim '$claim' of pod $name; the plan says $devices"
+        return 1
+      fi
     fi
     if [[ -n "$KUBELET_CHECKPOINT" ]]; then
       local uid allocated

@@ -21,6 +21,7 @@
 //! `agent` and `controller` never use each other; `cli` uses the core and `backend`.
 
 pub mod agent;
+pub mod allocation_mode;
 pub mod api_requests;
 pub mod backend;
 pub mod cli;
@@ -36,7 +37,8 @@ pub use tessera_core::{api, placement, translate};
 
 pub use agent::device_plugin::registration::PluginConfig;
 pub use agent::dra::DraConfig;
-pub use agent::run::{AgentConfig, AllocationMode, PublishOptions, run as run_agent};
+pub use agent::run::{AgentConfig, PublishOptions, run as run_agent};
+pub use allocation_mode::AllocationMode;
 pub use cli::discover::{DiscoverArgs, run as discover, summary as discover_summary};
 pub use cli::place::{PlaceArgs, run as place};
 pub use controller::reconcile::Settings as ControllerSettings;

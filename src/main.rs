@@ -294,6 +294,15 @@ struct ControllerFlags {
     /// paged LIST), or `auto`: stream where the API server offers it.
     #[arg(long, value_name = "HOW", value_enum, default_value_t = tessera::initial_list::InitialList::Auto)]
     initial_list: tessera::initial_list::InitialList,
+    /// How shards get their devices: `device-plugin` (the extended resource),
+    /// `dra` (a ResourceClaim the controller allocates, on nodes whose agent
+    /// publishes ResourceSlices of the driver; needs resource.k8s.io/v1), or
+    /// `auto`: `dra` where the API server serves resource.k8s.io/v1.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = AllocationFlag::DevicePlugin)]
+    allocation: AllocationFlag,
+    /// The DRA driver of the node agents (the same value as theirs).
+    #[arg(long, value_name = "NAME", default_value = tessera::agent::dra::DEFAULT_DRIVER_NAME, value_parser = driver_name)]
+    dra_driver_name: String,
 }
 
 impl ControllerFlags {
@@ -310,6 +319,8 @@ impl ControllerFlags {
             node_grace_period,
             max_steps,
             initial_list,
+            allocation,
+            dra_driver_name,
         } = self;
         use tessera::{
             ControllerConfig, ControllerSettings as Settings, LeaderElection, run_controller as run,
@@ -342,8 +353,10 @@ impl ControllerFlags {
                 resource_name,
                 node_grace: std::time::Duration::from_secs(node_grace_period),
                 max_steps,
+                dra_driver: Some(dra_driver_name),
             },
             initial_list,
+            allocation: allocation.into(),
         }))
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus, Service};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
@@ -16,6 +17,7 @@ use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, Phase};
 use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
 use tessera::controller::desired::{headless_service, shard_pods};
+use tessera::controller::dra::DraCaches;
 use tessera::controller::held::Held;
 use tessera::controller::metrics::Metrics;
 use tessera::controller::node_cache::CachedNode;
@@ -84,6 +86,7 @@ fn context(world: World, client: kube::Client) -> Arc<Context> {
         pods: filled(world.pods).0,
         services: filled(world.services).0,
         instances: filled(world.instances).0,
+        dra: None,
     };
     let recorder = Recorder::new(
         client.clone(),
@@ -608,6 +611,7 @@ async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
         pods,
         services,
         instances: filled(vec![mi.clone()]).0,
+        dra: None,
     };
     let recorder = Recorder::new(
         client.clone(),
@@ -952,4 +956,165 @@ async fn scaling_down_removes_the_newest_replicas_and_keeps_the_rest() {
     assert_eq!(status.plan[0].replica, 0);
     assert_eq!((status.replicas, status.ready_replicas), (1, 1));
     assert_eq!(status.phase, Some(Phase::Running));
+}
+
+/// A ResourceSlice of the driver for node `name`: device `<name>-g<i>` named `dev-<i>`.
+fn slice(name: &str, gpus: usize) -> ResourceSlice {
+    let devices: Vec<Value> = (0..gpus)
+        .map(|i| json!({"name": format!("dev-{i}"), "attributes": {"id": {"string": format!("{name}-g{i}")}}}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": format!("{name}-gpu-tessera-dev-0")},
+        "spec": {"driver": "gpu.tessera.dev", "nodeName": name, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+    }))
+    .unwrap()
+}
+
+/// A user's claim kube-scheduler allocated device `dev-<i>` of node `node`.
+fn users_claim(node: &str, i: usize) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": "users", "namespace": "default", "uid": "uid-users"},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": "gpu.tessera.dev", "pool": node, "device": format!("dev-{i}")}
+        ]}}},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_shard_on_a_dra_node_gets_its_claim_allocated_before_its_bind() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mi = instance();
+    let caches = Caches {
+        nodes: filled(vec![CachedNode::from(node("a", 2))]).0,
+        pods: filled(Vec::<Pod>::new()).0,
+        services: filled(Vec::<Service>::new()).0,
+        instances: filled(vec![mi.clone()]).0,
+        dra: Some(DraCaches {
+            slices: filled(vec![slice("a", 2)]).0,
+            // Device a-g0 is a user's: the shard must get the other one.
+            claims: filled(vec![users_claim("a", 0)]).0,
+        }),
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tessera-controller".into(),
+            instance: None,
+        },
+    );
+    let settings = Settings {
+        dra_driver: Some("gpu.tessera.dev".into()),
+        ..Settings::default()
+    };
+    let ctx = Arc::new(Context::new(
+        client,
+        settings,
+        caches,
+        recorder,
+        Arc::new(Metrics::default()),
+    ));
+    let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
+
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::POST, "/api/v1/namespaces/ml/services?")
+    );
+    echo(c, StatusCode::CREATED);
+
+    // The claim first: exactly the planned device, owned by the instance, protected.
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (
+            &Method::POST,
+            "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims?"
+        )
+    );
+    let claim = echo(c, StatusCode::CREATED);
+    assert_eq!(claim["metadata"]["name"], "llama-shard-0-gpus");
+    assert_eq!(claim["metadata"]["ownerReferences"][0]["uid"], "uid-llama");
+    assert_eq!(
+        claim["metadata"]["finalizers"],
+        json!(["resource.kubernetes.io/delete-protection"])
+    );
+    let request = &claim["spec"]["devices"]["requests"][0];
+    assert_eq!(request["exactly"]["deviceClassName"], "gpu.tessera.dev");
+    assert_eq!(request["exactly"]["count"], 1);
+    assert_eq!(
+        request["exactly"]["selectors"][0]["cel"]["expression"],
+        r#"device.attributes["gpu.tessera.dev"].id in ["a-g1"]"#
+    );
+
+    // The pod uses the claim, not the extended resource.
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (&Method::POST, "/api/v1/namespaces/ml/pods?")
+    );
+    let pod = echo(c, StatusCode::CREATED);
+    assert_eq!(
+        pod["metadata"]["annotations"]["tessera.dev/devices"],
+        "a-g1"
+    );
+    assert_eq!(
+        pod["spec"]["resourceClaims"],
+        json!([{"name": "gpus", "resourceClaimName": "llama-shard-0-gpus"}])
+    );
+    assert_eq!(
+        pod["spec"]["containers"][0]["resources"],
+        json!({"claims": [{"name": "gpus"}]})
+    );
+
+    // Allocated and reserved for the pod, then bound.
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (
+            &Method::PUT,
+            "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/llama-shard-0-gpus/status?"
+        )
+    );
+    let status = &c.body["status"];
+    assert_eq!(
+        status["allocation"]["devices"]["results"],
+        json!([{"request": "gpus", "driver": "gpu.tessera.dev", "pool": "a", "device": "dev-1"}])
+    );
+    assert_eq!(
+        status["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0],
+        json!({"key": "metadata.name", "operator": "In", "values": ["a"]})
+    );
+    assert_eq!(
+        status["reservedFor"],
+        json!([{"resource": "pods", "name": "llama-shard-0", "uid": "uid-created"}])
+    );
+    echo(c, StatusCode::OK);
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (
+            &Method::POST,
+            "/api/v1/namespaces/ml/pods/llama-shard-0/binding?"
+        )
+    );
+    respond(
+        c.send,
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+    );
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::PATCH);
+    let mut echoed = serde_json::to_value(instance()).unwrap();
+    echoed["status"] = c.body["status"].clone();
+    respond(c.send, StatusCode::OK, &echoed);
+    for _ in 0..2 {
+        let c = next(&mut api).await;
+        echo(c, StatusCode::CREATED);
+    }
+    run.await.unwrap().unwrap();
 }

@@ -19,34 +19,13 @@ use super::dra::{DraConfig, DraHandle};
 use super::http::{AgentMetrics, Counters, router, serve as serve_http};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use super::state::{ViewRx, ViewTx, channel, spawn_poller_with_ids};
+pub use crate::allocation_mode::AllocationMode;
 use crate::api_requests::ApiRequests;
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
 use crate::process::{kube_client, terminated};
 use tessera_core::api::{ResourceName, Vendor};
-
-/// How kubelet learns which devices a container gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AllocationMode {
-    /// DRA where the API server serves `resource.k8s.io/v1` and this node's
-    /// kubelet registers the driver; otherwise the device plugin.
-    Auto,
-    /// The DRA driver: ResourceSlices and claims.
-    Dra,
-    /// The device plugin: an extended resource.
-    DevicePlugin,
-}
-
-impl AllocationMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Dra => "dra",
-            Self::DevicePlugin => "device-plugin",
-        }
-    }
-}
 
 /// How long `auto` waits for kubelet to register the DRA driver before it
 /// offers the GPUs through the device plugin instead. Kubelet's plugin

@@ -148,15 +148,34 @@ pub(crate) async fn service(
     }
 }
 
+/// What must be true of a pod before it is bound, and may take writes to
+/// make true (a DRA shard's claim allocated for it).
+pub(crate) trait BeforeBind {
+    /// `Ok(false)`: not now; the pod stays unbound for a later reconcile.
+    fn ready(&self, pod: &Pod, node: &str)
+    -> impl Future<Output = Result<bool, ApplyError>> + Send;
+}
+
+/// Nothing to do before binding (no DRA shards).
+pub(crate) struct BindAtOnce;
+
+impl BeforeBind for BindAtOnce {
+    async fn ready(&self, _pod: &Pod, _node: &str) -> Result<bool, ApplyError> {
+        Ok(true)
+    }
+}
+
 /// Brings the shard pods to `desired` (shard order) and binds them. Returns
 /// each desired shard's state afterwards.
-/// `may_bind(node, pod)` says whether a pod may be bound now; one that may
-/// not stays unbound (`Created`) for a later reconcile.
+/// `may_bind(node, pod)` says whether a pod may be bound now, and
+/// `before_bind` gets it ready; one that may not or is not stays unbound
+/// (`Created`) for a later reconcile.
 pub(crate) async fn pods(
     api: &Api<Pod>,
     desired: &[(Pod, String)],
     existing: &BTreeMap<String, Arc<Pod>>,
     may_bind: impl Fn(&str, &Pod) -> bool,
+    before_bind: &impl BeforeBind,
     notes: &mut Vec<EventNote>,
 ) -> Result<Vec<ShardState>, ApplyError> {
     let mut states = Vec::with_capacity(desired.len());
@@ -205,7 +224,7 @@ pub(crate) async fn pods(
         return Ok(states);
     }
     for (index, pod, node) in unbound {
-        if !may_bind(node, &pod) {
+        if !may_bind(node, &pod) || !before_bind.ready(&pod, node).await? {
             continue;
         }
         bind(api, &pod, node).await?;

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, Pod, PodResourceClaim, ResourceClaim, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -50,8 +52,26 @@ pub fn shard_pods(
     plan: &[PlannedShard],
     resource: impl Fn(&PlannedShard) -> String,
 ) -> Vec<Pod> {
+    shard_pods_with(mi, plan, |s| ShardGpus::Resource(resource(s)))
+}
+
+/// How a shard's pod asks for its devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShardGpus {
+    /// The device plugin's extended resource (see [`shard_resource`]).
+    Resource(String),
+    /// The named ResourceClaim, which the controller allocates (DRA).
+    Claim(String),
+}
+
+/// [`shard_pods`], each shard asking for its devices as `gpus` says.
+pub fn shard_pods_with(
+    mi: &ModelInstance,
+    plan: &[PlannedShard],
+    gpus: impl Fn(&PlannedShard) -> ShardGpus,
+) -> Vec<Pod> {
     plan.iter()
-        .map(|s| shard_pod(mi, plan, s, &resource(s)))
+        .map(|s| shard_pod(mi, plan, s, &gpus(s)))
         .collect()
 }
 
@@ -100,7 +120,7 @@ fn shard_pod(
     mi: &ModelInstance,
     plan: &[PlannedShard],
     shard: &PlannedShard,
-    resource: &str,
+    gpus: &ShardGpus,
 ) -> Pod {
     let name = mi.name_any();
     let namespace = mi.namespace().unwrap_or_default();
@@ -157,8 +177,23 @@ fn shard_pod(
         add_env(c, &env);
         // The first container is the shard runtime and gets the GPUs.
         if i == 0 {
-            request_gpus(c, resource, shard.devices.len() as u32);
+            match gpus {
+                ShardGpus::Resource(resource) => {
+                    request_gpus(c, resource, shard.devices.len() as u32)
+                }
+                ShardGpus::Claim(_) => use_claim(c),
+            }
         }
+    }
+    if let ShardGpus::Claim(claim) = gpus {
+        let mut claims = spec.resource_claims.take().unwrap_or_default();
+        claims.retain(|c| c.name != CLAIM_ENTRY);
+        claims.push(PodResourceClaim {
+            name: CLAIM_ENTRY.to_string(),
+            resource_claim_name: Some(claim.clone()),
+            resource_claim_template_name: None,
+        });
+        spec.resource_claims = Some(claims);
     }
 
     let mut pod = Pod {
@@ -202,6 +237,22 @@ fn request_gpus(container: &mut Container, resource: &str, count: u32) {
         .limits
         .get_or_insert_with(BTreeMap::new)
         .insert(resource.to_string(), quantity);
+    container.resources = Some(resources);
+}
+
+/// The name of the pod's claim entry its first container uses (DRA).
+pub(crate) const CLAIM_ENTRY: &str = "gpus";
+
+/// The first container uses the pod's claim (all of its devices).
+fn use_claim(container: &mut Container) {
+    let mut resources = container.resources.take().unwrap_or_default();
+    let mut claims = resources.claims.take().unwrap_or_default();
+    claims.retain(|c| c.name != CLAIM_ENTRY);
+    claims.push(ResourceClaim {
+        name: CLAIM_ENTRY.to_string(),
+        request: None,
+    });
+    resources.claims = Some(claims);
     container.resources = Some(resources);
 }
 
@@ -339,6 +390,53 @@ mod tests {
             env(p, 1)["TESSERA_SHARD_INDEX"],
             "1",
             "template values are replaced"
+        );
+    }
+
+    #[test]
+    fn a_shard_on_a_dra_node_uses_its_claim_instead_of_the_resource() {
+        let mi = instance(
+            "llama",
+            &format!("{SMALL}\nparallelism: {{tensor: 2, pipeline: 2}}"),
+        );
+        let plan = plan();
+        let pods = shard_pods_with(&mi, &plan, |s| {
+            if s.shard == 0 {
+                ShardGpus::Claim(format!("llama-shard-{}-gpus", s.shard))
+            } else {
+                ShardGpus::Resource(GPU.into())
+            }
+        });
+        let dra = pods[0].spec.as_ref().unwrap();
+        let entry = &dra.resource_claims.as_ref().unwrap()[0];
+        assert_eq!(
+            (entry.name.as_str(), entry.resource_claim_name.as_deref()),
+            ("gpus", Some("llama-shard-0-gpus"))
+        );
+        let resources = dra.containers[0].resources.as_ref().unwrap();
+        assert_eq!(resources.claims.as_ref().unwrap()[0].name, "gpus");
+        assert!(resources.limits.is_none() && resources.requests.is_none());
+        let plugin = pods[1].spec.as_ref().unwrap();
+        assert!(plugin.resource_claims.is_none());
+        assert_eq!(
+            plugin.containers[0]
+                .resources
+                .as_ref()
+                .unwrap()
+                .limits
+                .as_ref()
+                .unwrap()[GPU],
+            Quantity("2".into())
+        );
+        // The way a shard asks is part of its pod: switching it replaces the pod.
+        let as_resource = shard_pods(&mi, &plan, |_| GPU.into());
+        assert_ne!(
+            recorded_pod_hash(&pods[0]),
+            recorded_pod_hash(&as_resource[0])
+        );
+        assert_eq!(
+            recorded_pod_hash(&pods[1]),
+            recorded_pod_hash(&as_resource[1])
         );
     }
 

@@ -2,7 +2,7 @@
 //!
 //! A reconcile runs in stages, the pure ones apart from the API calls:
 //! observe (`node_cache`, `nodes`, `held`) → `validate` → `decide` → build (`desired`) → `apply`
-//! (with `node_gate`) → `status`, then `events`. `reconcile` calls them in that
+//! (with `node_gate`, and `dra` for shards on DRA nodes) → `status`, then `events`. `reconcile` calls them in that
 //! order and nothing else does; `hashes` holds every hash they compare;
 //! `tessera_core::translate` (shared with `tessera place`) turns Kubernetes objects
 //! into the solver's problem; `run` wires caches (`synced`), leader election
@@ -11,6 +11,7 @@
 pub(crate) mod apply;
 pub mod decide;
 pub mod desired;
+pub mod dra;
 mod events;
 pub mod hashes;
 pub mod held;

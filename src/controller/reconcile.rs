@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -15,11 +16,17 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use super::apply::{self, ApplyError, ShardState};
+use super::apply::{self, ApplyError, BindAtOnce, ShardState};
 use super::decide::{PlanDecision, PlanInputs, Replicas, decide_replicas};
 use super::desired::{
-    INSTANCE_LABEL, REPLICA_LABEL, headless_service, shard_pod_name, shard_pods, shard_resource,
+    INSTANCE_LABEL, REPLICA_LABEL, ShardGpus, headless_service, shard_pod_name, shard_pods_with,
+    shard_resource,
 };
+use super::dra::DraCaches;
+use super::dra::apply::{DraShard, ShardClaims, claim_of};
+use super::dra::claims::{claim_name, shard_claim};
+use super::dra::held::held_by_claims;
+use super::dra::pools::Pools;
 use super::events::{self, EventNote, plan_notes, unsatisfiable_text};
 use super::hashes::placement_hash;
 use super::held::{Claims, Held, held_devices};
@@ -42,6 +49,8 @@ pub struct Caches {
     pub pods: Store<Pod>,
     pub services: Store<Service>,
     pub instances: Store<ModelInstance>,
+    /// `Some` when the controller allocates DRA claims.
+    pub dra: Option<DraCaches>,
 }
 
 pub struct Context {
@@ -225,6 +234,10 @@ struct Observed {
     pods: Vec<Arc<Pod>>,
     /// This instance's shard pods by name.
     mine: BTreeMap<String, Arc<Pod>>,
+    /// The DRA nodes' pools (empty without DRA).
+    pools: Pools,
+    /// Every cached ResourceClaim (none without DRA).
+    claims: Vec<Arc<ResourceClaim>>,
 }
 
 fn observe(ctx: &Context, instance: &Instance) -> Observed {
@@ -238,7 +251,17 @@ fn observe(ctx: &Context, instance: &Instance) -> Observed {
         })
         .map(|p| (p.name_any(), Arc::clone(p)))
         .collect();
-    Observed { nodes, pods, mine }
+    let (pools, claims) = match (&ctx.caches.dra, &ctx.settings.dra_driver) {
+        (Some(dra), Some(driver)) => (Pools::of(&dra.slices.state(), driver), dra.claims.state()),
+        _ => (Pools::default(), Vec::new()),
+    };
+    Observed {
+        nodes,
+        pods,
+        mine,
+        pools,
+        claims,
+    }
 }
 
 /// The devices other instances hold or have just claimed. Claims of deleted
@@ -255,13 +278,21 @@ fn held_by_others(
         .filter_map(|i| i.metadata.uid.as_deref())
         .collect();
     claims.retain(|claimed, _| live.contains(claimed.as_str()));
-    held_devices(
+    let mut held = held_devices(
         &instance.uid,
         instances.iter().map(AsRef::as_ref),
         claims,
         observed.pods.iter().map(AsRef::as_ref),
         &observed.nodes,
-    )
+    );
+    if let Some(driver) = &ctx.settings.dra_driver {
+        for (device, holder) in
+            held_by_claims(&instance.uid, &observed.claims, driver, &observed.pools)
+        {
+            held.entry(device).or_insert(holder);
+        }
+    }
+    held
 }
 
 /// What validate and decide settled on: one entry per wanted replica, in
@@ -552,14 +583,22 @@ fn replica_of(pod: &Pod) -> u32 {
 }
 
 /// The build stage: each replica's shard pods, each with its node.
+/// The desired shard pods of each replica with their nodes, and the claims
+/// of those on DRA nodes.
+struct Desired {
+    pods: Vec<Vec<(Pod, String)>>,
+    dra: Vec<DraShard>,
+}
+
 fn build(
     mi: &ModelInstance,
     settings: &Settings,
     observed: &Observed,
     decided: &Decided,
-) -> Vec<Vec<(Pod, String)>> {
+) -> Desired {
     let name = mi.name_any();
-    decided
+    let mut dra = Vec::new();
+    let pods = decided
         .replicas
         .iter()
         .map(|replica| {
@@ -570,24 +609,38 @@ fn build(
                 .filter(|s| !replica.broken.contains_key(&s.shard))
                 .cloned()
                 .collect();
-            let resource = |shard: &PlannedShard| {
-                let existing =
-                    observed
-                        .mine
-                        .get(&shard_pod_name(&name, shard.replica, shard.shard));
-                shard_resource(
+            let gpus = |shard: &PlannedShard| {
+                let pod_name = shard_pod_name(&name, shard.replica, shard.shard);
+                if settings.dra_driver.is_some() && observed.pools.node(&shard.node).is_some() {
+                    return ShardGpus::Claim(claim_name(&pod_name));
+                }
+                let existing = observed.mine.get(&pod_name);
+                ShardGpus::Resource(shard_resource(
                     &settings.resource_name,
                     shard,
                     &observed.nodes,
                     existing.map(AsRef::as_ref),
-                )
+                ))
             };
-            shard_pods(mi, &runnable, resource)
+            if let Some(driver) = &settings.dra_driver {
+                for shard in runnable
+                    .iter()
+                    .filter(|s| observed.pools.node(&s.node).is_some())
+                {
+                    let pod_name = shard_pod_name(&name, shard.replica, shard.shard);
+                    dra.push(DraShard {
+                        claim: shard_claim(mi, shard, &pod_name, driver),
+                        shard: shard.clone(),
+                    });
+                }
+            }
+            shard_pods_with(mi, &runnable, gpus)
                 .into_iter()
                 .zip(runnable.iter().map(|s| s.node.clone()))
                 .collect()
         })
-        .collect()
+        .collect();
+    Desired { pods, dra }
 }
 
 /// The apply stage: the Service, the pods, their bindings; pods of replicas
@@ -599,7 +652,7 @@ async fn apply(
     ctx: &Context,
     instance: &Instance,
     observed: &Observed,
-    desired: &[Vec<(Pod, String)>],
+    desired: &Desired,
     decided: &Decided,
     notes: &mut Vec<EventNote>,
 ) -> Result<Vec<Vec<ShardState>>, Error> {
@@ -624,7 +677,7 @@ async fn apply(
         .await?;
     }
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let every_desired: Vec<(Pod, String)> = desired.iter().flatten().cloned().collect();
+    let every_desired: Vec<(Pod, String)> = desired.pods.iter().flatten().cloned().collect();
     apply::remove_extra(&pods_api, &observed.mine, &every_desired).await?;
     let gate = may_bind(
         &ctx.node_gate,
@@ -632,12 +685,57 @@ async fn apply(
         &observed.pods,
         Instant::now(),
     );
-    let mut states = Vec::with_capacity(desired.len());
-    for (replica_desired, replica) in desired.iter().zip(&decided.replicas) {
-        let mut shards =
-            apply::pods(&pods_api, replica_desired, &observed.mine, &gate, notes).await?;
+    // The bind gate guards the device plugin's guess; a claim names its pod.
+    let gate = |node: &str, pod: &Pod| claim_of(pod).is_some() || gate(node, pod);
+    let shard_claims = match &ctx.settings.dra_driver {
+        Some(driver) if ctx.caches.dra.is_some() => {
+            let mine = observed.claims.iter().filter(|c| {
+                c.namespace().as_deref() == Some(namespace)
+                    && c.owner_references().iter().any(|o| o.uid == instance.uid)
+            });
+            let mut claims = ShardClaims::new(
+                Api::namespaced(ctx.client.clone(), namespace),
+                driver,
+                &observed.pools,
+                mine.cloned(),
+                desired.dra.clone(),
+            );
+            claims.sync(&observed.mine).await?;
+            Some(claims)
+        }
+        _ => None,
+    };
+    let mut states = Vec::with_capacity(desired.pods.len());
+    for (replica_desired, replica) in desired.pods.iter().zip(&decided.replicas) {
+        let mut shards = match &shard_claims {
+            Some(claims) => {
+                apply::pods(
+                    &pods_api,
+                    replica_desired,
+                    &observed.mine,
+                    &gate,
+                    claims,
+                    notes,
+                )
+                .await?
+            }
+            None => {
+                apply::pods(
+                    &pods_api,
+                    replica_desired,
+                    &observed.mine,
+                    &gate,
+                    &BindAtOnce,
+                    notes,
+                )
+                .await?
+            }
+        };
         shards.extend(replica.broken.keys().map(|_| ShardState::Missing));
         states.push(shards);
+    }
+    if let Some(claims) = &shard_claims {
+        notes.extend(claims.take_notes());
     }
     Ok(states)
 }

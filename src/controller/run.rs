@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -17,12 +18,13 @@ use kube::{Client, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
+use super::dra::DraCaches;
 use super::metrics::{InstanceCache, Metrics, router};
-use super::node_cache::{CachedNode, StateReports, cached};
+use super::node_cache::{StateReports, cached};
 use super::node_changes::NodeChanges;
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
 use super::status::PLACED;
-use super::synced::{Cache, CacheSync};
+use super::synced::{ALWAYS, Cache, CacheSync};
 use super::triggers::{Touch, triggers};
 use crate::api_requests::ApiRequests;
 use crate::initial_list::InitialList;
@@ -40,6 +42,10 @@ pub struct ControllerConfig {
     pub settings: Settings,
     /// How the caches' watches list first.
     pub initial_list: InitialList,
+    /// Whether shards on DRA nodes get claims (`settings.dra_driver` names
+    /// the driver): never (`DevicePlugin`), or where the API server serves
+    /// `resource.k8s.io/v1` (`Auto`; `Dra` insists on it).
+    pub allocation: crate::allocation_mode::AllocationMode,
 }
 
 pub struct LeaderElection {
@@ -63,6 +69,44 @@ pub enum ControllerError {
     LostLease,
 }
 
+/// The settings' DRA driver as the allocation mode and the API server say.
+async fn resolve_allocation(
+    mut config: ControllerConfig,
+    client: &Client,
+) -> Result<ControllerConfig, ControllerError> {
+    use crate::allocation_mode::AllocationMode;
+    if config.allocation == AllocationMode::DevicePlugin {
+        config.settings.dra_driver = None;
+        return Ok(config);
+    }
+    let served = match client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => list.resources.iter().any(|r| r.name == "resourceclaims"),
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => {
+            return Err(ControllerError::Kube(format!(
+                "asking whether the API server serves DRA: {e}"
+            )));
+        }
+    };
+    match (served, config.allocation) {
+        (true, _) => {
+            tracing::info!(driver = ?config.settings.dra_driver, "allocating the claims of shards on DRA nodes")
+        }
+        (false, AllocationMode::Dra) => {
+            return Err(ControllerError::Kube(
+                "--allocation dra: the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+)".into(),
+            ));
+        }
+        (false, _) => {
+            tracing::info!(
+                "the API server does not serve resource.k8s.io/v1: shards use the device plugin"
+            );
+            config.settings.dra_driver = None;
+        }
+    }
+    Ok(config)
+}
+
 /// Resolves on SIGTERM or SIGINT; a `watch` so every part can wait for it.
 fn termination() -> tokio::sync::watch::Receiver<bool> {
     let (tx, rx) = tokio::sync::watch::channel(false);
@@ -82,6 +126,7 @@ pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
     let client = kube_client(config.kubeconfig.as_deref(), &api_requests)
         .await
         .map_err(ControllerError::Kube)?;
+    let config = resolve_allocation(config, &client).await?;
     let mut metrics = Metrics::default();
     api_requests.register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
@@ -196,9 +241,8 @@ async fn lead(
 /// those waiting for room anywhere.
 fn instances_for_node(
     instances: &Store<ModelInstance>,
-    node: &CachedNode,
+    name: &str,
 ) -> Vec<ObjectRef<ModelInstance>> {
-    let name = node.name_any();
     instances
         .state()
         .iter()
@@ -245,7 +289,12 @@ async fn run_controller(
         .configure(&nodes_api, watcher::Config::default(), "all caches")
         .await;
     let managed = first.clone().labels(&managed_selector());
-    let sync = CacheSync::new(Arc::clone(&metrics.synced));
+    let dra_driver = config.settings.dra_driver.clone();
+    let mut caches_wanted = ALWAYS.to_vec();
+    if dra_driver.is_some() {
+        caches_wanted.extend([Cache::Slices, Cache::Claims]);
+    }
+    let sync = CacheSync::new(Arc::clone(&metrics.synced), &caches_wanted);
 
     let errors = &metrics.watch_errors;
 
@@ -280,7 +329,7 @@ async fn run_controller(
     let service_stream = triggers(service_events, services.clone(), |_, _| true)
         .filter_map(errors.absorb(Cache::Services));
     let (instances, instance_writer) = reflector::store();
-    let instance_events = with_backoff("instances", watcher(instances_api, first))
+    let instance_events = with_backoff("instances", watcher(instances_api, first.clone()))
         .reflect(instance_writer)
         .inspect(sync.observer(Cache::Instances));
     // A deleted instance's pods and Service go with it (owner references).
@@ -289,12 +338,48 @@ async fn run_controller(
     })
     .filter_map(errors.absorb(Cache::Instances));
 
+    // DRA: the driver's slices (which nodes are DRA nodes, device names) and
+    // the claims (ours are owned by instances; others' hold devices).
+    let mut dra = None;
+    let mut slice_stream = None;
+    let mut claim_stream = None;
+    if let Some(driver) = &dra_driver {
+        let (slices, slice_writer) = reflector::store();
+        let slices_config = first.clone().fields(&format!("spec.driver={driver}"));
+        let slice_events = with_backoff(
+            "resourceslices",
+            watcher(Api::<ResourceSlice>::all(client.clone()), slices_config),
+        )
+        .modify(|s: &mut ResourceSlice| s.managed_fields_mut().clear())
+        .reflect(slice_writer)
+        .inspect(sync.observer(Cache::Slices));
+        slice_stream = Some(
+            triggers(slice_events, slices.clone(), |_, _| true)
+                .filter_map(errors.absorb(Cache::Slices)),
+        );
+        let claims_api: Api<ResourceClaim> = match &config.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let (claims, claim_writer) = reflector::store();
+        let claim_events = with_backoff("resourceclaims", watcher(claims_api, first.clone()))
+            .modify(|c: &mut ResourceClaim| c.managed_fields_mut().clear())
+            .reflect(claim_writer)
+            .inspect(sync.observer(Cache::Claims));
+        claim_stream = Some(
+            triggers(claim_events, claims.clone(), |_, _| true)
+                .filter_map(errors.absorb(Cache::Claims)),
+        );
+        dra = Some(DraCaches { slices, claims });
+    }
+
     let controller = Controller::for_stream(instance_stream, instances.clone())
         .with_config(controller::Config::default().debounce(std::time::Duration::from_millis(500)));
     if let Ok(mut slot) = cache.lock() {
         *slot = Some(instances.clone());
     }
     let mapper_store = instances.clone();
+    let slice_mapper_store = instances.clone();
     let reporter = Reporter {
         controller: MANAGER.to_string(),
         instance: std::env::var("POD_NAME").ok(),
@@ -304,6 +389,7 @@ async fn run_controller(
         pods,
         services,
         instances,
+        dra,
     };
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -312,12 +398,26 @@ async fn run_controller(
         Recorder::new(client, reporter),
         Arc::clone(metrics),
     ));
-    controller
+    let mut controller = controller
         .owns_stream(pod_stream)
         .owns_stream(service_stream)
         .watches_stream(node_stream, move |node| {
-            instances_for_node(&mapper_store, &node)
-        })
+            instances_for_node(&mapper_store, &node.name_any())
+        });
+    if let Some(claims) = claim_stream {
+        controller = controller.owns_stream(claims);
+    }
+    if let Some(slices) = slice_stream {
+        // A node's slices appearing, changing or going changes how its shards
+        // get their devices, as a Node change does.
+        controller = controller.watches_stream(slices, move |slice: ResourceSlice| {
+            instances_for_node(
+                &slice_mapper_store,
+                slice.spec.node_name.as_deref().unwrap_or_default(),
+            )
+        });
+    }
+    controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -11,6 +11,10 @@ pub struct Settings {
     pub node_grace: Duration,
     /// Solver step budget per plan.
     pub max_steps: u64,
+    /// The DRA driver whose claims the controller allocates for shards on
+    /// nodes that publish its ResourceSlices; `None`: never (device plugin
+    /// only, `--allocation device-plugin`).
+    pub dra_driver: Option<String>,
 }
 
 impl Default for Settings {
@@ -19,6 +23,7 @@ impl Default for Settings {
             resource_name: ResourceName::default(),
             node_grace: Duration::from_secs(300),
             max_steps: tessera_core::placement::SolveOptions::default().max_steps,
+            dra_driver: None,
         }
     }
 }

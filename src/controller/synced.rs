@@ -16,6 +16,10 @@ pub(crate) enum Cache {
     Pods = 2,
     Services = 4,
     Instances = 8,
+    /// The DRA driver's ResourceSlices (with DRA only).
+    Slices = 16,
+    /// ResourceClaims (with DRA only).
+    Claims = 32,
 }
 
 impl Cache {
@@ -25,25 +29,31 @@ impl Cache {
             Self::Pods => "pods",
             Self::Services => "services",
             Self::Instances => "instances",
+            Self::Slices => "resourceslices",
+            Self::Claims => "resourceclaims",
         }
     }
 }
 
-const ALL: u8 =
-    Cache::Nodes as u8 | Cache::Pods as u8 | Cache::Services as u8 | Cache::Instances as u8;
+/// The caches every run has.
+pub(crate) const ALWAYS: [Cache; 4] =
+    [Cache::Nodes, Cache::Pods, Cache::Services, Cache::Instances];
 
 /// Sets `synced` once each cache has seen the end of its initial list.
 #[derive(Clone)]
 pub(crate) struct CacheSync {
     seen: Arc<AtomicU8>,
+    /// The caches this run has.
+    all: u8,
     synced: Arc<AtomicBool>,
 }
 
 impl CacheSync {
-    pub(crate) fn new(synced: Arc<AtomicBool>) -> Self {
+    pub(crate) fn new(synced: Arc<AtomicBool>, caches: &[Cache]) -> Self {
         synced.store(false, Ordering::Relaxed);
         Self {
             seen: Arc::default(),
+            all: caches.iter().fold(0, |all, cache| all | *cache as u8),
             synced,
         }
     }
@@ -64,7 +74,7 @@ impl CacheSync {
 
     fn mark(&self, cache: Cache) {
         let before = self.seen.fetch_or(cache as u8, Ordering::Relaxed);
-        if before != ALL && before | cache as u8 == ALL {
+        if before & self.all != self.all && (before | cache as u8) & self.all == self.all {
             self.synced.store(true, Ordering::Relaxed);
             tracing::info!("caches synced");
         }
@@ -82,7 +92,7 @@ mod tests {
     #[test]
     fn synced_only_after_every_cache_listed_once() {
         let flag = Arc::new(AtomicBool::new(true));
-        let sync = CacheSync::new(Arc::clone(&flag));
+        let sync = CacheSync::new(Arc::clone(&flag), &ALWAYS);
         assert!(!flag.load(Ordering::Relaxed), "a new run starts unsynced");
         let mut nodes = sync.observer(Cache::Nodes);
         let mut pods = sync.observer(Cache::Pods);
@@ -97,5 +107,18 @@ mod tests {
         assert!(!flag.load(Ordering::Relaxed), "instances not listed yet");
         instances(&init_done());
         assert!(flag.load(Ordering::Relaxed));
+
+        let with_dra = Arc::new(AtomicBool::new(false));
+        let sync = CacheSync::new(
+            Arc::clone(&with_dra),
+            &[ALWAYS.as_slice(), &[Cache::Slices, Cache::Claims]].concat(),
+        );
+        for cache in ALWAYS {
+            sync.observer(cache)(&init_done());
+        }
+        sync.observer(Cache::Slices)(&init_done());
+        assert!(!with_dra.load(Ordering::Relaxed), "claims not listed yet");
+        sync.observer(Cache::Claims)(&init_done());
+        assert!(with_dra.load(Ordering::Relaxed));
     }
 }

@@ -165,6 +165,17 @@ controller.watchNamespace).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if ne .Values.allocation "device-plugin" }}
+# DRA: a ResourceClaim per shard on a DRA node (created with its pod, deleted when it
+# is replaced or no longer wanted); others' claims are watched for the devices they hold.
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims"]
+  verbs: ["list", "watch", "create", "delete"]
+# The controller allocates its shards' claims itself, as a scheduler does.
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims/status"]
+  verbs: ["update"]
+{{- end }}
 {{- end }}
 
 {{- define "tessera.controller.leaseName" -}}

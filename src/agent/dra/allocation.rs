@@ -28,6 +28,20 @@ pub(crate) struct DriverOnNode {
     pub(crate) node_name: String,
 }
 
+/// The UID of the first pod `claim` is reserved for.
+pub(crate) fn consumer_pod(claim: &ResourceClaim) -> Option<String> {
+    claim
+        .status
+        .as_ref()?
+        .reserved_for
+        .as_ref()?
+        .iter()
+        .find(|consumer| {
+            consumer.resource == "pods" && consumer.api_group.as_deref().unwrap_or("").is_empty()
+        })
+        .map(|consumer| consumer.uid.clone())
+}
+
 /// The devices of this node `claim` was allocated, in the allocation's order.
 pub(crate) fn allocated_devices<'a>(
     claim: &ResourceClaim,
@@ -102,7 +116,7 @@ pub(crate) fn allocated_devices<'a>(
 pub(crate) mod tests {
     use k8s_openapi::api::resource::v1::{
         AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
-        ResourceClaimStatus,
+        ResourceClaimConsumerReference, ResourceClaimStatus,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -146,6 +160,12 @@ pub(crate) mod tests {
                     }),
                     ..AllocationResult::default()
                 }),
+                reserved_for: Some(vec![ResourceClaimConsumerReference {
+                    resource: "pods".into(),
+                    name: "p".into(),
+                    uid: format!("pod-{uid}"),
+                    api_group: None,
+                }]),
                 ..ResourceClaimStatus::default()
             }),
         }

@@ -14,7 +14,7 @@ use std::future::Future;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::Mutex;
 
-use super::allocation::{AllocatedDevice, DriverOnNode, allocated_devices};
+use super::allocation::{AllocatedDevice, DriverOnNode, allocated_devices, consumer_pod};
 use super::cdi::{CdiDevice, CdiDir, device_name};
 use super::prepared::{PreparedClaim, PreparedClaims, PreparedDevice};
 use crate::agent::container_devices::{RuntimeOptions, container_devices};
@@ -22,17 +22,18 @@ use crate::agent::state::{ViewRx, ViewTx};
 
 /// Where claims are read: the API server, or a stand-in in tests.
 pub(crate) trait ClaimReader: Send + Sync + 'static {
+    /// The claim, `None` when there is no such claim.
     fn claim(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = Result<ResourceClaim, String>> + Send;
+    ) -> impl Future<Output = Result<Option<ResourceClaim>, String>> + Send;
 }
 
 impl ClaimReader for kube::Client {
-    async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
         kube::Api::<ResourceClaim>::namespaced(self.clone(), namespace)
-            .get(name)
+            .get_opt(name)
             .await
             .map_err(|e| e.to_string())
     }
@@ -52,7 +53,7 @@ pub(crate) struct Driver<C> {
     runtime: RuntimeOptions,
     view: ViewRx,
     /// Where the devices in use are shown to the rest of the agent (the
-    /// view's `allocated`: device ID → claim UID).
+    /// view's `allocated`: device ID → the claim's pod UID).
     tx: Option<ViewTx>,
     claims: C,
     prepared: Mutex<PreparedClaims>,
@@ -144,6 +145,47 @@ impl<C: ClaimReader> Driver<C> {
         answers
     }
 
+    /// Unprepares the recorded claims that no longer exist (or exist anew
+    /// under another UID): kubelet only unprepares claims it knows, and a
+    /// node whose pods went without it (a reboot that cleared kubelet's
+    /// state) would otherwise keep their devices in use for ever. A claim that
+    /// cannot be read now is kept. Returns how many went.
+    pub(crate) async fn forget_gone_claims(&self) -> usize {
+        let recorded: Vec<ClaimRef> = self
+            .prepared
+            .lock()
+            .await
+            .claims()
+            .map(|(uid, claim)| ClaimRef {
+                namespace: claim.namespace.clone(),
+                uid: uid.to_string(),
+                name: claim.name.clone(),
+            })
+            .collect();
+        let mut gone = Vec::new();
+        for claim in recorded {
+            match self.claims.claim(&claim.namespace, &claim.name).await {
+                Ok(None) => gone.push(claim),
+                Ok(Some(object)) if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) => {
+                    gone.push(claim)
+                }
+                Ok(Some(_)) => {}
+                Err(error) => {
+                    tracing::debug!(uid = %claim.uid, %error, "cannot tell whether a prepared claim still exists")
+                }
+            }
+        }
+        for claim in &gone {
+            tracing::info!(
+                claim = %format!("{}/{}", claim.namespace, claim.name),
+                uid = %claim.uid,
+                "the prepared claim no longer exists; unpreparing it"
+            );
+        }
+        let answers = self.unprepare(&gone).await;
+        answers.values().filter(|answer| answer.is_ok()).count()
+    }
+
     async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
         let mut prepared = self.prepared.lock().await;
         if let Some(done) = prepared.get(&claim.uid)
@@ -155,7 +197,8 @@ impl<C: ClaimReader> Driver<C> {
             .claims
             .claim(&claim.namespace, &claim.name)
             .await
-            .map_err(|e| format!("reading claim {}/{}: {e}", claim.namespace, claim.name))?;
+            .map_err(|e| format!("reading claim {}/{}: {e}", claim.namespace, claim.name))?
+            .ok_or_else(|| format!("claim {}/{} does not exist", claim.namespace, claim.name))?;
         let view = self.view.borrow().clone();
         if !view.ready {
             return Err("this node's GPUs have not been read yet".to_string());
@@ -171,6 +214,7 @@ impl<C: ClaimReader> Driver<C> {
         let record = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
+            pod_uid: consumer_pod(&object),
             devices: answer.clone(),
         };
         if let Err(e) = prepared.insert(&claim.uid, record) {
@@ -264,12 +308,16 @@ pub(crate) mod tests {
     }
 
     impl ClaimReader for Claims {
-        async fn claim(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+        async fn claim(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> Result<Option<ResourceClaim>, String> {
             self.reads.fetch_add(1, Ordering::Relaxed);
-            self.by_name
-                .get(&format!("{namespace}/{name}"))
-                .cloned()
-                .ok_or_else(|| format!("resourceclaims \"{name}\" not found"))
+            if namespace == "unreachable" {
+                return Err("connection refused".into());
+            }
+            Ok(self.by_name.get(&format!("{namespace}/{name}")).cloned())
         }
     }
 
@@ -362,12 +410,13 @@ pub(crate) mod tests {
             env["u1-gpus"][TESSERA_VISIBLE_DEVICES],
             format!("{},{}", s.ids[3], s.ids[1])
         );
+        // Shown as the device plugin shows them: by the pod the claim is for.
         let in_use = s.rx.borrow().allocated.clone();
         assert_eq!(
             in_use,
             BTreeMap::from([
-                (s.ids[3].clone(), "u1".into()),
-                (s.ids[1].clone(), "u1".into())
+                (s.ids[3].clone(), "pod-u1".into()),
+                (s.ids[1].clone(), "pod-u1".into())
             ])
         );
 
@@ -460,15 +509,58 @@ pub(crate) mod tests {
             error("u4")
         );
         assert_eq!(error("u5"), "claim ns/malformed is not allocated");
-        assert!(
-            error("u6").starts_with("reading claim ns/gone: "),
-            "{}",
-            error("u6")
-        );
+        assert_eq!(error("u6"), "claim ns/gone does not exist");
         for uid in ["u2", "u3", "u4", "u5", "u6"] {
             assert!(!s.cdi().exists(uid), "{uid}");
             assert!(s.record().get(uid).is_none(), "{uid}");
         }
+    }
+
+    #[tokio::test]
+    async fn claims_that_no_longer_exist_are_unprepared_and_the_rest_kept() {
+        let s = setup("3xH100-80GiB");
+        let d = "gpu.tessera.dev";
+        let mut claims = one_claim("u1", &[(d, "node-1", &s.names[0])]);
+        for (ns, name, uid, device) in [("ns", "gone", "u2", 1), ("ns", "again", "u3", 2)] {
+            let mut c = claim(uid, &[(d, "node-1", &s.names[device])]);
+            c.metadata.namespace = Some(ns.into());
+            c.metadata.name = Some(name.into());
+            claims.by_name.insert(format!("{ns}/{name}"), c);
+        }
+        let driver = s.driver(claims.clone()).keep_view(s.tx.clone()).await;
+        let refs: Vec<ClaimRef> = [("c", "u1"), ("gone", "u2"), ("again", "u3")]
+            .iter()
+            .map(|(name, uid)| ClaimRef {
+                namespace: "ns".into(),
+                uid: (*uid).into(),
+                name: (*name).into(),
+            })
+            .collect();
+        assert!(driver.prepare(&refs).await.values().all(Result::is_ok));
+        assert_eq!(s.rx.borrow().allocated.len(), 3);
+
+        // `gone` is deleted; `again` is deleted and made anew (another UID).
+        let mut now = claims.clone();
+        now.by_name.remove("ns/gone");
+        if let Some(c) = now.by_name.get_mut("ns/again") {
+            c.metadata.uid = Some("u9".into());
+        }
+        let restarted = s.driver(now).keep_view(s.tx.clone()).await;
+        assert_eq!(restarted.forget_gone_claims().await, 2);
+        assert!(s.cdi().exists("u1") && !s.cdi().exists("u2") && !s.cdi().exists("u3"));
+        assert_eq!(s.rx.borrow().allocated.len(), 1);
+        assert!(s.record().get("u1").is_some() && s.record().get("u2").is_none());
+
+        // An API server that cannot be reached proves nothing gone.
+        let mut unreachable = one_claim("u1", &[]);
+        unreachable.by_name.clear();
+        let mut record = s.record();
+        let mut kept = record.get("u1").unwrap().clone();
+        kept.namespace = "unreachable".into();
+        record.insert("u1", kept).unwrap();
+        let offline = s.driver(unreachable);
+        assert_eq!(offline.forget_gone_claims().await, 0);
+        assert!(s.cdi().exists("u1"));
     }
 
     #[tokio::test]

@@ -135,8 +135,13 @@ impl DraHandle {
             &config.plugins_dir,
             &config.driver_name,
         );
+        let driver = Arc::new(driver);
+        tokio::spawn(forget_gone_claims(
+            driver.clone(),
+            stopped(stop.subscribe()),
+        ));
         let driver_task = tokio::spawn(run_driver(
-            Arc::new(driver),
+            driver,
             paths,
             status.clone(),
             config.poll_interval,
@@ -192,6 +197,25 @@ impl DraHandle {
         let _ = self.driver_task.await;
         if let Some(task) = self.slice_task {
             let _ = task.await;
+        }
+    }
+}
+
+/// How often recorded claims are checked against the API server.
+const FORGET_GONE_EVERY: Duration = Duration::from_secs(300);
+
+/// At start and then every [`FORGET_GONE_EVERY`]: claims prepared here that
+/// no longer exist are unprepared (see `Driver::forget_gone_claims`).
+async fn forget_gone_claims(
+    driver: Arc<Driver<kube::Client>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        driver.forget_gone_claims().await;
+        tokio::select! {
+            _ = tokio::time::sleep(FORGET_GONE_EVERY) => {}
+            _ = &mut shutdown => return,
         }
     }
 }

@@ -36,6 +36,10 @@ pub(crate) struct PreparedDevice {
 pub(crate) struct PreparedClaim {
     pub(crate) namespace: String,
     pub(crate) name: String,
+    /// The UID of the pod the claim was reserved for when it was prepared
+    /// (its first pod consumer), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pod_uid: Option<String>,
     pub(crate) devices: Vec<PreparedDevice>,
 }
 
@@ -75,6 +79,11 @@ impl PreparedClaims {
         self.claims.get(uid)
     }
 
+    /// Every recorded claim, by UID.
+    pub(crate) fn claims(&self) -> impl Iterator<Item = (&str, &PreparedClaim)> {
+        self.claims.iter().map(|(uid, claim)| (uid.as_str(), claim))
+    }
+
     /// Records a prepared claim and saves the record.
     pub(crate) fn insert(&mut self, uid: &str, claim: PreparedClaim) -> std::io::Result<()> {
         let before = self.claims.insert(uid.to_string(), claim);
@@ -95,15 +104,23 @@ impl PreparedClaims {
         self.save()
     }
 
-    /// tessera device ID → the UID of the claim it is prepared for.
+    /// tessera device ID → the UID of the pod whose claim holds it, as the
+    /// device plugin reports its allocations (`NodeGpuState::allocated`), or
+    /// [`NodeGpuState::UNBOUND_OWNER`] for a claim reserved for no pod.
+    ///
+    /// [`NodeGpuState::UNBOUND_OWNER`]: tessera_core::api::NodeGpuState::UNBOUND_OWNER
     pub(crate) fn devices_in_use(&self) -> BTreeMap<String, String> {
         self.claims
-            .iter()
-            .flat_map(|(uid, claim)| {
+            .values()
+            .flat_map(|claim| {
+                let owner = claim
+                    .pod_uid
+                    .clone()
+                    .unwrap_or_else(|| tessera_core::api::NodeGpuState::UNBOUND_OWNER.to_string());
                 claim
                     .devices
                     .iter()
-                    .map(move |d| (d.id.clone(), uid.clone()))
+                    .map(move |d| (d.id.clone(), owner.clone()))
             })
             .collect()
     }
@@ -148,6 +165,7 @@ mod tests {
         PreparedClaim {
             namespace: "ns".into(),
             name: "c".into(),
+            pod_uid: (id == "GPU-A").then(|| "pod-a".into()),
             devices: vec![PreparedDevice {
                 request_names: vec!["gpus".into()],
                 pool: "node-1".into(),
@@ -170,7 +188,10 @@ mod tests {
         assert_eq!(again.get("u1"), Some(&claim("GPU-A")));
         assert_eq!(
             again.devices_in_use(),
-            BTreeMap::from([("GPU-A".into(), "u1".into()), ("GPU-B".into(), "u2".into())])
+            BTreeMap::from([
+                ("GPU-A".into(), "pod-a".into()),
+                ("GPU-B".into(), "unbound".into())
+            ])
         );
         again.remove("u1").unwrap();
         again.remove("u1").unwrap();

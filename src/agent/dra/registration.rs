@@ -354,7 +354,7 @@ mod tests {
         assert!(
             prepared.claims["u9"]
                 .error
-                .contains("reading claim ns/missing"),
+                .contains("claim ns/missing does not exist"),
             "{:?}",
             prepared.claims["u9"]
         );

@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# End-to-end on a real node with DRA (Kubernetes 1.34+, containerd with CDI): the chart
+# installed with allocation=dra runs the agent as the node's DRA driver and the
+# controller allocating each shard's ResourceClaim.
+#   1. imports the image e2e/real-node.sh built (builds it if missing) and installs the
+#      chart (e2e/values-real-node.yaml, allocation dra); waits for the node's
+#      ResourceSlice with its 8 fake GPUs and the DeviceClass;
+#   2. eight_stages: a ModelInstance of eight one-GPU stages applied at once, timed
+#      from `kubectl apply` to every shard Running; every shard's claim is allocated
+#      exactly its planned device, kubelet prepared exactly that device
+#      (dra_manager_state), and the container sees it (TESSERA_VISIBLE_DEVICES from the
+#      claim's CDI spec);
+#   3. users_claim: with every GPU in a shard, a user's pod claiming one through the
+#      DeviceClass stays unschedulable: kube-scheduler counts the controller's
+#      allocations;
+#   4. agent_restart: the agent pod deleted: running shards keep their pods and devices,
+#      the CDI specs stay, and the new agent reports the 8 devices in use again;
+#   5. bad_claims: claims allocated by hand to a device of another node, to a device
+#      this node does not have, and to none at all, each for a pod on the node: each
+#      pod's event carries the agent's reason and nothing is prepared for it;
+#   6. deleted: the instance deleted: pods, claims and CDI specs go, kubelet holds no
+#      prepared claim, and every device is free for the next instance;
+#   7. the agent and the controller were refused nothing ("forbidden" in their logs).
+# Needs what e2e/real-node.sh needs; DRA_MANAGER_STATE (kubelet's record,
+# /var/lib/kubelet/dra_manager_state) and CDI_DIR (/var/run/cdi) must be on this host.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readonly IMAGE=localhost/tessera:e2e
+readonly ARCHIVE=target/e2e/tessera-image.tar
+readonly NODE="${NODE:-node-1}"
+readonly NAMESPACE=tessera-e2e-dra
+readonly RELEASE=tessera
+readonly TESSERA_NAMESPACE=tessera-system
+readonly DRIVER=gpu.tessera.dev
+readonly TIMEOUT="${TIMEOUT:-180}"
+export DRA_MANAGER_STATE="${DRA_MANAGER_STATE:-/var/lib/kubelet/dra_manager_state}"
+readonly CDI_DIR="${CDI_DIR:-/var/run/cdi}"
+# lib.sh's names; the device plugin's checkpoint plays no part here.
+readonly KUBELET_CHECKPOINT="" RESOURCE_NAME=tessera.dev/gpu FAKE_CONFIGMAP=tessera-fake-gpus
+kubectl_bin="${KUBECTL:-kubectl}"
+helm="${HELM:-helm}"
+
+current_test=setup
+log() { printf '[real-node-dra %s %s] %s\n' "$(date +%H:%M:%S)" "$current_test" "$*"; }
+die() {
+  echo "real-node DRA check FAILED in $current_test: $*" >&2
+  {
+    echo "--- pods"
+    kubectl get pods -A -o wide || true
+    echo "--- claims"
+    kubectl get resourceclaims -A -o wide || true
+    echo "--- controller log"
+    kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=controller --tail=40 || true
+    echo "--- agent log"
+    kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=agent --tail=40 || true
+    echo "real-node DRA check FAILED in $current_test: $*"
+  } >&2
+  exit 1
+}
+[ -n "${TESSERA_TEST_KUBECONFIG:-}" ] || die "TESSERA_TEST_KUBECONFIG is not set"
+[ -x "${TESSERA_K8S_KIT:-}/import-image.sh" ] || die "TESSERA_K8S_KIT does not name a kit with import-image.sh"
+export KUBECONFIG="$TESSERA_TEST_KUBECONFIG"
+PATH="$(dirname "$(command -v "$kubectl_bin")"):$PATH"
+# shellcheck source=e2e/lib.sh
+source e2e/lib.sh
+
+cleanup() {
+  [ "${KEEP:-0}" = 1 ] && return 0
+  kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  "$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+[ -f "$ARCHIVE" ] || e2e/image.sh "$IMAGE" "$ARCHIVE"
+"$TESSERA_K8S_KIT/import-image.sh" "$ARCHIVE"
+"$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
+kubectl delete namespace "$TESSERA_NAMESPACE" "$NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
+kubectl label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
+"$helm" install "$RELEASE" charts/tessera -n "$TESSERA_NAMESPACE" --create-namespace \
+  -f e2e/values-real-node.yaml --set allocation=dra --wait --timeout 180s >/dev/null \
+  || die "helm install did not become ready: $(kubectl -n "$TESSERA_NAMESPACE" get pods -o wide 2>&1)"
+kubectl create namespace "$NAMESPACE" >/dev/null
+
+slice_devices() {
+  kubectl get resourceslices -o json | jq --arg node "$NODE" --arg d "$DRIVER" \
+    '[.items[] | select(.spec.nodeName == $node and .spec.driver == $d) | .spec.devices[]?] | length'
+}
+eight_devices() { [[ "$(slice_devices)" == 8 ]]; }
+wait_until "$TIMEOUT" "the node's ResourceSlice with 8 devices" eight_devices
+kubectl get deviceclass "$DRIVER" >/dev/null || die "no DeviceClass $DRIVER"
+log "the agent publishes 8 devices in $NODE's ResourceSlice; the DeviceClass is there"
+
+# stages NAME COUNT: a ModelInstance of COUNT one-GPU pipeline stages.
+stages() {
+  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
+apiVersion: tessera.dev/v1alpha1
+kind: ModelInstance
+metadata:
+  name: $1
+spec:
+  model: {name: e2e/small, parametersBillions: 8, layers: 32, dtype: bf16}
+  parallelism: {tensor: 1, pipeline: $2}
+  template:
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: shard
+          image: busybox:1.37
+          imagePullPolicy: IfNotPresent
+          command:
+            - sh
+            - -c
+            - |
+              echo "shard on \$(hostname) sees devices: \${TESSERA_VISIBLE_DEVICES:-<unset>}"
+              trap 'exit 0' TERM INT
+              while true; do sleep 3600 & wait \$!; done
+YAML
+}
+running_pods() {
+  kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$1" -o json \
+    | jq '[.items[] | select(.status.phase == "Running" and .metadata.deletionTimestamp == null)] | length'
+}
+cdi_specs() { find "$CDI_DIR" -maxdepth 1 -name "$DRIVER-claim_*.json" 2>/dev/null | wc -l; }
+prepared_claims() { jq '.Data | fromjson | [.ClaimInfoStateList[]?] | length' "$DRA_MANAGER_STATE"; }
+
+current_test=eight_stages
+start=$(date +%s.%N)
+stages eight 8
+while [[ "$(running_pods eight)" != 8 ]]; do
+  (($(date +%s) - ${start%.*} < TIMEOUT)) || die "8 stages not Running after ${TIMEOUT}s"
+  sleep 0.2
+done
+elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)")
+log "kubectl apply -> 8 shards Running in ${elapsed} s"
+wait_until 60 "every shard on its planned device, prepared by kubelet and seen by the container" \
+  shards_match_plan eight
+[[ "$(cdi_specs)" == 8 ]] || die "$(cdi_specs) CDI specs for 8 prepared claims"
+log "every shard's claim holds exactly its planned device; kubelet prepared it; the container sees it"
+
+current_test=users_claim
+# Every GPU is in a shard: kube-scheduler must not allocate a user's claim one of them.
+kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: users}
+spec:
+  devices:
+    requests:
+      - name: gpus
+        exactly: {deviceClassName: $DRIVER, count: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: users}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: busybox:1.37
+      imagePullPolicy: IfNotPresent
+      command: [sleep, "3600"]
+      resources: {claims: [{name: gpus}]}
+  resourceClaims:
+    - {name: gpus, resourceClaimName: users}
+YAML
+unschedulable() {
+  local reason
+  reason=$(kubectl get pod -n "$NAMESPACE" users -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason}')
+  [[ "$reason" == Unschedulable ]] || { echo "pod users: PodScheduled reason '$reason'"; return 1; }
+}
+wait_until "$TIMEOUT" "kube-scheduler to find no device for a user's claim" unschedulable
+[[ -z "$(kubectl get resourceclaim -n "$NAMESPACE" users -o jsonpath='{.status.allocation}')" ]] \
+  || die "kube-scheduler allocated a user's claim a device a shard holds"
+kubectl delete pod -n "$NAMESPACE" users --wait=true >/dev/null
+kubectl delete resourceclaim -n "$NAMESPACE" users --wait=true >/dev/null
+log "kube-scheduler counts the shards' allocations: a user's claim finds no device"
+
+current_test=agent_restart
+before=$(kubectl get pods -n "$NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}' | sort)
+kubectl -n "$TESSERA_NAMESPACE" delete pod -l app.kubernetes.io/component=agent --wait=true >/dev/null
+kubectl -n "$TESSERA_NAMESPACE" rollout status daemonset -l app.kubernetes.io/component=agent --timeout="${TIMEOUT}s" >/dev/null 2>&1 \
+  || kubectl -n "$TESSERA_NAMESPACE" wait pod -l app.kubernetes.io/component=agent --for=condition=Ready --timeout="${TIMEOUT}s" >/dev/null
+eight_in_use() {
+  local state
+  state=$(kubectl get node "$NODE" -o json | jq '.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .allocated | length')
+  [[ "$state" == 8 ]] || { echo "the agent reports $state devices in use"; return 1; }
+}
+wait_until "$TIMEOUT" "the new agent to report the 8 prepared devices in use" eight_in_use
+after=$(kubectl get pods -n "$NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}' | sort)
+[[ "$before" == "$after" ]] || die "shard pods changed across the agent restart"
+shards_match_plan eight >/dev/null || die "after the agent restart: $(shards_match_plan eight)"
+[[ "$(cdi_specs)" == 8 ]] || die "$(cdi_specs) CDI specs after the agent restart"
+log "the new agent kept every prepared claim; no shard moved"
+
+current_test=bad_claims
+# claim_for NAME POOL DEVICE: a claim allocated by hand (as a custom scheduler would)
+# and a pod on the node that uses it.
+claim_for() {
+  local name="$1" pool="$2" device="$3" uid results
+  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $name}
+spec:
+  devices:
+    requests:
+      - name: gpus
+        exactly: {deviceClassName: $DRIVER, count: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $name}
+spec:
+  nodeName: $NODE
+  schedulerName: nobody
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: busybox:1.37
+      imagePullPolicy: IfNotPresent
+      command: [sleep, "3600"]
+      resources: {claims: [{name: gpus}]}
+  resourceClaims:
+    - {name: gpus, resourceClaimName: $name}
+YAML
+  uid=$(kubectl get pod -n "$NAMESPACE" "$name" -o jsonpath='{.metadata.uid}')
+  results="[]"
+  [[ -z "$device" ]] || results="[{\"request\": \"gpus\", \"driver\": \"$DRIVER\", \"pool\": \"$pool\", \"device\": \"$device\"}]"
+  kubectl get resourceclaim -n "$NAMESPACE" "$name" -o json \
+    | jq --arg node "$NODE" --arg pod "$name" --arg uid "$uid" --argjson results "$results" \
+      '.status = {allocation: {devices: {results: $results}, nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$node]}]}]}}, reservedFor: [{resource: "pods", name: $pod, uid: $uid}]}' \
+    | kubectl replace --subresource=status -f - >/dev/null
+}
+a_device=$(kubectl get resourceslices -o json | jq -r --arg node "$NODE" '[.items[] | select(.spec.nodeName == $node) | .spec.devices[0].name][0]')
+claim_for elsewhere node-elsewhere "$a_device"
+claim_for unknown "$NODE" gpu-that-is-not-here
+claim_for nothing "$NODE" ""
+refused_with() {
+  local pod="$1" want="$2" events
+  events=$(kubectl get events -n "$NAMESPACE" --field-selector "involvedObject.name=$pod" -o jsonpath='{range .items[*]}{.message}{"\n"}{end}')
+  grep -qF "$want" <<<"$events" || { echo "pod $pod's events do not say '$want': $events"; return 1; }
+}
+wait_until "$TIMEOUT" "the claim on another node refused" refused_with elsewhere "is not on this node"
+wait_until "$TIMEOUT" "the unknown device refused" refused_with unknown "is not one of this node's GPUs"
+wait_until "$TIMEOUT" "the empty allocation refused" refused_with nothing "has no device of driver $DRIVER"
+for pod in elsewhere unknown nothing; do
+  uid=$(kubectl get resourceclaim -n "$NAMESPACE" "$pod" -o jsonpath='{.metadata.uid}')
+  [[ ! -e "$CDI_DIR/$DRIVER-claim_$uid.json" ]] || die "a CDI spec was written for the refused claim $pod"
+  [[ "$(kubectl get pod -n "$NAMESPACE" "$pod" -o jsonpath='{.status.phase}')" == Pending ]] \
+    || die "pod $pod with a refused claim is not Pending"
+done
+[[ "$(cdi_specs)" == 8 ]] || die "refused claims changed the CDI specs: $(cdi_specs)"
+kubectl delete pod -n "$NAMESPACE" elsewhere unknown nothing --wait=true >/dev/null
+kubectl delete resourceclaim -n "$NAMESPACE" elsewhere unknown nothing --wait=false >/dev/null
+log "each bad claim was refused with its reason; nothing was prepared"
+
+current_test=deleted
+kubectl delete mi -n "$NAMESPACE" eight --wait=true >/dev/null
+all_gone() {
+  local pods claims
+  pods=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=eight -o name | wc -l)
+  claims=$(kubectl get resourceclaims -n "$NAMESPACE" -o name | wc -l)
+  [[ "$pods" == 0 && "$claims" == 0 && "$(cdi_specs)" == 0 && "$(prepared_claims)" == 0 ]] \
+    || { echo "$pods pods, $claims claims, $(cdi_specs) CDI specs, $(prepared_claims) prepared claims left"; return 1; }
+}
+wait_until "$TIMEOUT" "pods, claims, CDI specs and prepared claims to go" all_gone
+stages again 8
+eight_again() { [[ "$(running_pods again)" == 8 ]]; }
+wait_until "$TIMEOUT" "a new instance to use all 8 devices" eight_again
+shards_match_plan again >/dev/null || die "the next instance: $(shards_match_plan again)"
+log "deleting the instance freed every device: the next one runs on all 8"
+
+current_test=forbidden
+for component in agent controller; do
+  logs=$(kubectl -n "$TESSERA_NAMESPACE" logs -l "app.kubernetes.io/component=$component" --tail=-1 2>&1)
+  if grep -qi forbidden <<<"$logs"; then
+    die "the API server refused the $component something: $(grep -i forbidden <<<"$logs" | head -3)"
+  fi
+done
+current_test=finished
+log "all passed (apply -> 8 shards Running: ${elapsed} s)"

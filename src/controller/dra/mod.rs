@@ -1,0 +1,28 @@
+//! Shards on DRA nodes: each shard pod gets one ResourceClaim asking for
+//! exactly its planned devices, and the controller — the shard pods'
+//! scheduler — allocates it before binding the pod, as a custom scheduler
+//! must. A node is a DRA node when its agent publishes ResourceSlices of the
+//! driver (`pools`); the others keep the device plugin's extended resource.
+//!
+//! - `pools`: nodes and device names, from the slices;
+//! - `claims`: the claim of a shard and the allocation written into it;
+//! - `held`: devices allocated to claims of others, kept out of plans;
+//! - `apply`: creating, allocating and deleting shard claims.
+
+pub(crate) mod apply;
+pub(crate) mod claims;
+pub(crate) mod held;
+pub(crate) mod pools;
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::runtime::reflector::Store;
+
+/// The stores DRA needs, when the controller allocates claims.
+#[derive(Clone)]
+pub struct DraCaches {
+    /// The driver's ResourceSlices (all nodes).
+    pub slices: Store<ResourceSlice>,
+    /// Every ResourceClaim (of the watched namespaces): others' allocations
+    /// hold devices.
+    pub claims: Store<ResourceClaim>,
+}
