@@ -154,3 +154,37 @@ restore_fault() {
   kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge -p "$patch" >/dev/null
   fault_key=""
 }
+
+# instance NAME STAGES: a ModelInstance of STAGES one-GPU pipeline stages whose shards
+# print the devices they see and wait.
+instance() {
+  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<EOF
+apiVersion: tessera.dev/v1alpha1
+kind: ModelInstance
+metadata:
+  name: $1
+spec:
+  model:
+    name: e2e/small
+    parametersBillions: 8
+    layers: 32
+    dtype: bf16
+  parallelism:
+    tensor: 1
+    pipeline: $2
+  template:
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: shard
+          image: busybox:1.37
+          imagePullPolicy: IfNotPresent
+          command:
+            - sh
+            - -c
+            - |
+              echo "shard on \$(hostname) sees devices: \${TESSERA_VISIBLE_DEVICES:-<unset>}"
+              trap 'exit 0' TERM INT
+              while true; do sleep 3600 & wait \$!; done
+EOF
+}

@@ -268,38 +268,6 @@ granted() {
 
 # --- instances -------------------------------------------------------------------
 
-# instance NAME PIPELINE: a small model cut into PIPELINE shards of one GPU each.
-instance() {
-  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<EOF
-apiVersion: tessera.dev/v1alpha1
-kind: ModelInstance
-metadata:
-  name: $1
-spec:
-  model:
-    name: e2e/small
-    parametersBillions: 8
-    layers: 32
-    dtype: bf16
-  parallelism:
-    tensor: 1
-    pipeline: $2
-  template:
-    spec:
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: shard
-          image: busybox:1.37
-          imagePullPolicy: IfNotPresent
-          command:
-            - sh
-            - -c
-            - |
-              echo "shard on \$(hostname) sees devices: \${TESSERA_VISIBLE_DEVICES:-<unset>}"
-              trap 'exit 0' TERM INT
-              while true; do sleep 3600 & wait \$!; done
-EOF
-}
 
 # delete_instances NAME...: deleted, with their pods and Services gone.
 delete_instances() {

@@ -22,7 +22,10 @@
 #      not call a driver for an allocation without its devices);
 #   6. deleted: the instance deleted: pods, claims and CDI specs go, kubelet holds no
 #      prepared claim, and every device is free for the next instance;
-#   7. the agent and the controller were refused nothing ("forbidden" in their logs).
+#   7. device_fault: a fault injected into the device of one shard of two: the device is
+#      tainted NoSchedule in the slice, only that shard's claim moves to another device,
+#      the other shard's pod stays; the taint goes when the device recovers;
+#   8. the agent and the controller were refused nothing ("forbidden" in their logs).
 # Needs what e2e/real-node.sh needs; DRA_MANAGER_STATE (kubelet's record,
 # /var/lib/kubelet/dra_manager_state) and CDI_DIR (/var/run/cdi) must be on this host.
 set -euo pipefail
@@ -40,6 +43,7 @@ export DRA_MANAGER_STATE="${DRA_MANAGER_STATE:-/var/lib/kubelet/dra_manager_stat
 readonly CDI_DIR="${CDI_DIR:-/var/run/cdi}"
 # lib.sh's names; the device plugin's checkpoint plays no part here.
 readonly KUBELET_CHECKPOINT="" RESOURCE_NAME=tessera.dev/gpu FAKE_CONFIGMAP=tessera-fake-gpus
+fault_key=""
 kubectl_bin="${KUBECTL:-kubectl}"
 helm="${HELM:-helm}"
 
@@ -70,6 +74,7 @@ source e2e/lib.sh
 # The test namespace goes first, while the agent still runs: kubelet needs the DRA
 # driver to unprepare the claims of the pods it stops (without it they stay Terminating).
 cleanup() {
+  restore_fault 2>/dev/null || true
   [ "${KEEP:-0}" = 1 ] && return 0
   kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
   "$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
@@ -97,32 +102,6 @@ wait_until "$TIMEOUT" "the node's ResourceSlice with 8 devices" eight_devices
 kubectl get deviceclass "$DRIVER" >/dev/null || die "no DeviceClass $DRIVER"
 log "the agent publishes 8 devices in $NODE's ResourceSlice; the DeviceClass is there"
 
-# stages NAME COUNT: a ModelInstance of COUNT one-GPU pipeline stages.
-stages() {
-  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
-apiVersion: tessera.dev/v1alpha1
-kind: ModelInstance
-metadata:
-  name: $1
-spec:
-  model: {name: e2e/small, parametersBillions: 8, layers: 32, dtype: bf16}
-  parallelism: {tensor: 1, pipeline: $2}
-  template:
-    spec:
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: shard
-          image: busybox:1.37
-          imagePullPolicy: IfNotPresent
-          command:
-            - sh
-            - -c
-            - |
-              echo "shard on \$(hostname) sees devices: \${TESSERA_VISIBLE_DEVICES:-<unset>}"
-              trap 'exit 0' TERM INT
-              while true; do sleep 3600 & wait \$!; done
-YAML
-}
 running_pods() {
   kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$1" -o json \
     | jq '[.items[] | select(.status.phase == "Running" and .metadata.deletionTimestamp == null)] | length'
@@ -132,7 +111,7 @@ prepared_claims() { jq '.Data | fromjson | [.ClaimInfoStateList[]?] | length' "$
 
 current_test=eight_stages
 start=$(date +%s.%N)
-stages eight 8
+instance eight 8
 while [[ "$(running_pods eight)" != 8 ]]; do
   (($(date +%s) - ${start%.*} < TIMEOUT)) || die "8 stages not Running after ${TIMEOUT}s"
   sleep 0.2
@@ -260,19 +239,54 @@ log "each bad claim was refused with its reason; nothing was prepared"
 
 current_test=deleted
 kubectl delete mi -n "$NAMESPACE" eight --wait=true >/dev/null
-all_gone() {
+all_gone() { all_gone_of eight; }
+all_gone_of() {
   local pods claims
-  pods=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=eight -o name | wc -l)
+  pods=$(kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$1" -o name | wc -l)
   claims=$(kubectl get resourceclaims -n "$NAMESPACE" -o name | wc -l)
   [[ "$pods" == 0 && "$claims" == 0 && "$(cdi_specs)" == 0 && "$(prepared_claims)" == 0 ]] \
     || { echo "$pods pods, $claims claims, $(cdi_specs) CDI specs, $(prepared_claims) prepared claims left"; return 1; }
 }
 wait_until "$TIMEOUT" "pods, claims, CDI specs and prepared claims to go" all_gone
-stages again 8
+instance again 8
 eight_again() { [[ "$(running_pods again)" == 8 ]]; }
 wait_until "$TIMEOUT" "a new instance to use all 8 devices" eight_again
 shards_match_plan again >/dev/null || die "the next instance: $(shards_match_plan again)"
 log "deleting the instance freed every device: the next one runs on all 8"
+
+current_test=device_fault
+# A fault on the device of one shard of two: only that shard's claim moves.
+kubectl delete mi -n "$NAMESPACE" again --wait=true >/dev/null
+wait_until "$TIMEOUT" "again's pods and claims to go" all_gone_of again
+instance pair 2
+pair_running() { [[ "$(running_pods pair)" == 2 ]] && shards_match_plan pair >/dev/null; }
+wait_until "$TIMEOUT" "pair to run" pair_running
+before=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=pair -o json \
+  | jq -r '.items[] | "\(.metadata.name) \(.metadata.uid)"' | sort)
+faulty=$(mi pair | jq -r '.status.plan[1].devices[0]')
+index=$(kubectl get node "$NODE" -o json | jq -r --arg id "$faulty" \
+  '.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .devices[] | select(.id == $id) | .index')
+inject_fault "$NODE" "$index"
+tainted() {
+  kubectl get resourceslices -o json | jq -e --arg id "$faulty" --arg d "$DRIVER" \
+    '[.items[] | select(.spec.driver == $d) | .spec.devices[]? | select(.attributes.id.string == $id)
+      | .taints[]? | select(.key == ($d + "/unhealthy") and .effect == "NoSchedule")] | length == 1' >/dev/null \
+    || { echo "$faulty carries no NoSchedule taint in the slice yet"; return 1; }
+}
+wait_until "$TIMEOUT" "$faulty to be tainted in the node's slice (kubelet refreshes the ConfigMap)" tainted
+moved() {
+  local now
+  now=$(mi pair | jq -r '.status.plan[1].devices[0]')
+  [[ "$now" != "$faulty" ]] || { echo "shard 1 still planned on $faulty"; return 1; }
+  pair_running || { echo "pair not running on its plan: $(shards_match_plan pair)"; return 1; }
+}
+wait_until "$TIMEOUT" "pair's shard 1 to move off $faulty and run" moved
+[[ "$(grep '^pair-shard-0 ' <<<"$before")" == "$(kubectl get pods -n "$NAMESPACE" pair-shard-0 -o json \
+  | jq -r '"\(.metadata.name) \(.metadata.uid)"')" ]] || die "pair's shard 0 was recreated though its device is healthy"
+restore_fault
+untainted() { ! tainted >/dev/null; }
+wait_until "$TIMEOUT" "$faulty to lose its taint once healthy" untainted
+log "only the faulted shard's claim moved ($faulty -> $(mi pair | jq -r '.status.plan[1].devices[0]')); the taint came and went with the fault"
 
 current_test=forbidden
 for component in agent controller; do

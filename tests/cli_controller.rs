@@ -47,6 +47,14 @@ fn malformed_flags_are_refused() {
             &["sometimes", "auto", "stream", "list"],
         ),
         (&["controller", "--initial-list", ""], &["--initial-list"]),
+        (
+            &["controller", "--allocation", "both"],
+            &["both", "device-plugin", "dra", "auto"],
+        ),
+        (
+            &["controller", "--dra-driver-name", "GPU_Driver"],
+            &["is not a DRA driver name"],
+        ),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {
         assert_bad_input_result(args, run(args, &[]), needles);

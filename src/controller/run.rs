@@ -65,6 +65,8 @@ pub enum ControllerError {
     },
     #[error("leader election: {0}")]
     Lease(String),
+    #[error("{0}")]
+    Allocation(String),
     #[error("lost the leader lease; exiting so that a single replica acts")]
     LostLease,
 }
@@ -93,8 +95,8 @@ async fn resolve_allocation(
             tracing::info!(driver = ?config.settings.dra_driver, "allocating the claims of shards on DRA nodes")
         }
         (false, AllocationMode::Dra) => {
-            return Err(ControllerError::Kube(
-                "--allocation dra: the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+)".into(),
+            return Err(ControllerError::Allocation(
+                "--allocation dra: the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+); use auto or device-plugin".into(),
             ));
         }
         (false, _) => {

@@ -40,129 +40,88 @@ pub(crate) fn routes<C: ClaimReader>(
 struct V1<C>(Arc<Driver<C>>);
 struct V1beta1<C>(Arc<Driver<C>>);
 
-/// The claims of either version's request (the same three fields).
-macro_rules! claim_refs {
-    ($claims:expr) => {
-        $claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                uid: c.uid,
-                name: c.name,
-            })
-            .collect::<Vec<_>>()
+/// `DRAPlugin` of one API version on `$service`: the same work, the version's
+/// messages (`$device` turns a prepared device into the version's `Device`).
+macro_rules! dra_plugin {
+    ($service:ident, $api:ident, $device:expr) => {
+        #[tonic::async_trait]
+        impl<C: ClaimReader> $api::dra_plugin_server::DraPlugin for $service<C> {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let claims = claim_refs(request.into_inner().claims, |c| {
+                    (c.namespace, c.uid, c.name)
+                });
+                let claims = self
+                    .0
+                    .prepare(&claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, answer)| {
+                        let (devices, error) = match answer {
+                            Ok(devices) => (devices, String::new()),
+                            Err(error) => (Vec::new(), error),
+                        };
+                        let devices = devices.into_iter().map($device).collect();
+                        (uid, $api::NodePrepareResourceResponse { devices, error })
+                    })
+                    .collect();
+                Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let claims = claim_refs(request.into_inner().claims, |c| {
+                    (c.namespace, c.uid, c.name)
+                });
+                let claims = self
+                    .0
+                    .unprepare(&claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, answer)| {
+                        let error = answer.err().unwrap_or_default();
+                        (uid, $api::NodeUnprepareResourceResponse { error })
+                    })
+                    .collect();
+                Ok(Response::new($api::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
+        }
     };
 }
 
-#[tonic::async_trait]
-impl<C: ClaimReader> v1::dra_plugin_server::DraPlugin for V1<C> {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        let answers = self.0.prepare(&claims).await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, answer)| {
-                let response = match answer {
-                    Ok(devices) => v1::NodePrepareResourceResponse {
-                        devices: devices.into_iter().map(v1_device).collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error,
-                    },
-                };
-                (uid, response)
-            })
-            .collect();
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
+dra_plugin!(V1, v1, |d: PreparedDevice| v1::Device {
+    request_names: d.request_names,
+    pool_name: d.pool,
+    device_name: d.device,
+    cdi_device_ids: d.cdi_ids,
+    share_id: None,
+});
+dra_plugin!(V1beta1, v1beta1, |d: PreparedDevice| v1beta1::Device {
+    request_names: d.request_names,
+    pool_name: d.pool,
+    device_name: d.device,
+    cdi_device_ids: d.cdi_ids,
+});
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        let claims = self
-            .0
-            .unprepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| {
-                let error = answer.err().unwrap_or_default();
-                (uid, v1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
-    }
-}
-
-fn v1_device(device: PreparedDevice) -> v1::Device {
-    v1::Device {
-        request_names: device.request_names,
-        pool_name: device.pool,
-        device_name: device.device,
-        cdi_device_ids: device.cdi_ids,
-        share_id: None,
-    }
-}
-
-#[tonic::async_trait]
-impl<C: ClaimReader> v1beta1::dra_plugin_server::DraPlugin for V1beta1<C> {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        let claims = self
-            .0
-            .prepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| {
-                let (devices, error) = match answer {
-                    Ok(devices) => (devices, String::new()),
-                    Err(error) => (Vec::new(), error),
-                };
-                let devices = devices
-                    .into_iter()
-                    .map(|d| v1beta1::Device {
-                        request_names: d.request_names,
-                        pool_name: d.pool,
-                        device_name: d.device,
-                        cdi_device_ids: d.cdi_ids,
-                    })
-                    .collect();
-                (uid, v1beta1::NodePrepareResourceResponse { devices, error })
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = claim_refs!(request.into_inner().claims);
-        let claims = self
-            .0
-            .unprepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| {
-                let error = answer.err().unwrap_or_default();
-                (uid, v1beta1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
+/// The claims of a request of either version: `(namespace, uid, name)` of each.
+fn claim_refs<T>(claims: Vec<T>, fields: impl Fn(T) -> (String, String, String)) -> Vec<ClaimRef> {
+    claims
+        .into_iter()
+        .map(|claim| {
+            let (namespace, uid, name) = fields(claim);
+            ClaimRef {
+                namespace,
+                uid,
+                name,
+            }
+        })
+        .collect()
 }
 
 struct Health<C> {
