@@ -123,12 +123,16 @@ wait_until 60 "every shard on its planned device, prepared by kubelet and seen b
 [[ "$(cdi_specs)" == 8 ]] || die "$(cdi_specs) CDI specs for 8 prepared claims"
 log "every shard's claim holds exactly its planned device; kubelet prepared it; the container sees it"
 
-current_test=users_claim
-# Every GPU is in a shard: kube-scheduler must not allocate a user's claim one of them.
-kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
+# claim_and_pod NAME [NODE]: a claim NAME for one GPU of the DeviceClass and a pod NAME
+# using it; with NODE the pod is put on it directly (no scheduler allocates its claim).
+claim_and_pod() {
+  local placement=""
+  [[ -z "${2:-}" ]] || placement="nodeName: $2
+  schedulerName: nobody"
+  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: {name: users}
+metadata: {name: $1}
 spec:
   devices:
     requests:
@@ -137,8 +141,9 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: users}
+metadata: {name: $1}
 spec:
+  $placement
   terminationGracePeriodSeconds: 1
   containers:
     - name: c
@@ -147,8 +152,13 @@ spec:
       command: [sleep, "3600"]
       resources: {claims: [{name: gpus}]}
   resourceClaims:
-    - {name: gpus, resourceClaimName: users}
+    - {name: gpus, resourceClaimName: $1}
 YAML
+}
+
+current_test=users_claim
+# Every GPU is in a shard: kube-scheduler must not allocate a user's claim one of them.
+claim_and_pod users
 unschedulable() {
   local reason
   reason=$(kubectl get pod -n "$NAMESPACE" users -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason}')
@@ -183,32 +193,7 @@ current_test=bad_claims
 # and a pod on the node that uses it.
 claim_for() {
   local name="$1" pool="$2" device="$3" uid results
-  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $name}
-spec:
-  devices:
-    requests:
-      - name: gpus
-        exactly: {deviceClassName: $DRIVER, count: 1}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: $name}
-spec:
-  nodeName: $NODE
-  schedulerName: nobody
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: c
-      image: busybox:1.37
-      imagePullPolicy: IfNotPresent
-      command: [sleep, "3600"]
-      resources: {claims: [{name: gpus}]}
-  resourceClaims:
-    - {name: gpus, resourceClaimName: $name}
-YAML
+  claim_and_pod "$name" "$NODE"
   uid=$(kubectl get pod -n "$NAMESPACE" "$name" -o jsonpath='{.metadata.uid}')
   results="[{\"request\": \"gpus\", \"driver\": \"$DRIVER\", \"pool\": \"$pool\", \"device\": \"$device\"}]"
   kubectl get resourceclaim -n "$NAMESPACE" "$name" -o json \

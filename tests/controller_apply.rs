@@ -81,12 +81,22 @@ struct World {
 }
 
 fn context(world: World, client: kube::Client) -> Arc<Context> {
+    context_with(world, client, None, Settings::default())
+}
+
+/// [`context`] with DRA's caches and the settings given.
+fn context_with(
+    world: World,
+    client: kube::Client,
+    dra: Option<DraCaches>,
+    settings: Settings,
+) -> Arc<Context> {
     let caches = Caches {
         nodes: filled(world.nodes.into_iter().map(CachedNode::from).collect()).0,
         pods: filled(world.pods).0,
         services: filled(world.services).0,
         instances: filled(world.instances).0,
-        dra: None,
+        dra,
     };
     let recorder = Recorder::new(
         client.clone(),
@@ -97,7 +107,7 @@ fn context(world: World, client: kube::Client) -> Arc<Context> {
     );
     Arc::new(Context::new(
         client,
-        Settings::default(),
+        settings,
         caches,
         recorder,
         Arc::new(Metrics::default()),
@@ -989,35 +999,22 @@ async fn a_shard_on_a_dra_node_gets_its_claim_allocated_before_its_bind() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let mi = instance();
-    let caches = Caches {
-        nodes: filled(vec![CachedNode::from(node("a", 2))]).0,
-        pods: filled(Vec::<Pod>::new()).0,
-        services: filled(Vec::<Service>::new()).0,
-        instances: filled(vec![mi.clone()]).0,
-        dra: Some(DraCaches {
-            slices: filled(vec![slice("a", 2)]).0,
-            // Device a-g0 is a user's: the shard must get the other one.
-            claims: filled(vec![users_claim("a", 0)]).0,
-        }),
+    let dra = DraCaches {
+        slices: filled(vec![slice("a", 2)]).0,
+        // Device a-g0 is a user's: the shard must get the other one.
+        claims: filled(vec![users_claim("a", 0)]).0,
     };
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "tessera-controller".into(),
-            instance: None,
-        },
-    );
     let settings = Settings {
         dra_driver: Some("gpu.tessera.dev".into()),
         ..Settings::default()
     };
-    let ctx = Arc::new(Context::new(
-        client,
-        settings,
-        caches,
-        recorder,
-        Arc::new(Metrics::default()),
-    ));
+    let world = World {
+        nodes: vec![node("a", 2)],
+        pods: vec![],
+        services: vec![],
+        instances: vec![mi.clone()],
+    };
+    let ctx = context_with(world, client, Some(dra), settings);
     let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
 
     let c = next(&mut api).await;
