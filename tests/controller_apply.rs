@@ -105,12 +105,14 @@ fn context_with(
             instance: None,
         },
     );
+    let metrics = Metrics::default();
+    metrics.mark_synced(true);
     Arc::new(Context::new(
         client,
         settings,
         caches,
         recorder,
-        Arc::new(Metrics::default()),
+        Arc::new(metrics),
     ))
 }
 
@@ -1114,4 +1116,38 @@ async fn a_shard_on_a_dra_node_gets_its_claim_allocated_before_its_bind() {
         echo(c, StatusCode::CREATED);
     }
     run.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn with_dra_nothing_is_decided_before_every_cache_has_listed() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mi = instance();
+    let dra = DraCaches {
+        slices: filled(vec![slice("a", 2)]).0,
+        claims: filled(Vec::<ResourceClaim>::new()).0,
+    };
+    let settings = Settings {
+        dra_driver: Some("gpu.tessera.dev".into()),
+        ..Settings::default()
+    };
+    let world = World {
+        nodes: vec![node("a", 2)],
+        pods: vec![],
+        services: vec![],
+        instances: vec![mi.clone()],
+    };
+    let ctx = context_with(world, client, Some(dra), settings);
+    ctx.metrics.mark_synced(false);
+    let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mi), ctx))
+        .await
+        .expect("a reconcile before the caches listed must not wait on the API server")
+        .unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+    // Whether the client went away (None) or no request came (timeout): none was made.
+    let request = tokio::time::timeout(Duration::from_millis(100), api.next_request()).await;
+    assert!(
+        !matches!(request, Ok(Some(_))),
+        "no request before the caches listed"
+    );
 }

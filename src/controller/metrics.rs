@@ -158,6 +158,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Says whether every cache has its first full list, as the controller's
+    /// run does; for callers that fill the caches themselves.
+    pub fn mark_synced(&self, synced: bool) {
+        self.synced
+            .store(synced, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// For metrics kept elsewhere (the client's request counts).
     pub(crate) fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry

@@ -128,6 +128,17 @@ pub async fn reconcile(mi: Arc<ModelInstance>, ctx: Arc<Context>) -> Result<Acti
         // Owner references take the pods and the Service with it.
         return Ok(Action::await_change());
     }
+    // A shard's devices reach it one way or the other depending on whether its
+    // node publishes ResourceSlices: judged before the slice cache has its first
+    // list, every running DRA shard would look changed and be replaced.
+    if ctx.caches.dra.is_some()
+        && !ctx
+            .metrics
+            .synced
+            .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let started = Instant::now();
     ctx.metrics.reconciles.inc();
     let result = reconcile_inner(&mi, &ctx).await;
