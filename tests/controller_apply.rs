@@ -984,6 +984,30 @@ fn slice(name: &str, gpus: usize) -> ResourceSlice {
     .unwrap()
 }
 
+/// `mi` alone on node `a` (2 GPUs, published as a ResourceSlice), DRA on,
+/// `claims` cached.
+fn dra_context(
+    client: kube::Client,
+    mi: &ModelInstance,
+    claims: Vec<ResourceClaim>,
+) -> Arc<Context> {
+    let dra = DraCaches {
+        slices: filled(vec![slice("a", 2)]).0,
+        claims: filled(claims).0,
+    };
+    let settings = Settings {
+        dra_driver: Some("gpu.tessera.dev".into()),
+        ..Settings::default()
+    };
+    let world = World {
+        nodes: vec![node("a", 2)],
+        pods: vec![],
+        services: vec![],
+        instances: vec![mi.clone()],
+    };
+    context_with(world, client, Some(dra), settings)
+}
+
 /// A user's claim kube-scheduler allocated device `dev-<i>` of node `node`.
 fn users_claim(node: &str, i: usize) -> ResourceClaim {
     serde_json::from_value(json!({
@@ -1001,22 +1025,8 @@ async fn a_shard_on_a_dra_node_gets_its_claim_allocated_before_its_bind() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let mi = instance();
-    let dra = DraCaches {
-        slices: filled(vec![slice("a", 2)]).0,
-        // Device a-g0 is a user's: the shard must get the other one.
-        claims: filled(vec![users_claim("a", 0)]).0,
-    };
-    let settings = Settings {
-        dra_driver: Some("gpu.tessera.dev".into()),
-        ..Settings::default()
-    };
-    let world = World {
-        nodes: vec![node("a", 2)],
-        pods: vec![],
-        services: vec![],
-        instances: vec![mi.clone()],
-    };
-    let ctx = context_with(world, client, Some(dra), settings);
+    // Device a-g0 is a user's: the shard must get the other one.
+    let ctx = dra_context(client, &mi, vec![users_claim("a", 0)]);
     let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
 
     let c = next(&mut api).await;
@@ -1123,21 +1133,7 @@ async fn with_dra_nothing_is_decided_before_every_cache_has_listed() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let mi = instance();
-    let dra = DraCaches {
-        slices: filled(vec![slice("a", 2)]).0,
-        claims: filled(Vec::<ResourceClaim>::new()).0,
-    };
-    let settings = Settings {
-        dra_driver: Some("gpu.tessera.dev".into()),
-        ..Settings::default()
-    };
-    let world = World {
-        nodes: vec![node("a", 2)],
-        pods: vec![],
-        services: vec![],
-        instances: vec![mi.clone()],
-    };
-    let ctx = context_with(world, client, Some(dra), settings);
+    let ctx = dra_context(client, &mi, vec![]);
     ctx.metrics.mark_synced(false);
     let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mi), ctx))
         .await

@@ -20,6 +20,7 @@ use super::http::{AgentMetrics, Counters, router, serve as serve_http};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use super::state::{ViewRx, ViewTx, channel, spawn_poller_with_ids};
 pub use crate::allocation_mode::AllocationMode;
+use crate::allocation_mode::serves_dra;
 use crate::api_requests::ApiRequests;
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
@@ -290,15 +291,6 @@ async fn start_dra(
     );
     tracing::info!(driver = %config.dra.driver_name, mode = config.allocation.as_str(), "offering the GPUs through DRA");
     Ok(Some(dra))
-}
-
-/// Whether the API server serves ResourceSlices in `resource.k8s.io/v1`.
-async fn serves_dra(client: &kube::Client) -> Result<bool, kube::Error> {
-    match client.list_api_group_resources("resource.k8s.io/v1").await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "resourceslices")),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 /// A node on the device plugin offers nothing through DRA: slices left by an

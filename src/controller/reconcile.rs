@@ -642,6 +642,7 @@ fn build(
                     dra.push(DraShard {
                         claim: shard_claim(mi, shard, &pod_name, driver),
                         shard: shard.clone(),
+                        pod_name,
                     });
                 }
             }

@@ -81,15 +81,11 @@ async fn resolve_allocation(
         config.settings.dra_driver = None;
         return Ok(config);
     }
-    let served = match client.list_api_group_resources("resource.k8s.io/v1").await {
-        Ok(list) => list.resources.iter().any(|r| r.name == "resourceclaims"),
-        Err(kube::Error::Api(e)) if e.code == 404 => false,
-        Err(e) => {
-            return Err(ControllerError::Kube(format!(
-                "asking whether the API server serves DRA: {e}"
-            )));
-        }
-    };
+    let served = crate::allocation_mode::serves_dra(client)
+        .await
+        .map_err(|e| {
+            ControllerError::Kube(format!("asking whether the API server serves DRA: {e}"))
+        })?;
     match (served, config.allocation) {
         (true, _) => {
             tracing::info!(driver = ?config.settings.dra_driver, "allocating the claims of shards on DRA nodes")

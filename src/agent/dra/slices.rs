@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::device_names::{device_names, hash_hex};
 use crate::backend::{DeviceState, RawHealth, Snapshot, fake, is_fallback_id};
+use tessera_core::api::DRA_ID_ATTRIBUTE;
 
 /// A slice may hold at most 64 devices once any of them has a taint (128
 /// without); GPU nodes have far fewer, so every slice keeps to 64.
@@ -33,8 +34,6 @@ const MAX_NAME: usize = 253;
 const MAX_STRING_ATTRIBUTE: usize = 64;
 /// The standard attribute for a device's PCI address.
 pub(crate) const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
-/// The attribute holding tessera's device ID.
-pub(crate) const ID_ATTRIBUTE: &str = "id";
 /// The capacity holding a device's memory in bytes.
 pub(crate) const MEMORY_CAPACITY: &str = "memory";
 /// The label every slice of this agent carries: the node it describes.
@@ -117,7 +116,7 @@ fn attributes(
             );
         }
     };
-    string(ID_ATTRIBUTE, &info.id);
+    string(DRA_ID_ATTRIBUTE, &info.id);
     string("vendor", info.vendor.as_str());
     string("product", &info.product);
     string("architecture", &info.architecture);
@@ -283,7 +282,7 @@ mod tests {
                 [&snap.devices[0].info.id]
         );
         assert_eq!(
-            string_attribute(first, ID_ATTRIBUTE),
+            string_attribute(first, DRA_ID_ATTRIBUTE),
             Some(snap.devices[0].info.id.as_str())
         );
         assert_eq!(string_attribute(first, "vendor"), Some("nvidia"));

@@ -24,6 +24,8 @@ use tessera_core::api::PlannedShard;
 pub(crate) struct DraShard {
     pub(crate) claim: ResourceClaim,
     pub(crate) shard: PlannedShard,
+    /// The shard's pod, which uses the claim.
+    pub(crate) pod_name: String,
 }
 
 /// One reconcile's view and writes of an instance's shard claims.
@@ -94,7 +96,7 @@ impl<'a> ShardClaims<'a> {
                 Some(have) if have.metadata.deletion_timestamp.is_some() => {}
                 Some(have) => {
                     let pod = pods
-                        .get(pod_name_of(name))
+                        .get(&want.pod_name)
                         .filter(|p| p.metadata.deletion_timestamp.is_none());
                     if stale(have, &want.claim, pod.map(AsRef::as_ref)) {
                         delete(&self.api, have).await?;
@@ -202,13 +204,6 @@ pub(crate) fn claim_of(pod: &Pod) -> Option<String> {
         .find(|c| c.name == crate::controller::desired::CLAIM_ENTRY)?
         .resource_claim_name
         .clone()
-}
-
-/// `<pod>-gpus` → `<pod>` (see `claims::claim_name`).
-fn pod_name_of(claim: &str) -> &str {
-    claim
-        .strip_suffix(&format!("-{}", super::claims::REQUEST))
-        .unwrap_or(claim)
 }
 
 /// Whether `have` must be made anew: it asks for other devices than `want`
@@ -323,6 +318,5 @@ mod tests {
             ..PodSpec::default()
         });
         assert_eq!(claim_of(&pod).as_deref(), Some("llama-shard-0-gpus"));
-        assert_eq!(pod_name_of("llama-shard-0-gpus"), "llama-shard-0");
     }
 }

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use super::pools::Pool;
-use tessera_core::api::{ModelInstance, PlannedShard};
+use tessera_core::api::{DRA_ID_ATTRIBUTE, ModelInstance, PlannedShard};
 
 /// The name of the claim's one request, and of the pod's claim entry.
 pub(crate) const REQUEST: &str = "gpus";
@@ -78,7 +78,7 @@ pub(crate) fn shard_claim(
 fn pinned(driver: &str, ids: &[String]) -> String {
     let quoted: Vec<String> = ids.iter().map(|id| cel_string(id)).collect();
     format!(
-        "device.attributes[{}].id in [{}]",
+        "device.attributes[{}].{DRA_ID_ATTRIBUTE} in [{}]",
         cel_string(driver),
         quoted.join(", ")
     )

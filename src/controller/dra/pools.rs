@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
-
-/// The attribute holding tessera's device ID (the agent's `slices::ID_ATTRIBUTE`).
-const ID_ATTRIBUTE: &str = "id";
+use tessera_core::api::DRA_ID_ATTRIBUTE;
 
 /// One node's pool: device ID → device name, at the pool's generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -58,7 +56,7 @@ impl Pools {
                 let id = device
                     .attributes
                     .as_ref()
-                    .and_then(|a| a.get(ID_ATTRIBUTE))
+                    .and_then(|a| a.get(DRA_ID_ATTRIBUTE))
                     .and_then(|a| a.string.clone());
                 if let Some(id) = id {
                     pool.names.insert(id, device.name.clone());
@@ -109,7 +107,7 @@ pub(crate) mod tests {
                         .map(|(id, name)| Device {
                             name: (*name).into(),
                             attributes: Some(BTreeMap::from([(
-                                ID_ATTRIBUTE.to_string(),
+                                DRA_ID_ATTRIBUTE.to_string(),
                                 DeviceAttribute {
                                     string: Some((*id).into()),
                                     ..DeviceAttribute::default()

@@ -38,6 +38,9 @@ pub const LABEL_GPU_MEMORY_GIB: &str = "tessera.dev/gpu.memory-gib";
 pub const DEVICES_ANNOTATION: &str = "tessera.dev/devices";
 /// Pod annotation carrying the shard (pipeline stage) index.
 pub const SHARD_ANNOTATION: &str = "tessera.dev/shard";
+/// The ResourceSlice device attribute (in the DRA driver's domain) holding
+/// tessera's device ID: the agent publishes it, shard claims select on it.
+pub const DRA_ID_ATTRIBUTE: &str = "id";
 /// `spec.schedulerName` of shard pods, so the default scheduler leaves them alone.
 pub const SCHEDULER_NAME: &str = "tessera";
 /// Well-known node labels that give a node's position in the network.
