@@ -2,7 +2,9 @@
 # Helpers shared by the end-to-end scripts (sourced, not run). The caller sets
 # NAMESPACE (where the instances are), RESOURCE_NAME, KUBELET_CHECKPOINT (may be empty),
 # DRA_MANAGER_STATE (kubelet's record of prepared claims, with DRA; may be unset),
-# TESSERA_NAMESPACE and FAKE_CONFIGMAP (the fake GPU ConfigMap) and defines die MESSAGE.
+# TESSERA_NAMESPACE and FAKE_CONFIGMAP (the fake GPU ConfigMap), NODE (the node with the
+# fake GPUs), KUBELET_PIDFILE (for restart_kubelet) and defines die MESSAGE and log
+# MESSAGE; it removes "$API_USE" when it exits.
 
 mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
 
@@ -114,14 +116,15 @@ print_plan() {
   mi "$1" | jq -r '.status.plan[] | "  shard \(.shard): \(.node) [\(.devices | join(","))] layers \(.layerStart)-\(.layerEnd)"'
 }
 
-# inject_fault NODE INDEX: marks NODE's fake device INDEX unhealthy in the fake GPU
+# inject_fault NODE INDEX...: marks NODE's fake devices INDEX unhealthy in the fake GPU
 # ConfigMap, in NODE's own file (a copy of default.yaml when it has none);
 # restore_fault undoes it (a no-op when nothing is injected).
 fault_key=""
 fault_original=""
 fault_had_key=0
 inject_fault() {
-  local node="$1" index="$2" cm key original faulty
+  local node="$1" cm key original faulty index
+  shift
   cm=$(kubectl get configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" -o json)
   if jq -e --arg k "$node.yaml" '.data[$k] != null' <<<"$cm" >/dev/null; then
     key="$node.yaml"
@@ -137,7 +140,10 @@ inject_fault() {
   fi
   # Fault only this node: it gets its own copy of the default file.
   key="$node.yaml"
-  faulty=$(printf '%s\nfaults:\n  - {device: %s, unhealthy: "e2e: injected fault"}\n' "${original%$'\n'}" "$index")
+  faulty=$(printf '%s\nfaults:' "${original%$'\n'}")
+  for index in "$@"; do
+    faulty+=$(printf '\n  - {device: %s, unhealthy: "e2e: injected fault"}' "$index")
+  done
   fault_key="$key"
   fault_original="$original"
   kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
@@ -187,4 +193,122 @@ spec:
               trap 'exit 0' TERM INT
               while true; do sleep 3600 & wait \$!; done
 EOF
+}
+
+# --- the components' /metrics ----------------------------------------------------
+
+# scrape NAMESPACE POD PORT: the pod's /metrics, through a port-forward. A forward
+# can fail to open (a local port taken, the kubelet's stream not ready yet), so up to
+# three are tried, each on a fresh local port.
+scrape() {
+  local port out="" pf i attempt errors
+  errors=$(mktemp)
+  for attempt in 1 2 3; do
+    port=$((20000 + RANDOM % 20000))
+    kubectl -n "$1" port-forward "pod/$2" "$port:$3" >/dev/null 2>>"$errors" &
+    pf=$!
+    for i in $(seq 1 50); do
+      out=$(curl -sf --max-time 3 "http://127.0.0.1:$port/metrics") && break
+      sleep 0.2
+    done
+    kill "$pf" 2>/dev/null || true
+    wait "$pf" 2>/dev/null || true
+    [[ -z "$out" ]] || break
+  done
+  [[ -n "$out" ]] || {
+    echo "no /metrics from $1/$2 port $3 in $attempt port-forwards: $(tail -3 "$errors")"
+    rm -f "$errors"
+    return 1
+  }
+  rm -f "$errors"
+  printf '%s\n' "$out"
+}
+
+component_pods() {
+  kubectl -n "$TESSERA_NAMESPACE" get pods -l "app.kubernetes.io/component=$1" -o json \
+    | jq -r '.items[] | select(.metadata.deletionTimestamp == null) | .metadata.name'
+}
+
+pod_port() {
+  kubectl -n "$TESSERA_NAMESPACE" get pod "$1" -o jsonpath='{.spec.containers[0].ports[?(@.name=="metrics")].containerPort}'
+}
+
+# --- what the components use of what they are granted ---------------------------
+
+API_USE=$(mktemp)
+# record_api_use COMPONENT POD...: adds the API requests the pods made ("COMPONENT verb
+# resource" lines); called before a test deletes a pod, and at the end.
+record_api_use() {
+  local component="$1" pod text
+  shift
+  for pod in "$@"; do
+    text=$(scrape "$TESSERA_NAMESPACE" "$pod" "$(pod_port "$pod")") || die "$text"
+    sed -nE "s/^tessera_${component}_api_requests_total\{verb=\"([a-z]+)\",resource=\"([^\"]*)\"\}.*/${component} \1 \2/p" <<<"$text" >>"$API_USE"
+  done
+}
+used() { awk -v c="$1" '$1 == c { print $2, $3 }' "$API_USE" | sort -u; }
+
+# granted COMPONENT: "verb group/resource" for every rule bound to its ServiceAccount.
+granted() {
+  local sa bindings kind ns name role
+  sa=$(kubectl -n "$TESSERA_NAMESPACE" get pods -l "app.kubernetes.io/component=$1" -o jsonpath='{.items[0].spec.serviceAccountName}')
+  bindings=$(kubectl get clusterrolebindings,rolebindings -A -o json \
+    | jq -r --arg sa "$sa" --arg ns "$TESSERA_NAMESPACE" '.items[]
+        | select(any(.subjects[]?; .kind == "ServiceAccount" and .name == $sa and .namespace == $ns))
+        | "\(.roleRef.kind) \(.metadata.namespace // "-") \(.roleRef.name)"')
+  while read -r kind ns name; do
+    if [[ "$kind" == ClusterRole ]]; then
+      role=$(kubectl get clusterrole "$name" -o json)
+    else
+      role=$(kubectl -n "$ns" get role "$name" -o json)
+    fi
+    jq -r '.rules[] | .verbs[] as $v | .apiGroups[] as $g | .resources[] as $r
+      | "\($v) \(if $g == "" then "core" else $g end)/\($r)"' <<<"$role"
+  done <<<"$bindings" | sort -u
+}
+
+# least_privilege [COMPONENT VERB RESOURCE]...: what the agent and the controller
+# requested (record_api_use, for every pod they ran as) is exactly what their roles
+# grant: nothing missing, nothing unused except the grants listed.
+least_privilege() {
+  local component unused missing
+  for component in agent controller; do
+    unused=$(comm -23 <(granted "$component") <(used "$component") \
+      | grep -vxF -f <(printf '%s\n' "$@" | sed -n "s/^$component //p") || true)
+    missing=$(comm -13 <(granted "$component") <(used "$component"))
+    [[ -z "$missing" ]] || die "the $component used what its roles do not grant: $(paste -sd';' <<<"$missing")"
+    [[ -z "$unused" ]] || die "the $component is granted what it never used here: $(paste -sd';' <<<"$unused")
+(used: $(used "$component" | paste -sd';'))"
+    log "the $component used every permission it is granted, and no other: $(used "$component" | paste -sd';')"
+  done
+}
+
+# --- kubelet ---------------------------------------------------------------------
+
+# restart_kubelet: stops the node's kubelet and starts it again as it was started.
+restart_kubelet() {
+  local pid log_file i
+  pid=$(cat "$KUBELET_PIDFILE")
+  [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || die "no kubelet runs as PID '$pid' ($KUBELET_PIDFILE)"
+  local -a command environment
+  mapfile -d '' -t command <"/proc/$pid/cmdline"
+  mapfile -d '' -t environment <"/proc/$pid/environ"
+  log_file=$(readlink "/proc/$pid/fd/1")
+  kill -TERM "$pid"
+  for i in $(seq 1 120); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.25
+  done
+  kill -0 "$pid" 2>/dev/null && die "kubelet (PID $pid) did not stop"
+  setsid nohup env -i "${environment[@]}" "${command[@]}" >>"$log_file" 2>&1 </dev/null &
+  echo $! >"$KUBELET_PIDFILE"
+  log "kubelet restarted (PID $pid -> $!)"
+}
+
+node_ready() {
+  [[ "$(kubectl get node "${NODE:?}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]] \
+    || {
+      echo "$NODE is not Ready"
+      return 1
+    }
 }

@@ -152,39 +152,9 @@ all_running() {
   done
 }
 
-# scrape NAMESPACE POD PORT: the pod's /metrics, through a port-forward. A forward
-# can fail to open (a local port taken, the kubelet's stream not ready yet), so up to
-# three are tried, each on a fresh local port.
-scrape() {
-  local port out="" pf i attempt errors
-  errors=$(mktemp)
-  for attempt in 1 2 3; do
-    port=$((20000 + RANDOM % 20000))
-    kubectl -n "$1" port-forward "pod/$2" "$port:$3" >/dev/null 2>>"$errors" &
-    pf=$!
-    for i in $(seq 1 50); do
-      out=$(curl -sf --max-time 3 "http://127.0.0.1:$port/metrics") && break
-      sleep 0.2
-    done
-    kill "$pf" 2>/dev/null || true
-    wait "$pf" 2>/dev/null || true
-    [[ -z "$out" ]] || break
-  done
-  [[ -n "$out" ]] || {
-    echo "no /metrics from $1/$2 port $3 in $attempt port-forwards: $(tail -3 "$errors")"
-    rm -f "$errors"
-    return 1
-  }
-  rm -f "$errors"
-  printf '%s\n' "$out"
-}
 # metric TEXT NAME: the value of the sample named exactly NAME (labels included).
 metric() { awk -v name="$2" '$1 == name { print $2; exit }' <<<"$1"; }
 
-component_pods() {
-  kubectl -n "$TESSERA_NAMESPACE" get pods -l "app.kubernetes.io/component=$1" -o json \
-    | jq -r '.items[] | select(.metadata.deletionTimestamp == null) | .metadata.name'
-}
 lease_name() {
   kubectl -n "$TESSERA_NAMESPACE" get deploy -l app.kubernetes.io/component=controller -o json \
     | jq -r '.items[0].spec.template.spec.containers[0].args[] | select(startswith("--lease-name=")) | ltrimstr("--lease-name=")'
@@ -230,40 +200,6 @@ gpus_offered() {
     echo "$NODE offers $n $RESOURCE_NAME, not $1"
     return 1
   }
-}
-
-# --- what the components use of what they are granted ---------------------------
-
-API_USE=$(mktemp)
-# record_api_use COMPONENT POD...: adds the API requests the pods made ("COMPONENT verb
-# resource" lines); called before a test deletes a pod, and at the end.
-record_api_use() {
-  local component="$1" pod text
-  shift
-  for pod in "$@"; do
-    text=$(scrape "$TESSERA_NAMESPACE" "$pod" "$(pod_port "$pod")") || die "$text"
-    sed -nE "s/^tessera_${component}_api_requests_total\{verb=\"([a-z]+)\",resource=\"([^\"]*)\"\}.*/${component} \1 \2/p" <<<"$text" >>"$API_USE"
-  done
-}
-used() { awk -v c="$1" '$1 == c { print $2, $3 }' "$API_USE" | sort -u; }
-
-# granted COMPONENT: "verb group/resource" for every rule bound to its ServiceAccount.
-granted() {
-  local sa bindings kind ns name role
-  sa=$(kubectl -n "$TESSERA_NAMESPACE" get pods -l "app.kubernetes.io/component=$1" -o jsonpath='{.items[0].spec.serviceAccountName}')
-  bindings=$(kubectl get clusterrolebindings,rolebindings -A -o json \
-    | jq -r --arg sa "$sa" --arg ns "$TESSERA_NAMESPACE" '.items[]
-        | select(any(.subjects[]?; .kind == "ServiceAccount" and .name == $sa and .namespace == $ns))
-        | "\(.roleRef.kind) \(.metadata.namespace // "-") \(.roleRef.name)"')
-  while read -r kind ns name; do
-    if [[ "$kind" == ClusterRole ]]; then
-      role=$(kubectl get clusterrole "$name" -o json)
-    else
-      role=$(kubectl -n "$ns" get role "$name" -o json)
-    fi
-    jq -r '.rules[] | .verbs[] as $v | .apiGroups[] as $g | .resources[] as $r
-      | "\($v) \(if $g == "" then "core" else $g end)/\($r)"' <<<"$role"
-  done <<<"$bindings" | sort -u
 }
 
 # --- instances -------------------------------------------------------------------
@@ -351,35 +287,6 @@ health_is() {
   }
 }
 
-# --- kubelet ---------------------------------------------------------------------
-
-# restart_kubelet: stops the node's kubelet and starts it again as it was started.
-restart_kubelet() {
-  local pid log_file i
-  pid=$(cat "$KUBELET_PIDFILE")
-  [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || die "no kubelet runs as PID '$pid' ($KUBELET_PIDFILE)"
-  local -a command environment
-  mapfile -d '' -t command <"/proc/$pid/cmdline"
-  mapfile -d '' -t environment <"/proc/$pid/environ"
-  log_file=$(readlink "/proc/$pid/fd/1")
-  kill -TERM "$pid"
-  for i in $(seq 1 120); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.25
-  done
-  kill -0 "$pid" 2>/dev/null && die "kubelet (PID $pid) did not stop"
-  setsid nohup env -i "${environment[@]}" "${command[@]}" >>"$log_file" 2>&1 </dev/null &
-  echo $! >"$KUBELET_PIDFILE"
-  log "kubelet restarted (PID $pid -> $!)"
-}
-node_ready() {
-  [[ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]] \
-    || {
-      echo "$NODE is not Ready"
-      return 1
-    }
-}
-
 # --- clean-up ---------------------------------------------------------------------
 
 cleanup() {
@@ -429,9 +336,6 @@ $(grep tessera_agent_devices <<<"$text")"
   [[ "$(metric "$text" tessera_agent_allocated_devices)" == 3 ]] \
     || die "the agent's tessera_agent_allocated_devices is not 3: $(grep allocated_devices <<<"$text")"
   log "metrics: controller leader with 2 instances Running; agent with $GPUS healthy GPUs, 3 handed out"
-}
-pod_port() {
-  kubectl -n "$TESSERA_NAMESPACE" get pod "$1" -o jsonpath='{.spec.containers[0].ports[?(@.name=="metrics")].containerPort}'
 }
 
 # field_is KIND NAME JSONPATH VALUE: the object in the test namespace has VALUE there.
@@ -668,20 +572,11 @@ readonly MAY_GO_UNUSED=(
 )
 
 test_least_privilege() {
-  local component unused missing
   # shellcheck disable=SC2046 # pod names are words
   record_api_use agent $(component_pods agent)
   # shellcheck disable=SC2046
   record_api_use controller $(component_pods controller)
-  for component in agent controller; do
-    unused=$(comm -23 <(granted "$component") <(used "$component") \
-      | grep -vxF -f <(printf '%s\n' "${MAY_GO_UNUSED[@]}" | sed -n "s/^$component //p") || true)
-    missing=$(comm -13 <(granted "$component") <(used "$component"))
-    [[ -z "$missing" ]] || die "the $component used what its roles do not grant: $(paste -sd';' <<<"$missing")"
-    [[ -z "$unused" ]] || die "the $component is granted what it never used here: $(paste -sd';' <<<"$unused")
-(used: $(used "$component" | paste -sd';'))"
-    log "the $component used every permission it is granted, and no other: $(used "$component" | paste -sd';')"
-  done
+  least_privilege "${MAY_GO_UNUSED[@]}"
 }
 
 # --- run -------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # End-to-end on a real node with DRA (Kubernetes 1.34+, containerd with CDI): the chart
-# installed with allocation=dra runs the agent as the node's DRA driver and the
-# controller allocating each shard's ResourceClaim.
+# installed with allocation=auto runs the agent as the node's DRA driver (the API server
+# serves resource.k8s.io/v1 and kubelet registers the driver) and the controller
+# allocating each shard's ResourceClaim.
 #   1. builds the image (as e2e/real-node.sh does; nothing to compile after it) and installs the
-#      chart (e2e/values-real-node.yaml, allocation dra); waits for the node's
-#      ResourceSlice with its 8 fake GPUs and the DeviceClass;
+#      chart (e2e/values-real-node.yaml, allocation auto) over a slice of the node's pool
+#      left by an earlier driver: the agent counts the pool's generation on from it and
+#      deletes it; waits for the node's ResourceSlice with its 8 fake GPUs and the
+#      DeviceClass;
 #   2. eight_stages: a ModelInstance of eight one-GPU stages applied at once, timed
 #      from `kubectl apply` to every shard Running; every shard's claim is allocated
 #      exactly its planned device, kubelet prepared exactly that device
@@ -22,12 +25,21 @@
 #      not call a driver for an allocation without its devices);
 #   6. deleted: the instance deleted: pods, claims and CDI specs go, kubelet holds no
 #      prepared claim, and every device is free for the next instance;
-#   7. device_fault: a fault injected into the device of one shard of two: the device is
+#   7. device_fault: a fault injected into the device of one shard of two and into the
+#      device of a user's pod (claimed through the DeviceClass): the shard's device is
 #      tainted NoSchedule in the slice, only that shard's claim moves to another device,
-#      the other shard's pod stays; the taint goes when the device recovers;
-#   8. the agent and the controller were refused nothing ("forbidden" in their logs).
+#      the other shard's pod stays; kubelet shows the user's pod its device Unhealthy
+#      (allocatedResourcesStatus, from the driver's DRAResourceHealth stream) and Healthy
+#      again once it recovers, when the taint goes too;
+#   8. kubelet_restart: kubelet restarted while a shard runs and an instance is created:
+#      the driver registers again, the running shard keeps its pod and prepared device,
+#      the new instance runs on its planned devices (skipped without KUBELET_PIDFILE);
+#   9. least_privilege: what the agent and the controller requested of the API server
+#      over the run is exactly what the chart's roles grant them in DRA mode, and
+#      neither was refused anything ("forbidden" in their logs).
 # Needs what e2e/real-node.sh needs; DRA_MANAGER_STATE (kubelet's record,
-# /var/lib/kubelet/dra_manager_state) and CDI_DIR (/var/run/cdi) must be on this host.
+# /var/lib/kubelet/dra_manager_state) and CDI_DIR (/var/run/cdi) must be on this host;
+# KUBELET_PIDFILE as for e2e/real-node-checks.sh (the kit's run/kubelet.pid by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +53,9 @@ readonly DRIVER=gpu.tessera.dev
 readonly TIMEOUT="${TIMEOUT:-180}"
 export DRA_MANAGER_STATE="${DRA_MANAGER_STATE:-/var/lib/kubelet/dra_manager_state}"
 readonly CDI_DIR="${CDI_DIR:-/var/run/cdi}"
+KUBELET_PIDFILE="${KUBELET_PIDFILE:-$(dirname "${TESSERA_TEST_KUBECONFIG:-.}")/run/kubelet.pid}"
+[[ -e "$KUBELET_PIDFILE" ]] || KUBELET_PIDFILE=""
+readonly KUBELET_PIDFILE
 # lib.sh's names; the device plugin's checkpoint plays no part here.
 readonly KUBELET_CHECKPOINT="" RESOURCE_NAME=tessera.dev/gpu FAKE_CONFIGMAP=tessera-fake-gpus
 fault_key=""
@@ -74,6 +89,7 @@ source e2e/lib.sh
 # The test namespace goes first, while the agent still runs: kubelet needs the DRA
 # driver to unprepare the claims of the pods it stops (without it they stay Terminating).
 cleanup() {
+  rm -f "$API_USE"
   restore_fault 2>/dev/null || true
   [ "${KEEP:-0}" = 1 ] && return 0
   kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
@@ -88,8 +104,21 @@ kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=1
 "$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
 kubectl delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
 kubectl label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
+kubectl delete resourceslices --field-selector "spec.driver=$DRIVER" >/dev/null
+# A slice of the node's pool as an earlier driver left it (generation 7, a device that
+# is gone): the agent must count on from its generation and delete it.
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: e2e-left-over}
+spec:
+  driver: $DRIVER
+  nodeName: $NODE
+  pool: {name: $NODE, generation: 7, resourceSliceCount: 1}
+  devices: [{name: gone}]
+YAML
 "$helm" install "$RELEASE" charts/tessera -n "$TESSERA_NAMESPACE" --create-namespace \
-  -f e2e/values-real-node.yaml --set allocation=dra --wait --timeout 180s >/dev/null \
+  -f e2e/values-real-node.yaml --set allocation=auto --wait --timeout 180s >/dev/null \
   || die "helm install did not become ready: $(kubectl -n "$TESSERA_NAMESPACE" get pods -o wide 2>&1)"
 kubectl create namespace "$NAMESPACE" >/dev/null
 
@@ -98,9 +127,12 @@ slice_devices() {
     '[.items[] | select(.spec.nodeName == $node and .spec.driver == $d) | .spec.devices[]?] | length'
 }
 eight_devices() { [[ "$(slice_devices)" == 8 ]]; }
-wait_until "$TIMEOUT" "the node's ResourceSlice with 8 devices" eight_devices
+wait_until "$TIMEOUT" "the node's ResourceSlice with 8 devices, the left-over slice gone" eight_devices
+generation=$(kubectl get resourceslices -o json | jq --arg node "$NODE" --arg d "$DRIVER" \
+  '[.items[] | select(.spec.nodeName == $node and .spec.driver == $d) | .spec.pool.generation] | max')
+[[ "$generation" == 8 ]] || die "the agent's pool generation is $generation, not 8 (one past the left-over slice's)"
 kubectl get deviceclass "$DRIVER" >/dev/null || die "no DeviceClass $DRIVER"
-log "the agent publishes 8 devices in $NODE's ResourceSlice; the DeviceClass is there"
+log "the agent publishes 8 devices in $NODE's ResourceSlice (generation 8, the left-over slice deleted); the DeviceClass is there"
 
 running_pods() {
   kubectl get pods -n "$NAMESPACE" -l "tessera.dev/instance=$1" -o json \
@@ -173,6 +205,8 @@ log "kube-scheduler counts the shards' allocations: a user's claim finds no devi
 
 current_test=agent_restart
 before=$(kubectl get pods -n "$NAMESPACE" -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}' | sort)
+# shellcheck disable=SC2046 # pod names are words
+record_api_use agent $(component_pods agent)
 kubectl -n "$TESSERA_NAMESPACE" delete pod -l app.kubernetes.io/component=agent --wait=true >/dev/null
 kubectl -n "$TESSERA_NAMESPACE" rollout status daemonset -l app.kubernetes.io/component=agent --timeout="${TIMEOUT}s" >/dev/null 2>&1 \
   || kubectl -n "$TESSERA_NAMESPACE" wait pod -l app.kubernetes.io/component=agent --for=condition=Ready --timeout="${TIMEOUT}s" >/dev/null
@@ -251,7 +285,26 @@ before=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=pair -o json \
 faulty=$(mi pair | jq -r '.status.plan[1].devices[0]')
 index=$(kubectl get node "$NODE" -o json | jq -r --arg id "$faulty" \
   '.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .devices[] | select(.id == $id) | .index')
-inject_fault "$NODE" "$index"
+# A user's pod whose claim kube-scheduler allocates: nothing moves it, so kubelet's
+# report of its device's health can be watched.
+claim_and_pod watched
+watched_running() { [[ "$(kubectl get pod -n "$NAMESPACE" watched -o jsonpath='{.status.phase}')" == Running ]]; }
+wait_until "$TIMEOUT" "a user's pod with a claim of its own to run" watched_running
+watched=$(kubectl get resourceclaim -n "$NAMESPACE" watched -o jsonpath='{.status.allocation.devices.results[0].device}')
+watched_uid=$(kubectl get resourceclaim -n "$NAMESPACE" watched -o jsonpath='{.metadata.uid}')
+watched_index=$(kubectl get resourceslices -o json | jq -r --arg node "$NODE" --arg name "$watched" \
+  '.items[] | select(.spec.nodeName == $node) | .spec.devices[]? | select(.name == $name) | .attributes.index.int')
+# watched_health_is HEALTH: kubelet reports the user's pod's device so (by the CDI
+# device the driver prepared for the claim's request).
+watched_health_is() {
+  local health
+  health=$(kubectl get pod -n "$NAMESPACE" watched -o json | jq -r --arg id "$DRIVER/claim=$watched_uid-gpus" \
+    '[.status.containerStatuses[]?.allocatedResourcesStatus[]? | select(.name == "claim:gpus")
+      | .resources[]? | select(.resourceID == $id) | .health] | first // "none"')
+  [[ "$health" == "$1" ]] || { echo "kubelet reports $watched of pod watched as $health, not $1"; return 1; }
+}
+wait_until 60 "kubelet to report the user's device Healthy" watched_health_is Healthy
+inject_fault "$NODE" "$index" "$watched_index"
 tainted() {
   kubectl get resourceslices -o json | jq -e --arg id "$faulty" --arg d "$DRIVER" \
     '[.items[] | select(.spec.driver == $d) | .spec.devices[]? | select(.attributes.id.string == $id)
@@ -266,14 +319,58 @@ moved() {
   pair_running || { echo "pair not running on its plan: $(shards_match_plan pair)"; return 1; }
 }
 wait_until "$TIMEOUT" "pair's shard 1 to move off $faulty and run" moved
+wait_until 60 "kubelet to report the user's device Unhealthy" watched_health_is Unhealthy
 [[ "$(grep '^pair-shard-0 ' <<<"$before")" == "$(kubectl get pods -n "$NAMESPACE" pair-shard-0 -o json \
   | jq -r '"\(.metadata.name) \(.metadata.uid)"')" ]] || die "pair's shard 0 was recreated though its device is healthy"
 restore_fault
 untainted() { ! tainted >/dev/null; }
 wait_until "$TIMEOUT" "$faulty to lose its taint once healthy" untainted
-log "only the faulted shard's claim moved ($faulty -> $(mi pair | jq -r '.status.plan[1].devices[0]')); the taint came and went with the fault"
+wait_until 60 "kubelet to report the user's device Healthy again" watched_health_is Healthy
+kubectl delete pod -n "$NAMESPACE" watched --wait=true >/dev/null
+kubectl delete resourceclaim -n "$NAMESPACE" watched --wait=true >/dev/null
+log "only the faulted shard's claim moved ($faulty -> $(mi pair | jq -r '.status.plan[1].devices[0]')); the taint came and went with the fault; kubelet showed the user's pod its device Unhealthy, then Healthy"
 
-current_test=forbidden
+current_test=kubelet_restart
+if [[ -z "$KUBELET_PIDFILE" ]]; then
+  log "skipped: KUBELET_PIDFILE is not set"
+else
+  kept=$(kubectl get pod -n "$NAMESPACE" pair-shard-0 -o jsonpath='{.metadata.uid}')
+  restart_kubelet
+  # Created while kubelet starts again: its claims are prepared once the driver has
+  # registered with the new kubelet.
+  instance meanwhile 2
+  wait_until "$TIMEOUT" "$NODE to be Ready" node_ready
+  both_running() {
+    pair_running || { echo "pair: $(shards_match_plan pair)"; return 1; }
+    [[ "$(running_pods meanwhile)" == 2 ]] || { echo "meanwhile: $(running_pods meanwhile) of 2 shards Running"; return 1; }
+    shards_match_plan meanwhile >/dev/null || { echo "meanwhile: $(shards_match_plan meanwhile)"; return 1; }
+  }
+  wait_until "$TIMEOUT" "pair and the instance created meanwhile to run on their prepared devices" both_running
+  [[ "$(kubectl get pod -n "$NAMESPACE" pair-shard-0 -o jsonpath='{.metadata.uid}')" == "$kept" ]] \
+    || die "pair's shard 0 was recreated across the kubelet restart"
+  [[ "$(prepared_claims)" == 4 && "$(cdi_specs)" == 4 ]] \
+    || die "after the kubelet restart kubelet holds $(prepared_claims) prepared claims and there are $(cdi_specs) CDI specs, not 4"
+  log "kubelet restarted: the driver registered again, pair's shards kept their devices, an instance created meanwhile runs"
+fi
+
+current_test=least_privilege
+# Grants a run may not use, with why they are needed all the same.
+readonly MAY_GO_UNUSED=(
+  # The agent writes its slices by server-side apply (a patch); the API server asks
+  # for create as well when the patch creates the slice.
+  "agent create resource.k8s.io/resourceslices"
+  # Checked when the controller writes a claim's allocation and reservation through
+  # resourceclaims/status; no request names it.
+  "controller update resource.k8s.io/resourceclaims/binding"
+  # kube-runtime's event recorder patches an event that repeats for the same object
+  # version into a series; whether a run repeats one depends on timing.
+  "controller patch events.k8s.io/events"
+)
+# shellcheck disable=SC2046 # pod names are words
+record_api_use agent $(component_pods agent)
+# shellcheck disable=SC2046
+record_api_use controller $(component_pods controller)
+least_privilege "${MAY_GO_UNUSED[@]}"
 for component in agent controller; do
   logs=$(kubectl -n "$TESSERA_NAMESPACE" logs -l "app.kubernetes.io/component=$component" --tail=-1 2>&1)
   if grep -qi forbidden <<<"$logs"; then

@@ -29,6 +29,10 @@ fn flags_parse_and_bad_values_name_the_flag() {
     for how in ["auto", "stream", "list"] {
         assert_eq!(parse(&["--initial-list", how]).unwrap().initial_list, how);
     }
+    assert!(!options.dra, "the device plugin unless asked");
+    assert!(parse(&["--allocation", "dra"]).unwrap().dra);
+    assert!(!parse(&["--allocation", "device-plugin"]).unwrap().dra);
+    assert!(options::USAGE.contains("--allocation"));
     assert_eq!(
         options.steady_for(Duration::from_secs(300)),
         Duration::from_secs(360),
@@ -56,6 +60,9 @@ fn flags_parse_and_bad_values_name_the_flag() {
         &["--restarts", "0"],
         &["--initial-list", "sometimes"],
         &["--initial-list"],
+        &["--allocation", "auto"],
+        &["--allocation", "DRA"],
+        &["--allocation"],
         &["--what", "1"],
     ] {
         let error = parse(bad).unwrap_err();

@@ -3,13 +3,16 @@
 //! publisher (`run_publisher`) writing to the node's Node object. One task
 //! polls every node once per poll interval with the agent's own poll step
 //! (`poll_once`), spread evenly over the interval as independent agents
-//! would be.
+//! would be. With DRA each node also runs the agent's real ResourceSlice
+//! publisher (`run_slice_publisher`) over the same view.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kube::Client;
+use tessera::agent::dra::device_names::device_names;
+use tessera::agent::dra::slice_publisher::{SliceStats, run_slice_publisher};
 use tessera::agent::publisher::{PublisherConfig, PublisherStats, WriteCause, run_publisher};
 use tessera::agent::state::{ViewTx, channel, poll_once};
 use tessera::api::NodeGpuState;
@@ -29,6 +32,7 @@ struct SimNode {
     tracker: Mutex<HealthTracker>,
     tx: ViewTx,
     stats: Arc<PublisherStats>,
+    slice_stats: Arc<SliceStats>,
 }
 
 pub(crate) struct Fleet {
@@ -51,6 +55,7 @@ impl Fleet {
                     tracker: Mutex::new(HealthTracker::new(HealthPolicy::default())),
                     tx,
                     stats: Arc::new(PublisherStats::default()),
+                    slice_stats: Arc::new(SliceStats::default()),
                 }
             })
             .collect();
@@ -106,6 +111,59 @@ impl Fleet {
                 },
             ));
         }
+    }
+
+    /// Starts every node's ResourceSlice publisher for `driver`; they stop
+    /// when `stop` turns true.
+    pub(crate) fn start_slice_publishers(
+        &self,
+        client: &Client,
+        driver: &str,
+        stop: &watch::Receiver<bool>,
+    ) {
+        for node in &self.nodes {
+            let mut stop = stop.clone();
+            tokio::spawn(run_slice_publisher(
+                client.clone(),
+                driver.to_string(),
+                node.name.clone(),
+                node.tx.subscribe(),
+                Arc::clone(&node.slice_stats),
+                async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                },
+            ));
+        }
+    }
+
+    /// Slices written and failed attempts, summed over the fleet, and how
+    /// many nodes have published their pool.
+    pub(crate) fn slices_published(&self) -> (u64, u64, usize) {
+        self.nodes
+            .iter()
+            .fold((0, 0, 0), |(writes, errors, pools), node| {
+                (
+                    writes + node.slice_stats.writes(),
+                    errors + node.slice_stats.errors(),
+                    pools + usize::from(node.slice_stats.generation() > 0),
+                )
+            })
+    }
+
+    /// The device ID a node's slices publish under `name`, as a kubelet's
+    /// driver reads an allocation back.
+    pub(crate) fn device_id(&self, node: &str, name: &str) -> Option<String> {
+        let &index = self.by_name.get(node)?;
+        let view = self.nodes[index].tx.borrow();
+        let ids: Vec<&str> = view
+            .snapshot
+            .devices
+            .iter()
+            .map(|device| device.info.id.as_str())
+            .collect();
+        device_names(ids)
+            .into_iter()
+            .find_map(|(id, device)| (device == name).then_some(id))
     }
 
     /// Drifts and polls every node once per `interval`, until dropped.

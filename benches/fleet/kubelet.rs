@@ -4,6 +4,10 @@
 //! good once "its containers stop" (at once: there are none), freeing them.
 //! Every binding is timed, so the benchmark can tell when an instance's
 //! shards are all bound.
+//!
+//! With DRA the devices are those the pod's ResourceClaim is allocated, as a
+//! kubelet hands the claim to the driver; a pod bound before its claim was
+//! allocated, or whose claim holds other devices than its plan, is counted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,6 +15,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -38,6 +43,10 @@ pub(crate) struct Bindings {
     live: Mutex<HashMap<String, Bound>>,
     /// Allocation writes: how long each took to be accepted.
     allocation_writes: Mutex<Vec<Duration>>,
+    /// DRA: pods bound with their claim not allocated (or not readable).
+    unallocated: std::sync::atomic::AtomicU64,
+    /// DRA: pods whose claim holds other devices than their plan.
+    off_plan: std::sync::atomic::AtomicU64,
 }
 
 impl Bindings {
@@ -63,18 +72,27 @@ impl Bindings {
         Some((*chosen).clone())
     }
 
+    /// DRA: pods bound before their claim was allocated, and pods whose
+    /// claim held other devices than their plan.
+    pub(crate) fn claim_faults(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.unallocated.load(Relaxed), self.off_plan.load(Relaxed))
+    }
+
     pub(crate) fn take_allocation_writes(&self) -> Vec<Duration> {
         std::mem::take(&mut lock(&self.allocation_writes))
     }
 }
 
-/// Runs until dropped.
+/// Runs until dropped; with `dra` devices come from the pods' claims.
 pub(crate) async fn run(
     client: Client,
     namespace: String,
     fleet: Arc<Fleet>,
     bindings: Arc<Bindings>,
+    dra: bool,
 ) {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     // Retried as the agent's and controller's watches are.
     let stream = tessera::watch_backoff::with_backoff(
@@ -128,11 +146,26 @@ pub(crate) async fn run(
             continue;
         }
         known.insert(uid.clone(), (node.clone(), false));
-        let devices: Vec<String> = pod
+        let seen = Instant::now();
+        let planned: Vec<String> = pod
             .annotations()
             .get(DEVICES_ANNOTATION)
             .map(|list| list.split(',').map(str::to_string).collect())
             .unwrap_or_default();
+        let devices = if dra {
+            let allocated = claimed_devices(&claims, &pod, &fleet, &node).await;
+            let counter = match &allocated {
+                None => Some(&bindings.unallocated),
+                Some(devices) if sorted(devices) != sorted(&planned) => Some(&bindings.off_plan),
+                Some(_) => None,
+            };
+            if let Some(counter) = counter {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            allocated.unwrap_or_default()
+        } else {
+            planned
+        };
         let instance = pod
             .labels()
             .get(INSTANCE_LABEL)
@@ -145,7 +178,7 @@ pub(crate) async fn run(
                 instance,
                 node: node.clone(),
                 devices: devices.clone(),
-                at: Instant::now(),
+                at: seen,
             },
         );
         if let Some(wait) = fleet.allocate(&node, &devices, &uid) {
@@ -157,6 +190,39 @@ pub(crate) async fn run(
             });
         }
     }
+}
+
+/// The device IDs the pod's (first) claim is allocated on `node`; `None`
+/// when it names no claim or the claim is not allocated.
+async fn claimed_devices(
+    claims: &Api<ResourceClaim>,
+    pod: &Pod,
+    fleet: &Fleet,
+    node: &str,
+) -> Option<Vec<String>> {
+    let name = pod
+        .spec
+        .as_ref()?
+        .resource_claims
+        .as_ref()?
+        .first()?
+        .resource_claim_name
+        .clone()?;
+    let claim = claims.get(&name).await.ok()?;
+    let results = claim.status?.allocation?.devices?.results;
+    Some(
+        results
+            .iter()
+            .flatten()
+            .filter_map(|result| fleet.device_id(node, &result.device))
+            .collect(),
+    )
+}
+
+fn sorted(devices: &[String]) -> Vec<&str> {
+    let mut sorted: Vec<&str> = devices.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

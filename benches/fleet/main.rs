@@ -22,6 +22,12 @@
 //!   from an allocation to the Node write carrying it, from a device fault to
 //!   the write carrying it and to the shard re-placed.
 //!
+//! With `--allocation dra` every node also publishes its devices as a
+//! ResourceSlice through the agent's real slice publisher, the controller
+//! allocates each shard's ResourceClaim, and the stand-in kubelet takes a
+//! pod's devices from its claim (needs an API server serving
+//! `resource.k8s.io/v1`); the reports add slice writes and claim checks.
+//!
 //! Everything it creates carries a run label and is deleted at the end.
 //! Without `TESSERA_TEST_KUBECONFIG` it prints why it is skipped and exits 0.
 
@@ -101,7 +107,10 @@ fn run_token() -> String {
 
 async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options) {
     let run = run_token();
-    let scenario = format!("fleet/{count}_nodes");
+    let scenario = format!(
+        "fleet/{count}_nodes{}",
+        if options.dra { "_dra" } else { "" }
+    );
     let namespace = format!("fleet-{run}");
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))
@@ -126,6 +135,9 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
     );
     let (stop, stopped) = watch::channel(false);
     fleet.start_publishers(client, options.publish_interval, &stopped);
+    if options.dra {
+        fleet.start_slice_publishers(client, tessera::agent::dra::DEFAULT_DRIVER_NAME, &stopped);
+    }
     let poller = tokio::spawn(Arc::clone(&fleet).poll_forever(options.poll));
     let leases = tokio::spawn(nodes::renew_leases(client.clone(), names.clone()));
     let statuses = tokio::spawn(nodes::keep_ready(client.clone(), run.clone()));
@@ -139,6 +151,18 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         fleet.published().0,
         fleet.published().1
     );
+
+    if options.dra {
+        let started = Instant::now();
+        while fleet.slices_published().2 < count && started.elapsed() < Duration::from_secs(600) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (writes, errors, pools) = fleet.slices_published();
+        eprintln!(
+            "{scenario}: {pools} of {count} nodes published their ResourceSlices in {:.0} s ({writes} writes, {errors} failed)",
+            started.elapsed().as_secs_f64(),
+        );
+    }
 
     match nodes::wait_untainted(client, &run, Duration::from_secs(600)).await {
         Some(took) => eprintln!(
@@ -154,13 +178,19 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         namespace.clone(),
         Arc::clone(&fleet),
         Arc::clone(&bindings),
+        options.dra,
     ));
     let log = std::env::temp_dir().join(format!("tessera-fleet-{run}-controller.log"));
     let api_before = measure::api_server(client).await;
     let peak = ApiServerPeak::watch(client.clone());
     let started = Instant::now();
-    let mut controller =
-        ControllerProcess::start(kubeconfig, &namespace, &options.initial_list, log);
+    let mut controller = ControllerProcess::start(
+        kubeconfig,
+        &namespace,
+        &options.initial_list,
+        options.dra,
+        log,
+    );
     assert!(
         controller.ready(Duration::from_secs(300)).await,
         "the controller did not become ready; its log: {}",
@@ -267,8 +297,9 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         fleet.fault(&victim.node, &device, None);
     }
     let controller_end = measure::controller(controller.pid(), controller.port);
+    let (unallocated, off_plan) = bindings.claim_faults();
     println!(
-        "REPORT {scenario} churn: create to all shards bound {} ({} of {}); allocation to its Node write {}; device fault to its Node write {}; fault to shard re-placed {} ({} of {}); controller peak RSS {:.0} MiB",
+        "REPORT {scenario} churn: create to all shards bound {} ({} of {}); allocation to its Node write {}; device fault to its Node write {}; fault to shard re-placed {} ({} of {}); controller peak RSS {:.0} MiB; ResourceSlice writes over the run {}; pods bound with their claim unallocated {unallocated}, claims off their plan {off_plan}",
         summary(&create_to_bound),
         create_to_bound.len(),
         options.arrivals,
@@ -278,6 +309,7 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
         replaced.len(),
         options.faults,
         controller_end.peak_rss_bytes as f64 / (1 << 20) as f64,
+        fleet.slices_published().0,
     );
 
     // Timed where the patches are sent: a Node watcher in this loaded process
@@ -483,6 +515,7 @@ struct Sample {
     api: measure::ApiServer,
     controller: measure::Controller,
     published: u64,
+    slice_writes: u64,
 }
 
 impl Sample {
@@ -492,6 +525,7 @@ impl Sample {
             api: measure::api_server(client).await,
             controller: measure::controller(controller.pid(), controller.port),
             published: fleet.published().0,
+            slice_writes: fleet.slices_published().0,
         }
     }
 }
@@ -512,10 +546,11 @@ fn print_steady(
     let controller_cpu = after.controller.cpu_seconds - before.controller.cpu_seconds;
     let reconciles = after.controller.reconciles - before.controller.reconciles;
     println!(
-        "REPORT {scenario} steady ({seconds:.0} s, publish interval {} s, poll {} ms): tessera Node writes/s={:.2} ({per_node_per_5_min:.2} per node per 5 min) all Node writes/s={:.2} bytes/s to each Node watcher={:.0} (Node {node_bytes} B) Lease renewals/s={:.2} API server CPU s/min={:.2} API server RSS MiB={:.0} etcd MiB={:.1} controller RSS MiB={:.0} controller CPU s/min={:.2} controller CPU ms per Node write={:.2} reconciles per Node write={:.3}",
+        "REPORT {scenario} steady ({seconds:.0} s, publish interval {} s, poll {} ms): tessera Node writes/s={:.2} ({per_node_per_5_min:.2} per node per 5 min) ResourceSlice writes={} all Node writes/s={:.2} bytes/s to each Node watcher={:.0} (Node {node_bytes} B) Lease renewals/s={:.2} API server CPU s/min={:.2} API server RSS MiB={:.0} etcd MiB={:.1} controller RSS MiB={:.0} controller CPU s/min={:.2} controller CPU ms per Node write={:.2} reconciles per Node write={:.3}",
         interval.as_secs(),
         poll.as_millis(),
         published / seconds,
+        after.slice_writes - before.slice_writes,
         node_writes / seconds,
         published / seconds * node_bytes as f64,
         (after.api.lease_writes - before.api.lease_writes) / seconds,

@@ -9,7 +9,9 @@ publish interval plus a tenth plus 30 s, so that every node's drift write falls 
 agent's) --arrivals N (default 20) --faults N (default 10) --restart-api-server PIDFILE (restart \
 the kube-apiserver this pid file names, on this machine, once the churn is measured) --restarts N \
 (how many times, one after another; default 1) --initial-list auto|stream|list (the controller's \
---initial-list; default auto)";
+--initial-list; default auto) --allocation device-plugin|dra (how shard pods get their devices: \
+the agents publish ResourceSlices too and the controller allocates each shard's ResourceClaim; \
+dra needs an API server serving resource.k8s.io/v1; default device-plugin)";
 
 #[derive(Debug, PartialEq)]
 pub(crate) struct Options {
@@ -24,6 +26,8 @@ pub(crate) struct Options {
     pub(crate) restarts: usize,
     /// The controller's `--initial-list`.
     pub(crate) initial_list: String,
+    /// DRA: agents publish ResourceSlices, the controller allocates claims.
+    pub(crate) dra: bool,
 }
 
 impl Options {
@@ -38,6 +42,7 @@ impl Options {
             restart_api_server: None,
             restarts: 1,
             initial_list: "auto".into(),
+            dra: false,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -78,6 +83,17 @@ impl Options {
                         ));
                     }
                     options.initial_list = value.clone();
+                }
+                "--allocation" => {
+                    options.dra = match value.as_str() {
+                        "dra" => true,
+                        "device-plugin" => false,
+                        _ => {
+                            return Err(format!(
+                                "--allocation {value:?}: expected device-plugin or dra"
+                            ));
+                        }
+                    };
                 }
                 "--restart-api-server" if !value.is_empty() => {
                     options.restart_api_server = Some(value.clone().into());

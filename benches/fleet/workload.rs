@@ -128,6 +128,7 @@ impl ControllerProcess {
         kubeconfig: &Path,
         namespace: &str,
         initial_list: &str,
+        dra: bool,
         log: PathBuf,
     ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -141,6 +142,7 @@ impl ControllerProcess {
             .args(["--namespace", namespace, "--leader-elect=false"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--initial-list", initial_list])
+            .args(["--allocation", if dra { "dra" } else { "device-plugin" }])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -14,7 +14,7 @@ const MAX_LABEL: usize = 63;
 /// character a `-`; an ID that loses information that way (truncated, or
 /// two IDs meeting on one name, or nothing left) gets a hash of the ID as
 /// suffix, so names never collide.
-pub(crate) fn device_names<'a>(ids: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, String> {
+pub fn device_names<'a>(ids: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, String> {
     let ids: BTreeSet<&str> = ids.into_iter().collect();
     let mut by_plain: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for id in &ids {

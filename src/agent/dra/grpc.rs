@@ -20,6 +20,11 @@ use crate::backend::RawHealth;
 
 /// kubelet truncates longer health messages.
 const MAX_HEALTH_MESSAGE: usize = 1024;
+/// Every device's health is sent again this often even when nothing changed:
+/// kubelet reports a device it has no fresh news of as Unknown after
+/// [`HEALTH_TIMEOUT`], which is how a dead agent shows in pod status.
+const HEALTH_RESEND: std::time::Duration = std::time::Duration::from_secs(10);
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// All of the driver's services, ready to serve; `stop` ends the health streams.
 pub(crate) fn routes<C: ClaimReader>(
@@ -33,7 +38,11 @@ pub(crate) fn routes<C: ClaimReader>(
         driver.clone(),
     )))
     .add_service(
-        health::dra_resource_health_server::DraResourceHealthServer::new(Health { driver, stop }),
+        health::dra_resource_health_server::DraResourceHealthServer::new(Health {
+            driver,
+            stop,
+            resend: HEALTH_RESEND,
+        }),
     )
 }
 
@@ -127,6 +136,7 @@ fn claim_refs<T>(claims: Vec<T>, fields: impl Fn(T) -> (String, String, String))
 struct Health<C> {
     driver: Arc<Driver<C>>,
     stop: watch::Receiver<bool>,
+    resend: std::time::Duration,
 }
 
 #[tonic::async_trait]
@@ -142,8 +152,12 @@ impl<C: ClaimReader> health::dra_resource_health_server::DraResourceHealth for H
         let mut view = self.driver.view().clone();
         let mut stop = self.stop.clone();
         let pool = self.driver.on().node_name.clone();
+        let mut resend = tokio::time::interval(self.resend);
+        resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::spawn(async move {
             let mut sent = None;
+            // The first tick is at once, and the first message goes anyway.
+            resend.tick().await;
             loop {
                 let now = device_health(&view.borrow_and_update());
                 if sent.as_ref() != Some(&now) {
@@ -157,7 +171,10 @@ impl<C: ClaimReader> health::dra_resource_health_server::DraResourceHealth for H
                                 }),
                                 health: *status as i32,
                                 last_updated_time: unix_now(),
-                                health_check_timeout_seconds: 0,
+                                health_check_timeout_seconds: i64::try_from(
+                                    HEALTH_TIMEOUT.as_secs(),
+                                )
+                                .unwrap_or(i64::MAX),
                                 message: message.clone(),
                             })
                             .collect(),
@@ -169,6 +186,7 @@ impl<C: ClaimReader> health::dra_resource_health_server::DraResourceHealth for H
                 }
                 tokio::select! {
                     changed = view.changed() => if changed.is_err() { return },
+                    _ = resend.tick() => sent = None,
                     _ = stop.wait_for(|s| *s) => return,
                 }
             }
@@ -214,4 +232,44 @@ fn unix_now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_stream::StreamExt;
+
+    use super::*;
+    use crate::agent::dra::driver::tests::{Claims, setup};
+    use health::dra_resource_health_server::DraResourceHealth;
+
+    #[tokio::test]
+    async fn health_is_sent_again_while_nothing_changes() {
+        let s = setup("2xH100-80GiB");
+        let (_stop_tx, stop) = watch::channel(false);
+        let service = Health {
+            driver: Arc::new(s.driver(Claims::default())),
+            stop,
+            resend: Duration::from_millis(30),
+        };
+        let mut stream = service
+            .node_watch_resources(Request::new(health::NodeWatchResourcesRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        for _ in 0..3 {
+            let message = tokio::time::timeout(Duration::from_secs(5), stream.next())
+                .await
+                .expect("a message within the resend interval")
+                .unwrap()
+                .unwrap();
+            assert_eq!(message.devices.len(), 2);
+            assert!(message.devices.iter().all(|d| {
+                d.health == health::HealthStatus::Healthy as i32
+                    && d.health_check_timeout_seconds == 30
+                    && d.last_updated_time > 0
+            }));
+        }
+    }
 }

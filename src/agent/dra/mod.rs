@@ -13,13 +13,13 @@
 
 mod allocation;
 mod cdi;
-pub(crate) mod device_names;
+pub mod device_names;
 mod driver;
 mod grpc;
 pub mod kubelet_api;
 mod prepared;
 pub(crate) mod registration;
-pub(crate) mod slice_publisher;
+pub mod slice_publisher;
 pub(crate) mod slices;
 
 use std::path::PathBuf;

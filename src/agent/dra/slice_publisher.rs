@@ -68,7 +68,7 @@ struct Published {
 }
 
 /// Publishes `view`'s devices as the pool of `node_name` until `shutdown`.
-pub(crate) async fn run_slice_publisher(
+pub async fn run_slice_publisher(
     client: Client,
     driver: String,
     node_name: String,
