@@ -161,8 +161,9 @@ restore_fault() {
   fault_key=""
 }
 
-# instance NAME STAGES: a ModelInstance of STAGES one-GPU pipeline stages whose shards
-# print the devices they see and wait.
+# instance NAME STAGES [RESTART_POLICY]: a ModelInstance of STAGES one-GPU pipeline
+# stages whose shards print the devices they see and wait; RESTART_POLICY is its
+# spec.restartPolicy (default RecreateReplica).
 instance() {
   kubectl apply -n "$NAMESPACE" -f - >/dev/null <<EOF
 apiVersion: tessera.dev/v1alpha1
@@ -170,6 +171,7 @@ kind: ModelInstance
 metadata:
   name: $1
 spec:
+  restartPolicy: ${3:-RecreateReplica}
   model:
     name: e2e/small
     parametersBillions: 8

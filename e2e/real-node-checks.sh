@@ -588,7 +588,8 @@ kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -
 # An earlier check's fault may still be clearing (kubelet refreshes the ConfigMap).
 wait_until "$TIMEOUT" "all $GPUS GPUs to be healthy" all_healthy
 log "applying pair (2 shards) and solo (1 shard)"
-instance pair 2
+# RecreatePod: the fault check below shows that only the faulted shard moves.
+instance pair 2 RecreatePod
 instance solo 1
 wait_until "$TIMEOUT" "pair and solo to run on their planned devices" all_running pair solo
 wait_until "$TIMEOUT" "the agent to publish their holds" holds_match_pods

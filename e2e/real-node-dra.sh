@@ -277,7 +277,8 @@ current_test=device_fault
 # A fault on the device of one shard of two: only that shard's claim moves.
 kubectl delete mi -n "$NAMESPACE" again --wait=true >/dev/null
 wait_until "$TIMEOUT" "again's pods and claims to go" all_gone_of again
-instance pair 2
+# RecreatePod: the fault check below shows that only the faulted shard moves.
+instance pair 2 RecreatePod
 pair_running() { [[ "$(running_pods pair)" == 2 ]] && shards_match_plan pair >/dev/null; }
 wait_until "$TIMEOUT" "pair to run" pair_running
 before=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=pair -o json \

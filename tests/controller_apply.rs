@@ -1147,3 +1147,227 @@ async fn with_dra_nothing_is_decided_before_every_cache_has_listed() {
         "no request before the caches listed"
     );
 }
+
+/// A running two-stage instance, one stage on node `a` and one on `b`, with
+/// `spec.restartPolicy` set to `policy` (the default when `None`), and its
+/// two bound shard pods.
+fn settled_pair(policy: Option<&str>) -> (ModelInstance, Vec<Node>, Vec<Pod>) {
+    let mut spec = serde_json::to_value(instance()).unwrap();
+    spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
+    if let Some(policy) = policy {
+        spec["spec"]["restartPolicy"] = json!(policy);
+    }
+    let mut mi: ModelInstance = serde_json::from_value(spec).unwrap();
+    let nodes = vec![node("a", 1), node("b", 1)];
+    let infos: Vec<Arc<NodeInfo>> = nodes
+        .iter()
+        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
+        .collect();
+    let held = Held::new();
+    let inputs = PlanInputs::new(
+        &infos,
+        &held,
+        k8s_openapi::jiff::Timestamp::now(),
+        &Settings::default(),
+    );
+    let PlanDecision::Planned(new) = decide(&mi.spec, &[], &Current::NONE, &inputs) else {
+        panic!("no plan")
+    };
+    assert_eq!(new.plan.len(), 2);
+    let pods = shard_pods(&mi, &new.plan, |_| "tessera.dev/gpu".into())
+        .into_iter()
+        .zip(&new.plan)
+        .map(|(mut pod, shard)| {
+            pod.metadata.uid = Some(format!("uid-shard-{}", shard.shard));
+            pod.spec.as_mut().unwrap().node_name = Some(shard.node.clone());
+            pod.status = Some(PodStatus {
+                phase: Some("Running".into()),
+                ..Default::default()
+            });
+            pod
+        })
+        .collect();
+    mi.status = Some(ModelInstanceStatus {
+        phase: Some(Phase::Running),
+        plan: new.plan,
+        placement_hash: Some(tessera::controller::hashes::placement_hash(&mi.spec)),
+        ..Default::default()
+    });
+    (mi, nodes, pods)
+}
+
+fn failed(mut pod: Pod) -> Pod {
+    pod.status = Some(PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some("Error".into()),
+        message: Some("vllm exited with code 1".into()),
+        ..Default::default()
+    });
+    pod
+}
+
+fn deleted(calls: &[(Method, String, Value)]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|(method, _, _)| *method == Method::DELETE)
+        .map(|(_, path, _)| path.clone())
+        .collect()
+}
+
+/// Events written, as (reason, type, note).
+fn events_of(calls: &[(Method, String, Value)]) -> Vec<(String, String, String)> {
+    calls
+        .iter()
+        .filter(|(_, path, _)| path.contains("/events"))
+        .map(|(_, _, body)| {
+            let text = |key: &str| body[key].as_str().unwrap_or_default().to_string();
+            (text("reason"), text("type"), text("note"))
+        })
+        .collect()
+}
+
+/// With `restartPolicy: RecreateReplica` (the default), a rank that fails
+/// takes its replica's other pods down with it; once they are gone the
+/// replica starts again on the devices of the plan it kept.
+#[tokio::test]
+async fn a_failed_rank_recreates_its_whole_replica_on_the_same_plan() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, mut pods) = settled_pair(None);
+    assert_eq!(
+        mi.spec.restart_policy,
+        tessera::api::RestartPolicy::RecreateReplica
+    );
+    let before = mi.status.as_ref().unwrap().plan.clone();
+    let devices: Vec<String> = pods
+        .iter()
+        .map(|p| p.metadata.annotations.as_ref().unwrap()["tessera.dev/devices"].clone())
+        .collect();
+    pods[1] = failed(pods[1].clone());
+    let (svc, first) = (headless_service(&mi), mi.clone());
+    let world = |pods: Vec<Pod>| World {
+        nodes: nodes.clone(),
+        pods,
+        services: vec![svc.clone()],
+        instances: vec![first.clone()],
+    };
+    let ctx = context(world(pods), client.clone());
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi.clone()), ctx))).await;
+    assert_eq!(
+        deleted(&calls),
+        [
+            "/api/v1/namespaces/ml/pods/llama-shard-0?",
+            "/api/v1/namespaces/ml/pods/llama-shard-1?"
+        ],
+        "the healthy rank goes too"
+    );
+    assert!(
+        created_pods(&calls).is_empty(),
+        "nothing new while the old pods go"
+    );
+    let written = written_status(&calls);
+    assert_eq!(
+        written.plan, before,
+        "the plan is kept: its devices are fine"
+    );
+    let events = events_of(&calls);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (reason, kind, note) = &events[0];
+    assert_eq!(
+        (reason.as_str(), kind.as_str()),
+        ("ReplicaRecreated", "Warning")
+    );
+    assert!(
+        note.contains("llama-shard-1: pod failed (Error: vllm exited with code 1)")
+            && note.contains("recreating all 2 shard pods"),
+        "{note}"
+    );
+
+    // The old pods are gone: both are created again, on their planned
+    // devices, and bound together.
+    let mut mi = mi;
+    mi.status = Some(written);
+    let ctx = context(world(vec![]), client);
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert!(deleted(&calls).is_empty());
+    let created = created_pods(&calls);
+    let recreated: Vec<(&str, &str)> = created
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["name"].as_str().unwrap(),
+                p["metadata"]["annotations"]["tessera.dev/devices"]
+                    .as_str()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        recreated,
+        [
+            ("llama-shard-0", devices[0].as_str()),
+            ("llama-shard-1", devices[1].as_str())
+        ]
+    );
+    let bound: Vec<&str> = calls
+        .iter()
+        .filter(|(_, path, _)| path.contains("/binding"))
+        .map(|(_, _, body)| body["target"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(bound, [before[0].node.as_str(), before[1].node.as_str()]);
+}
+
+/// A rank whose pod was deleted by hand is lost just the same.
+#[tokio::test]
+async fn a_deleted_rank_takes_the_running_ones_down_too() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, mut pods) = settled_pair(Some("RecreateReplica"));
+    pods.truncate(1);
+    let ctx = context(
+        World {
+            nodes,
+            pods,
+            services: vec![headless_service(&mi)],
+            instances: vec![mi.clone()],
+        },
+        client,
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert_eq!(
+        deleted(&calls),
+        ["/api/v1/namespaces/ml/pods/llama-shard-0?"]
+    );
+    assert!(created_pods(&calls).is_empty());
+    let events = events_of(&calls);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].2.contains("llama-shard-1: its pod is gone"),
+        "{events:?}"
+    );
+}
+
+/// `restartPolicy: RecreatePod` keeps today's repair: only the lost pod goes.
+#[tokio::test]
+async fn with_recreate_pod_only_the_failed_rank_is_replaced() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, mut pods) = settled_pair(Some("RecreatePod"));
+    pods[1] = failed(pods[1].clone());
+    let ctx = context(
+        World {
+            nodes,
+            pods,
+            services: vec![headless_service(&mi)],
+            instances: vec![mi.clone()],
+        },
+        client,
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert_eq!(
+        deleted(&calls),
+        ["/api/v1/namespaces/ml/pods/llama-shard-1?"]
+    );
+    let reasons: Vec<String> = events_of(&calls).into_iter().map(|e| e.0).collect();
+    assert_eq!(reasons, ["ShardLost"]);
+}

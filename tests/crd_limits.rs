@@ -166,6 +166,21 @@ fn cases() -> Vec<Case> {
             field: "tensor".into(),
         });
     }
+    for (policy, valid) in [
+        (json!("RecreateReplica"), true),
+        (json!("RecreatePod"), true),
+        (json!("recreatePod"), false),
+        (json!("Always"), false),
+        (json!(""), false),
+        (json!(1), false),
+    ] {
+        out.push(Case {
+            what: format!("restartPolicy {policy}"),
+            object: with(&path("spec.restartPolicy"), policy.clone()),
+            valid,
+            field: "restartPolicy".into(),
+        });
+    }
     for (name, replicas, valid) in [
         ("a".repeat(52), 1, true),
         ("a".repeat(53), 1, false),

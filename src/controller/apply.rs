@@ -17,9 +17,10 @@ use serde_json::json;
 
 use super::desired::INSTANCE_LABEL;
 use super::events::EventNote;
-use super::hashes::recorded_pod_hash;
-use super::held::finished;
-use tessera_core::api::{DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, SHARD_ANNOTATION};
+use super::pod_repair::{lost_rank, replace_reason};
+use tessera_core::api::{
+    DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, RestartPolicy, SHARD_ANNOTATION,
+};
 
 /// The name the controller writes under (field manager, event reporter).
 pub(crate) const MANAGER: &str = "tessera-controller";
@@ -165,19 +166,25 @@ impl BeforeBind for BindAtOnce {
     }
 }
 
-/// Brings the shard pods to `desired` (shard order) and binds them. Returns
-/// each desired shard's state afterwards.
+/// Brings one replica's shard pods to `desired` (shard order) and binds
+/// them. Returns each desired shard's state afterwards.
 /// `may_bind(node, pod)` says whether a pod may be bound now, and
 /// `before_bind` gets it ready; one that may not or is not stays unbound
-/// (`Created`) for a later reconcile.
+/// (`Created`) for a later reconcile. Under `RecreateReplica` a replica that
+/// lost a started rank has all of its pods deleted first.
 pub(crate) async fn pods(
     api: &Api<Pod>,
-    desired: &[(Pod, String)],
+    (desired, policy): (&[(Pod, String)], RestartPolicy),
     existing: &BTreeMap<String, Arc<Pod>>,
     may_bind: impl Fn(&str, &Pod) -> bool,
     before_bind: &impl BeforeBind,
     notes: &mut Vec<EventNote>,
 ) -> Result<Vec<ShardState>, ApplyError> {
+    if policy == RestartPolicy::RecreateReplica
+        && let Some(why) = lost_rank(desired, existing)
+    {
+        return recreate_replica(api, desired, existing, why, notes).await;
+    }
     let mut states = Vec::with_capacity(desired.len());
     let mut unbound = Vec::new();
     let params = PostParams::default();
@@ -242,32 +249,31 @@ pub(crate) async fn pods(
     Ok(states)
 }
 
-/// Why an existing pod cannot stay, and whether that is a loss (warning)
-/// rather than a planned change.
-fn replace_reason(have: &Pod, want: &Pod, node: &str) -> Option<(String, bool)> {
-    if finished(have) {
-        let status = have.status.as_ref();
-        let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("ended");
-        let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
-        return Some((
-            format!(
-                "pod failed ({reason}{}{message})",
-                if message.is_empty() { "" } else { ": " }
-            ),
-            true,
-        ));
+/// Deletes every pod of the replica still there; the next reconciles create
+/// them again once the old ones are gone, and bind them all together.
+async fn recreate_replica(
+    api: &Api<Pod>,
+    desired: &[(Pod, String)],
+    existing: &BTreeMap<String, Arc<Pod>>,
+    why: String,
+    notes: &mut Vec<EventNote>,
+) -> Result<Vec<ShardState>, ApplyError> {
+    for (want, _) in desired {
+        if let Some(have) = existing.get(&want.name_any())
+            && have.metadata.deletion_timestamp.is_none()
+        {
+            delete(api, have).await?;
+        }
     }
-    let bound_to = have.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    if let Some(other) = bound_to.filter(|n| *n != node) {
-        return Some((
-            format!("pod runs on node {other}, planned for {node}"),
-            true,
-        ));
-    }
-    if recorded_pod_hash(have) != recorded_pod_hash(want) {
-        return Some(("the plan or the pod template changed".to_string(), false));
-    }
-    None
+    notes.push(EventNote {
+        warning: true,
+        reason: "ReplicaRecreated",
+        message: format!(
+            "{why}; recreating all {} shard pods of the replica (restartPolicy RecreateReplica)",
+            desired.len()
+        ),
+    });
+    Ok(vec![ShardState::Missing; desired.len()])
 }
 
 /// A shard pod whose containers never started because kubelet refused it

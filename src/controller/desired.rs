@@ -13,6 +13,7 @@ use kube::{Resource, ResourceExt};
 
 use super::hashes::{SPEC_HASH_ANNOTATION, pod_hash};
 use super::nodes::NodeInfo;
+use super::runtime_env::runtime_env;
 use tessera_core::api::{
     DEVICES_ANNOTATION, ModelInstance, PlannedShard, ResourceName, SCHEDULER_NAME,
     SHARD_ANNOTATION, Vendor,
@@ -173,6 +174,8 @@ fn shard_pod(
     if replica > 0 {
         env.push(("TESSERA_REPLICA", replica.to_string()));
     }
+    let master = shard_address(&name, &namespace, replica, 0);
+    env.extend(runtime_env(plan, master));
     for (i, c) in spec.containers.iter_mut().enumerate() {
         add_env(c, &env);
         // The first container is the shard runtime and gets the GPUs.
@@ -386,6 +389,10 @@ mod tests {
         );
         assert_eq!(e["TESSERA_PREVIOUS_PEER"], "llama-shard-0.llama.ml.svc");
         assert_eq!(e["TESSERA_NEXT_PEER"], "");
+        assert_eq!(e["TESSERA_MASTER_ADDR"], "llama-shard-0.llama.ml.svc");
+        assert_eq!(e["TESSERA_MASTER_PORT"], "29501");
+        assert_eq!(e["TESSERA_PIPELINE_PARALLEL"], "2");
+        assert_eq!(e["VLLM_PP_LAYER_PARTITION"], "16,16");
         assert_eq!(
             env(p, 1)["TESSERA_SHARD_INDEX"],
             "1",
@@ -459,6 +466,44 @@ mod tests {
         pod_spec(&mut edited).containers[0].image = Some("busybox:1.38".into());
         let c = shard_pods(&edited, &plan(), |_| GPU.into());
         assert_ne!(recorded_pod_hash(&a[1]), recorded_pod_hash(&c[1]));
+    }
+
+    /// Pods an older controller made, without the runtime variables, match
+    /// the desired pods' hash and are not replaced.
+    #[test]
+    fn pods_made_before_the_runtime_variables_keep_their_hash() {
+        let mi = instance("llama", SMALL);
+        for desired in shard_pods(&mi, &plan(), |_| GPU.into()) {
+            let mut older = desired.clone();
+            let container = &mut older.spec.as_mut().unwrap().containers[0];
+            let env = container.env.as_mut().unwrap();
+            let before = env.len();
+            env.retain(|var| !crate::controller::runtime_env::NAMES.contains(&var.name.as_str()));
+            assert_eq!(before - env.len(), 4);
+            older
+                .metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .remove(SPEC_HASH_ANNOTATION);
+            assert_eq!(Some(pod_hash(&older).as_str()), recorded_pod_hash(&desired));
+        }
+    }
+
+    #[test]
+    fn replicas_after_the_first_name_their_own_shard_0_as_master() {
+        let mi = instance("llama", SMALL);
+        let mut second = plan();
+        for shard in &mut second {
+            shard.replica = 2;
+        }
+        let pods = shard_pods(&mi, &second, |_| GPU.into());
+        for pod in &pods {
+            assert_eq!(
+                env(pod, 0)["TESSERA_MASTER_ADDR"],
+                "llama-r2-shard-0.llama.ml.svc"
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::hash::Hasher;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::runtime_env;
 use tessera_core::api::ModelInstanceSpec;
 
 /// Pod annotation: the hash of everything the controller put into a shard pod.
@@ -22,9 +23,21 @@ pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
 }
 
 /// Hash of a desired pod as built, before its own hash annotation is added.
+/// The multi-node runtime's variables are left out (see
+/// [`runtime_env::NAMES`]), so pods made before them are not replaced.
 pub(crate) fn pod_hash(pod: &Pod) -> String {
+    let mut hashed = pod.clone();
+    for container in hashed
+        .spec
+        .iter_mut()
+        .flat_map(|spec| spec.containers.iter_mut())
+    {
+        if let Some(env) = container.env.as_mut() {
+            env.retain(|var| !runtime_env::NAMES.contains(&var.name.as_str()));
+        }
+    }
     // A pod built from deserialized parts always serializes.
-    let json = serde_json::to_vec(pod).unwrap_or_default();
+    let json = serde_json::to_vec(&hashed).unwrap_or_default();
     format!("{:016x}", fnv(&json))
 }
 

@@ -719,6 +719,7 @@ async fn apply(
     };
     let mut states = Vec::with_capacity(desired.pods.len());
     for (replica_desired, replica) in desired.pods.iter().zip(&decided.replicas) {
+        let replica_desired = (replica_desired.as_slice(), mi.spec.restart_policy);
         let mut shards = match &shard_claims {
             Some(claims) => {
                 apply::pods(

@@ -79,6 +79,13 @@ pub struct ModelInstanceSpec {
     pub parallelism: ParallelismSpec,
     #[serde(default)]
     pub placement: PlacementPolicy,
+    /// What happens to a replica when one of its shard pods fails, is
+    /// deleted or has to be replaced: `RecreateReplica` (default) recreates
+    /// all of the replica's pods, `RecreatePod` only that one.
+    // Left out when the default, like the other enums added after v1alpha1's
+    // first objects; it is in no hash, so no plan or pod changes with it.
+    #[serde(default, skip_serializing_if = "RestartPolicy::is_recreate_replica")]
+    pub restart_policy: RestartPolicy,
     /// Pod template for every shard's runtime container(s). The controller adds the
     /// GPU request, the device annotations and the shard environment. Required to
     /// run the instance; `tessera place` does not need it.
@@ -89,6 +96,26 @@ pub struct ModelInstanceSpec {
 
 fn one_replica() -> u32 {
     1
+}
+
+/// How the controller repairs a replica that lost a shard pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RestartPolicy {
+    /// Every pod of the replica is deleted and created again, on the
+    /// devices of its plan where they are still fine: the ranks of a
+    /// multi-node runtime (vLLM, torch.distributed) cannot take a new peer
+    /// into a running group. A one-shard replica is the same either way.
+    #[default]
+    RecreateReplica,
+    /// Only the lost pod is created again; the others keep running. For
+    /// runtimes whose shards reconnect to a new peer by themselves.
+    RecreatePod,
+}
+
+impl RestartPolicy {
+    fn is_recreate_replica(&self) -> bool {
+        *self == RestartPolicy::RecreateReplica
+    }
 }
 
 /// The pod template is kept as an open object in the CRD: the full PodSpec schema
@@ -856,6 +883,39 @@ model:
     }
 
     #[test]
+    fn restart_policy_parses_and_is_left_out_at_its_default() {
+        let default = parse(MINIMAL).unwrap();
+        assert_eq!(default.restart_policy, RestartPolicy::RecreateReplica);
+        let written = serde_json::to_value(&default).unwrap();
+        assert!(written.get("restartPolicy").is_none(), "{written}");
+        let pod = parse(&format!("{MINIMAL}restartPolicy: RecreatePod\n")).unwrap();
+        assert_eq!(pod.restart_policy, RestartPolicy::RecreatePod);
+        assert_eq!(
+            serde_json::to_value(&pod).unwrap()["restartPolicy"],
+            "RecreatePod"
+        );
+        let replica = parse(&format!("{MINIMAL}restartPolicy: RecreateReplica\n")).unwrap();
+        assert_eq!(replica, default);
+        // Kubernetes spells its enums in CamelCase: other spellings are
+        // refused rather than guessed at.
+        for text in [
+            "recreatePod",
+            "recreate_replica",
+            "Always",
+            "\"\"",
+            "3",
+            "[RecreatePod]",
+            "{policy: RecreatePod}",
+        ] {
+            let err = parse(&format!("{MINIMAL}restartPolicy: {text}\n")).unwrap_err();
+            assert!(
+                err.contains("restartPolicy") || err.contains("variant"),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn malformed_fields_are_parse_errors() {
         for (extra, frag) in [("  layers: -1\n", "layers"), ("  dtype: fp7\n", "fp7")] {
             let yaml = MINIMAL.replace("  layers: 32\n", "") + extra;
@@ -961,6 +1021,8 @@ model:
             "x-kubernetes-int-or-string: true",
             "x-kubernetes-validations",
             "self.all(v, v == 'nvidia' || v == 'amd')",
+            "- RecreateReplica\n",
+            "- RecreatePod\n",
             "x-kubernetes-preserve-unknown-fields: true",
             "status: {}",
         ] {
