@@ -34,7 +34,10 @@
 #   8. kubelet_restart: kubelet restarted while a shard runs and an instance is created:
 #      the driver registers again, the running shard keeps its pod and prepared device,
 #      the new instance runs on its planned devices (skipped without KUBELET_PIDFILE);
-#   9. least_privilege: what the agent and the controller requested of the API server
+#   9. recreate_replica: one shard pod of a two-shard instance (restart policy
+#      RecreateReplica, the default) deleted by hand: both pods are recreated and run on
+#      the devices they had;
+#  10. least_privilege: what the agent and the controller requested of the API server
 #      over the run is exactly what the chart's roles grant them in DRA mode, and
 #      neither was refused anything ("forbidden" in their logs).
 # Needs what e2e/real-node.sh needs; DRA_MANAGER_STATE (kubelet's record,
@@ -334,6 +337,8 @@ log "only the faulted shard's claim moved ($faulty -> $(mi pair | jq -r '.status
 current_test=kubelet_restart
 if [[ -z "$KUBELET_PIDFILE" ]]; then
   log "skipped: KUBELET_PIDFILE is not set"
+  instance meanwhile 2
+  wait_until "$TIMEOUT" "meanwhile to run" shards_match_plan meanwhile
 else
   kept=$(kubectl get pod -n "$NAMESPACE" pair-shard-0 -o jsonpath='{.metadata.uid}')
   restart_kubelet
@@ -353,6 +358,25 @@ else
     || die "after the kubelet restart kubelet holds $(prepared_claims) prepared claims and there are $(cdi_specs) CDI specs, not 4"
   log "kubelet restarted: the driver registered again, pair's shards kept their devices, an instance created meanwhile runs"
 fi
+
+current_test=recreate_replica
+# meanwhile has two shards and the default restart policy, RecreateReplica: one rank
+# deleted by hand takes the other with it, and both come back on the plan they had.
+plan=$(mi meanwhile | jq -c '[.status.plan[] | {node, devices}]')
+old_uids=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=meanwhile -o jsonpath='{.items[*].metadata.uid}')
+kubectl delete pod -n "$NAMESPACE" meanwhile-shard-1 --wait=false >/dev/null
+recreated() {
+  local uids uid
+  uids=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=meanwhile -o jsonpath='{.items[*].metadata.uid}')
+  for uid in $old_uids; do
+    [[ " $uids " != *" $uid "* ]] || { echo "pod $uid of the old replica is still there"; return 1; }
+  done
+  shards_match_plan meanwhile
+}
+wait_until "$TIMEOUT" "the whole replica of meanwhile to be recreated and run" recreated
+[[ "$(mi meanwhile | jq -c '[.status.plan[] | {node, devices}]')" == "$plan" ]] \
+  || die "meanwhile's plan changed: $plan -> $(mi meanwhile | jq -c '[.status.plan[] | {node, devices}]')"
+log "one rank deleted: both of meanwhile's pods were recreated, on the devices they had"
 
 current_test=least_privilege
 # Grants a run may not use, with why they are needed all the same.

@@ -14,6 +14,13 @@
 //!
 //! - `the_agent_publishes_gpu_state_onto_its_node` drives the publisher through
 //!   the library;
+//! - `the_agent_publishes_and_restores_its_resource_slices` (API servers that
+//!   serve `resource.k8s.io/v1`; others print why it is skipped) runs the DRA
+//!   driver's slice publisher over a slice an earlier driver left: the pool
+//!   is written under the next generation and the left-over slice deleted;
+//!   a slice deleted by someone else (as kubelet does when it starts) is
+//!   written again at once. The kubeconfig's user also needs list, watch,
+//!   create, patch and delete on resourceslices.
 //! - `the_agent_binary_publishes_and_stops_on_sigterm` runs the built `tessera
 //!   agent` with `--node-name` and `--kubeconfig` (no kubelet: it serves its
 //!   socket and keeps trying to register), injects a fault through its fake GPU
@@ -35,10 +42,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::{Client, Config};
 use real_cluster::{kubeconfig_path, load_config};
 use serde_json::json;
+use tessera::agent::dra::slice_publisher::{SliceStats, run_slice_publisher};
 use tessera::agent::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use tessera::agent::state::{ViewTx, channel, spawn_poller};
 use tessera::api::{
@@ -132,6 +141,136 @@ async fn the_agent_publishes_gpu_state_onto_its_node() {
         stats.published(),
         stats.errors()
     );
+}
+
+/// A driver name no real agent on the test cluster uses.
+const TEST_DRIVER: &str = "gpu.test.tessera.dev";
+
+#[tokio::test]
+async fn the_agent_publishes_and_restores_its_resource_slices() {
+    let Some(path) = kubeconfig_path() else {
+        return;
+    };
+    let config = load_config(&path).await;
+    let client = Client::try_from(config.clone())
+        .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
+    let served = client
+        .list_api_group_resources("resource.k8s.io/v1")
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"));
+    if !served {
+        println!("skipped: the API server does not serve resource.k8s.io/v1 resourceslices");
+        return;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let run = RunId::new();
+    let scratch = TempDir::new(&run, "slices");
+    let fake_file = scratch.write("gpus.yaml", TWO_H100);
+    let node = create_node(&nodes, &config, &run).await;
+    let pool = || {
+        let slices = slices.clone();
+        let selector = format!("spec.nodeName={},spec.driver={TEST_DRIVER}", node.name);
+        async move {
+            let list = timeout(
+                CALL,
+                slices.list(&kube::api::ListParams::default().fields(&selector)),
+            )
+            .await
+            .expect("listing slices answered within the bound")
+            .expect("listing slices");
+            list.items
+                .into_iter()
+                .map(|s| {
+                    let devices = s.spec.devices.as_ref().map_or(0, Vec::len);
+                    (
+                        s.metadata.name.unwrap_or_default(),
+                        s.spec.pool.generation,
+                        devices,
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+
+    // An earlier driver's slice of this pool, at generation 3.
+    let left_over = format!("{}-left-over", node.name);
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": left_over, "labels": {TEST_LABEL: "true"}},
+        "spec": {
+            "driver": TEST_DRIVER,
+            "nodeName": node.name,
+            "pool": {"name": node.name, "generation": 3, "resourceSliceCount": 1},
+            "devices": [{"name": "gone"}],
+        },
+    }))
+    .expect("a valid ResourceSlice");
+    timeout(CALL, slices.create(&PostParams::default(), &slice))
+        .await
+        .expect("creating the left-over slice answered within the bound")
+        .expect("creating the left-over slice");
+
+    let (tx, rx) = channel("fake");
+    let poller = Poller::start(&fake_file, tx);
+    let stats = Arc::new(SliceStats::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let publisher = AbortOnDrop(tokio::spawn(run_slice_publisher(
+        client.clone(),
+        TEST_DRIVER.to_string(),
+        node.name.clone(),
+        rx,
+        stats.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    )));
+
+    // 1. The pool, one generation past the left-over slice, which is gone.
+    let started = Instant::now();
+    let written = loop {
+        let now = pool().await;
+        if now.len() == 1 && now[0].1 == 4 && now[0].2 == 2 {
+            break now;
+        }
+        assert!(
+            started.elapsed() < ARRIVAL,
+            "the pool was not written as generation 4 with 2 devices, the left-over slice deleted: {now:?} (errors {})",
+            stats.errors()
+        );
+        sleep(Duration::from_millis(200)).await;
+    };
+
+    // 2. Deleted by someone else: written again at once, under the next generation.
+    timeout(CALL, slices.delete(&written[0].0, &DeleteParams::default()))
+        .await
+        .expect("deleting the slice answered within the bound")
+        .expect("deleting the slice");
+    let started = Instant::now();
+    loop {
+        let now = pool().await;
+        if now.len() == 1 && now[0].1 == 5 && now[0].2 == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < ARRIVAL,
+            "the deleted pool was not written again as generation 5: {now:?} (restores {})",
+            stats.restores()
+        );
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(stats.restores(), 1, "one deletion, one restore");
+
+    let _ = stop.send(());
+    timeout(CALL, publisher.join())
+        .await
+        .expect("the slice publisher did not stop within the bound");
+    drop(poller);
+    // Slices stay when the agent stops; the Node owns them, but a bare API
+    // server has no garbage collector, so they go by hand.
+    for (name, _, _) in pool().await {
+        let _ = timeout(CALL, slices.delete(&name, &DeleteParams::default())).await;
+    }
+    node.delete_now(&nodes).await;
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, Phase};
 use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
-use tessera::controller::desired::{headless_service, shard_pods};
+use tessera::controller::desired::{ShardGpus, headless_service, shard_pods, shard_pods_with};
 use tessera::controller::dra::DraCaches;
 use tessera::controller::held::Held;
 use tessera::controller::metrics::Metrics;
@@ -1126,6 +1126,92 @@ async fn a_shard_on_a_dra_node_gets_its_claim_allocated_before_its_bind() {
         echo(c, StatusCode::CREATED);
     }
     run.await.unwrap().unwrap();
+}
+
+/// Kubelet deletes its node's ResourceSlices when it starts, until the
+/// driver writes them again: a running shard that got its device through a
+/// claim must not be replaced by one asking for the extended resource.
+#[tokio::test]
+async fn a_running_dra_shard_keeps_its_claim_while_its_nodes_slices_are_gone() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mut mi = instance();
+    let infos = [Arc::new(
+        NodeInfo::from_node(&node("a", 2)).unwrap().unwrap(),
+    )];
+    let held = Held::new();
+    let inputs = PlanInputs::new(
+        &infos,
+        &held,
+        k8s_openapi::jiff::Timestamp::now(),
+        &Settings::default(),
+    );
+    let PlanDecision::Planned(new) = decide(&mi.spec, &[], &Current::NONE, &inputs) else {
+        panic!("no plan")
+    };
+    let shard = &new.plan[0];
+    let mut pod = shard_pods_with(&mi, &new.plan, |_| {
+        ShardGpus::Claim("llama-shard-0-gpus".into())
+    })
+    .remove(0);
+    pod.metadata.uid = Some("uid-shard-0".into());
+    pod.spec.as_mut().unwrap().node_name = Some("a".into());
+    pod.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        ..Default::default()
+    });
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {
+            "name": "llama-shard-0-gpus", "namespace": "ml", "uid": "uid-claim",
+            "labels": {"tessera.dev/instance": "llama"},
+            "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "ModelInstance",
+                "name": "llama", "uid": "uid-llama", "controller": true}],
+        },
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": "gpu.tessera.dev", "allocationMode": "ExactCount", "count": 1,
+            "selectors": [{"cel": {"expression": format!(
+                r#"device.attributes["gpu.tessera.dev"].id in ["{}"]"#, shard.devices[0]
+            )}}],
+        }}]}},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "gpus", "driver": "gpu.tessera.dev", "pool": "a", "device": "dev-0"}
+            ]}},
+            "reservedFor": [{"resource": "pods", "name": "llama-shard-0", "uid": "uid-shard-0"}],
+        },
+    }))
+    .unwrap();
+    mi.status = Some(ModelInstanceStatus {
+        phase: Some(Phase::Running),
+        plan: new.plan.clone(),
+        placement_hash: Some(tessera::controller::hashes::placement_hash(&mi.spec)),
+        ..Default::default()
+    });
+    let world = World {
+        nodes: vec![node("a", 2)],
+        pods: vec![pod],
+        services: vec![headless_service(&mi)],
+        instances: vec![mi.clone()],
+    };
+    // The node's slices are gone; the claim is still there.
+    let dra = DraCaches {
+        slices: filled(Vec::<ResourceSlice>::new()).0,
+        claims: filled(vec![claim]).0,
+    };
+    let settings = Settings {
+        dra_driver: Some("gpu.tessera.dev".into()),
+        ..Settings::default()
+    };
+    let ctx = context_with(world, client, Some(dra), settings);
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert!(deleted(&calls).is_empty(), "nothing is deleted: {calls:?}");
+    assert!(created_pods(&calls).is_empty(), "nothing is created");
+    assert!(
+        calls
+            .iter()
+            .all(|(_, path, _)| !path.contains("resourceclaims")),
+        "the claim is left alone: {calls:?}"
+    );
 }
 
 #[tokio::test]

@@ -620,9 +620,22 @@ fn build(
                 .filter(|s| !replica.broken.contains_key(&s.shard))
                 .cloned()
                 .collect();
+            // A shard pod keeps the way it got its GPUs while it exists: a
+            // node's slices vanish for a moment when its kubelet restarts
+            // (kubelet deletes them until the driver writes them again),
+            // and running shards must not be replaced for that. New pods
+            // take their node's way.
+            let on_dra = |shard: &PlannedShard| {
+                let pod_name = shard_pod_name(&name, shard.replica, shard.shard);
+                settings.dra_driver.is_some()
+                    && match observed.mine.get(&pod_name) {
+                        Some(pod) => claim_of(pod).is_some(),
+                        None => observed.pools.node(&shard.node).is_some(),
+                    }
+            };
             let gpus = |shard: &PlannedShard| {
                 let pod_name = shard_pod_name(&name, shard.replica, shard.shard);
-                if settings.dra_driver.is_some() && observed.pools.node(&shard.node).is_some() {
+                if on_dra(shard) {
                     return ShardGpus::Claim(claim_name(&pod_name));
                 }
                 let existing = observed.mine.get(&pod_name);
@@ -634,10 +647,7 @@ fn build(
                 ))
             };
             if let Some(driver) = &settings.dra_driver {
-                for shard in runnable
-                    .iter()
-                    .filter(|s| observed.pools.node(&s.node).is_some())
-                {
+                for shard in runnable.iter().filter(|s| on_dra(s)) {
                     let pod_name = shard_pod_name(&name, shard.replica, shard.shard);
                     dra.push(DraShard {
                         claim: shard_claim(mi, shard, &pod_name, driver),

@@ -10,19 +10,29 @@
 //! tainted device that comes back without its taint means it does not
 //! (DRADeviceTaints off), and from then on unhealthy devices are left out.
 //!
+//! The node's slices of this driver are watched too: kubelet deletes a
+//! node's slices when it starts (and when a driver goes away), and a slice
+//! deleted by anyone else must come back at once, or allocators (and the
+//! controller) would take the node for one without DRA. A deleted slice, or a
+//! re-list that does not show what was written, makes the pool be written
+//! again under the next generation.
+//!
 //! On shutdown the slices stay: the devices are still there and in use, and
 //! the next agent writes them again.
 
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
-use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
 
 use super::slices::{SliceOwner, node_slices, pool_devices};
 use crate::agent::state::ViewRx;
@@ -43,6 +53,9 @@ pub struct SliceStats {
     pub(crate) errors: AtomicU64,
     /// The pool generation last published.
     pub(crate) generation: AtomicU64,
+    /// Times the pool was written again because its slices were deleted or
+    /// changed by someone else.
+    pub(crate) restores: AtomicU64,
 }
 
 impl SliceStats {
@@ -56,6 +69,10 @@ impl SliceStats {
 
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Relaxed)
+    }
+
+    pub fn restores(&self) -> u64 {
+        self.restores.load(Ordering::Relaxed)
     }
 }
 
@@ -79,6 +96,14 @@ pub async fn run_slice_publisher(
     tokio::pin!(shutdown);
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
+    let mut watched = pin!(crate::watch_backoff::with_backoff(
+        "this node's ResourceSlices",
+        watcher::watcher(
+            slices.clone(),
+            watcher::Config::default().fields(&pool_selector(&node_name, &driver)),
+        ),
+    ));
+    let mut listing = BTreeSet::new();
     let mut backoff = BACKOFF_START;
     let mut taints = true;
     let mut published: Option<Published> = None;
@@ -114,9 +139,83 @@ pub async fn run_slice_publisher(
         }
         tokio::select! {
             changed = view.changed() => if changed.is_err() { return },
+            event = watched.next() => {
+                let Some(event) = event else { return };
+                if let Ok(event) = event
+                    && let Some(last) = published.as_mut()
+                    && may_be_lost(last, &event, &mut listing)
+                    && let Some(now) = gone(&slices, &driver, &node_name, last).await
+                {
+                    tracing::warn!(
+                        generation = last.generation,
+                        "the node's ResourceSlices were deleted or changed by someone else (kubelet deletes them when it starts): writing them again"
+                    );
+                    stats.restores.fetch_add(1, Ordering::Relaxed);
+                    // Written again from scratch, counting on from the
+                    // newest generation either side has seen.
+                    *last = Published {
+                        devices: None,
+                        generation: last.generation.max(now.generation),
+                        names: now.names,
+                    };
+                }
+            }
             _ = &mut shutdown => return,
         }
     }
+}
+
+/// Whether `event` may show the written pool gone: one of its slices
+/// deleted, or a (re-)list that does not hold exactly its slices (a watch
+/// that was away may have missed a deletion). Events can be older than the
+/// last write (a list begun before it, our own deletion of a name written
+/// again since), so [`gone`] has the last word. `listing` collects the
+/// names of a list in progress.
+fn may_be_lost(
+    last: &Published,
+    event: &Event<ResourceSlice>,
+    listing: &mut BTreeSet<String>,
+) -> bool {
+    if last.devices.is_none() {
+        return false;
+    }
+    match event {
+        Event::Delete(slice) => last.names.contains(&slice.name_any()),
+        // Our own writes, seen late: what they changed was written anyway.
+        Event::Apply(_) => false,
+        Event::Init => {
+            listing.clear();
+            false
+        }
+        Event::InitApply(slice) => {
+            listing.insert(slice.name_any());
+            false
+        }
+        Event::InitDone => *listing != last.names,
+    }
+}
+
+/// The node's slices as the API server holds them now (read, not from the
+/// watch), when they are not exactly the pool last written. A failed read
+/// says nothing is lost: the watch goes on, and a real loss shows again.
+async fn gone(
+    slices: &Api<ResourceSlice>,
+    driver: &str,
+    node_name: &str,
+    last: &Published,
+) -> Option<Published> {
+    match existing(slices, driver, node_name).await {
+        Ok(now) => (now.names != last.names || now.generation != last.generation).then_some(now),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the node's ResourceSlices back");
+            None
+        }
+    }
+}
+
+/// The field selector of one node's slices of one driver.
+fn pool_selector(node_name: &str, driver: &str) -> String {
+    format!("spec.nodeName={node_name},spec.driver={driver}")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -207,8 +306,7 @@ async fn existing(
     driver: &str,
     node_name: &str,
 ) -> Result<Published, kube::Error> {
-    let params =
-        ListParams::default().fields(&format!("spec.nodeName={node_name},spec.driver={driver}"));
+    let params = ListParams::default().fields(&pool_selector(node_name, driver));
     let list = slices.list(&params).await?;
     Ok(Published {
         devices: None,
