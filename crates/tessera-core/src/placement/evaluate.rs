@@ -436,30 +436,13 @@ impl<'p> PreparedProblem<'p> {
         totals: &mut PlanTotals,
     ) -> StagePlan {
         let (layer_start, layer_count) = layers;
-        let (mut compute, mut thermal, mut bandwidth) =
-            (f64::INFINITY, f64::INFINITY, f64::INFINITY);
-        for &device in devices {
-            let gpu = self.device(node, device);
-            let (device_compute, device_thermal, device_bandwidth) = self.device_parts(gpu);
-            compute = compute.min(device_compute);
-            thermal = thermal.min(device_thermal);
-            bandwidth = bandwidth.min(device_bandwidth);
-            totals.free_bytes += gpu.memory_free_bytes as f64;
-        }
-        let sharing = self.group_sharing(node, devices);
-        totals.compute += compute;
-        totals.thermal += thermal;
-        totals.bandwidth += bandwidth;
-        totals.sharing += sharing;
-        totals.network_cost += self.intra_cost(node, devices);
-        let next_hop_cost = match next_node {
-            Some(next) if next == node => HOP_SAME_NODE,
-            Some(next) => self.node_distance(node, next),
-            None => 0.0,
-        };
-        if next_node.is_some() {
-            totals.network_cost += next_hop_cost;
-        }
+        let StageScore {
+            compute,
+            thermal,
+            bandwidth,
+            sharing,
+            next_hop_cost,
+        } = self.add_stage_score(node, devices, next_node, totals);
         let tensor = f64::from(self.tensor.max(1));
         let memory = self.problem.model.overhead_bytes_per_device
             + f64::from(layer_count) * self.layer_bytes / tensor;
@@ -487,6 +470,66 @@ impl<'p> PreparedProblem<'p> {
                 sharing,
             },
         }
+    }
+
+    /// One stage's score parts, added to `totals`. `evaluate` and `score_total`
+    /// both add stages through here, in pipeline order, so the search's quick
+    /// total is the very number the plan gets, bit for bit.
+    fn add_stage_score(
+        &self,
+        node: usize,
+        devices: &[usize],
+        next_node: Option<usize>,
+        totals: &mut PlanTotals,
+    ) -> StageScore {
+        let (mut compute, mut thermal, mut bandwidth) =
+            (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+        for &device in devices {
+            let gpu = self.device(node, device);
+            let (device_compute, device_thermal, device_bandwidth) = self.device_parts(gpu);
+            compute = compute.min(device_compute);
+            thermal = thermal.min(device_thermal);
+            bandwidth = bandwidth.min(device_bandwidth);
+            totals.free_bytes += gpu.memory_free_bytes as f64;
+        }
+        let sharing = self.group_sharing(node, devices);
+        totals.compute += compute;
+        totals.thermal += thermal;
+        totals.bandwidth += bandwidth;
+        totals.sharing += sharing;
+        totals.network_cost += self.intra_cost(node, devices);
+        let next_hop_cost = match next_node {
+            Some(next) if next == node => HOP_SAME_NODE,
+            Some(next) => self.node_distance(node, next),
+            None => 0.0,
+        };
+        if next_node.is_some() {
+            totals.network_cost += next_hop_cost;
+        }
+        StageScore {
+            compute,
+            thermal,
+            bandwidth,
+            sharing,
+            next_hop_cost,
+        }
+    }
+
+    /// The total `evaluate` would give `stages`, which must already be a plan
+    /// (as the search builds them) in pipeline order. Skips what the total does
+    /// not read (the layer split, names, the predicted speed), so the search
+    /// builds a whole plan only for a leaf that beats the best so far.
+    pub(crate) fn score_total<'s>(
+        &self,
+        stages: impl ExactSizeIterator<Item = (usize, &'s [usize])> + Clone,
+    ) -> f64 {
+        let stage_count = stages.len() as u32;
+        let mut totals = PlanTotals::default();
+        let mut next_nodes = stages.clone().map(|(node, _)| node).skip(1);
+        for (node, devices) in stages {
+            self.add_stage_score(node, devices, next_nodes.next(), &mut totals);
+        }
+        self.plan_score(stage_count, &totals).total
     }
 
     /// The plan's score from its stages' summed parts.
@@ -521,6 +564,15 @@ impl<'p> PreparedProblem<'p> {
             sharing,
         }
     }
+}
+
+/// One stage's own score parts.
+struct StageScore {
+    compute: f64,
+    thermal: f64,
+    bandwidth: f64,
+    sharing: f64,
+    next_hop_cost: f64,
 }
 
 /// The stages' parts, summed in pipeline order.

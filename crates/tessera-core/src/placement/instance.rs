@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use super::evaluate::SpeedCeiling;
 use super::plan::{Plan, Unsatisfiable};
 use super::problem::{Optimize, Problem, SolveOptions, SpeedGoal};
+use super::{Started, start_sized};
 
 /// Largest tensor size `auto` tries (the CRD's limit for a fixed size).
 const MAX_AUTO_TENSOR: u32 = 64;
@@ -156,6 +157,12 @@ impl Candidate {
     }
 }
 
+/// Whether a ceiling is below a bar. The margin keeps rounding in the speed
+/// model from skipping a size that would tie.
+fn below(value: f64, bar: f64) -> bool {
+    value * (1.0 + 1e-9) < bar
+}
+
 /// Why a size need not be solved: no plan of it could beat `best` (speed
 /// ceilings: every layer on the fastest free GPU, all-reduces over the
 /// fastest link, no hops, one stage).
@@ -165,9 +172,6 @@ fn cannot_beat(
     best: Option<&Candidate>,
     goal: &SpeedGoal,
 ) -> Option<String> {
-    // The margin keeps rounding in the speed model from skipping a size
-    // that would tie.
-    let below = |value: f64, bar: f64| value * (1.0 + 1e-9) < bar;
     if let Some(min) = goal.min_tokens_per_second {
         if below(ceiling, min) {
             return Some(format!(
@@ -250,7 +254,30 @@ pub fn solve_parallelism(
     let mut alternatives = Vec::with_capacity(sizes.len());
     let mut refusals = Vec::new();
     let ceilings = SpeedCeiling::new(problem);
-    for size in sizes {
+    // Under throughput alone, a size's GPUs are known once its stage count
+    // is (the greedy start resolves it): its ceiling per GPU then counts
+    // every stage, and the sizes are searched best ceiling first, so the
+    // plans found early rule out the sizes that cannot win. Which sizes are
+    // searched changes; the choice does not (see `Candidate::beats`).
+    let per_gpu_first =
+        goal.optimize == Optimize::Throughput && goal.min_tokens_per_second.is_none();
+    let mut pending: Vec<(u32, Option<Result<Started, Unsatisfiable>>)> = sizes
+        .into_iter()
+        .map(|size| (size, per_gpu_first.then(|| start_sized(problem, size))))
+        .collect();
+    if per_gpu_first {
+        let ceiling_per_gpu =
+            |size: u32, started: &Option<Result<Started, Unsatisfiable>>| match started {
+                Some(Ok(started)) => ceilings.at(size) / f64::from(size * started.stages()),
+                _ => f64::NEG_INFINITY,
+            };
+        pending.sort_by(|(size, started), (other, other_started)| {
+            ceiling_per_gpu(*other, other_started)
+                .total_cmp(&ceiling_per_gpu(*size, started))
+                .then(size.cmp(other))
+        });
+    }
+    for (size, started) in pending {
         if let Some(reason) = cannot_beat(size, ceilings.at(size), best.as_ref(), &goal) {
             alternatives.push(Alternative {
                 tensor: size,
@@ -258,7 +285,23 @@ pub fn solve_parallelism(
             });
             continue;
         }
-        match super::solve_sized(problem, size, &per_size) {
+        let started = started.unwrap_or_else(|| start_sized(problem, size));
+        if let (Ok(started), Some(best)) = (&started, best.as_ref())
+            && per_gpu_first
+        {
+            let gpus = size * started.stages();
+            let most = ceilings.at(size) / f64::from(gpus);
+            if below(most, best.per_gpu()) {
+                alternatives.push(Alternative {
+                    tensor: size,
+                    outcome: Err(format!(
+                        "not solved: at most {most:.1} tokens/s per GPU on {gpus} GPUs even on the fastest GPUs"
+                    )),
+                });
+                continue;
+            }
+        }
+        match started.map(|started| started.search(&per_size)) {
             Ok(plan) => {
                 let candidate = Candidate { plan, tensor: size };
                 alternatives.push(Alternative {
