@@ -9,7 +9,7 @@ use super::exclusion::{Exclusion, exclusion_text};
 use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::links::link_positions;
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime};
-use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Weights};
+use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Stages, Weights};
 use super::speed::{GroupSpeed, LayerTime, layer_time, link_gbps};
 use super::split::split_layers;
 use super::strategy_score;
@@ -603,18 +603,23 @@ fn worse_link(first: Option<Interconnect>, second: Option<Interconnect>) -> Opti
 /// Lets `tensor: auto` skip sizes that cannot beat a plan it has.
 pub(crate) struct SpeedCeiling<'p> {
     model: &'p ModelShape,
+    stages: Stages,
     /// The best device figures any free device has (possibly from different devices).
     best: Option<GroupSpeed>,
     link_gbps: f64,
+    /// The most free memory any free device has.
+    most_free: f64,
 }
 
 impl<'p> SpeedCeiling<'p> {
     pub(crate) fn new(problem: &'p Problem) -> Self {
         let mut best: Option<GroupSpeed> = None;
         let mut fastest_link = link_gbps(None);
+        let mut most_free: f64 = 0.0;
         for node in &problem.nodes {
             for device in &node.devices {
                 if device.healthy && device.allocated_to.is_none() {
+                    most_free = most_free.max(device.memory_free_bytes as f64);
                     let speed = GroupSpeed::device(
                         &device.vendor,
                         device.fp16_tflops,
@@ -629,9 +634,32 @@ impl<'p> SpeedCeiling<'p> {
         }
         Self {
             model: &problem.model,
+            stages: problem.stages,
             best,
             link_gbps: fastest_link,
+            most_free,
         }
+    }
+
+    /// The fewest stages any plan with `tensor` GPUs per shard can have: a
+    /// fixed count, or as many as the layers need when every group holds as
+    /// many as the roomiest free GPU would. At least 1.
+    pub(crate) fn fewest_stages(&self, tensor: u32) -> u32 {
+        let layers = self.model.layers.max(1);
+        if let Stages::Fixed(stages) = self.stages {
+            return stages.max(1);
+        }
+        let per_device = (self.model.weight_bytes_per_layer + self.model.kv_bytes_per_layer)
+            / f64::from(tensor.max(1));
+        let room = self.most_free - self.model.overhead_bytes_per_device;
+        if per_device <= 0.0 || room <= 0.0 {
+            return 1;
+        }
+        let per_group = (room / per_device).floor();
+        if per_group.is_nan() || per_group < 1.0 || per_group >= f64::from(layers) {
+            return 1;
+        }
+        layers.div_ceil(per_group as u32)
     }
 
     /// The ceiling with `tensor` GPUs per shard (infinite when nothing is known).

@@ -7,7 +7,6 @@ use std::borrow::Cow;
 use super::evaluate::SpeedCeiling;
 use super::plan::{Plan, Unsatisfiable};
 use super::problem::{Optimize, Problem, SolveOptions, SpeedGoal};
-use super::{Started, start_sized};
 
 /// Largest tensor size `auto` tries (the CRD's limit for a fixed size).
 const MAX_AUTO_TENSOR: u32 = 64;
@@ -254,30 +253,26 @@ pub fn solve_parallelism(
     let mut alternatives = Vec::with_capacity(sizes.len());
     let mut refusals = Vec::new();
     let ceilings = SpeedCeiling::new(problem);
-    // Under throughput alone, a size's GPUs are known once its stage count
-    // is (the greedy start resolves it): its ceiling per GPU then counts
-    // every stage, and the sizes are searched best ceiling first, so the
-    // plans found early rule out the sizes that cannot win. Which sizes are
-    // searched changes; the choice does not (see `Candidate::beats`).
+    // Under throughput alone a size's ceiling per GPU can count the fewest
+    // stages the size needs, and the sizes are searched best ceiling first,
+    // so the plans found early rule out the sizes that cannot win. Which
+    // sizes are searched changes; the choice does not (see `Candidate::beats`).
     let per_gpu_first =
         goal.optimize == Optimize::Throughput && goal.min_tokens_per_second.is_none();
-    let mut pending: Vec<(u32, Option<Result<Started, Unsatisfiable>>)> = sizes
+    let mut pending: Vec<(u32, u32, f64)> = sizes
         .into_iter()
-        .map(|size| (size, per_gpu_first.then(|| start_sized(problem, size))))
+        .map(|size| {
+            let stages = ceilings.fewest_stages(size);
+            let most = ceilings.at(size) / (f64::from(size) * f64::from(stages));
+            (size, stages, most)
+        })
         .collect();
     if per_gpu_first {
-        let ceiling_per_gpu =
-            |size: u32, started: &Option<Result<Started, Unsatisfiable>>| match started {
-                Some(Ok(started)) => ceilings.at(size) / f64::from(size * started.stages()),
-                _ => f64::NEG_INFINITY,
-            };
-        pending.sort_by(|(size, started), (other, other_started)| {
-            ceiling_per_gpu(*other, other_started)
-                .total_cmp(&ceiling_per_gpu(*size, started))
-                .then(size.cmp(other))
+        pending.sort_by(|(size, _, most), (other, _, other_most)| {
+            other_most.total_cmp(most).then(size.cmp(other))
         });
     }
-    for (size, started) in pending {
+    for (size, stages, most) in pending {
         if let Some(reason) = cannot_beat(size, ceilings.at(size), best.as_ref(), &goal) {
             alternatives.push(Alternative {
                 tensor: size,
@@ -285,23 +280,20 @@ pub fn solve_parallelism(
             });
             continue;
         }
-        let started = started.unwrap_or_else(|| start_sized(problem, size));
-        if let (Ok(started), Some(best)) = (&started, best.as_ref())
-            && per_gpu_first
+        if per_gpu_first
+            && best
+                .as_ref()
+                .is_some_and(|best| below(most, best.per_gpu()))
         {
-            let gpus = size * started.stages();
-            let most = ceilings.at(size) / f64::from(gpus);
-            if below(most, best.per_gpu()) {
-                alternatives.push(Alternative {
-                    tensor: size,
-                    outcome: Err(format!(
-                        "not solved: at most {most:.1} tokens/s per GPU on {gpus} GPUs even on the fastest GPUs"
-                    )),
-                });
-                continue;
-            }
+            alternatives.push(Alternative {
+                tensor: size,
+                outcome: Err(format!(
+                    "not solved: at most {most:.1} tokens/s per GPU over at least {stages} stage(s), even on the fastest GPUs"
+                )),
+            });
+            continue;
         }
-        match started.map(|started| started.search(&per_size)) {
+        match super::solve_sized(problem, size, &per_size) {
             Ok(plan) => {
                 let candidate = Candidate { plan, tensor: size };
                 alternatives.push(Alternative {

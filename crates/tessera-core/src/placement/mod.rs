@@ -50,33 +50,11 @@ pub(crate) fn solve_sized(
     tensor: u32,
     options: &SolveOptions,
 ) -> Result<Plan, Unsatisfiable> {
-    Ok(start_sized(problem, tensor)?.search(options))
-}
-
-/// A size prepared and started (its stage count resolved, its greedy plan
-/// made), not yet searched: `tensor: auto` reads the stage count of every
-/// size before it decides which sizes to search.
-pub(crate) struct Started<'p> {
-    ctx: evaluate::PreparedProblem<'p>,
-    start: greedy::Start,
-}
-
-impl Started<'_> {
-    pub(crate) fn stages(&self) -> u32 {
-        self.start.stages
-    }
-
-    pub(crate) fn search(self, options: &SolveOptions) -> Plan {
-        let compiled = compile::Compiled::new(self.ctx, self.start.stages);
-        search::run(&compiled, options, self.start.plan)
-    }
-}
-
-pub(crate) fn start_sized(problem: &Problem, tensor: u32) -> Result<Started<'_>, Unsatisfiable> {
     explain::check_shape(problem, tensor)?;
     let ctx = evaluate::PreparedProblem::sized(problem, tensor);
     let start = greedy::start(&ctx)?;
-    Ok(Started { ctx, start })
+    let compiled = compile::Compiled::new(ctx, start.stages);
+    Ok(search::run(&compiled, options, start.plan))
 }
 
 /// The greedy answer alone: what `solve` starts from, and what it returns when
