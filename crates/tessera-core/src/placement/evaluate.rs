@@ -9,7 +9,7 @@ use super::exclusion::{Exclusion, exclusion_text};
 use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::links::link_positions;
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime};
-use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Weights};
+use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Stages, Weights};
 use super::speed::{GroupSpeed, LayerTime, layer_time, link_gbps};
 use super::split::split_layers;
 use super::strategy_score;
@@ -436,30 +436,13 @@ impl<'p> PreparedProblem<'p> {
         totals: &mut PlanTotals,
     ) -> StagePlan {
         let (layer_start, layer_count) = layers;
-        let (mut compute, mut thermal, mut bandwidth) =
-            (f64::INFINITY, f64::INFINITY, f64::INFINITY);
-        for &device in devices {
-            let gpu = self.device(node, device);
-            let (device_compute, device_thermal, device_bandwidth) = self.device_parts(gpu);
-            compute = compute.min(device_compute);
-            thermal = thermal.min(device_thermal);
-            bandwidth = bandwidth.min(device_bandwidth);
-            totals.free_bytes += gpu.memory_free_bytes as f64;
-        }
-        let sharing = self.group_sharing(node, devices);
-        totals.compute += compute;
-        totals.thermal += thermal;
-        totals.bandwidth += bandwidth;
-        totals.sharing += sharing;
-        totals.network_cost += self.intra_cost(node, devices);
-        let next_hop_cost = match next_node {
-            Some(next) if next == node => HOP_SAME_NODE,
-            Some(next) => self.node_distance(node, next),
-            None => 0.0,
-        };
-        if next_node.is_some() {
-            totals.network_cost += next_hop_cost;
-        }
+        let StageScore {
+            compute,
+            thermal,
+            bandwidth,
+            sharing,
+            next_hop_cost,
+        } = self.add_stage_score(node, devices, next_node, totals);
         let tensor = f64::from(self.tensor.max(1));
         let memory = self.problem.model.overhead_bytes_per_device
             + f64::from(layer_count) * self.layer_bytes / tensor;
@@ -487,6 +470,66 @@ impl<'p> PreparedProblem<'p> {
                 sharing,
             },
         }
+    }
+
+    /// One stage's score parts, added to `totals`. `evaluate` and `score_total`
+    /// both add stages through here, in pipeline order, so the search's quick
+    /// total is the very number the plan gets, bit for bit.
+    fn add_stage_score(
+        &self,
+        node: usize,
+        devices: &[usize],
+        next_node: Option<usize>,
+        totals: &mut PlanTotals,
+    ) -> StageScore {
+        let (mut compute, mut thermal, mut bandwidth) =
+            (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+        for &device in devices {
+            let gpu = self.device(node, device);
+            let (device_compute, device_thermal, device_bandwidth) = self.device_parts(gpu);
+            compute = compute.min(device_compute);
+            thermal = thermal.min(device_thermal);
+            bandwidth = bandwidth.min(device_bandwidth);
+            totals.free_bytes += gpu.memory_free_bytes as f64;
+        }
+        let sharing = self.group_sharing(node, devices);
+        totals.compute += compute;
+        totals.thermal += thermal;
+        totals.bandwidth += bandwidth;
+        totals.sharing += sharing;
+        totals.network_cost += self.intra_cost(node, devices);
+        let next_hop_cost = match next_node {
+            Some(next) if next == node => HOP_SAME_NODE,
+            Some(next) => self.node_distance(node, next),
+            None => 0.0,
+        };
+        if next_node.is_some() {
+            totals.network_cost += next_hop_cost;
+        }
+        StageScore {
+            compute,
+            thermal,
+            bandwidth,
+            sharing,
+            next_hop_cost,
+        }
+    }
+
+    /// The total `evaluate` would give `stages`, which must already be a plan
+    /// (as the search builds them) in pipeline order. Skips what the total does
+    /// not read (the layer split, names, the predicted speed), so the search
+    /// builds a whole plan only for a leaf that beats the best so far.
+    pub(crate) fn score_total<'s>(
+        &self,
+        stages: impl ExactSizeIterator<Item = (usize, &'s [usize])> + Clone,
+    ) -> f64 {
+        let stage_count = stages.len() as u32;
+        let mut totals = PlanTotals::default();
+        let mut next_nodes = stages.clone().map(|(node, _)| node).skip(1);
+        for (node, devices) in stages {
+            self.add_stage_score(node, devices, next_nodes.next(), &mut totals);
+        }
+        self.plan_score(stage_count, &totals).total
     }
 
     /// The plan's score from its stages' summed parts.
@@ -523,6 +566,15 @@ impl<'p> PreparedProblem<'p> {
     }
 }
 
+/// One stage's own score parts.
+struct StageScore {
+    compute: f64,
+    thermal: f64,
+    bandwidth: f64,
+    sharing: f64,
+    next_hop_cost: f64,
+}
+
 /// The stages' parts, summed in pipeline order.
 #[derive(Default)]
 struct PlanTotals {
@@ -551,18 +603,23 @@ fn worse_link(first: Option<Interconnect>, second: Option<Interconnect>) -> Opti
 /// Lets `tensor: auto` skip sizes that cannot beat a plan it has.
 pub(crate) struct SpeedCeiling<'p> {
     model: &'p ModelShape,
+    stages: Stages,
     /// The best device figures any free device has (possibly from different devices).
     best: Option<GroupSpeed>,
     link_gbps: f64,
+    /// The most free memory any free device has.
+    most_free: f64,
 }
 
 impl<'p> SpeedCeiling<'p> {
     pub(crate) fn new(problem: &'p Problem) -> Self {
         let mut best: Option<GroupSpeed> = None;
         let mut fastest_link = link_gbps(None);
+        let mut most_free: f64 = 0.0;
         for node in &problem.nodes {
             for device in &node.devices {
                 if device.healthy && device.allocated_to.is_none() {
+                    most_free = most_free.max(device.memory_free_bytes as f64);
                     let speed = GroupSpeed::device(
                         &device.vendor,
                         device.fp16_tflops,
@@ -577,9 +634,32 @@ impl<'p> SpeedCeiling<'p> {
         }
         Self {
             model: &problem.model,
+            stages: problem.stages,
             best,
             link_gbps: fastest_link,
+            most_free,
         }
+    }
+
+    /// The fewest stages any plan with `tensor` GPUs per shard can have: a
+    /// fixed count, or as many as the layers need when every group holds as
+    /// many as the roomiest free GPU would. At least 1.
+    pub(crate) fn fewest_stages(&self, tensor: u32) -> u32 {
+        let layers = self.model.layers.max(1);
+        if let Stages::Fixed(stages) = self.stages {
+            return stages.max(1);
+        }
+        let per_device = (self.model.weight_bytes_per_layer + self.model.kv_bytes_per_layer)
+            / f64::from(tensor.max(1));
+        let room = self.most_free - self.model.overhead_bytes_per_device;
+        if per_device <= 0.0 || room <= 0.0 {
+            return 1;
+        }
+        let per_group = (room / per_device).floor();
+        if per_group.is_nan() || per_group < 1.0 || per_group >= f64::from(layers) {
+            return 1;
+        }
+        layers.div_ceil(per_group as u32)
     }
 
     /// The ceiling with `tensor` GPUs per shard (infinite when nothing is known).

@@ -156,6 +156,12 @@ impl Candidate {
     }
 }
 
+/// Whether a ceiling is below a bar. The margin keeps rounding in the speed
+/// model from skipping a size that would tie.
+fn below(value: f64, bar: f64) -> bool {
+    value * (1.0 + 1e-9) < bar
+}
+
 /// Why a size need not be solved: no plan of it could beat `best` (speed
 /// ceilings: every layer on the fastest free GPU, all-reduces over the
 /// fastest link, no hops, one stage).
@@ -165,9 +171,6 @@ fn cannot_beat(
     best: Option<&Candidate>,
     goal: &SpeedGoal,
 ) -> Option<String> {
-    // The margin keeps rounding in the speed model from skipping a size
-    // that would tie.
-    let below = |value: f64, bar: f64| value * (1.0 + 1e-9) < bar;
     if let Some(min) = goal.min_tokens_per_second {
         if below(ceiling, min) {
             return Some(format!(
@@ -250,11 +253,43 @@ pub fn solve_parallelism(
     let mut alternatives = Vec::with_capacity(sizes.len());
     let mut refusals = Vec::new();
     let ceilings = SpeedCeiling::new(problem);
-    for size in sizes {
+    // Under throughput alone a size's ceiling per GPU can count the fewest
+    // stages the size needs, and the sizes are searched best ceiling first,
+    // so the plans found early rule out the sizes that cannot win. Which
+    // sizes are searched changes; the choice does not (see `Candidate::beats`).
+    let per_gpu_first =
+        goal.optimize == Optimize::Throughput && goal.min_tokens_per_second.is_none();
+    let mut pending: Vec<(u32, u32, f64)> = sizes
+        .into_iter()
+        .map(|size| {
+            let stages = ceilings.fewest_stages(size);
+            let most = ceilings.at(size) / (f64::from(size) * f64::from(stages));
+            (size, stages, most)
+        })
+        .collect();
+    if per_gpu_first {
+        pending.sort_by(|(size, _, most), (other, _, other_most)| {
+            other_most.total_cmp(most).then(size.cmp(other))
+        });
+    }
+    for (size, stages, most) in pending {
         if let Some(reason) = cannot_beat(size, ceilings.at(size), best.as_ref(), &goal) {
             alternatives.push(Alternative {
                 tensor: size,
                 outcome: Err(reason),
+            });
+            continue;
+        }
+        if per_gpu_first
+            && best
+                .as_ref()
+                .is_some_and(|best| below(most, best.per_gpu()))
+        {
+            alternatives.push(Alternative {
+                tensor: size,
+                outcome: Err(format!(
+                    "not solved: at most {most:.1} tokens/s per GPU over at least {stages} stage(s), even on the fastest GPUs"
+                )),
             });
             continue;
         }

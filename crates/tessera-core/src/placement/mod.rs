@@ -18,6 +18,7 @@ mod explain;
 mod greedy;
 mod hops;
 mod instance;
+mod leaf;
 mod links;
 mod plan;
 mod problem;

@@ -22,7 +22,7 @@ pub struct Problem {
     /// How the plan shares the cluster with other instances and replicas.
     pub strategy: Strategy,
     /// Nodes the instance's other replicas run on, one entry per stage:
-    /// what `Strategy::Spread` keeps away from.
+    /// what `Strategy::Spread` keeps away from and `Strategy::Pack` fills first.
     pub replica_nodes: Vec<String>,
     /// What `tensor: auto` chooses for, and the speed a plan must reach
     /// (read by `solve_parallelism`; `solve` plans one size as asked).

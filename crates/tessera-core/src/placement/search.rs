@@ -14,11 +14,10 @@
 //! three greedy plans, so a deadline or an exhausted step budget always has an
 //! answer.
 
-use std::collections::BTreeSet;
-
 use super::compile::{Compiled, Group};
 use super::evaluate::memory_part;
 use super::hops::{HOP_SAME_NODE, HOP_SAME_RACK};
+use super::leaf::Leaf;
 use super::plan::Plan;
 use super::problem::SolveOptions;
 
@@ -34,8 +33,9 @@ struct Usage {
     groups_on: Vec<u32>,
     /// Eligible devices not yet taken, per node.
     free_devices: Vec<u32>,
-    /// Nodes with at least one group, by index (= network order).
-    nodes_in_use: BTreeSet<usize>,
+    /// Nodes with at least one group, by index (= network order), sorted.
+    /// A plan has a handful of stages, so a sorted list beats a tree.
+    nodes_in_use: Vec<usize>,
     /// Groups the nodes in use could still take.
     slots_in_use: u64,
 }
@@ -55,7 +55,7 @@ impl Usage {
                 .iter()
                 .map(|node| node.classes.iter().map(|class| class.len() as u32).sum())
                 .collect(),
-            nodes_in_use: BTreeSet::new(),
+            nodes_in_use: Vec::with_capacity(compiled.stages as usize),
             slots_in_use: 0,
         }
     }
@@ -93,8 +93,11 @@ impl Usage {
             self.used[group.node][class] += count;
         }
         self.free_devices[group.node] -= self.tensor;
+        if self.groups_on[group.node] == 0 {
+            let at = self.nodes_in_use.partition_point(|&node| node < group.node);
+            self.nodes_in_use.insert(at, group.node);
+        }
         self.groups_on[group.node] += 1;
-        self.nodes_in_use.insert(group.node);
     }
 
     fn give_back(&mut self, group: &Group) {
@@ -107,7 +110,9 @@ impl Usage {
         self.free_devices[group.node] += tensor;
         if self.groups_on[group.node] == 0 {
             self.slots_in_use -= left;
-            self.nodes_in_use.remove(&group.node);
+            if let Ok(at) = self.nodes_in_use.binary_search(&group.node) {
+                self.nodes_in_use.remove(at);
+            }
         } else {
             self.slots_in_use += 1;
         }
@@ -141,6 +146,10 @@ struct LevelBounds {
     network: f64,
     top_additive: f64,
     top_free: f64,
+    /// The same two for the groups after the next one: every candidate of
+    /// the level reads them, so they are looked up once.
+    top_additive_after: f64,
+    top_free_after: f64,
 }
 
 /// Sum of the `picks` largest values, each available `multiplicity` times: an
@@ -204,6 +213,7 @@ struct Search<'c, 'o> {
     /// Most groups any one node can take.
     max_slots: u64,
     best: Plan,
+    leaf: Leaf,
     steps: u64,
     stopped: bool,
 }
@@ -268,6 +278,7 @@ pub(crate) fn run(compiled: &Compiled, opts: &SolveOptions, incumbent: Plan) -> 
         ),
         max_slots,
         best: incumbent,
+        leaf: Leaf::new(compiled),
         steps: 0,
         stopped: false,
     };
@@ -301,13 +312,12 @@ impl Search<'_, '_> {
         if self.usage.groups_on[node] > 0 {
             return 0.0;
         }
-        let before = self.usage.nodes_in_use.range(..node).next_back().copied();
-        let after = self.usage.nodes_in_use.range(node + 1..).next().copied();
-        let distance = |from: usize, to: usize| {
-            self.compiled
-                .ctx
-                .node_distance(self.compiled.nodes[from].src, self.compiled.nodes[to].src)
-        };
+        let in_use = &self.usage.nodes_in_use;
+        let at = in_use.partition_point(|&other| other < node);
+        let before = at.checked_sub(1).map(|index| in_use[index]);
+        let after = in_use.get(at).copied();
+        let nodes = &self.compiled.nodes;
+        let distance = |from: usize, to: usize| nodes[from].place.hop_to(nodes[to].place);
         match (before, after) {
             (Some(previous), Some(next)) => {
                 distance(previous, node) + distance(node, next) - distance(previous, next)
@@ -320,16 +330,15 @@ impl Search<'_, '_> {
 
     /// Optimistic score of any completion after adding candidate `gi`: every
     /// part takes the best the remaining groups could offer, ignoring conflicts.
-    fn upper_bound(&self, gi: usize, path_delta: f64, new_node: bool) -> f64 {
+    fn upper_bound(&self, gi: usize, path_delta: f64, new_node: bool, level: &LevelBounds) -> f64 {
         let compiled = self.compiled;
         let weights = &compiled.ctx.weights;
         let group = &compiled.groups[gi];
         let rest = (self.stages - self.chosen.len() - 1) as u64;
         let rest_f = rest as f64;
-        let more_additive =
-            (rest_f * self.suffix_max_additive[gi]).min(self.top_additive.top(rest));
+        let more_additive = (rest_f * self.suffix_max_additive[gi]).min(level.top_additive_after);
         let additive = (self.additive_sum + group.additive + more_additive) / self.stages as f64;
-        let more_free = (rest_f * self.suffix_max_free[gi]).min(self.top_free.top(rest));
+        let more_free = (rest_f * self.suffix_max_free[gi]).min(level.top_free_after);
         let memory =
             weights.memory * memory_part(self.demand, self.free_sum + group.free + more_free);
         // Groups that do not fit on the nodes in use need new nodes. A new node
@@ -373,10 +382,13 @@ impl Search<'_, '_> {
         } else {
             weights.network
         };
+        let after = rest.saturating_sub(1);
         LevelBounds {
             network,
             top_additive: self.top_additive.top(rest),
             top_free: self.top_free.top(rest),
+            top_additive_after: self.top_additive.top(after),
+            top_free_after: self.top_free.top(after),
         }
     }
 
@@ -398,6 +410,9 @@ impl Search<'_, '_> {
         }
         let rest = (self.stages - self.chosen.len()) as u64;
         let level = self.level_bounds(rest);
+        // The suffix bound changes only where a suffix maximum does (rarely)
+        // or the best plan does; it is not worked out again in between.
+        let mut passed: Option<[u64; 3]> = None;
         for gi in start..self.compiled.groups.len() {
             if self.out_of_budget() {
                 return;
@@ -408,8 +423,16 @@ impl Search<'_, '_> {
             }
             // No candidate from here on can lead past the best plan: the bound
             // only falls as the suffix maxima fall.
-            if self.suffix_bound(gi, rest, &level) <= self.best.score.total + EPS {
-                return;
+            let inputs = [
+                self.suffix_max_additive[gi].to_bits(),
+                self.suffix_max_free[gi].to_bits(),
+                self.best.score.total.to_bits(),
+            ];
+            if passed != Some(inputs) {
+                if self.suffix_bound(gi, rest, &level) <= self.best.score.total + EPS {
+                    return;
+                }
+                passed = Some(inputs);
             }
             let group = &self.compiled.groups[gi];
             if !self.usage.fits(self.compiled, group)
@@ -419,7 +442,7 @@ impl Search<'_, '_> {
             }
             let new_node = self.usage.groups_on[group.node] == 0;
             let delta = self.path_delta(group.node);
-            if self.upper_bound(gi, delta, new_node) <= self.best.score.total + EPS {
+            if self.upper_bound(gi, delta, new_node, &level) <= self.best.score.total + EPS {
                 continue;
             }
             self.usage.take(group);
@@ -450,11 +473,16 @@ impl Search<'_, '_> {
         if self.cap_sum < self.layers {
             return;
         }
+        let quick = self.leaf.score(self.compiled, &self.chosen);
+        if quick <= self.best.score.total + EPS {
+            return;
+        }
         let groups = materialize(self.compiled, &self.chosen);
-        if let Ok(plan) = self.compiled.ctx.evaluate(&groups)
-            && plan.score.total > self.best.score.total + EPS
-        {
-            self.best = plan;
+        if let Ok(plan) = self.compiled.ctx.evaluate(&groups) {
+            debug_assert_eq!(plan.score.total.to_bits(), quick.to_bits());
+            if plan.score.total > self.best.score.total + EPS {
+                self.best = plan;
+            }
         }
     }
 }

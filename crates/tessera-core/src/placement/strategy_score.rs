@@ -31,6 +31,9 @@ const PACK_FIT: f64 = 0.3;
 const PACK_NODE: f64 = 0.35;
 /// Breaking an NVLink/xGMI domain no other workload uses yet.
 const PACK_DOMAIN: f64 = 0.35;
+/// What a device on a node the instance's other replicas run on costs, as a
+/// share of what it would cost elsewhere: pack fills those nodes first.
+const PACK_REPLICA_NODE: f64 = 0.5;
 
 /// The weight of the sharing part under a strategy.
 pub(crate) fn sharing_weight(strategy: Strategy) -> f64 {
@@ -118,6 +121,12 @@ fn root(parent: &mut [usize], mut item: usize) -> usize {
 /// Free memory counts the healthy devices no workload holds. Breaking an
 /// intact 8-GPU MI300X node costs most, a single RTX 4090 least, and a
 /// device on a node and domain already in use costs only its own size.
+///
+/// The nodes the instance's other replicas run on are read as `spread`
+/// reads them, to the opposite end: a device there costs half. Replicas of
+/// one instance then lie together, so scaling it down or deleting it gives
+/// back whole nodes and domains instead of a hole on each of several nodes.
+/// With no other replicas nothing changes.
 fn pack_values(problem: &Problem, eligible: &dyn Fn(usize, usize) -> bool) -> Vec<Vec<f64>> {
     let mut max_free: f64 = 0.0;
     for (node_index, node) in problem.nodes.iter().enumerate() {
@@ -142,6 +151,11 @@ fn pack_values(problem: &Problem, eligible: &dyn Fn(usize, usize) -> bool) -> Ve
         .enumerate()
         .map(|(node_index, (node, capacity))| {
             let node_cost = share(capacity.node_free, max_node);
+            let scale = if problem.replica_nodes.contains(&node.name) {
+                PACK_REPLICA_NODE
+            } else {
+                1.0
+            };
             (0..node.devices.len())
                 .map(|device| {
                     if !eligible(node_index, device) {
@@ -153,7 +167,8 @@ fn pack_values(problem: &Problem, eligible: &dyn Fn(usize, usize) -> bool) -> Ve
                     );
                     let domain = capacity.domains.of_device[device];
                     let domain_cost = share(capacity.domain_free[domain], max_domain);
-                    1.0 - (PACK_FIT * fit_cost + PACK_NODE * node_cost + PACK_DOMAIN * domain_cost)
+                    1.0 - scale
+                        * (PACK_FIT * fit_cost + PACK_NODE * node_cost + PACK_DOMAIN * domain_cost)
                 })
                 .collect()
         })
@@ -361,6 +376,43 @@ mod tests {
         assert_eq!(packed.stages[0].node, "b", "{packed:?}");
         assert!(packed.score.sharing > 0.0);
         assert_eq!(packed.stages[0].parts.sharing, packed.score.sharing);
+    }
+
+    #[test]
+    fn pack_fills_the_nodes_of_the_instance_s_other_replicas_first() {
+        use super::super::{SolveOptions, solve};
+        // Two identical nodes, each partly held by another workload.
+        let mut problem = problem(
+            vec![node("a", 4, H100), node("b", 4, H100)],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        for cluster_node in &mut problem.nodes {
+            cluster_node.devices[0].allocated_to = Some("ns/other".into());
+        }
+        problem.strategy = Strategy::Pack;
+        let alone = values(&problem);
+        assert_eq!(alone[0], alone[1], "no replicas: the nodes look the same");
+        let solved = |problem: &Problem| {
+            solve(problem, &SolveOptions::default()).unwrap().stages[0]
+                .node
+                .clone()
+        };
+        assert_eq!(solved(&problem), "a");
+        // Another replica of the instance runs on b.
+        problem.nodes[1].devices[1].allocated_to = Some("ns/m replica 0".into());
+        problem.replica_nodes = vec!["b".into()];
+        let with_replica = values(&problem);
+        let (on_a, on_b) = (with_replica[0][2], with_replica[1][2]);
+        assert!(
+            (1.0 - on_b - PACK_REPLICA_NODE * (1.0 - on_a)).abs() < 1e-12,
+            "half the cost: {on_a} vs {on_b}"
+        );
+        assert_eq!(solved(&problem), "b");
+        // Spread reads the same nodes to keep away from them.
+        problem.strategy = Strategy::Spread;
+        assert_eq!(solved(&problem), "a");
     }
 
     #[test]
