@@ -248,7 +248,8 @@ record_api_use() {
     sed -nE "s/^tessera_${component}_api_requests_total\{verb=\"([a-z]+)\",resource=\"([^\"]*)\"\}.*/${component} \1 \2/p" <<<"$text" >>"$API_USE"
   done
 }
-used() { awk -v c="$1" '$1 == c { print $2, $3 }' "$API_USE" | sort -u; }
+# Discovery documents are not resources: every authenticated user may read them.
+used() { awk -v c="$1" '$1 == c && $3 !~ /^discovery:/ { print $2, $3 }' "$API_USE" | sort -u; }
 
 # granted COMPONENT: "verb group/resource" for every rule bound to its ServiceAccount.
 granted() {

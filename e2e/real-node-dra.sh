@@ -356,7 +356,13 @@ else
     || die "pair's shard 0 was recreated across the kubelet restart"
   [[ "$(prepared_claims)" == 4 && "$(cdi_specs)" == 4 ]] \
     || die "after the kubelet restart kubelet holds $(prepared_claims) prepared claims and there are $(cdi_specs) CDI specs, not 4"
-  log "kubelet restarted: the driver registered again, pair's shards kept their devices, an instance created meanwhile runs"
+  wait_until 60 "the node's ResourceSlice with 8 devices" eight_devices
+  # Kubelet deletes the node's slices as it starts; the agent wrote them again.
+  agent=$(component_pods agent | head -n 1)
+  text=$(scrape "$TESSERA_NAMESPACE" "$agent" "$(pod_port "$agent")") || die "$text"
+  restores=$(awk '$1 == "tessera_agent_resource_slice_restores" { print $2; exit }' <<<"$text")
+  [[ "${restores:-0}" -ge 1 ]] || die "the agent reports ${restores:-no} slice restores after the kubelet restart"
+  log "kubelet restarted: the driver registered again, its slices were written again ($restores restore), pair's shards kept their devices, an instance created meanwhile runs"
 fi
 
 current_test=recreate_replica

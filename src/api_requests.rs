@@ -60,7 +60,9 @@ fn classify(method: &str, path: &str, query: &str) -> (&'static str, String) {
         other => other,
     };
     let (resource, named) = match rest {
-        [] => (String::new(), false),
+        // A group version's discovery document: a non-resource URL, which
+        // every authenticated user may read (system:discovery).
+        [] => return ("get", format!("discovery:{path}")),
         [resource] => ((*resource).to_string(), false),
         [resource, _name] => ((*resource).to_string(), true),
         [resource, _name, sub, ..] => (format!("{resource}/{sub}"), true),
@@ -130,6 +132,13 @@ mod tests {
                 "core/pods",
             ),
             ("GET", "/api/v1/namespaces/ml", "", "get", "core/namespaces"),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1",
+                "",
+                "get",
+                "discovery:/apis/resource.k8s.io/v1",
+            ),
             (
                 "PATCH",
                 "/apis/tessera.dev/v1alpha1/namespaces/ml/modelinstances/m/status",

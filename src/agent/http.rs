@@ -43,6 +43,7 @@ pub(crate) struct AgentMetrics {
     publish_attempts: Family<CauseLabel, Gauge>,
     slice_writes: Gauge,
     slice_errors: Gauge,
+    slice_restores: Gauge,
 }
 
 /// Status kept by the device plugin and the publisher, read at scrape time.
@@ -113,6 +114,13 @@ impl AgentMetrics {
             "Failed attempts to publish the node's ResourceSlices since start (DRA)",
             slice_errors.clone(),
         );
+        let slice_restores = Gauge::default();
+        registry.register(
+            "resource_slice_restores",
+            "Times since start the node's ResourceSlices were written again because someone \
+             else deleted them, as kubelet does when it starts (DRA)",
+            slice_restores.clone(),
+        );
         Self {
             registry,
             devices,
@@ -123,6 +131,7 @@ impl AgentMetrics {
             publish_attempts,
             slice_writes,
             slice_errors,
+            slice_restores,
         }
     }
 
@@ -159,6 +168,8 @@ impl AgentMetrics {
             .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.writes())));
         self.slice_errors
             .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.errors())));
+        self.slice_restores
+            .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.restores())));
         self.publishes.set(as_gauge(
             counters.publisher.as_ref().map_or(0, |p| p.published()),
         ));
