@@ -387,6 +387,10 @@ log "one rank deleted: both of meanwhile's pods were recreated, on the devices t
 current_test=least_privilege
 # Grants a run may not use, with why they are needed all the same.
 readonly MAY_GO_UNUSED=(
+  # With allocation auto a node whose kubelet does not register the driver falls back
+  # to the device plugin, which watches the node's pods; this node registered it.
+  "agent list core/pods"
+  "agent watch core/pods"
   # The agent writes its slices by server-side apply (a patch); the API server asks
   # for create as well when the patch creates the slice.
   "agent create resource.k8s.io/resourceslices"
