@@ -1187,12 +1187,7 @@ async fn a_running_dra_shard_keeps_its_claim_while_its_nodes_slices_are_gone() {
         placement_hash: Some(tessera::controller::hashes::placement_hash(&mi.spec)),
         ..Default::default()
     });
-    let world = World {
-        nodes: vec![node("a", 2)],
-        pods: vec![pod],
-        services: vec![headless_service(&mi)],
-        instances: vec![mi.clone()],
-    };
+    let world = alone(&mi, vec![node("a", 2)], vec![pod]);
     // The node's slices are gone; the claim is still there.
     let dra = DraCaches {
         slices: filled(Vec::<ResourceSlice>::new()).0,
@@ -1280,6 +1275,16 @@ fn settled_pair(policy: Option<&str>) -> (ModelInstance, Vec<Node>, Vec<Pod>) {
         ..Default::default()
     });
     (mi, nodes, pods)
+}
+
+/// `mi` and its Service alone in the world, with `nodes` and `pods`.
+fn alone(mi: &ModelInstance, nodes: Vec<Node>, pods: Vec<Pod>) -> World {
+    World {
+        nodes,
+        pods,
+        services: vec![headless_service(mi)],
+        instances: vec![mi.clone()],
+    }
 }
 
 fn failed(mut pod: Pod) -> Pod {
@@ -1410,15 +1415,7 @@ async fn a_deleted_rank_takes_the_running_ones_down_too() {
     let client = kube::Client::new(service, "default");
     let (mi, nodes, mut pods) = settled_pair(Some("RecreateReplica"));
     pods.truncate(1);
-    let ctx = context(
-        World {
-            nodes,
-            pods,
-            services: vec![headless_service(&mi)],
-            instances: vec![mi.clone()],
-        },
-        client,
-    );
+    let ctx = context(alone(&mi, nodes, pods), client);
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
     assert_eq!(
         deleted(&calls),
@@ -1440,15 +1437,7 @@ async fn with_recreate_pod_only_the_failed_rank_is_replaced() {
     let client = kube::Client::new(service, "default");
     let (mi, nodes, mut pods) = settled_pair(Some("RecreatePod"));
     pods[1] = failed(pods[1].clone());
-    let ctx = context(
-        World {
-            nodes,
-            pods,
-            services: vec![headless_service(&mi)],
-            instances: vec![mi.clone()],
-        },
-        client,
-    );
+    let ctx = context(alone(&mi, nodes, pods), client);
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
     assert_eq!(
         deleted(&calls),

@@ -168,8 +168,9 @@ impl AgentMetrics {
             .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.writes())));
         self.slice_errors
             .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.errors())));
-        self.slice_restores
-            .set(as_gauge(counters.slices.as_ref().map_or(0, |s| s.restores())));
+        self.slice_restores.set(as_gauge(
+            counters.slices.as_ref().map_or(0, |s| s.restores()),
+        ));
         self.publishes.set(as_gauge(
             counters.publisher.as_ref().map_or(0, |p| p.published()),
         ));

@@ -6,7 +6,7 @@
 use std::cell::OnceCell;
 
 use super::exclusion::{Exclusion, exclusion_text};
-use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
+use super::hops::{HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE, hop_between_nodes};
 use super::links::link_positions;
 use super::plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime};
 use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Stages, Weights};
@@ -191,13 +191,10 @@ impl<'p> PreparedProblem<'p> {
     pub(crate) fn node_distance(&self, from: usize, to: usize) -> f64 {
         let (from_node, to_node) = (&self.problem.nodes[from], &self.problem.nodes[to]);
         let same_zone = from_node.zone.is_some() && from_node.zone == to_node.zone;
-        if same_zone && from_node.rack.is_some() && from_node.rack == to_node.rack {
-            HOP_SAME_RACK
-        } else if same_zone {
-            HOP_SAME_ZONE
-        } else {
-            HOP_CROSS_ZONE
-        }
+        hop_between_nodes(
+            same_zone,
+            same_zone && from_node.rack.is_some() && from_node.rack == to_node.rack,
+        )
     }
 
     /// Normalised compute, thermal and bandwidth parts of a device.

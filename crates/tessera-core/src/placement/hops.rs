@@ -21,12 +21,21 @@ impl Place {
     /// `PreparedProblem::node_distance` applies to the names.
     pub(crate) fn hop_to(self, other: Place) -> f64 {
         let same_zone = self.zone.is_some() && self.zone == other.zone;
-        if same_zone && self.rack.is_some() && self.rack == other.rack {
-            HOP_SAME_RACK
-        } else if same_zone {
-            HOP_SAME_ZONE
-        } else {
-            HOP_CROSS_ZONE
-        }
+        hop_between_nodes(
+            same_zone,
+            same_zone && self.rack.is_some() && self.rack == other.rack,
+        )
+    }
+}
+
+/// The cost of a hop between two different nodes: the one rule for plans,
+/// the search's leaves and spreading replicas.
+pub(crate) fn hop_between_nodes(same_zone: bool, same_rack: bool) -> f64 {
+    if same_zone && same_rack {
+        HOP_SAME_RACK
+    } else if same_zone {
+        HOP_SAME_ZONE
+    } else {
+        HOP_CROSS_ZONE
     }
 }

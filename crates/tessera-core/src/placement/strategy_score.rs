@@ -14,7 +14,7 @@
 //! so the user weights keep their meaning relative to each other. Under
 //! `ScoreOnly` the part weighs nothing and is not computed (it reads 0).
 
-use super::hops::{HOP_CROSS_ZONE, HOP_SAME_RACK, HOP_SAME_ZONE};
+use super::hops::hop_between_nodes;
 use super::links::link_positions;
 use super::problem::{NodeState, Problem, Strategy};
 
@@ -246,17 +246,15 @@ fn separation(node: &NodeState, other: &NodeState) -> f64 {
         return 0.0;
     }
     let same_zone = node.zone.is_some() && node.zone == other.zone;
-    if same_zone && node.rack.is_some() && node.rack == other.rack {
-        HOP_SAME_RACK
-    } else if same_zone {
-        HOP_SAME_ZONE
-    } else {
-        HOP_CROSS_ZONE
-    }
+    hop_between_nodes(
+        same_zone,
+        same_zone && node.rack.is_some() && node.rack == other.rack,
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::hops::{HOP_CROSS_ZONE, HOP_SAME_RACK, HOP_SAME_ZONE};
     use super::super::problem::{Link, Stages};
     use super::super::testutil::*;
     use super::*;
