@@ -1136,19 +1136,7 @@ async fn a_running_dra_shard_keeps_its_claim_while_its_nodes_slices_are_gone() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let mut mi = instance();
-    let infos = [Arc::new(
-        NodeInfo::from_node(&node("a", 2)).unwrap().unwrap(),
-    )];
-    let held = Held::new();
-    let inputs = PlanInputs::new(
-        &infos,
-        &held,
-        k8s_openapi::jiff::Timestamp::now(),
-        &Settings::default(),
-    );
-    let PlanDecision::Planned(new) = decide(&mi.spec, &[], &Current::NONE, &inputs) else {
-        panic!("no plan")
-    };
+    let new = plan_on(&mi, &[node("a", 2)]);
     let shard = &new.plan[0];
     let mut pod = shard_pods_with(&mi, &new.plan, |_| {
         ShardGpus::Claim("llama-shard-0-gpus".into())
@@ -1240,20 +1228,7 @@ fn settled_pair(policy: Option<&str>) -> (ModelInstance, Vec<Node>, Vec<Pod>) {
     }
     let mut mi: ModelInstance = serde_json::from_value(spec).unwrap();
     let nodes = vec![node("a", 1), node("b", 1)];
-    let infos: Vec<Arc<NodeInfo>> = nodes
-        .iter()
-        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
-        .collect();
-    let held = Held::new();
-    let inputs = PlanInputs::new(
-        &infos,
-        &held,
-        k8s_openapi::jiff::Timestamp::now(),
-        &Settings::default(),
-    );
-    let PlanDecision::Planned(new) = decide(&mi.spec, &[], &Current::NONE, &inputs) else {
-        panic!("no plan")
-    };
+    let new = plan_on(&mi, &nodes);
     assert_eq!(new.plan.len(), 2);
     let pods = shard_pods(&mi, &new.plan, |_| "tessera.dev/gpu".into())
         .into_iter()
@@ -1275,6 +1250,25 @@ fn settled_pair(policy: Option<&str>) -> (ModelInstance, Vec<Node>, Vec<Pod>) {
         ..Default::default()
     });
     (mi, nodes, pods)
+}
+
+/// The plan the controller's decision gives `mi` on empty `nodes`.
+fn plan_on(mi: &ModelInstance, nodes: &[Node]) -> tessera::controller::decide::NewPlan {
+    let infos: Vec<Arc<NodeInfo>> = nodes
+        .iter()
+        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
+        .collect();
+    let held = Held::new();
+    let inputs = PlanInputs::new(
+        &infos,
+        &held,
+        k8s_openapi::jiff::Timestamp::now(),
+        &Settings::default(),
+    );
+    let PlanDecision::Planned(new) = decide(&mi.spec, &[], &Current::NONE, &inputs) else {
+        panic!("no plan")
+    };
+    new
 }
 
 /// `mi` and its Service alone in the world, with `nodes` and `pods`.
