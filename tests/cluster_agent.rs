@@ -79,12 +79,9 @@ const TWO_H100_ONE_FAULTY: &str = "gpus:\n  - {profile: H100-80GiB, count: 2}\nf
 
 #[tokio::test]
 async fn the_agent_publishes_gpu_state_onto_its_node() {
-    let Some(path) = kubeconfig_path() else {
+    let Some((_, config, client)) = cluster().await else {
         return;
     };
-    let config = load_config(&path).await;
-    let client = Client::try_from(config.clone())
-        .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
     let nodes: Api<Node> = Api::all(client.clone());
 
     // Locals drop in reverse order: the publisher and the poller stop before
@@ -143,17 +140,24 @@ async fn the_agent_publishes_gpu_state_onto_its_node() {
     );
 }
 
+/// The kubeconfig to test against, its config and a client; `None` (the
+/// reason printed) skips the test.
+async fn cluster() -> Option<(PathBuf, Config, Client)> {
+    let path = kubeconfig_path()?;
+    let config = load_config(&path).await;
+    let client = Client::try_from(config.clone())
+        .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
+    Some((path, config, client))
+}
+
 /// A driver name no real agent on the test cluster uses.
 const TEST_DRIVER: &str = "gpu.test.tessera.dev";
 
 #[tokio::test]
 async fn the_agent_publishes_and_restores_its_resource_slices() {
-    let Some(path) = kubeconfig_path() else {
+    let Some((_, config, client)) = cluster().await else {
         return;
     };
-    let config = load_config(&path).await;
-    let client = Client::try_from(config.clone())
-        .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
     let served = client
         .list_api_group_resources("resource.k8s.io/v1")
         .await
@@ -275,12 +279,9 @@ async fn the_agent_publishes_and_restores_its_resource_slices() {
 
 #[tokio::test]
 async fn the_agent_binary_publishes_and_stops_on_sigterm() {
-    let Some(path) = kubeconfig_path() else {
+    let Some((path, config, client)) = cluster().await else {
         return;
     };
-    let config = load_config(&path).await;
-    let client = Client::try_from(config.clone())
-        .unwrap_or_else(|e| panic!("building a client from {}: {e}", path.display()));
     let nodes: Api<Node> = Api::all(client);
 
     // Locals drop in reverse order: the agent is killed (if still running)

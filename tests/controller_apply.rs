@@ -400,31 +400,12 @@ async fn an_invalid_instance_gets_a_condition_and_no_pods() {
 fn settled() -> (ModelInstance, Vec<Node>, Pod) {
     let mi = instance();
     let nodes = vec![node("a", 2)];
-    let infos: Vec<Arc<NodeInfo>> = nodes
-        .iter()
-        .map(|n| Arc::new(NodeInfo::from_node(n).unwrap().unwrap()))
-        .collect();
-    let held = Held::new();
-    let inputs = PlanInputs::new(
-        &infos,
-        &held,
-        k8s_openapi::jiff::Timestamp::now(),
-        &tessera::controller::reconcile::Settings::default(),
-    );
-    let current = Current::NONE;
-    let PlanDecision::Planned(new) = decide(&mi.spec, &[], &current, &inputs) else {
-        panic!("no plan")
-    };
+    let new = plan_on(&mi, &nodes);
     let mut pod = shard_pods(&mi, &new.plan, |_| "tessera.dev/gpu".into()).remove(0);
     pod.metadata.uid = Some("uid-pod".into());
     pod.spec.as_mut().unwrap().node_name = Some("a".into());
     let mut mi = mi;
-    mi.status = Some(ModelInstanceStatus {
-        phase: Some(Phase::Running),
-        plan: new.plan,
-        placement_hash: Some(tessera::controller::hashes::placement_hash(&mi.spec)),
-        ..Default::default()
-    });
+    mi.status = Some(running(&mi, new.plan));
     (mi, nodes, pod)
 }
 
@@ -1169,12 +1150,7 @@ async fn a_running_dra_shard_keeps_its_claim_while_its_nodes_slices_are_gone() {
         },
     }))
     .unwrap();
-    mi.status = Some(ModelInstanceStatus {
-        phase: Some(Phase::Running),
-        plan: new.plan.clone(),
-        placement_hash: Some(tessera::controller::hashes::placement_hash(&mi.spec)),
-        ..Default::default()
-    });
+    mi.status = Some(running(&mi, new.plan.clone()));
     let world = alone(&mi, vec![node("a", 2)], vec![pod]);
     // The node's slices are gone; the claim is still there.
     let dra = DraCaches {
@@ -1243,13 +1219,18 @@ fn settled_pair(policy: Option<&str>) -> (ModelInstance, Vec<Node>, Vec<Pod>) {
             pod
         })
         .collect();
-    mi.status = Some(ModelInstanceStatus {
+    mi.status = Some(running(&mi, new.plan));
+    (mi, nodes, pods)
+}
+
+/// The status of `mi` running on `plan`.
+fn running(mi: &ModelInstance, plan: Vec<tessera::api::PlannedShard>) -> ModelInstanceStatus {
+    ModelInstanceStatus {
         phase: Some(Phase::Running),
-        plan: new.plan,
+        plan,
         placement_hash: Some(tessera::controller::hashes::placement_hash(&mi.spec)),
         ..Default::default()
-    });
-    (mi, nodes, pods)
+    }
 }
 
 /// The plan the controller's decision gives `mi` on empty `nodes`.

@@ -22,9 +22,9 @@ use crate::backend::RawHealth;
 const MAX_HEALTH_MESSAGE: usize = 1024;
 /// Every device's health is sent again this often even when nothing changed:
 /// kubelet reports a device it has no fresh news of as Unknown after
-/// [`HEALTH_TIMEOUT`], which is how a dead agent shows in pod status.
+/// [`HEALTH_TIMEOUT_SECONDS`], which is how a dead agent shows in pod status.
 const HEALTH_RESEND: std::time::Duration = std::time::Duration::from_secs(10);
-const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+const HEALTH_TIMEOUT_SECONDS: i64 = 30;
 
 /// All of the driver's services, ready to serve; `stop` ends the health streams.
 pub(crate) fn routes<C: ClaimReader>(
@@ -171,10 +171,7 @@ impl<C: ClaimReader> health::dra_resource_health_server::DraResourceHealth for H
                                 }),
                                 health: *status as i32,
                                 last_updated_time: unix_now(),
-                                health_check_timeout_seconds: i64::try_from(
-                                    HEALTH_TIMEOUT.as_secs(),
-                                )
-                                .unwrap_or(i64::MAX),
+                                health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
                                 message: message.clone(),
                             })
                             .collect(),

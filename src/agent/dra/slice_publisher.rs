@@ -14,8 +14,8 @@
 //! node's slices when it starts (and when a driver goes away), and a slice
 //! deleted by anyone else must come back at once, or allocators (and the
 //! controller) would take the node for one without DRA. A deleted slice, or a
-//! re-list that does not show what was written, makes the pool be written
-//! again under the next generation.
+//! re-list, makes the agent read its slices back, and when they are not what
+//! it wrote it writes the pool again under the next generation.
 //!
 //! On shutdown the slices stay: the devices are still there and in use, and
 //! the next agent writes them again.
@@ -31,6 +31,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
@@ -95,15 +96,16 @@ pub async fn run_slice_publisher(
 ) {
     tokio::pin!(shutdown);
     let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let slice_names: Api<PartialObjectMeta<ResourceSlice>> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
+    // Names are all it needs to see go: the metadata alone is watched.
     let mut watched = pin!(crate::watch_backoff::with_backoff(
         "this node's ResourceSlices",
         watcher::watcher(
-            slices.clone(),
+            slice_names,
             watcher::Config::default().fields(&pool_selector(&node_name, &driver)),
         ),
     ));
-    let mut listing = BTreeSet::new();
     let mut backoff = BACKOFF_START;
     let mut taints = true;
     let mut published: Option<Published> = None;
@@ -143,7 +145,7 @@ pub async fn run_slice_publisher(
                 let Some(event) = event else { return };
                 if let Ok(event) = event
                     && let Some(last) = published.as_mut()
-                    && may_be_lost(last, &event, &mut listing)
+                    && may_be_lost(last, &event)
                     && let Some(now) = gone(&slices, &driver, &node_name, last).await
                 {
                     tracing::warn!(
@@ -166,32 +168,19 @@ pub async fn run_slice_publisher(
 }
 
 /// Whether `event` may show the written pool gone: one of its slices
-/// deleted, or a (re-)list that does not hold exactly its slices (a watch
-/// that was away may have missed a deletion). Events can be older than the
-/// last write (a list begun before it, our own deletion of a name written
-/// again since), so [`gone`] has the last word. `listing` collects the
-/// names of a list in progress.
-fn may_be_lost(
-    last: &Published,
-    event: &Event<ResourceSlice>,
-    listing: &mut BTreeSet<String>,
-) -> bool {
+/// deleted, or a (re-)list done (a watch that was away may have missed a
+/// deletion). Events can be older than the last write (our own deletion of
+/// a name written again since), so [`gone`] has the last word.
+fn may_be_lost(last: &Published, event: &Event<PartialObjectMeta<ResourceSlice>>) -> bool {
     if last.devices.is_none() {
         return false;
     }
     match event {
         Event::Delete(slice) => last.names.contains(&slice.name_any()),
-        // Our own writes, seen late: what they changed was written anyway.
-        Event::Apply(_) => false,
-        Event::Init => {
-            listing.clear();
-            false
-        }
-        Event::InitApply(slice) => {
-            listing.insert(slice.name_any());
-            false
-        }
-        Event::InitDone => *listing != last.names,
+        Event::InitDone => true,
+        // Our own writes, seen late (what they changed was written anyway),
+        // and a list under way.
+        Event::Apply(_) | Event::Init | Event::InitApply(_) => false,
     }
 }
 
