@@ -33,6 +33,10 @@ fn flags_parse_and_bad_values_name_the_flag() {
     assert!(parse(&["--allocation", "dra"]).unwrap().dra);
     assert!(!parse(&["--allocation", "device-plugin"]).unwrap().dra);
     assert!(options::USAGE.contains("--allocation"));
+    assert!(!options.agent_http2, "a real agent's HTTP/1.1 unless asked");
+    assert!(parse(&["--agent-transport", "http2"]).unwrap().agent_http2);
+    assert!(!parse(&["--agent-transport", "http1"]).unwrap().agent_http2);
+    assert!(options::USAGE.contains("--agent-transport"));
     assert_eq!(
         options.steady_for(Duration::from_secs(300)),
         Duration::from_secs(360),
@@ -63,6 +67,8 @@ fn flags_parse_and_bad_values_name_the_flag() {
         &["--allocation", "auto"],
         &["--allocation", "DRA"],
         &["--allocation"],
+        &["--agent-transport", "h2"],
+        &["--agent-transport"],
         &["--what", "1"],
     ] {
         let error = parse(bad).unwrap_err();

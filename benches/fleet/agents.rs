@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::gpus::{KINDS, SimGpus};
 use crate::support::SplitMix64;
+use crate::transport;
 
 /// Polls per interval are done in slices this far apart.
 const POLL_SLICE: Duration = Duration::from_millis(10);
@@ -89,20 +90,21 @@ impl Fleet {
     }
 
     /// Starts every node's publisher; they stop when `stop` turns true.
+    /// Node `i` writes through `transport::client_of(clients, i)`.
     pub(crate) fn start_publishers(
         &self,
-        client: &Client,
+        clients: &[Client],
         min_interval: Option<Duration>,
         stop: &watch::Receiver<bool>,
     ) {
-        for node in &self.nodes {
+        for (index, node) in self.nodes.iter().enumerate() {
             let mut config = PublisherConfig::new(node.name.clone());
             if let Some(interval) = min_interval {
                 config.min_interval = interval;
             }
             let mut stop = stop.clone();
             tokio::spawn(run_publisher(
-                client.clone(),
+                transport::client_of(clients, index),
                 config,
                 node.tx.subscribe(),
                 Arc::clone(&node.stats),
@@ -113,18 +115,18 @@ impl Fleet {
         }
     }
 
-    /// Starts every node's ResourceSlice publisher for `driver`; they stop
-    /// when `stop` turns true.
+    /// Starts every node's ResourceSlice publisher for `driver` (clients as
+    /// for `start_publishers`); they stop when `stop` turns true.
     pub(crate) fn start_slice_publishers(
         &self,
-        client: &Client,
+        clients: &[Client],
         driver: &str,
         stop: &watch::Receiver<bool>,
     ) {
-        for node in &self.nodes {
+        for (index, node) in self.nodes.iter().enumerate() {
             let mut stop = stop.clone();
             tokio::spawn(run_slice_publisher(
-                client.clone(),
+                transport::client_of(clients, index),
                 driver.to_string(),
                 node.name.clone(),
                 node.tx.subscribe(),

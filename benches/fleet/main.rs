@@ -28,6 +28,10 @@
 //! pod's devices from its claim (needs an API server serving
 //! `resource.k8s.io/v1`); the reports add slice writes and claim checks.
 //!
+//! `--agent-transport http2` has the simulated agents share HTTP/2
+//! connections (see `transport`), for fleets too large for one process's
+//! sockets.
+//!
 //! Everything it creates carries a run label and is deleted at the end.
 //! Without `TESSERA_TEST_KUBECONFIG` it prints why it is skipped and exits 0.
 
@@ -44,6 +48,7 @@ mod measure;
 mod nodes;
 mod options;
 mod restart;
+mod transport;
 mod workload;
 
 use std::path::Path;
@@ -80,6 +85,11 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // The simulated agents' own logs, for `RUST_LOG=warn` and the like.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let Some(kubeconfig) = real_cluster::kubeconfig_path() else {
         return;
     };
@@ -89,10 +99,12 @@ fn main() {
         .expect("a tokio runtime");
     runtime.block_on(async {
         let config = real_cluster::load_config(&kubeconfig).await;
-        let client = Client::try_from(config).expect("a Kubernetes client");
+        let client = Client::try_from(config.clone()).expect("a Kubernetes client");
         real_cluster::install_crd(&client).await;
         for &count in &options.nodes {
-            run(&client, &kubeconfig, count, &options).await;
+            let agents = transport::agent_clients(&config, &client, count, options.agent_http2)
+                .expect("the agents' HTTP/2 clients");
+            run(&client, &agents, &kubeconfig, count, &options).await;
         }
     });
 }
@@ -105,7 +117,14 @@ fn run_token() -> String {
     format!("{:06x}", (nanos ^ std::process::id()) & 0xff_ffff)
 }
 
-async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options) {
+/// `agents`: the clients the simulated agents write and watch through.
+async fn run(
+    client: &Client,
+    agents: &[Client],
+    kubeconfig: &Path,
+    count: usize,
+    options: &Options,
+) {
     let run = run_token();
     let scenario = format!(
         "fleet/{count}_nodes{}",
@@ -134,12 +153,13 @@ async fn run(client: &Client, kubeconfig: &Path, count: usize, options: &Options
             .join(", ")
     );
     let (stop, stopped) = watch::channel(false);
-    fleet.start_publishers(client, options.publish_interval, &stopped);
+    fleet.start_publishers(agents, options.publish_interval, &stopped);
     if options.dra {
-        fleet.start_slice_publishers(client, tessera::agent::dra::DEFAULT_DRIVER_NAME, &stopped);
+        fleet.start_slice_publishers(agents, tessera::agent::dra::DEFAULT_DRIVER_NAME, &stopped);
     }
     let poller = tokio::spawn(Arc::clone(&fleet).poll_forever(options.poll));
-    let leases = tokio::spawn(nodes::renew_leases(client.clone(), names.clone()));
+    // Kubelets renew their Leases over their own connections, as agents write.
+    let leases = tokio::spawn(nodes::renew_leases(agents.to_vec(), names.clone()));
     let statuses = tokio::spawn(nodes::keep_ready(client.clone(), run.clone()));
     let started = Instant::now();
     while fleet.published().0 < count as u64 && started.elapsed() < Duration::from_secs(600) {

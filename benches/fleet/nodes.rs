@@ -88,15 +88,18 @@ fn micro_now() -> serde_json::Value {
 }
 
 /// Renews every Lease once per `LEASE_RENEW`, spread evenly over it, until dropped.
-pub(crate) async fn renew_leases(client: Client, names: Vec<String>) {
-    let leases: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
+pub(crate) async fn renew_leases(clients: Vec<Client>, names: Vec<String>) {
+    let leases: Vec<Api<Lease>> = clients
+        .into_iter()
+        .map(|client| Api::namespaced(client, LEASE_NAMESPACE))
+        .collect();
     let gap = LEASE_RENEW / names.len().max(1) as u32;
     let mut tick = tokio::time::interval(gap);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        for name in &names {
+        for (index, name) in names.iter().enumerate() {
             tick.tick().await;
-            let leases = leases.clone();
+            let leases = crate::transport::client_of(&leases, index);
             let name = name.clone();
             tokio::spawn(async move {
                 // As a kubelet does: a failed renewal is retried soon (0.2 s

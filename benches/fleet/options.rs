@@ -11,7 +11,10 @@ the kube-apiserver this pid file names, on this machine, once the churn is measu
 (how many times, one after another; default 1) --initial-list auto|stream|list (the controller's \
 --initial-list; default auto) --allocation device-plugin|dra (how shard pods get their devices: \
 the agents publish ResourceSlices too and the controller allocates each shard's ResourceClaim; \
-dra needs an API server serving resource.k8s.io/v1; default device-plugin)";
+dra needs an API server serving resource.k8s.io/v1; default device-plugin) --agent-transport \
+http1|http2 (http1: the agents' connections as a real agent's, kube-rs's HTTP/1.1; http2: the \
+simulated agents and their Lease renewals share one HTTP/2 connection per 20 nodes, for fleets whose HTTP/1.1 sockets would \
+pass this process's open-file limit; default http1)";
 
 #[derive(Debug, PartialEq)]
 pub(crate) struct Options {
@@ -28,6 +31,8 @@ pub(crate) struct Options {
     pub(crate) initial_list: String,
     /// DRA: agents publish ResourceSlices, the controller allocates claims.
     pub(crate) dra: bool,
+    /// The simulated agents share HTTP/2 connections.
+    pub(crate) agent_http2: bool,
 }
 
 impl Options {
@@ -43,6 +48,7 @@ impl Options {
             restarts: 1,
             initial_list: "auto".into(),
             dra: false,
+            agent_http2: false,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -91,6 +97,17 @@ impl Options {
                         _ => {
                             return Err(format!(
                                 "--allocation {value:?}: expected device-plugin or dra"
+                            ));
+                        }
+                    };
+                }
+                "--agent-transport" => {
+                    options.agent_http2 = match value.as_str() {
+                        "http2" => true,
+                        "http1" => false,
+                        _ => {
+                            return Err(format!(
+                                "--agent-transport {value:?}: expected http1 or http2"
                             ));
                         }
                     };
