@@ -209,10 +209,20 @@ async fn the_agent_publishes_and_restores_its_resource_slices() {
         },
     }))
     .expect("a valid ResourceSlice");
-    timeout(CALL, slices.create(&PostParams::default(), &slice))
+    let created = timeout(CALL, slices.create(&PostParams::default(), &slice))
         .await
         .expect("creating the left-over slice answered within the bound")
         .expect("creating the left-over slice");
+    // The agent finds left-over slices in the API server's watch cache, where
+    // one from an earlier driver has long been: let this one get there too.
+    let cached = kube::api::ListParams::default()
+        .fields(&format!("metadata.name={left_over}"))
+        .match_any()
+        .at(&created.metadata.resource_version.unwrap_or_default());
+    timeout(CALL, slices.list(&cached))
+        .await
+        .expect("reading the cache answered within the bound")
+        .expect("reading the cache at the left-over slice's version");
 
     let (tx, rx) = channel("fake");
     let poller = Poller::start(&fake_file, tx);

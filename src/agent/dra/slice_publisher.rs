@@ -83,6 +83,9 @@ struct Published {
     devices: Option<Vec<Device>>,
     generation: i64,
     names: BTreeSet<String>,
+    /// The resourceVersion of this run's last slice write: a read of the
+    /// API server's cache at least this new shows that write.
+    written_at: Option<String>,
 }
 
 /// Publishes `view`'s devices as the pool of `node_name` until `shutdown`.
@@ -103,7 +106,12 @@ pub async fn run_slice_publisher(
         "this node's ResourceSlices",
         watcher::watcher(
             slice_names,
-            watcher::Config::default().fields(&pool_selector(&node_name, &driver)),
+            // From the API server's watch cache, as informers list: a list
+            // that must be the latest goes to etcd on servers that cannot
+            // serve it from the cache, and scans every node's slices there.
+            watcher::Config::default()
+                .fields(&pool_selector(&node_name, &driver))
+                .any_semantic(),
         ),
     ));
     let mut backoff = BACKOFF_START;
@@ -159,6 +167,7 @@ pub async fn run_slice_publisher(
                         devices: None,
                         generation: last.generation.max(now.generation),
                         names: now.names,
+                        written_at: None,
                     };
                 }
             }
@@ -184,16 +193,21 @@ fn may_be_lost(last: &Published, event: &Event<PartialObjectMeta<ResourceSlice>>
     }
 }
 
-/// The node's slices as the API server holds them now (read, not from the
-/// watch), when they are not exactly the pool last written. A failed read
-/// says nothing is lost: the watch goes on, and a real loss shows again.
+/// The node's slices as the API server holds them now (read from its watch
+/// cache once it shows our last write: a cache behind it would read that
+/// write as lost), when they are not exactly the pool last written. A failed
+/// read says nothing is lost: the watch goes on, and a real loss shows again.
 async fn gone(
     slices: &Api<ResourceSlice>,
     driver: &str,
     node_name: &str,
     last: &Published,
 ) -> Option<Published> {
-    match existing(slices, driver, node_name).await {
+    let mut params = pool_list(node_name, driver).match_any();
+    if let Some(version) = &last.written_at {
+        params.resource_version = Some(version.clone());
+    }
+    match existing(slices, &params).await {
         Ok(now) => (now.names != last.names || now.generation != last.generation).then_some(now),
         Err(e) => {
             tracing::warn!(error = %e, "could not read the node's ResourceSlices back");
@@ -205,6 +219,11 @@ async fn gone(
 /// The field selector of one node's slices of one driver.
 fn pool_selector(node_name: &str, driver: &str) -> String {
     format!("spec.nodeName={node_name},spec.driver={driver}")
+}
+
+/// A list of one node's slices of one driver, the latest.
+fn pool_list(node_name: &str, driver: &str) -> ListParams {
+    ListParams::default().fields(&pool_selector(node_name, driver))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -231,7 +250,10 @@ async fn publish_once(
         }
     };
     if published.is_none() {
-        *published = Some(existing(slices, driver, node_name).await?);
+        // A cache behind an earlier run's last write gives an older
+        // generation: the same names are written again, over it.
+        let cached = pool_list(node_name, driver).match_any();
+        *published = Some(existing(slices, &cached).await?);
     }
     let Some(last) = published.as_mut() else {
         return Ok(());
@@ -244,12 +266,14 @@ async fn publish_once(
         let generation = last.generation + 1;
         let wanted = node_slices(owner, &devices, generation);
         let mut kept_taints = true;
+        let mut written_at = None;
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for slice in &wanted {
             let name = slice.metadata.name.clone().unwrap_or_default();
             let written = slices.patch(&name, &params, &Patch::Apply(slice)).await?;
             stats.writes.fetch_add(1, Ordering::Relaxed);
             kept_taints &= taints_kept(slice, &written);
+            written_at = written.metadata.resource_version;
         }
         let names: BTreeSet<String> = wanted
             .iter()
@@ -268,6 +292,7 @@ async fn publish_once(
             devices: Some(devices),
             generation,
             names,
+            written_at,
         };
         stats.generation.store(
             u64::try_from(generation).unwrap_or_default(),
@@ -288,17 +313,16 @@ async fn publish_once(
     }
 }
 
-/// The node's slices of this driver as they are: their generation (the
-/// newest) and names; this run has written none of them yet.
+/// The node's slices of this driver as `params` reads them: their
+/// generation (the newest) and names; this run has written none of them yet.
 async fn existing(
     slices: &Api<ResourceSlice>,
-    driver: &str,
-    node_name: &str,
+    params: &ListParams,
 ) -> Result<Published, kube::Error> {
-    let params = ListParams::default().fields(&pool_selector(node_name, driver));
-    let list = slices.list(&params).await?;
+    let list = slices.list(params).await?;
     Ok(Published {
         devices: None,
+        written_at: None,
         generation: list
             .items
             .iter()
@@ -335,7 +359,9 @@ pub(crate) async fn delete_node_slices(
     node_name: &str,
 ) -> Result<usize, kube::Error> {
     let slices: Api<ResourceSlice> = Api::all(client);
-    let found = existing(&slices, driver, node_name).await?;
+    // The latest: a slice the cache has not shown yet would go on offering
+    // the GPUs both ways.
+    let found = existing(&slices, &pool_list(node_name, driver)).await?;
     for name in &found.names {
         match slices.delete(name, &DeleteParams::default()).await {
             Ok(_) => {}
