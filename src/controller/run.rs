@@ -245,8 +245,12 @@ fn instances_for_node(
         .state()
         .iter()
         .filter(|mi| {
+            // A new instance is woken by its own creation. Woken by every Node
+            // change too, it would never be reconciled while Nodes change
+            // faster than the reconcile queue's debounce, which restarts with
+            // each trigger (5,000 Nodes losing their not-ready taints).
             let Some(status) = &mi.status else {
-                return true;
+                return false;
             };
             let waiting = !status
                 .conditions
@@ -432,4 +436,63 @@ async fn run_controller(
         })
         .await;
     metrics.synced.store(false, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use tessera_core::api::{ModelInstanceStatus, PlannedShard};
+
+    use super::super::testkit::{SMALL, instance};
+    use super::*;
+
+    fn placed(placed: bool, node: &str) -> ModelInstanceStatus {
+        let condition: Condition = serde_json::from_value(serde_json::json!({
+            "type": PLACED,
+            "status": if placed { "True" } else { "False" },
+            "reason": "Test",
+            "message": "",
+            "lastTransitionTime": "2026-06-01T12:00:00Z",
+        }))
+        .unwrap();
+        let shard = PlannedShard {
+            replica: 0,
+            shard: 0,
+            node: node.to_string(),
+            devices: vec![format!("{node}-g0")],
+            layer_start: 0,
+            layer_end: 32,
+            predicted_memory_gib: 16.0,
+        };
+        ModelInstanceStatus {
+            conditions: vec![condition],
+            plan: if placed { vec![shard] } else { vec![] },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_change_wakes_instances_planned_on_it_and_waiting_ones_not_new_ones() {
+        let new = instance("new", SMALL);
+        let mut waiting = instance("waiting", SMALL);
+        waiting.status = Some(placed(false, ""));
+        let mut on_a = instance("on-a", SMALL);
+        on_a.status = Some(placed(true, "a"));
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for mi in [new, waiting, on_a] {
+            writer.apply_watcher_event(&watcher::Event::InitApply(mi));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let woken = |node: &str| {
+            let mut names: Vec<String> = instances_for_node(&store, node)
+                .into_iter()
+                .map(|r| r.name)
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(woken("a"), ["on-a", "waiting"]);
+        assert_eq!(woken("b"), ["waiting"]);
+    }
 }
