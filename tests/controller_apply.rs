@@ -1109,6 +1109,59 @@ async fn a_shard_on_a_dra_node_gets_its_claim_allocated_before_its_bind() {
     run.await.unwrap().unwrap();
 }
 
+/// The two stages' requests of one kind, both received before either is
+/// answered (a controller that waited for each answer would send only one).
+async fn both_in_flight(api: &mut ApiHandle, method: Method, path: &str) -> [Call; 2] {
+    let (first, second) = (next(api).await, next(api).await);
+    for call in [&first, &second] {
+        assert_eq!(call.method, method, "{}", call.path);
+        assert!(call.path.contains(path), "{} is not {path}", call.path);
+    }
+    [first, second]
+}
+
+#[tokio::test]
+async fn a_replicas_claims_pods_allocations_and_binds_are_each_sent_together() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mut spec = serde_json::to_value(instance()).unwrap();
+    spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
+    let mi: ModelInstance = serde_json::from_value(spec).unwrap();
+    let ctx = dra_context(client, &mi, vec![]);
+    let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
+
+    let c = next(&mut api).await;
+    assert_eq!(c.path, "/api/v1/namespaces/ml/services?");
+    echo(c, StatusCode::CREATED);
+    for call in both_in_flight(&mut api, Method::POST, "/resourceclaims?").await {
+        echo(call, StatusCode::CREATED);
+    }
+    for call in both_in_flight(&mut api, Method::POST, "/pods?").await {
+        echo(call, StatusCode::CREATED);
+    }
+    for call in both_in_flight(&mut api, Method::PUT, "/status?").await {
+        echo(call, StatusCode::OK);
+    }
+    for call in both_in_flight(&mut api, Method::POST, "/binding?").await {
+        respond(
+            call.send,
+            StatusCode::CREATED,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+        );
+    }
+    let c = next(&mut api).await;
+    assert_eq!(c.method, Method::PATCH);
+    let mut echoed = serde_json::to_value(instance()).unwrap();
+    echoed["status"] = c.body["status"].clone();
+    respond(c.send, StatusCode::OK, &echoed);
+    // Events: Planned, and Bound per shard.
+    for _ in 0..3 {
+        let c = next(&mut api).await;
+        echo(c, StatusCode::CREATED);
+    }
+    run.await.unwrap().unwrap();
+}
+
 /// Kubelet deletes its node's ResourceSlices when it starts, until the
 /// driver writes them again: a running shard that got its device through a
 /// claim must not be replaced by one asking for the extended resource.

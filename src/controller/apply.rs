@@ -1,6 +1,6 @@
 //! The apply stage: the only part of the controller that writes. It brings
 //! the shard pods and the Service to the desired state, binds pods to their
-//! planned nodes (all shards at once, in shard order), and writes the status.
+//! planned nodes (a replica's shards together), and writes the status.
 //! Writes that hit a conflict, a throttle or a server error are retried a few
 //! times; the rest of the error handling is the controller's backoff.
 
@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures::future::join_all;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -187,17 +189,11 @@ pub(crate) async fn pods(
     }
     let mut states = Vec::with_capacity(desired.len());
     let mut unbound = Vec::new();
-    let params = PostParams::default();
+    let mut missing = Vec::new();
     for (want, node) in desired {
         let name = want.name_any();
         let Some(have) = existing.get(&name) else {
-            match retry(&format!("create pod {name}"), || api.create(&params, want)).await {
-                Ok(created) => unbound.push((states.len(), created, node)),
-                // Created by an earlier reconcile whose result the cache has not
-                // seen yet: it is bound once the cache catches up.
-                Err(e) if already_exists(&e) => {}
-                Err(e) => return Err(e),
-            }
+            missing.push((states.len(), want, node));
             states.push(ShardState::Created);
             continue;
         };
@@ -225,16 +221,52 @@ pub(crate) async fn pods(
             Some(_) => states.push(ShardState::Bound),
         }
     }
+    // The shards' writes do not depend on each other: a replica's are sent
+    // together, so its pods start together.
+    let params = &PostParams::default();
+    let created = join_all(missing.iter().map(|(_, want, _)| {
+        let name = want.name_any();
+        async move { retry(&format!("create pod {name}"), || api.create(params, want)).await }
+    }))
+    .await;
+    for ((index, _, node), result) in missing.into_iter().zip(created) {
+        match result {
+            Ok(created) => unbound.push((index, created, node)),
+            // Created by an earlier reconcile whose result the cache has not
+            // seen yet: it is bound once the cache catches up.
+            Err(e) if already_exists(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    unbound.sort_by_key(|(index, _, _)| *index);
     // All or nothing: no shard is bound (and holds devices) until every shard
     // has its pod.
     if states.contains(&ShardState::Missing) {
         return Ok(states);
     }
-    for (index, pod, node) in unbound {
-        if !may_bind(node, &pod) || !before_bind.ready(&pod, node).await? {
+    let candidates: Vec<_> = unbound
+        .into_iter()
+        .filter(|(_, pod, node)| may_bind(node, pod))
+        .collect();
+    let readiness = join_all(
+        candidates
+            .iter()
+            .map(|(_, pod, node)| before_bind.ready(pod, node)),
+    )
+    .await;
+    let mut to_bind = Vec::with_capacity(candidates.len());
+    for (candidate, ready) in candidates.into_iter().zip(readiness) {
+        if ready? {
+            to_bind.push(candidate);
+        }
+    }
+    let bound = join_all(to_bind.iter().map(|(_, pod, node)| bind(api, pod, node))).await;
+    let mut first_error = None;
+    for ((index, pod, node), result) in to_bind.into_iter().zip(bound) {
+        if let Err(e) = result {
+            first_error.get_or_insert(e);
             continue;
         }
-        bind(api, &pod, node).await?;
         notes.push(EventNote {
             warning: false,
             reason: "Bound",
@@ -246,7 +278,10 @@ pub(crate) async fn pods(
         });
         states[index] = ShardState::Bound;
     }
-    Ok(states)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(states),
+    }
 }
 
 /// Deletes every pod of the replica still there; the next reconciles create

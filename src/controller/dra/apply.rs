@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
@@ -75,24 +76,10 @@ impl<'a> ShardClaims<'a> {
         &mut self,
         pods: &BTreeMap<String, Arc<Pod>>,
     ) -> Result<(), ApplyError> {
-        let params = PostParams::default();
+        let mut missing = Vec::new();
         for (name, want) in &self.wanted {
             match self.existing.get(name) {
-                None => {
-                    let created = retry(&format!("create ResourceClaim {name}"), || {
-                        self.api.create(&params, &want.claim)
-                    })
-                    .await;
-                    match created {
-                        Ok(claim) => {
-                            lock(&self.written).insert(name.clone(), claim);
-                        }
-                        // Made by an earlier reconcile the cache has not shown yet.
-                        Err(e) if matches!(&e.source, kube::Error::Api(s) if s.is_already_exists()) =>
-                            {}
-                        Err(e) => return Err(e),
-                    }
-                }
+                None => missing.push((name, want)),
                 Some(have) if have.metadata.deletion_timestamp.is_some() => {}
                 Some(have) => {
                     let pod = pods
@@ -103,6 +90,25 @@ impl<'a> ShardClaims<'a> {
                         self.deleted.insert(name.clone());
                     }
                 }
+            }
+        }
+        // Independent of each other: sent together.
+        let (api, params) = (&self.api, &PostParams::default());
+        let created = join_all(missing.iter().map(|(name, want)| async move {
+            retry(&format!("create ResourceClaim {name}"), || {
+                api.create(params, &want.claim)
+            })
+            .await
+        }))
+        .await;
+        for ((name, _), result) in missing.into_iter().zip(created) {
+            match result {
+                Ok(claim) => {
+                    lock(&self.written).insert(name.clone(), claim);
+                }
+                // Made by an earlier reconcile the cache has not shown yet.
+                Err(e) if matches!(&e.source, kube::Error::Api(s) if s.is_already_exists()) => {}
+                Err(e) => return Err(e),
             }
         }
         let unwanted: Vec<Arc<ResourceClaim>> = self
