@@ -140,7 +140,7 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
                 s.node
             );
         }
-        let reasons = reasons_from(&client, &ns, name, &leader).await;
+        let reasons = reasons_from(&client, &ns, name, &leader, &["Planned", "Bound"]).await;
         for want in ["Planned", "Bound"] {
             assert!(
                 reasons.iter().any(|r| r == want),
@@ -187,7 +187,7 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
     for (old, new) in before.iter().zip(after).skip(1) {
         assert_eq!(old, new, "a healthy shard moved");
     }
-    let reasons = reasons_from(&client, &ns, "llama-70b", &leader).await;
+    let reasons = reasons_from(&client, &ns, "llama-70b", &leader, &["Replanned"]).await;
     assert!(
         reasons.iter().any(|r| r == "Replanned"),
         "events: {reasons:?}"
@@ -587,8 +587,25 @@ async fn events_about(client: &Client, ns: &str, instance: &str) -> Vec<(String,
 
 /// The reasons of an instance's events, all of which must come from `leader`:
 /// a standby never acts.
-async fn reasons_from(client: &Client, ns: &str, instance: &str, leader: &str) -> Vec<String> {
-    let events = events_about(client, ns, instance).await;
+/// The reasons of the events about `instance`, once they include every one
+/// of `want` (events are written after the status, so they may trail it) or
+/// after 30 s.
+async fn reasons_from(
+    client: &Client,
+    ns: &str,
+    instance: &str,
+    leader: &str,
+    want: &[&str],
+) -> Vec<String> {
+    let start = Instant::now();
+    let events = loop {
+        let events = events_about(client, ns, instance).await;
+        let complete = want.iter().all(|w| events.iter().any(|(r, _)| r == w));
+        if complete || start.elapsed() > Duration::from_secs(30) {
+            break events;
+        }
+        sleep(Duration::from_millis(200)).await;
+    };
     for (reason, reporter) in &events {
         assert_eq!(
             reporter, leader,
