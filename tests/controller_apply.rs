@@ -1092,21 +1092,9 @@ async fn a_shard_on_a_dra_node_gets_its_claim_allocated_before_its_bind() {
             "/api/v1/namespaces/ml/pods/llama-shard-0/binding?"
         )
     );
-    respond(
-        c.send,
-        StatusCode::CREATED,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
-    );
-    let c = next(&mut api).await;
-    assert_eq!(c.method, Method::PATCH);
-    let mut echoed = serde_json::to_value(instance()).unwrap();
-    echoed["status"] = c.body["status"].clone();
-    respond(c.send, StatusCode::OK, &echoed);
-    for _ in 0..2 {
-        let c = next(&mut api).await;
-        echo(c, StatusCode::CREATED);
-    }
-    run.await.unwrap().unwrap();
+    bound(c.send);
+    // Events: Planned, Bound.
+    finish(&mut api, run, 2).await;
 }
 
 /// The two stages' requests of one kind, both received before either is
@@ -1143,20 +1131,35 @@ async fn a_replicas_claims_pods_allocations_and_binds_are_each_sent_together() {
         echo(call, StatusCode::OK);
     }
     for call in both_in_flight(&mut api, Method::POST, "/binding?").await {
-        respond(
-            call.send,
-            StatusCode::CREATED,
-            &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
-        );
+        bound(call.send);
     }
-    let c = next(&mut api).await;
+    // Events: Planned, and Bound per shard.
+    finish(&mut api, run, 3).await;
+}
+
+/// Answers a binding as the API server does.
+fn bound(send: SendResponse<Response<Body>>) {
+    respond(
+        send,
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}),
+    );
+}
+
+/// Answers the reconcile's status write and its `events` events, and waits
+/// for it to end well.
+async fn finish(
+    api: &mut ApiHandle,
+    run: tokio::task::JoinHandle<Result<Action, tessera::controller::reconcile::Error>>,
+    events: usize,
+) {
+    let c = next(api).await;
     assert_eq!(c.method, Method::PATCH);
     let mut echoed = serde_json::to_value(instance()).unwrap();
     echoed["status"] = c.body["status"].clone();
     respond(c.send, StatusCode::OK, &echoed);
-    // Events: Planned, and Bound per shard.
-    for _ in 0..3 {
-        let c = next(&mut api).await;
+    for _ in 0..events {
+        let c = next(api).await;
         echo(c, StatusCode::CREATED);
     }
     run.await.unwrap().unwrap();

@@ -90,27 +90,9 @@ impl Options {
                     }
                     options.initial_list = value.clone();
                 }
-                "--allocation" => {
-                    options.dra = match value.as_str() {
-                        "dra" => true,
-                        "device-plugin" => false,
-                        _ => {
-                            return Err(format!(
-                                "--allocation {value:?}: expected device-plugin or dra"
-                            ));
-                        }
-                    };
-                }
+                "--allocation" => options.dra = either(&flag, &value, "device-plugin", "dra")?,
                 "--agent-transport" => {
-                    options.agent_http2 = match value.as_str() {
-                        "http2" => true,
-                        "http1" => false,
-                        _ => {
-                            return Err(format!(
-                                "--agent-transport {value:?}: expected http1 or http2"
-                            ));
-                        }
-                    };
+                    options.agent_http2 = either(&flag, &value, "http1", "http2")?;
                 }
                 "--restart-api-server" if !value.is_empty() => {
                     options.restart_api_server = Some(value.clone().into());
@@ -126,5 +108,14 @@ impl Options {
     pub(crate) fn steady_for(&self, interval: Duration) -> Duration {
         self.steady
             .unwrap_or_else(|| interval.mul_f64(1.1) + Duration::from_secs(30))
+    }
+}
+
+/// `false` for `no`, `true` for `yes`, else an error naming the flag.
+fn either(flag: &str, value: &str, no: &str, yes: &str) -> Result<bool, String> {
+    match value {
+        v if v == yes => Ok(true),
+        v if v == no => Ok(false),
+        _ => Err(format!("{flag} {value:?}: expected {no} or {yes}")),
     }
 }
