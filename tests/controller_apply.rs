@@ -60,6 +60,13 @@ fn instance() -> ModelInstance {
     .unwrap()
 }
 
+/// [`instance`] as two pipeline stages of one GPU each.
+fn two_stages() -> ModelInstance {
+    let mut spec = serde_json::to_value(instance()).unwrap();
+    spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
+    serde_json::from_value(spec).unwrap()
+}
+
 fn filled<K>(objects: Vec<K>) -> (reflector::Store<K>, Writer<K>)
 where
     K: kube::Resource<DynamicType = ()> + Clone + 'static,
@@ -593,9 +600,7 @@ async fn a_shard_that_failed_admission_moves_to_other_devices() {
 async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    let mut spec = serde_json::to_value(instance()).unwrap();
-    spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
-    let mi: ModelInstance = serde_json::from_value(spec).unwrap();
+    let mi = two_stages();
     let (nodes, mut node_writer) = filled(vec![CachedNode::from(node("a", 2))]);
     let (pods, mut pod_writer) = filled(Vec::<Pod>::new());
     let (services, mut service_writer) = filled(Vec::<Service>::new());
@@ -1112,9 +1117,7 @@ async fn both_in_flight(api: &mut ApiHandle, method: Method, path: &str) -> [Cal
 async fn a_replicas_claims_pods_allocations_and_binds_are_each_sent_together() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    let mut spec = serde_json::to_value(instance()).unwrap();
-    spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
-    let mi: ModelInstance = serde_json::from_value(spec).unwrap();
+    let mi = two_stages();
     let ctx = dra_context(client, &mi, vec![]);
     let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
 
@@ -1253,8 +1256,7 @@ async fn with_dra_nothing_is_decided_before_every_cache_has_listed() {
 /// `spec.restartPolicy` set to `policy` (the default when `None`), and its
 /// two bound shard pods.
 fn settled_pair(policy: Option<&str>) -> (ModelInstance, Vec<Node>, Vec<Pod>) {
-    let mut spec = serde_json::to_value(instance()).unwrap();
-    spec["spec"]["parallelism"] = json!({"tensor": 1, "pipeline": 2});
+    let mut spec = serde_json::to_value(two_stages()).unwrap();
     if let Some(policy) = policy {
         spec["spec"]["restartPolicy"] = json!(policy);
     }

@@ -87,7 +87,7 @@ fn transient(error: &kube::Error) -> bool {
     }
 }
 
-fn already_exists(error: &ApplyError) -> bool {
+pub(crate) fn already_exists(error: &ApplyError) -> bool {
     matches!(&error.source, kube::Error::Api(status) if status.is_already_exists())
 }
 

@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::claims::{allocated_status, reserved_for};
 use super::pools::Pools;
-use crate::controller::apply::{ApplyError, BeforeBind, retry};
+use crate::controller::apply::{ApplyError, BeforeBind, already_exists, retry};
 use crate::controller::events::EventNote;
 use tessera_core::api::PlannedShard;
 
@@ -107,7 +107,7 @@ impl<'a> ShardClaims<'a> {
                     lock(&self.written).insert(name.clone(), claim);
                 }
                 // Made by an earlier reconcile the cache has not shown yet.
-                Err(e) if matches!(&e.source, kube::Error::Api(s) if s.is_already_exists()) => {}
+                Err(e) if already_exists(&e) => {}
                 Err(e) => return Err(e),
             }
         }
