@@ -1,13 +1,20 @@
-//! The compiled groups as the search's steps read them: flat records in
-//! search order, each with the suffix maxima its bounds need, and the best
-//! parts of every run of them (and where the run's nodes are) in a binary
-//! tree, so that a level can pass over a run of candidates none of which can
-//! pass its bound without looking at each one.
+//! What the search reads of the compiled groups beyond the groups
+//! themselves: the suffix maxima its bounds need, and the best parts of runs
+//! of groups (and where their nodes are) in a binary tree, so that a level can
+//! pass over a run of candidates none of which can pass its bound without
+//! looking at each one.
 
+use std::cell::OnceCell;
 use std::ops::{BitOr, Range};
 
-use super::compile::Compiled;
+use super::compile::{Compiled, Group};
 use super::hops::Place;
+
+/// The most runs at the bottom of the tree. Larger lists put more candidates
+/// in each bottom run, which is then looked at one candidate at a time: the
+/// tree stays small (under a megabyte) on clusters with tens of thousands of
+/// groups.
+const MOST_BOTTOM_RUNS: usize = 8192;
 
 /// Nodes, racks and zones as sets of bits, each number modulo 64: two sets
 /// without a bit in common share no node, rack or zone (a bit in common may
@@ -119,6 +126,14 @@ impl Parts {
         intra_cost: f64::INFINITY,
     };
 
+    pub(crate) fn of(group: &Group) -> Parts {
+        Parts {
+            additive: group.additive,
+            free: group.free,
+            intra_cost: group.intra_cost,
+        }
+    }
+
     fn best_of(self, other: Parts) -> Parts {
         Parts {
             additive: self.additive.max(other.additive),
@@ -128,22 +143,12 @@ impl Parts {
     }
 }
 
-/// A candidate group as a step reads it.
-pub(crate) struct Candidate {
-    /// Index into `Compiled::nodes`.
-    pub node: usize,
-    /// The twin node that must be in use before this node's first group.
-    pub twin_prev: Option<usize>,
-    /// The group's entries in `Candidates::needs`.
-    pub needs: Range<usize>,
-    /// Layers the group can hold.
+/// The largest cap, additive score and free memory of a group and every
+/// later one: they only fall along the list.
+pub(crate) struct Suffix {
     pub cap: u32,
-    pub parts: Parts,
-    /// The largest `cap`, additive score and free memory of this group and
-    /// every later one.
-    pub suffix_cap: u32,
-    pub suffix_additive: f64,
-    pub suffix_free: f64,
+    pub additive: f64,
+    pub free: f64,
 }
 
 /// The best parts of a run of candidates, and where their nodes are.
@@ -153,84 +158,96 @@ pub(crate) struct Run {
     pub places: PlaceBits,
 }
 
-/// The compiled groups in search order.
-pub(crate) struct Candidates {
-    pub list: Vec<Candidate>,
-    /// `(slot, count)`: a group takes `count` devices of the twin class at
-    /// `slot` of the list of every node's classes (see `class_slots`).
-    pub needs: Vec<(usize, u32)>,
-    /// Runs of candidates: entry 1 covers the list padded to `leaves`,
-    /// entry `i` the two halves at `2i` and `2i + 1`, and `leaves + index`
-    /// one candidate.
-    runs: Vec<Run>,
-    leaves: usize,
+impl Run {
+    const NONE: Run = Run {
+        best: Parts::NONE,
+        places: PlaceBits {
+            nodes: 0,
+            racks: 0,
+            zones: 0,
+        },
+    };
+
+    fn and(self, other: Run) -> Run {
+        Run {
+            best: self.best.best_of(other.best),
+            places: self.places | other.places,
+        }
+    }
 }
 
-impl Candidates {
-    pub(crate) fn new(compiled: &Compiled) -> Self {
-        let first_slot = class_slots(compiled);
-        let mut needs = Vec::new();
-        let mut list: Vec<Candidate> = compiled
-            .groups
+/// The compiled groups as the search's levels read them.
+pub(crate) struct Candidates<'c> {
+    groups: &'c [Group],
+    /// Where each node is (`PlaceBits::of`), by index into `Compiled::nodes`.
+    pub node_places: Vec<PlaceBits>,
+    /// By group.
+    pub suffix: Vec<Suffix>,
+    /// Runs of `per_run` candidates and runs of those: entry 1 covers them
+    /// all (padded to `bottom` runs), entry `i` the two halves at `2i` and
+    /// `2i + 1`, and `bottom + index` one bottom run. Built on the first
+    /// look: many searches end before their first level looks at anything.
+    runs: OnceCell<Vec<Run>>,
+    per_run: usize,
+    bottom: usize,
+}
+
+impl<'c> Candidates<'c> {
+    pub(crate) fn new(compiled: &'c Compiled) -> Self {
+        let groups = compiled.groups.as_slice();
+        let (mut cap, mut additive, mut free) = (0, f64::NEG_INFINITY, 0.0);
+        let mut suffix: Vec<Suffix> = groups
             .iter()
+            .rev()
             .map(|group| {
-                let start = needs.len();
-                needs.extend(
-                    group
-                        .counts
-                        .iter()
-                        .map(|&(class, count)| (first_slot[group.node] + class, count)),
-                );
-                Candidate {
-                    node: group.node,
-                    twin_prev: compiled.nodes[group.node].twin_prev,
-                    needs: start..needs.len(),
-                    cap: group.cap,
-                    parts: Parts {
-                        additive: group.additive,
-                        free: group.free,
-                        intra_cost: group.intra_cost,
-                    },
-                    suffix_cap: 0,
-                    suffix_additive: f64::NEG_INFINITY,
-                    suffix_free: 0.0,
+                cap = u32::max(cap, group.cap);
+                additive = f64::max(additive, group.additive);
+                free = f64::max(free, group.free);
+                Suffix {
+                    cap,
+                    additive,
+                    free,
                 }
             })
             .collect();
-        let (mut cap, mut additive, mut free) = (0, f64::NEG_INFINITY, 0.0);
-        for candidate in list.iter_mut().rev() {
-            cap = u32::max(cap, candidate.cap);
-            additive = f64::max(additive, candidate.parts.additive);
-            free = f64::max(free, candidate.parts.free);
-            candidate.suffix_cap = cap;
-            candidate.suffix_additive = additive;
-            candidate.suffix_free = free;
-        }
-        let leaves = list.len().next_power_of_two();
-        let none = Run {
-            best: Parts::NONE,
-            places: PlaceBits::default(),
-        };
-        let mut runs = vec![none; 2 * leaves];
-        for (index, candidate) in list.iter().enumerate() {
-            runs[leaves + index] = Run {
-                best: candidate.parts,
-                places: PlaceBits::of(candidate.node, compiled.nodes[candidate.node].place),
-            };
-        }
-        for entry in (1..leaves).rev() {
-            let (left, right) = (runs[2 * entry], runs[2 * entry + 1]);
-            runs[entry] = Run {
-                best: left.best.best_of(right.best),
-                places: left.places | right.places,
-            };
-        }
+        suffix.reverse();
+        let per_run = groups.len().div_ceil(MOST_BOTTOM_RUNS).max(1);
         Self {
-            list,
-            needs,
-            runs,
-            leaves,
+            groups,
+            node_places: compiled
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(index, node)| PlaceBits::of(index, node.place))
+                .collect(),
+            suffix,
+            runs: OnceCell::new(),
+            per_run,
+            bottom: groups.len().div_ceil(per_run).next_power_of_two(),
         }
+    }
+
+    /// The run of one candidate.
+    fn run_of(&self, index: usize) -> Run {
+        let group = &self.groups[index];
+        Run {
+            best: Parts::of(group),
+            places: self.node_places[group.node],
+        }
+    }
+
+    fn build_runs(&self) -> Vec<Run> {
+        let mut runs = vec![Run::NONE; 2 * self.bottom];
+        for (at, start) in (0..self.groups.len()).step_by(self.per_run).enumerate() {
+            let end = (start + self.per_run).min(self.groups.len());
+            runs[self.bottom + at] = (start..end)
+                .map(|index| self.run_of(index))
+                .fold(Run::NONE, Run::and);
+        }
+        for entry in (1..self.bottom).rev() {
+            runs[entry] = runs[2 * entry].and(runs[2 * entry + 1]);
+        }
+        runs
     }
 
     /// The first index in `within` whose candidate `promising` accepts, or
@@ -240,8 +257,9 @@ impl Candidates {
     /// into a yes.
     ///
     /// From the first candidate on, a rejected run is followed by the largest
-    /// run that starts right after it, and an accepted run is split until one
-    /// candidate is left: passing over `n` candidates takes about `log n` looks.
+    /// run that starts right after it, and an accepted run is split down to
+    /// a bottom run, whose candidates are looked at one by one: passing over
+    /// `n` candidates takes about `log n` looks.
     pub(crate) fn first_promising(
         &self,
         within: Range<usize>,
@@ -250,21 +268,31 @@ impl Candidates {
         if within.is_empty() {
             return within.end;
         }
-        let mut entry = self.leaves + within.start;
+        let runs = self.runs.get_or_init(|| self.build_runs());
+        let mut entry = self.bottom + within.start / self.per_run;
         loop {
-            // Entry `e` at depth `d` below the leaves covers `2^d` candidates
-            // from `(e << d) - leaves`.
-            let depth = self.leaves.trailing_zeros() - (usize::BITS - 1 - entry.leading_zeros());
-            let first = (entry << depth) - self.leaves;
+            // Entry `e` at depth `d` above the bottom covers `2^d` bottom
+            // runs from `(e << d) - bottom`.
+            let depth = self.bottom.trailing_zeros() - (usize::BITS - 1 - entry.leading_zeros());
+            let start = ((entry << depth) - self.bottom) * self.per_run;
+            let first = start.max(within.start);
             if first >= within.end {
                 return within.end;
             }
-            if promising(first.max(within.start), &self.runs[entry]) {
-                if depth == 0 {
+            if promising(first, &runs[entry]) {
+                if depth > 0 {
+                    entry *= 2;
+                    continue;
+                }
+                if self.per_run == 1 {
                     return first;
                 }
-                entry *= 2;
-                continue;
+                let end = (start + self.per_run).min(within.end);
+                if let Some(found) =
+                    (first..end).find(|&index| promising(index, &self.run_of(index)))
+                {
+                    return found;
+                }
             }
             // The run after this one: climb while this is a right half.
             while entry % 2 == 1 {
@@ -276,19 +304,6 @@ impl Candidates {
             entry += 1;
         }
     }
-}
-
-/// Where each node's twin classes start in one list of every node's classes.
-pub(crate) fn class_slots(compiled: &Compiled) -> Vec<usize> {
-    compiled
-        .nodes
-        .iter()
-        .scan(0, |next, node| {
-            let first = *next;
-            *next += node.classes.len();
-            Some(first)
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -332,17 +347,14 @@ mod tests {
 
     #[test]
     fn first_promising_finds_what_a_scan_finds() {
-        // A device per temperature: as many groups as devices, a list whose
-        // length is not a power of two.
-        let nodes = (0..5)
+        // A device per temperature: as many groups as devices, in bottom
+        // runs and a tree of several levels, the last run cut short.
+        let nodes = (0..9)
             .map(|index| {
-                let mut each = node(
-                    &format!("n{index}"),
-                    5,
-                    if index % 2 == 0 { H100 } else { A100 },
-                );
+                let kind = if index % 2 == 0 { H100 } else { A100 };
+                let mut each = node(&format!("n{index}"), 7, kind);
                 for (device, gpu) in each.devices.iter_mut().enumerate() {
-                    gpu.temperature_c = Some(30.0 + (index * 5 + device) as f64);
+                    gpu.temperature_c = Some(20.0 + (index * 7 + device) as f64);
                 }
                 each
             })
@@ -350,21 +362,16 @@ mod tests {
         let problem = problem(nodes, 7, 1, Stages::Fixed(2));
         let compiled = Compiled::new(PreparedProblem::new(&problem), 2);
         let candidates = Candidates::new(&compiled);
-        let count = candidates.list.len();
-        assert_eq!(count, 25);
-        let bars: Vec<f64> = candidates
-            .list
-            .iter()
-            .map(|candidate| candidate.parts.additive)
-            .collect();
-        for bar in bars {
+        let count = compiled.groups.len();
+        assert_eq!(count, 63);
+        for bar in compiled.groups.iter().map(|group| group.additive) {
             // A later candidate faces a higher bar, as the rule allows.
             let passes = |first: usize, additive: f64| additive >= bar + first as f64 * 1e-4;
             let promising = |first: usize, run: &Run| passes(first, run.best.additive);
             for from in 0..=count {
                 for to in from..=count {
                     let scan = (from..to)
-                        .find(|&index| passes(index, candidates.list[index].parts.additive))
+                        .find(|&index| passes(index, compiled.groups[index].additive))
                         .unwrap_or(to);
                     assert_eq!(
                         candidates.first_promising(from..to, &promising),

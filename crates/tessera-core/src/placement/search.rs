@@ -15,13 +15,13 @@
 //! answer.
 //!
 //! A step is one candidate looked at, and most candidates fail their bound.
-//! So a step reads one flat record (see `candidates`), a level finds where its
-//! candidates end by bisection, and it passes over whole runs of candidates
-//! whose best parts cannot pass the bound (`Search::promising`). The steps
-//! those would have taken are still counted, so the step budget stops the
-//! search where it always did, and plans do not change.
+//! So a level finds where its candidates end by bisection, and it passes over
+//! whole runs of candidates whose best parts cannot pass the bound
+//! (`Search::promising`, runs in `candidates`). The steps those would have
+//! taken are still counted, so the step budget stops the search where it
+//! always did, and plans do not change.
 
-use super::candidates::{Candidate, Candidates, Parts, PlaceBits, PlaceTally, Run};
+use super::candidates::{Candidates, Parts, PlaceBits, PlaceTally, Run, Suffix};
 use super::compile::{Compiled, Group};
 use super::evaluate::memory_part;
 use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
@@ -42,17 +42,14 @@ const ROUNDING: f64 = 1e-9;
 /// Devices taken so far, per node and twin class.
 struct Usage {
     tensor: u32,
-    /// Devices of each twin class not yet taken, every node's classes in
-    /// one list (see `candidates::class_slots`).
-    room: Vec<u32>,
+    used: Vec<Vec<u32>>,
     groups_on: Vec<u32>,
     /// Eligible devices not yet taken, per node.
     free_devices: Vec<u32>,
     /// Nodes with at least one group, by index (= network order), sorted.
     /// A plan has a handful of stages, so a sorted list beats a tree.
     nodes_in_use: Vec<usize>,
-    /// Where each node is, and where the nodes in use are.
-    node_places: Vec<PlaceBits>,
+    /// Where the nodes in use are.
     places_in_use: PlaceTally,
     /// Groups the nodes in use could still take.
     slots_in_use: u64,
@@ -62,10 +59,10 @@ impl Usage {
     fn new(compiled: &Compiled) -> Self {
         Self {
             tensor: compiled.ctx.tensor,
-            room: compiled
+            used: compiled
                 .nodes
                 .iter()
-                .flat_map(|node| node.classes.iter().map(|class| class.len() as u32))
+                .map(|node| vec![0; node.classes.len()])
                 .collect(),
             groups_on: vec![0; compiled.nodes.len()],
             free_devices: compiled
@@ -74,26 +71,23 @@ impl Usage {
                 .map(|node| node.classes.iter().map(|class| class.len() as u32).sum())
                 .collect(),
             nodes_in_use: Vec::with_capacity(compiled.stages as usize),
-            node_places: compiled
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(index, node)| PlaceBits::of(index, node.place))
-                .collect(),
             places_in_use: PlaceTally::new(),
             slots_in_use: 0,
         }
     }
 
-    fn fits(&self, needs: &[(usize, u32)]) -> bool {
-        needs.iter().all(|&(slot, count)| count <= self.room[slot])
+    fn fits(&self, compiled: &Compiled, group: &Group) -> bool {
+        let classes = &compiled.nodes[group.node].classes;
+        group.counts.iter().all(|&(class, count)| {
+            self.used[group.node][class] + count <= classes[class].len() as u32
+        })
     }
 
     /// Twin nodes are used in order: a node's first group needs its twin
     /// predecessor in use already.
-    fn twin_order_ok(&self, candidate: &Candidate) -> bool {
-        self.groups_on[candidate.node] > 0
-            || candidate
+    fn twin_order_ok(&self, compiled: &Compiled, group: &Group) -> bool {
+        self.groups_on[group.node] > 0
+            || compiled.nodes[group.node]
                 .twin_prev
                 .is_none_or(|prev| self.groups_on[prev] > 0)
     }
@@ -109,34 +103,35 @@ impl Usage {
         }
     }
 
-    fn take(&mut self, node: usize, needs: &[(usize, u32)]) {
-        self.slots_in_use = self.slots_after(node);
-        for &(slot, count) in needs {
-            self.room[slot] -= count;
+    /// Takes `group`, whose node is at `places`.
+    fn take(&mut self, group: &Group, places: PlaceBits) {
+        self.slots_in_use = self.slots_after(group.node);
+        for &(class, count) in &group.counts {
+            self.used[group.node][class] += count;
         }
-        self.free_devices[node] -= self.tensor;
-        if self.groups_on[node] == 0 {
-            let at = self.nodes_in_use.partition_point(|&other| other < node);
-            self.nodes_in_use.insert(at, node);
-            self.places_in_use.add(self.node_places[node]);
+        self.free_devices[group.node] -= self.tensor;
+        if self.groups_on[group.node] == 0 {
+            let at = self.nodes_in_use.partition_point(|&node| node < group.node);
+            self.nodes_in_use.insert(at, group.node);
+            self.places_in_use.add(places);
         }
-        self.groups_on[node] += 1;
+        self.groups_on[group.node] += 1;
     }
 
-    fn give_back(&mut self, node: usize, needs: &[(usize, u32)]) {
+    fn give_back(&mut self, group: &Group, places: PlaceBits) {
         let tensor = self.tensor;
-        for &(slot, count) in needs {
-            self.room[slot] += count;
+        for &(class, count) in &group.counts {
+            self.used[group.node][class] -= count;
         }
-        self.groups_on[node] -= 1;
-        let left = u64::from(self.free_devices[node] / tensor);
-        self.free_devices[node] += tensor;
-        if self.groups_on[node] == 0 {
+        self.groups_on[group.node] -= 1;
+        let left = u64::from(self.free_devices[group.node] / tensor);
+        self.free_devices[group.node] += tensor;
+        if self.groups_on[group.node] == 0 {
             self.slots_in_use -= left;
-            if let Ok(at) = self.nodes_in_use.binary_search(&node) {
+            if let Ok(at) = self.nodes_in_use.binary_search(&group.node) {
                 self.nodes_in_use.remove(at);
             }
-            self.places_in_use.remove(self.node_places[node]);
+            self.places_in_use.remove(places);
         } else {
             self.slots_in_use += 1;
         }
@@ -242,7 +237,7 @@ fn top_sums(compiled: &Compiled) -> Vec<(f64, f64)> {
 
 struct Search<'c, 'o> {
     compiled: &'c Compiled<'c>,
-    candidates: &'c Candidates,
+    candidates: &'c Candidates<'c>,
     opts: &'o SolveOptions<'o>,
     stages: usize,
     layers: u64,
@@ -368,15 +363,15 @@ impl Search<'_, '_> {
     }
 
     /// Optimistic score of any completion after adding a group with `parts`
-    /// and `hops` (see `hops_after`), bounding the groups after it by the
-    /// suffix maxima of `first`: every part takes the best the remaining
-    /// groups could offer, ignoring conflicts.
-    fn upper_bound(&self, parts: &Parts, first: &Candidate, hops: f64, level: &LevelBounds) -> f64 {
+    /// and `hops` (see `hops_after`), bounding the groups after it by
+    /// `suffix`: every part takes the best the remaining groups could offer,
+    /// ignoring conflicts.
+    fn upper_bound(&self, parts: &Parts, suffix: &Suffix, hops: f64, level: &LevelBounds) -> f64 {
         let weights = &self.compiled.ctx.weights;
         let rest_f = level.rest_after as f64;
-        let more_additive = (rest_f * first.suffix_additive).min(level.top_additive_after);
+        let more_additive = (rest_f * suffix.additive).min(level.top_additive_after);
         let additive = (self.additive_sum + parts.additive + more_additive) / self.stages as f64;
-        let more_free = (rest_f * first.suffix_free).min(level.top_free_after);
+        let more_free = (rest_f * suffix.free).min(level.top_free_after);
         let memory =
             weights.memory * memory_part(self.demand, self.free_sum + parts.free + more_free);
         let network = if self.terms > 0.0 {
@@ -396,9 +391,9 @@ impl Search<'_, '_> {
     /// holds no candidate that passes.
     #[inline]
     fn promising(&self, first: usize, run: &Run, level: &LevelBounds, bar: f64) -> bool {
-        let first = &self.candidates.list[first];
         let hops = Self::least_hops(&run.places, level);
-        self.upper_bound(&run.best, first, hops, level) >= bar - ROUNDING
+        let suffix = &self.candidates.suffix[first];
+        self.upper_bound(&run.best, suffix, hops, level) >= bar - ROUNDING
     }
 
     /// A lower bound on `hops_after` for any node in `places`. A node not in
@@ -469,14 +464,14 @@ impl Search<'_, '_> {
         }
     }
 
-    /// Optimistic score of any completion whose next group is `candidate` or later.
-    fn suffix_bound(&self, candidate: &Candidate, rest: u64, level: &LevelBounds) -> f64 {
+    /// Optimistic score of any completion whose next group is one `suffix`
+    /// bounds.
+    fn suffix_bound(&self, suffix: &Suffix, rest: u64, level: &LevelBounds) -> f64 {
         let weights = &self.compiled.ctx.weights;
         let rest_f = rest as f64;
-        let additive = (self.additive_sum
-            + (rest_f * candidate.suffix_additive).min(level.top_additive))
+        let additive = (self.additive_sum + (rest_f * suffix.additive).min(level.top_additive))
             / self.stages as f64;
-        let free = self.free_sum + (rest_f * candidate.suffix_free).min(level.top_free);
+        let free = self.free_sum + (rest_f * suffix.free).min(level.top_free);
         additive + weights.memory * memory_part(self.demand, free) + level.network
     }
 
@@ -485,10 +480,10 @@ impl Search<'_, '_> {
     /// (the bounds are finite). Both only fall along the list, as the suffix
     /// maxima do, so the first such candidate is found by bisection.
     fn level_end(&self, from: usize, to: usize, rest: u64, level: &LevelBounds, bar: f64) -> usize {
-        let within = &self.candidates.list[from..to];
-        from + within.partition_point(|candidate| {
-            self.cap_sum + rest * u64::from(candidate.suffix_cap) >= self.layers
-                && self.suffix_bound(candidate, rest, level) > bar
+        let within = &self.candidates.suffix[from..to];
+        from + within.partition_point(|suffix| {
+            self.cap_sum + rest * u64::from(suffix.cap) >= self.layers
+                && self.suffix_bound(suffix, rest, level) > bar
         })
     }
 
@@ -501,7 +496,8 @@ impl Search<'_, '_> {
         let level = self.level_bounds(rest);
         let candidates = self.candidates;
         let mut bar = self.best.score.total + EPS;
-        let mut end = self.level_end(start, candidates.list.len(), rest, &level, bar);
+        let count = self.compiled.groups.len();
+        let mut end = self.level_end(start, count, rest, &level, bar);
         let mut gi = start;
         loop {
             // The candidates passed over would each have failed a check: they
@@ -519,10 +515,8 @@ impl Search<'_, '_> {
             if self.out_of_budget() {
                 return;
             }
-            let candidate = &candidates.list[gi];
-            let needs = &candidates.needs[candidate.needs.clone()];
-            if self.worth_taking(candidate, needs, &level, bar) {
-                self.branch(gi, candidate, needs);
+            if self.worth_taking(gi, &level, bar) {
+                self.branch(gi);
                 if self.stopped {
                     return;
                 }
@@ -537,25 +531,20 @@ impl Search<'_, '_> {
         }
         // Finding that the level ends at a candidate takes a step, as looking
         // at it one by one did.
-        if end < candidates.list.len() {
+        if end < count {
             self.out_of_budget();
         }
     }
 
-    /// Whether `candidate` (taking `needs`) fits now and could lead past `bar`.
-    fn worth_taking(
-        &self,
-        candidate: &Candidate,
-        needs: &[(usize, u32)],
-        level: &LevelBounds,
-        bar: f64,
-    ) -> bool {
-        self.usage.fits(needs)
-            && self.usage.twin_order_ok(candidate)
+    /// Whether the group at `gi` fits now and could lead past `bar`.
+    fn worth_taking(&self, gi: usize, level: &LevelBounds, bar: f64) -> bool {
+        let group = &self.compiled.groups[gi];
+        self.usage.fits(self.compiled, group)
+            && self.usage.twin_order_ok(self.compiled, group)
             && self.upper_bound(
-                &candidate.parts,
-                candidate,
-                self.hops_after(candidate.node, level.rest_after),
+                &Parts::of(group),
+                &self.candidates.suffix[gi],
+                self.hops_after(group.node, level.rest_after),
                 level,
             ) > bar
     }
@@ -584,26 +573,29 @@ impl Search<'_, '_> {
         self.stopped
     }
 
-    /// Takes `candidate` (at `gi`), searches the completions, and gives it back.
-    fn branch(&mut self, gi: usize, candidate: &Candidate, needs: &[(usize, u32)]) {
-        let delta = self.path_delta(candidate.node);
-        self.usage.take(candidate.node, needs);
+    /// Takes the group at `gi`, searches the completions, and gives it back.
+    fn branch(&mut self, gi: usize) {
+        let group = &self.compiled.groups[gi];
+        let places = self.candidates.node_places[group.node];
+        let delta = self.path_delta(group.node);
+        self.usage.take(group, places);
         self.chosen.push(gi);
-        self.cap_sum += u64::from(candidate.cap);
-        self.additive_sum += candidate.parts.additive;
-        self.free_sum += candidate.parts.free;
-        self.intra_sum += candidate.parts.intra_cost;
+        self.cap_sum += u64::from(group.cap);
+        self.additive_sum += group.additive;
+        self.free_sum += group.free;
+        self.intra_sum += group.intra_cost;
         self.path_cost += delta;
 
         self.descend(gi);
 
+        let group = &self.compiled.groups[gi];
         self.path_cost -= delta;
-        self.intra_sum -= candidate.parts.intra_cost;
-        self.free_sum -= candidate.parts.free;
-        self.additive_sum -= candidate.parts.additive;
-        self.cap_sum -= u64::from(candidate.cap);
+        self.intra_sum -= group.intra_cost;
+        self.free_sum -= group.free;
+        self.additive_sum -= group.additive;
+        self.cap_sum -= u64::from(group.cap);
         self.chosen.pop();
-        self.usage.give_back(candidate.node, needs);
+        self.usage.give_back(group, places);
     }
 
     fn leaf(&mut self) {
