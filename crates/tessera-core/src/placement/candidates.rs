@@ -194,6 +194,11 @@ pub(crate) struct Candidates<'c> {
 
 impl<'c> Candidates<'c> {
     pub(crate) fn new(compiled: &'c Compiled) -> Self {
+        Self::with_bottom_runs(compiled, MOST_BOTTOM_RUNS)
+    }
+
+    /// With at most `most` runs at the bottom of the tree.
+    fn with_bottom_runs(compiled: &'c Compiled, most: usize) -> Self {
         let groups = compiled.groups.as_slice();
         let (mut cap, mut additive, mut free) = (0, f64::NEG_INFINITY, 0.0);
         let mut suffix: Vec<Suffix> = groups
@@ -211,7 +216,7 @@ impl<'c> Candidates<'c> {
             })
             .collect();
         suffix.reverse();
-        let per_run = groups.len().div_ceil(MOST_BOTTOM_RUNS).max(1);
+        let per_run = groups.len().div_ceil(most).max(1);
         Self {
             groups,
             node_places: compiled
@@ -347,8 +352,9 @@ mod tests {
 
     #[test]
     fn first_promising_finds_what_a_scan_finds() {
-        // A device per temperature: as many groups as devices, in bottom
-        // runs and a tree of several levels, the last run cut short.
+        // A device per temperature: as many groups as devices, in a tree of
+        // several levels, with one candidate or several in each bottom run
+        // (the last one cut short).
         let nodes = (0..9)
             .map(|index| {
                 let kind = if index % 2 == 0 { H100 } else { A100 };
@@ -361,9 +367,15 @@ mod tests {
             .collect();
         let problem = problem(nodes, 7, 1, Stages::Fixed(2));
         let compiled = Compiled::new(PreparedProblem::new(&problem), 2);
-        let candidates = Candidates::new(&compiled);
+        assert_eq!(compiled.groups.len(), 63);
+        for most in [64, 8, 5, 1] {
+            let candidates = Candidates::with_bottom_runs(&compiled, most);
+            assert_first_promising_scans(&compiled, &candidates);
+        }
+    }
+
+    fn assert_first_promising_scans(compiled: &Compiled, candidates: &Candidates) {
         let count = compiled.groups.len();
-        assert_eq!(count, 63);
         for bar in compiled.groups.iter().map(|group| group.additive) {
             // A later candidate faces a higher bar, as the rule allows.
             let passes = |first: usize, additive: f64| additive >= bar + first as f64 * 1e-4;
@@ -376,7 +388,8 @@ mod tests {
                     assert_eq!(
                         candidates.first_promising(from..to, &promising),
                         scan,
-                        "{from}..{to} against {bar}"
+                        "{from}..{to} against {bar}, {} a run",
+                        candidates.per_run
                     );
                 }
             }
