@@ -10,6 +10,7 @@
 //! position), so the order in which the search picks groups carries no meaning
 //! and the search only enumerates sets. See `search` for the algorithm.
 
+mod candidates;
 mod compile;
 mod evaluate;
 mod exclusion;

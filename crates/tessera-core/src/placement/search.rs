@@ -13,10 +13,18 @@
 //! score cannot beat the best plan so far. The first incumbent is the best of
 //! three greedy plans, so a deadline or an exhausted step budget always has an
 //! answer.
+//!
+//! A step is one candidate looked at, and most candidates fail their bound.
+//! So a level finds where its candidates end by bisection, and it passes over
+//! whole runs of candidates whose best parts cannot pass the bound
+//! (`Search::promising`, runs in `candidates`). The steps those would have
+//! taken are still counted, so the step budget stops the search where it
+//! always did, and plans do not change.
 
+use super::candidates::{Candidates, Parts, PlaceBits, PlaceTally, Run, Suffix};
 use super::compile::{Compiled, Group};
 use super::evaluate::memory_part;
-use super::hops::{HOP_SAME_NODE, HOP_SAME_RACK};
+use super::hops::{HOP_CROSS_ZONE, HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE};
 use super::leaf::Leaf;
 use super::plan::Plan;
 use super::problem::SolveOptions;
@@ -25,6 +33,11 @@ use super::problem::SolveOptions;
 const EPS: f64 = 1e-12;
 /// How often (in steps) the deadline is looked at.
 const DEADLINE_EVERY: u64 = 1024;
+/// How far `Search::promising` stays on the safe side of the bar. Its bound
+/// works out the hop cost along another path than a candidate's own, which
+/// may round the other way by a few units in the last place; this is far
+/// above that and far below any difference between scores that matters.
+const ROUNDING: f64 = 1e-9;
 
 /// Devices taken so far, per node and twin class.
 struct Usage {
@@ -36,6 +49,8 @@ struct Usage {
     /// Nodes with at least one group, by index (= network order), sorted.
     /// A plan has a handful of stages, so a sorted list beats a tree.
     nodes_in_use: Vec<usize>,
+    /// Where the nodes in use are.
+    places_in_use: PlaceTally,
     /// Groups the nodes in use could still take.
     slots_in_use: u64,
 }
@@ -56,6 +71,7 @@ impl Usage {
                 .map(|node| node.classes.iter().map(|class| class.len() as u32).sum())
                 .collect(),
             nodes_in_use: Vec::with_capacity(compiled.stages as usize),
+            places_in_use: PlaceTally::new(),
             slots_in_use: 0,
         }
     }
@@ -76,19 +92,20 @@ impl Usage {
                 .is_none_or(|prev| self.groups_on[prev] > 0)
     }
 
-    /// Groups the nodes in use could still take after `group` is added.
-    fn slots_after(&self, group: &Group) -> u64 {
+    /// Groups the nodes in use could still take after a group on `node` is added.
+    fn slots_after(&self, node: usize) -> u64 {
         let tensor = self.tensor;
-        let left = u64::from((self.free_devices[group.node] - tensor) / tensor);
-        if self.groups_on[group.node] == 0 {
+        let left = u64::from((self.free_devices[node] - tensor) / tensor);
+        if self.groups_on[node] == 0 {
             self.slots_in_use + left
         } else {
             self.slots_in_use - 1
         }
     }
 
-    fn take(&mut self, group: &Group) {
-        self.slots_in_use = self.slots_after(group);
+    /// Takes `group`, whose node is at `places`.
+    fn take(&mut self, group: &Group, places: PlaceBits) {
+        self.slots_in_use = self.slots_after(group.node);
         for &(class, count) in &group.counts {
             self.used[group.node][class] += count;
         }
@@ -96,11 +113,12 @@ impl Usage {
         if self.groups_on[group.node] == 0 {
             let at = self.nodes_in_use.partition_point(|&node| node < group.node);
             self.nodes_in_use.insert(at, group.node);
+            self.places_in_use.add(places);
         }
         self.groups_on[group.node] += 1;
     }
 
-    fn give_back(&mut self, group: &Group) {
+    fn give_back(&mut self, group: &Group, places: PlaceBits) {
         let tensor = self.tensor;
         for &(class, count) in &group.counts {
             self.used[group.node][class] -= count;
@@ -113,6 +131,7 @@ impl Usage {
             if let Ok(at) = self.nodes_in_use.binary_search(&group.node) {
                 self.nodes_in_use.remove(at);
             }
+            self.places_in_use.remove(places);
         } else {
             self.slots_in_use += 1;
         }
@@ -143,11 +162,20 @@ fn materialize(compiled: &Compiled, chosen: &[usize]) -> Vec<(usize, Vec<usize>)
 }
 
 struct LevelBounds {
+    /// Groups still to pick after the next one.
+    rest_after: u64,
+    /// The least `Search::hops_after` of any node: what a new node or one in
+    /// use adds is never below it (see `Search::least_hops`).
+    hops: f64,
+    /// The least `Search::hops_after` of a node not in use, less its
+    /// distance to the nearest node in use (when some node is in use).
+    new_node_hops: f64,
+    /// Where the nodes in use are.
+    in_use: PlaceBits,
     network: f64,
     top_additive: f64,
     top_free: f64,
-    /// The same two for the groups after the next one: every candidate of
-    /// the level reads them, so they are looked up once.
+    /// The same two for the groups after the next one.
     top_additive_after: f64,
     top_free_after: f64,
 }
@@ -190,8 +218,26 @@ impl TopSums {
     }
 }
 
+/// `(additive, free)` top sums for every number of picks a plan can still make.
+fn top_sums(compiled: &Compiled) -> Vec<(f64, f64)> {
+    let of = |part: fn(&Group) -> f64| {
+        TopSums::new(
+            compiled
+                .groups
+                .iter()
+                .map(|group| (part(group), group.multiplicity))
+                .collect(),
+        )
+    };
+    let (additive, free) = (of(|group| group.additive), of(|group| group.free));
+    (0..=u64::from(compiled.stages))
+        .map(|picks| (additive.top(picks), free.top(picks)))
+        .collect()
+}
+
 struct Search<'c, 'o> {
     compiled: &'c Compiled<'c>,
+    candidates: &'c Candidates<'c>,
     opts: &'o SolveOptions<'o>,
     stages: usize,
     layers: u64,
@@ -205,11 +251,8 @@ struct Search<'c, 'o> {
     intra_sum: f64,
     /// Cost of the hops between the distinct nodes in use, in network order.
     path_cost: f64,
-    suffix_max_additive: Vec<f64>,
-    suffix_max_free: Vec<f64>,
-    suffix_max_cap: Vec<u32>,
-    top_additive: TopSums,
-    top_free: TopSums,
+    /// `top_sums`, by picks.
+    tops: Vec<(f64, f64)>,
     /// Most groups any one node can take.
     max_slots: u64,
     best: Plan,
@@ -220,16 +263,6 @@ struct Search<'c, 'o> {
 
 /// Searches from `incumbent` (a valid plan for `compiled.stages` stages).
 pub(crate) fn run(compiled: &Compiled, opts: &SolveOptions, incumbent: Plan) -> Plan {
-    let group_count = compiled.groups.len();
-    let mut suffix_max_additive = vec![f64::NEG_INFINITY; group_count + 1];
-    let mut suffix_max_free = vec![0.0; group_count + 1];
-    let mut suffix_max_cap = vec![0u32; group_count + 1];
-    for i in (0..group_count).rev() {
-        let group = &compiled.groups[i];
-        suffix_max_additive[i] = suffix_max_additive[i + 1].max(group.additive);
-        suffix_max_free[i] = f64::max(suffix_max_free[i + 1], group.free);
-        suffix_max_cap[i] = suffix_max_cap[i + 1].max(group.cap);
-    }
     let stages = compiled.stages;
     let tensor = compiled.ctx.tensor;
     let max_slots = compiled
@@ -245,8 +278,10 @@ pub(crate) fn run(compiled: &Compiled, opts: &SolveOptions, incumbent: Plan) -> 
         .max()
         .unwrap_or(1)
         .max(1);
+    let candidates = Candidates::new(compiled);
     let mut search = Search {
         compiled,
+        candidates: &candidates,
         opts,
         stages: stages as usize,
         layers: u64::from(compiled.ctx.problem.model.layers),
@@ -259,23 +294,7 @@ pub(crate) fn run(compiled: &Compiled, opts: &SolveOptions, incumbent: Plan) -> 
         free_sum: 0.0,
         intra_sum: 0.0,
         path_cost: 0.0,
-        suffix_max_additive,
-        suffix_max_free,
-        suffix_max_cap,
-        top_additive: TopSums::new(
-            compiled
-                .groups
-                .iter()
-                .map(|group| (group.additive, group.multiplicity))
-                .collect(),
-        ),
-        top_free: TopSums::new(
-            compiled
-                .groups
-                .iter()
-                .map(|group| (group.free, group.multiplicity))
-                .collect(),
-        ),
+        tops: top_sums(compiled),
         max_slots,
         best: incumbent,
         leaf: Leaf::new(compiled),
@@ -328,39 +347,86 @@ impl Search<'_, '_> {
         }
     }
 
-    /// Optimistic score of any completion after adding candidate `gi`: every
-    /// part takes the best the remaining groups could offer, ignoring conflicts.
-    fn upper_bound(&self, gi: usize, path_delta: f64, new_node: bool, level: &LevelBounds) -> f64 {
-        let compiled = self.compiled;
-        let weights = &compiled.ctx.weights;
-        let group = &compiled.groups[gi];
-        let rest = (self.stages - self.chosen.len() - 1) as u64;
-        let rest_f = rest as f64;
-        let more_additive = (rest_f * self.suffix_max_additive[gi]).min(level.top_additive_after);
-        let additive = (self.additive_sum + group.additive + more_additive) / self.stages as f64;
-        let more_free = (rest_f * self.suffix_max_free[gi]).min(level.top_free_after);
-        let memory =
-            weights.memory * memory_part(self.demand, self.free_sum + group.free + more_free);
-        // Groups that do not fit on the nodes in use need new nodes. A new node
-        // lengthens the inter-node path by at least a same-rack hop and saves
-        // one same-node hop; more nodes than that only cost more.
-        let slots = self.usage.slots_after(group);
-        let new_nodes = rest.saturating_sub(slots).div_ceil(self.max_slots);
+    /// The inter-node hop cost `upper_bound` charges when a group on `node`
+    /// is added. Groups that do not fit on the nodes in use need new nodes. A
+    /// new node lengthens the inter-node path by at least a same-rack hop and
+    /// saves one same-node hop; more nodes than that only cost more.
+    fn hops_after(&self, node: usize, rest_after: u64) -> f64 {
+        let slots = self.usage.slots_after(node);
+        let new_nodes = rest_after.saturating_sub(slots).div_ceil(self.max_slots);
+        let new_node = self.usage.groups_on[node] == 0;
         let nodes = (self.usage.nodes_in_use.len() + usize::from(new_node)) as u64 + new_nodes;
-        let hops = self.path_cost
-            + path_delta
+        self.path_cost
+            + self.path_delta(node)
             + new_nodes as f64 * HOP_SAME_RACK
-            + HOP_SAME_NODE * (self.stages as u64).saturating_sub(nodes) as f64;
+            + HOP_SAME_NODE * (self.stages as u64).saturating_sub(nodes) as f64
+    }
+
+    /// Optimistic score of any completion after adding a group with `parts`
+    /// and `hops` (see `hops_after`), bounding the groups after it by
+    /// `suffix`: every part takes the best the remaining groups could offer,
+    /// ignoring conflicts.
+    fn upper_bound(&self, parts: &Parts, suffix: &Suffix, hops: f64, level: &LevelBounds) -> f64 {
+        let weights = &self.compiled.ctx.weights;
+        let rest_f = level.rest_after as f64;
+        let more_additive = (rest_f * suffix.additive).min(level.top_additive_after);
+        let additive = (self.additive_sum + parts.additive + more_additive) / self.stages as f64;
+        let more_free = (rest_f * suffix.free).min(level.top_free_after);
+        let memory =
+            weights.memory * memory_part(self.demand, self.free_sum + parts.free + more_free);
         let network = if self.terms > 0.0 {
             weights.network
-                * (1.0 - (hops + self.intra_sum + group.intra_cost) / self.terms).clamp(0.0, 1.0)
+                * (1.0 - (hops + self.intra_sum + parts.intra_cost) / self.terms).clamp(0.0, 1.0)
         } else {
             weights.network
         };
         additive + memory + network
     }
 
-    /// The parts of `suffix_bound` that do not depend on the candidate index.
+    /// Whether some candidate at `first` or later, of a run no better than
+    /// `run` and on its nodes, could pass `upper_bound` against `bar`. The
+    /// same bound with the run's best parts, the suffix maxima at `first`
+    /// (they only fall) and the least hop cost of the run's nodes is, in
+    /// exact arithmetic, at least each candidate's own, so a run it rejects
+    /// holds no candidate that passes.
+    #[inline]
+    fn promising(&self, first: usize, run: &Run, level: &LevelBounds, bar: f64) -> bool {
+        let hops = Self::least_hops(&run.places, level);
+        let suffix = &self.candidates.suffix[first];
+        self.upper_bound(&run.best, suffix, hops, level) >= bar - ROUNDING
+    }
+
+    /// A lower bound on `hops_after` for any node in `places`. A node not in
+    /// use lengthens the path by at least its distance to the nearest node
+    /// in use: nodes are in network order, so of three nodes in a row the
+    /// outer two are never farther apart than the farther inner pair.
+    fn least_hops(places: &PlaceBits, level: &LevelBounds) -> f64 {
+        let in_use = &level.in_use;
+        if in_use.nodes == 0 || places.nodes & in_use.nodes != 0 {
+            return level.hops;
+        }
+        let distance = if places.racks & in_use.racks != 0 {
+            HOP_SAME_RACK
+        } else if places.zones & in_use.zones != 0 {
+            HOP_SAME_ZONE
+        } else {
+            HOP_CROSS_ZONE
+        };
+        level.hops.max(level.new_node_hops + distance)
+    }
+
+    /// `hops_after` of a node not in use, less its path delta, at its least:
+    /// with the most groups any node takes, the fewest new nodes after it.
+    fn new_node_hops(&self, rest_after: u64) -> f64 {
+        let spare = self.usage.slots_in_use + (self.max_slots - 1);
+        let new_nodes = rest_after.saturating_sub(spare).div_ceil(self.max_slots);
+        let nodes = self.usage.nodes_in_use.len() as u64 + 1 + new_nodes;
+        self.path_cost
+            + new_nodes as f64 * HOP_SAME_RACK
+            + HOP_SAME_NODE * (self.stages as u64).saturating_sub(nodes) as f64
+    }
+
+    /// The parts of `suffix_bound` that do not depend on the candidate.
     fn level_bounds(&self, rest: u64) -> LevelBounds {
         let weights = &self.compiled.ctx.weights;
         let in_use = self.usage.nodes_in_use.len() as u64;
@@ -382,25 +448,43 @@ impl Search<'_, '_> {
         } else {
             weights.network
         };
-        let after = rest.saturating_sub(1);
+        let rest_after = rest.saturating_sub(1);
+        let (top_additive, top_free) = self.tops[rest as usize];
+        let (top_additive_after, top_free_after) = self.tops[rest_after as usize];
         LevelBounds {
+            rest_after,
+            hops,
+            new_node_hops: self.new_node_hops(rest_after),
+            in_use: self.usage.places_in_use.bits(),
             network,
-            top_additive: self.top_additive.top(rest),
-            top_free: self.top_free.top(rest),
-            top_additive_after: self.top_additive.top(after),
-            top_free_after: self.top_free.top(after),
+            top_additive,
+            top_free,
+            top_additive_after,
+            top_free_after,
         }
     }
 
-    /// Optimistic score of any completion whose next group is at index `gi` or later.
-    fn suffix_bound(&self, gi: usize, rest: u64, level: &LevelBounds) -> f64 {
+    /// Optimistic score of any completion whose next group is one `suffix`
+    /// bounds.
+    fn suffix_bound(&self, suffix: &Suffix, rest: u64, level: &LevelBounds) -> f64 {
         let weights = &self.compiled.ctx.weights;
         let rest_f = rest as f64;
-        let additive = (self.additive_sum
-            + (rest_f * self.suffix_max_additive[gi]).min(level.top_additive))
+        let additive = (self.additive_sum + (rest_f * suffix.additive).min(level.top_additive))
             / self.stages as f64;
-        let free = self.free_sum + (rest_f * self.suffix_max_free[gi]).min(level.top_free);
+        let free = self.free_sum + (rest_f * suffix.free).min(level.top_free);
         additive + weights.memory * memory_part(self.demand, free) + level.network
+    }
+
+    /// Where a level's candidates in `from..to` end: at the first from which
+    /// the missing layers are out of reach or no completion can beat `bar`
+    /// (the bounds are finite). Both only fall along the list, as the suffix
+    /// maxima do, so the first such candidate is found by bisection.
+    fn level_end(&self, from: usize, to: usize, rest: u64, level: &LevelBounds, bar: f64) -> usize {
+        let within = &self.candidates.suffix[from..to];
+        from + within.partition_point(|suffix| {
+            self.cap_sum + rest * u64::from(suffix.cap) >= self.layers
+                && self.suffix_bound(suffix, rest, level) > bar
+        })
     }
 
     fn descend(&mut self, start: usize) {
@@ -410,63 +494,108 @@ impl Search<'_, '_> {
         }
         let rest = (self.stages - self.chosen.len()) as u64;
         let level = self.level_bounds(rest);
-        // The suffix bound changes only where a suffix maximum does (rarely)
-        // or the best plan does; it is not worked out again in between.
-        let mut passed: Option<[u64; 3]> = None;
-        for gi in start..self.compiled.groups.len() {
+        let candidates = self.candidates;
+        let mut bar = self.best.score.total + EPS;
+        let count = self.compiled.groups.len();
+        let mut end = self.level_end(start, count, rest, &level, bar);
+        let mut gi = start;
+        loop {
+            // The candidates passed over would each have failed a check: they
+            // cost the steps that looking at them one by one did.
+            let next = candidates.first_promising(gi..end, &|first, best| {
+                self.promising(first, best, &level, bar)
+            });
+            if self.pass_over((next - gi) as u64) {
+                return;
+            }
+            gi = next;
+            if gi == end {
+                break;
+            }
             if self.out_of_budget() {
                 return;
             }
-            // Forward check: capacity still reachable from here on?
-            if self.cap_sum + rest * u64::from(self.suffix_max_cap[gi]) < self.layers {
-                return;
-            }
-            // No candidate from here on can lead past the best plan: the bound
-            // only falls as the suffix maxima fall.
-            let inputs = [
-                self.suffix_max_additive[gi].to_bits(),
-                self.suffix_max_free[gi].to_bits(),
-                self.best.score.total.to_bits(),
-            ];
-            if passed != Some(inputs) {
-                if self.suffix_bound(gi, rest, &level) <= self.best.score.total + EPS {
+            if self.worth_taking(gi, &level, bar) {
+                self.branch(gi);
+                if self.stopped {
                     return;
                 }
-                passed = Some(inputs);
+                // A better plan below raises the bar, which may end the level sooner.
+                let raised = self.best.score.total + EPS;
+                if raised > bar {
+                    bar = raised;
+                    end = self.level_end(gi + 1, end, rest, &level, bar);
+                }
             }
-            let group = &self.compiled.groups[gi];
-            if !self.usage.fits(self.compiled, group)
-                || !self.usage.twin_order_ok(self.compiled, group)
-            {
-                continue;
-            }
-            let new_node = self.usage.groups_on[group.node] == 0;
-            let delta = self.path_delta(group.node);
-            if self.upper_bound(gi, delta, new_node, &level) <= self.best.score.total + EPS {
-                continue;
-            }
-            self.usage.take(group);
-            self.chosen.push(gi);
-            self.cap_sum += u64::from(group.cap);
-            self.additive_sum += group.additive;
-            self.free_sum += group.free;
-            self.intra_sum += group.intra_cost;
-            self.path_cost += delta;
-
-            self.descend(gi);
-
-            let group = &self.compiled.groups[gi];
-            self.path_cost -= delta;
-            self.intra_sum -= group.intra_cost;
-            self.free_sum -= group.free;
-            self.additive_sum -= group.additive;
-            self.cap_sum -= u64::from(group.cap);
-            self.chosen.pop();
-            self.usage.give_back(group);
-            if self.stopped {
-                return;
-            }
+            gi += 1;
         }
+        // Finding that the level ends at a candidate takes a step, as looking
+        // at it one by one did.
+        if end < count {
+            self.out_of_budget();
+        }
+    }
+
+    /// Whether the group at `gi` fits now and could lead past `bar`.
+    fn worth_taking(&self, gi: usize, level: &LevelBounds, bar: f64) -> bool {
+        let group = &self.compiled.groups[gi];
+        self.usage.fits(self.compiled, group)
+            && self.usage.twin_order_ok(self.compiled, group)
+            && self.upper_bound(
+                &Parts::of(group),
+                &self.candidates.suffix[gi],
+                self.hops_after(group.node, level.rest_after),
+                level,
+            ) > bar
+    }
+
+    /// `out_of_budget` for `count` steps at once, none of which branches:
+    /// the budget stops the search at the same step, the deadline at the
+    /// first look it would have had.
+    fn pass_over(&mut self, count: u64) -> bool {
+        let left = self.opts.max_steps.saturating_sub(self.steps);
+        if count > left {
+            self.steps += left;
+            self.stopped = true;
+            return true;
+        }
+        let looks = self.steps / DEADLINE_EVERY;
+        self.steps += count;
+        if self.steps / DEADLINE_EVERY > looks
+            && self
+                .opts
+                .deadline
+                .is_some_and(|deadline| deadline.expired())
+        {
+            self.steps = (looks + 1) * DEADLINE_EVERY;
+            self.stopped = true;
+        }
+        self.stopped
+    }
+
+    /// Takes the group at `gi`, searches the completions, and gives it back.
+    fn branch(&mut self, gi: usize) {
+        let group = &self.compiled.groups[gi];
+        let places = self.candidates.node_places[group.node];
+        let delta = self.path_delta(group.node);
+        self.usage.take(group, places);
+        self.chosen.push(gi);
+        self.cap_sum += u64::from(group.cap);
+        self.additive_sum += group.additive;
+        self.free_sum += group.free;
+        self.intra_sum += group.intra_cost;
+        self.path_cost += delta;
+
+        self.descend(gi);
+
+        let group = &self.compiled.groups[gi];
+        self.path_cost -= delta;
+        self.intra_sum -= group.intra_cost;
+        self.free_sum -= group.free;
+        self.additive_sum -= group.additive;
+        self.cap_sum -= u64::from(group.cap);
+        self.chosen.pop();
+        self.usage.give_back(group, places);
     }
 
     fn leaf(&mut self) {
@@ -672,6 +801,46 @@ mod tests {
                 assert!(stage.memory_per_device_bytes <= device.memory_free_bytes as f64);
             }
         }
+    }
+
+    #[test]
+    fn the_step_budget_stops_the_search_at_that_step() {
+        // Nodes that differ (kind, temperatures, rack, a held device), so
+        // few twins fold away and the search takes thousands of steps.
+        let nodes = (0..8)
+            .map(|index| {
+                let kind = if index % 3 == 0 { A100 } else { H100 };
+                let mut each = node(&format!("n{index}"), 8, kind);
+                each.zone = Some(format!("z{}", index % 2));
+                each.rack = Some(format!("r{}", index % 3));
+                for (device, gpu) in each.devices.iter_mut().enumerate() {
+                    gpu.temperature_c = Some(30.0 + ((index * 7 + device * 3) % 40) as f64);
+                }
+                if index % 4 == 1 {
+                    each.devices[0].allocated_to = Some("ns/other".into());
+                }
+                each
+            })
+            .collect();
+        let problem = problem(nodes, 405, 2, Stages::Fixed(6));
+        let full = best(&problem);
+        assert!(full.optimal && full.steps > 1000, "{} steps", full.steps);
+        let mut last = f64::NEG_INFINITY;
+        for budget in (1..full.steps).step_by((full.steps / 41) as usize) {
+            let options = SolveOptions {
+                deadline: None,
+                max_steps: budget,
+            };
+            let plan = solve(&problem, &options).unwrap();
+            assert_eq!((plan.steps, plan.optimal), (budget, false));
+            assert!(plan.score.total >= last, "a larger budget never finds less");
+            last = plan.score.total;
+        }
+        let options = SolveOptions {
+            deadline: None,
+            max_steps: full.steps,
+        };
+        assert_eq!(solve(&problem, &options).unwrap(), full);
     }
 
     struct Expired;
