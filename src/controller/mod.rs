@@ -5,7 +5,7 @@
 //! (with `node_gate`, and `dra` for shards on DRA nodes) → `status`, then `events`. `reconcile` calls them in that
 //! order and nothing else does; `hashes` holds every hash they compare;
 //! `tessera_core::translate` (shared with `tessera place`) turns Kubernetes objects
-//! into the solver's problem; `run` wires caches (`synced`), leader election
+//! into the solver's problem; `run` wires caches (`synced`, `triggers`, `room_wakes`), leader election
 //! and the HTTP endpoints.
 
 pub(crate) mod apply;
@@ -22,6 +22,7 @@ mod node_gate;
 pub mod nodes;
 mod pod_repair;
 pub mod reconcile;
+mod room_wakes;
 pub mod run;
 mod runtime_env;
 mod settings;

@@ -19,10 +19,12 @@ use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
 use super::dra::DraCaches;
+use super::dra::pools::Pools;
 use super::metrics::{InstanceCache, Metrics, router};
 use super::node_cache::{StateReports, cached};
 use super::node_changes::NodeChanges;
 use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
+use super::room_wakes::room_wakes;
 use super::status::PLACED;
 use super::synced::{ALWAYS, Cache, CacheSync};
 use super::triggers::{Touch, triggers};
@@ -30,7 +32,7 @@ use crate::api_requests::ApiRequests;
 use crate::initial_list::InitialList;
 use crate::process::{kube_client, terminated};
 use crate::watch_backoff::with_backoff;
-use tessera_core::api::ModelInstance;
+use tessera_core::api::{ModelInstance, ModelInstanceStatus};
 
 pub struct ControllerConfig {
     pub kubeconfig: Option<PathBuf>,
@@ -235,29 +237,40 @@ async fn lead(
     result
 }
 
-/// Instances to look at again when a Node changes: those planned on it, and
-/// those waiting for room anywhere.
-fn instances_for_node(
+/// The least time between two wakes of the instances waiting for room.
+const ROOM_WAKE_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Instances planned on `name`: a change of that Node or its slices may
+/// touch their shards.
+fn instances_on_node(
     instances: &Store<ModelInstance>,
     name: &str,
+) -> Vec<ObjectRef<ModelInstance>> {
+    instances_where(instances, |status| {
+        status.plan.iter().any(|s| s.node == name)
+    })
+}
+
+/// Instances waiting for room: any Node or slice change may make it (woken
+/// through `room_wakes`). A new instance, with no status yet, is woken by its
+/// own creation.
+fn waiting_instances(instances: &Store<ModelInstance>) -> Vec<ObjectRef<ModelInstance>> {
+    instances_where(instances, |status| {
+        !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PLACED && c.status == "True")
+    })
+}
+
+fn instances_where(
+    instances: &Store<ModelInstance>,
+    wanted: impl Fn(&ModelInstanceStatus) -> bool,
 ) -> Vec<ObjectRef<ModelInstance>> {
     instances
         .state()
         .iter()
-        .filter(|mi| {
-            // A new instance is woken by its own creation. Woken by every Node
-            // change too, it would never be reconciled while Nodes change
-            // faster than the reconcile queue's debounce, which restarts with
-            // each trigger (5,000 Nodes losing their not-ready taints).
-            let Some(status) = &mi.status else {
-                return false;
-            };
-            let waiting = !status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == PLACED && c.status == "True");
-            waiting || status.plan.iter().any(|s| s.node == name)
-        })
+        .filter(|mi| mi.status.as_ref().is_some_and(&wanted))
         .map(|mi| ObjectRef::from_obj(mi.as_ref()))
         .collect()
 }
@@ -352,7 +365,7 @@ async fn run_controller(
             "resourceslices",
             watcher(Api::<ResourceSlice>::all(client.clone()), slices_config),
         )
-        .modify(|s: &mut ResourceSlice| s.managed_fields_mut().clear())
+        .modify(Pools::keep_what_is_read)
         .reflect(slice_writer)
         .inspect(sync.observer(Cache::Slices));
         slice_stream = Some(
@@ -382,6 +395,7 @@ async fn run_controller(
     }
     let mapper_store = instances.clone();
     let slice_mapper_store = instances.clone();
+    let waiting_store = instances.clone();
     let reporter = Reporter {
         controller: MANAGER.to_string(),
         instance: std::env::var("POD_NAME").ok(),
@@ -400,12 +414,17 @@ async fn run_controller(
         Recorder::new(client, reporter),
         Arc::clone(metrics),
     ));
+    let (room_changes, wakes) = room_wakes(ROOM_WAKE_PAUSE);
+    let wakes = wakes.flat_map(move |()| futures::stream::iter(waiting_instances(&waiting_store)));
+    let node_room = room_changes.clone();
     let mut controller = controller
         .owns_stream(pod_stream)
         .owns_stream(service_stream)
         .watches_stream(node_stream, move |node| {
-            instances_for_node(&mapper_store, &node.name_any())
-        });
+            node_room.note();
+            instances_on_node(&mapper_store, &node.name_any())
+        })
+        .reconcile_on(wakes);
     if let Some(claims) = claim_stream {
         controller = controller.owns_stream(claims);
     }
@@ -413,7 +432,8 @@ async fn run_controller(
         // A node's slices appearing, changing or going changes how its shards
         // get their devices, as a Node change does.
         controller = controller.watches_stream(slices, move |slice: ResourceSlice| {
-            instances_for_node(
+            room_changes.note();
+            instances_on_node(
                 &slice_mapper_store,
                 slice.spec.node_name.as_deref().unwrap_or_default(),
             )
@@ -472,7 +492,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_change_wakes_instances_planned_on_it_and_waiting_ones_not_new_ones() {
+    fn a_node_change_wakes_instances_planned_on_it_and_room_wakes_waiting_ones_not_new_ones() {
         let new = instance("new", SMALL);
         let mut waiting = instance("waiting", SMALL);
         waiting.status = Some(placed(false, ""));
@@ -484,15 +504,11 @@ mod tests {
             writer.apply_watcher_event(&watcher::Event::InitApply(mi));
         }
         writer.apply_watcher_event(&watcher::Event::InitDone);
-        let woken = |node: &str| {
-            let mut names: Vec<String> = instances_for_node(&store, node)
-                .into_iter()
-                .map(|r| r.name)
-                .collect();
-            names.sort();
-            names
+        let names = |refs: Vec<ObjectRef<ModelInstance>>| -> Vec<String> {
+            refs.into_iter().map(|r| r.name).collect()
         };
-        assert_eq!(woken("a"), ["on-a", "waiting"]);
-        assert_eq!(woken("b"), ["waiting"]);
+        assert_eq!(names(instances_on_node(&store, "a")), ["on-a"]);
+        assert!(instances_on_node(&store, "b").is_empty());
+        assert_eq!(names(waiting_instances(&store)), ["waiting"]);
     }
 }
