@@ -4,7 +4,9 @@
 //! devices change as a slice shows them (a device comes or goes, its health
 //! changes; telemetry is not in a slice) the whole pool is written again
 //! under the next generation, and slices left over from a larger pool are
-//! deleted. A failed write is retried with backoff.
+//! deleted. A failed write is retried with backoff, and so is an attempt the
+//! API server has not answered within the state publisher's time limit (a
+//! connection that stalls would otherwise hold the pool back for good).
 //!
 //! Whether the API server keeps device taints is learnt from its answer: a
 //! tainted device that comes back without its taint means it does not
@@ -36,12 +38,15 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
 use super::slices::{SliceOwner, node_slices, pool_devices};
+use crate::agent::publisher::PublisherConfig;
 use crate::agent::state::ViewRx;
 
 /// The field manager of our slice writes.
 const FIELD_MANAGER: &str = "tessera-agent";
 const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long one attempt (a publish, or a read back) may wait for answers.
+const ANSWER_LIMIT: Duration = PublisherConfig::DEFAULT_REQUEST_TIMEOUT;
 
 /// Counters for the agent's metrics.
 #[derive(Debug, Default)]
@@ -121,7 +126,7 @@ pub async fn run_slice_publisher(
     loop {
         let ready = view.borrow_and_update().ready;
         if ready {
-            let result = publish_once(
+            let attempt = publish_once(
                 &slices,
                 &nodes,
                 &driver,
@@ -131,8 +136,15 @@ pub async fn run_slice_publisher(
                 &mut published,
                 &mut taints,
                 &stats,
-            )
-            .await;
+            );
+            // Given up half-way, an attempt leaves what was last published
+            // as it was: the next one writes the same generation again.
+            let result = match tokio::time::timeout(ANSWER_LIMIT, attempt).await {
+                Ok(result) => result.map_err(|e| e.to_string()),
+                Err(_) => Err(format!(
+                    "the API server did not answer within {ANSWER_LIMIT:?}"
+                )),
+            };
             match result {
                 Ok(()) => backoff = BACKOFF_START,
                 Err(e) => {
@@ -207,10 +219,16 @@ async fn gone(
     if let Some(version) = &last.written_at {
         params.resource_version = Some(version.clone());
     }
-    match existing(slices, &params).await {
-        Ok(now) => (now.names != last.names || now.generation != last.generation).then_some(now),
-        Err(e) => {
+    match tokio::time::timeout(ANSWER_LIMIT, existing(slices, &params)).await {
+        Ok(Ok(now)) => {
+            (now.names != last.names || now.generation != last.generation).then_some(now)
+        }
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "could not read the node's ResourceSlices back");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(limit = ?ANSWER_LIMIT, "reading the node's ResourceSlices back took too long");
             None
         }
     }
@@ -370,4 +388,60 @@ pub(crate) async fn delete_node_slices(
         }
     }
     Ok(found.names.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, Request, Response};
+    use kube::client::Body;
+    use tokio::time::Instant;
+    use tower_test::mock;
+
+    use super::*;
+    use crate::agent::state::channel;
+
+    const NODE: &str = "gpu-node-1";
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_left_unanswered_is_given_up_and_made_again() {
+        let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let (tx, rx) = channel("fake");
+        tx.send_modify(|view| view.ready = true);
+        let stats = Arc::new(SliceStats::default());
+        let publisher = tokio::spawn(run_slice_publisher(
+            client,
+            "gpu.tessera.dev".into(),
+            NODE.into(),
+            rx,
+            Arc::clone(&stats),
+            std::future::pending(),
+        ));
+        // Nothing is ever answered: the watch's list waits, and so does
+        // each attempt's first read, the Node.
+        let mut unanswered = Vec::new();
+        let mut node_reads = Vec::new();
+        while node_reads.len() < 2 {
+            let next = tokio::time::timeout(Duration::from_secs(300), api.next_request());
+            let (request, respond) = next
+                .await
+                .expect("no second attempt")
+                .expect("the client went away");
+            if request.method() == Method::GET
+                && request.uri().path() == format!("/api/v1/nodes/{NODE}")
+            {
+                node_reads.push(Instant::now());
+            }
+            unanswered.push(respond);
+        }
+        // The state publisher's limit, then the first backoff.
+        let limit = PublisherConfig::DEFAULT_REQUEST_TIMEOUT;
+        let between = node_reads[1] - node_reads[0];
+        assert!(
+            (limit..limit + BACKOFF_START * 2).contains(&between),
+            "the second attempt came {between:?} after the first"
+        );
+        assert_eq!(stats.errors(), 1);
+        publisher.abort();
+    }
 }
