@@ -15,7 +15,10 @@ use tower::ServiceBuilder;
 
 /// A node holds one watch stream on its connection, and writes besides. On
 /// the 1.36 kit, with 100 nodes a connection, writes stalled past the agent's
-/// 30-s timeout once the watches were open; with 20 none did (1,000 nodes).
+/// 30-s timeout once the watches were open; with 20 none did at 1,000 nodes.
+/// At 5,000 some connections still stall during the first publish, more the
+/// more requests the agents give up (stream resets): see "DRA at 1,000 and
+/// 5,000 nodes" in docs/benchmarks.md.
 pub(crate) const NODES_PER_CONNECTION: usize = 20;
 
 /// A client with its own HTTP/2 connection (hyper's pool keeps one per
