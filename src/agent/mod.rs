@@ -7,9 +7,10 @@
 //! what they share sits beside them: the device view (`state`), what a
 //! container needs for its devices (`container_devices`), the gRPC server on
 //! a unix socket (`unix_server`), the planned bindings of the device plugin
-//! (`binding`), the Node publisher (`publisher`), the HTTP endpoints (`http`)
-//! and the wiring (`run`).
+//! (`binding`), the Node publisher (`publisher`), API calls given up when
+//! unanswered (`api_call`), the HTTP endpoints (`http`) and the wiring (`run`).
 
+mod api_call;
 pub mod binding;
 pub mod container_devices;
 pub mod device_plugin;

@@ -87,8 +87,36 @@ fn transient(error: &kube::Error) -> bool {
     }
 }
 
-pub(crate) fn already_exists(error: &ApplyError) -> bool {
+fn already_exists(error: &ApplyError) -> bool {
     matches!(&error.source, kube::Error::Api(status) if status.is_already_exists())
+}
+
+/// Creates `objects` (of `kind`, for errors) together: they do not depend
+/// on each other. Each is retried as `retry` does; what each create gave, in order, `None` for one
+/// an earlier reconcile made that the cache has not shown yet. The first
+/// other failure, in order, is the answer.
+pub(crate) async fn create_together<'a, K>(
+    api: &Api<K>,
+    kind: &str,
+    objects: impl IntoIterator<Item = &'a K>,
+) -> Result<Vec<Option<K>>, ApplyError>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug + 'a,
+{
+    let params = &PostParams::default();
+    let created = join_all(objects.into_iter().map(|object| async move {
+        let action = format!("create {kind} {}", object.name_any());
+        retry(&action, || api.create(params, object)).await
+    }))
+    .await;
+    created
+        .into_iter()
+        .map(|result| match result {
+            Ok(object) => Ok(Some(object)),
+            Err(e) if already_exists(&e) => Ok(None),
+            Err(e) => Err(e),
+        })
+        .collect()
 }
 
 fn not_found(error: &ApplyError) -> bool {
@@ -221,21 +249,12 @@ pub(crate) async fn pods(
             Some(_) => states.push(ShardState::Bound),
         }
     }
-    // The shards' writes do not depend on each other: a replica's are sent
-    // together, so its pods start together.
-    let params = &PostParams::default();
-    let created = join_all(missing.iter().map(|(_, want, _)| {
-        let name = want.name_any();
-        async move { retry(&format!("create pod {name}"), || api.create(params, want)).await }
-    }))
-    .await;
-    for ((index, _, node), result) in missing.into_iter().zip(created) {
-        match result {
-            Ok(created) => unbound.push((index, created, node)),
-            // Created by an earlier reconcile whose result the cache has not
-            // seen yet: it is bound once the cache catches up.
-            Err(e) if already_exists(&e) => {}
-            Err(e) => return Err(e),
+    // A replica's pods are created together, so they start together; one an
+    // earlier reconcile created is bound once the cache shows it.
+    let created = create_together(api, "pod", missing.iter().map(|(_, want, _)| *want)).await?;
+    for ((index, _, node), created) in missing.into_iter().zip(created) {
+        if let Some(created) = created {
+            unbound.push((index, created, node));
         }
     }
     unbound.sort_by_key(|(index, _, _)| *index);

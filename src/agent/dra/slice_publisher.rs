@@ -38,6 +38,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
 use super::slices::{SliceOwner, node_slices, pool_devices};
+use crate::agent::api_call::within;
 use crate::agent::publisher::PublisherConfig;
 use crate::agent::state::ViewRx;
 
@@ -139,13 +140,7 @@ pub async fn run_slice_publisher(
             );
             // Given up half-way, an attempt leaves what was last published
             // as it was: the next one writes the same generation again.
-            let result = match tokio::time::timeout(ANSWER_LIMIT, attempt).await {
-                Ok(result) => result.map_err(|e| e.to_string()),
-                Err(_) => Err(format!(
-                    "the API server did not answer within {ANSWER_LIMIT:?}"
-                )),
-            };
-            match result {
+            match within(ANSWER_LIMIT, attempt).await {
                 Ok(()) => backoff = BACKOFF_START,
                 Err(e) => {
                     stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -219,16 +214,10 @@ async fn gone(
     if let Some(version) = &last.written_at {
         params.resource_version = Some(version.clone());
     }
-    match tokio::time::timeout(ANSWER_LIMIT, existing(slices, &params)).await {
-        Ok(Ok(now)) => {
-            (now.names != last.names || now.generation != last.generation).then_some(now)
-        }
-        Ok(Err(e)) => {
+    match within(ANSWER_LIMIT, existing(slices, &params)).await {
+        Ok(now) => (now.names != last.names || now.generation != last.generation).then_some(now),
+        Err(e) => {
             tracing::warn!(error = %e, "could not read the node's ResourceSlices back");
-            None
-        }
-        Err(_) => {
-            tracing::warn!(limit = ?ANSWER_LIMIT, "reading the node's ResourceSlices back took too long");
             None
         }
     }

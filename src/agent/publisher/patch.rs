@@ -3,13 +3,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 
 use super::PublisherConfig;
+use crate::agent::api_call::{CallError, within};
 use crate::agent::state::DeviceView;
 use tessera_core::api::{
     GPU_STATE_ANNOTATION, GpuDevice, LABEL_GPU_COUNT, LABEL_GPU_MEMORY_GIB, LABEL_GPU_PRODUCT,
@@ -126,17 +126,8 @@ pub(super) fn unstamped(view: &DeviceView) -> NodeGpuState {
     state
 }
 
-/// Why one patch failed.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum PatchError {
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-    #[error("the API server did not answer within {0:?}")]
-    Timeout(Duration),
-}
-
 pub(super) type PatchFuture =
-    Pin<Box<dyn Future<Output = (DeviceView, Result<(), PatchError>)> + Send>>;
+    Pin<Box<dyn Future<Output = (DeviceView, Result<(), CallError>)> + Send>>;
 
 pub(super) fn start_patch(
     nodes: Api<Node>,
@@ -149,11 +140,7 @@ pub(super) fn start_patch(
         let body = patch_body(&state_of(&view));
         let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
         let patch = nodes.patch(&name, &params, &patch);
-        let result = match tokio::time::timeout(limit, patch).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(PatchError::Api(e)),
-            Err(_) => Err(PatchError::Timeout(limit)),
-        };
+        let result = within(limit, patch).await.map(|_| ());
         (view, result)
     })
 }

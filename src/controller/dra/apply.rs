@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
@@ -16,7 +15,7 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::claims::{allocated_status, reserved_for};
 use super::pools::Pools;
-use crate::controller::apply::{ApplyError, BeforeBind, already_exists, retry};
+use crate::controller::apply::{ApplyError, BeforeBind, create_together, retry};
 use crate::controller::events::EventNote;
 use tessera_core::api::PlannedShard;
 
@@ -92,23 +91,15 @@ impl<'a> ShardClaims<'a> {
                 }
             }
         }
-        // Independent of each other: sent together.
-        let (api, params) = (&self.api, &PostParams::default());
-        let created = join_all(missing.iter().map(|(name, want)| async move {
-            retry(&format!("create ResourceClaim {name}"), || {
-                api.create(params, &want.claim)
-            })
-            .await
-        }))
-        .await;
-        for ((name, _), result) in missing.into_iter().zip(created) {
-            match result {
-                Ok(claim) => {
-                    lock(&self.written).insert(name.clone(), claim);
-                }
-                // Made by an earlier reconcile the cache has not shown yet.
-                Err(e) if already_exists(&e) => {}
-                Err(e) => return Err(e),
+        let created = create_together(
+            &self.api,
+            "ResourceClaim",
+            missing.iter().map(|(_, want)| &want.claim),
+        )
+        .await?;
+        for ((name, _), claim) in missing.into_iter().zip(created) {
+            if let Some(claim) = claim {
+                lock(&self.written).insert(name.clone(), claim);
             }
         }
         let unwanted: Vec<Arc<ResourceClaim>> = self
