@@ -6,13 +6,16 @@
 //! - `discover/nvml_mock_8`: the same through NVML, library already loaded.
 //! - `discover/nvml_mock_8_cold`: loading and initialising NVML plus a snapshot,
 //!   what an agent start costs.
+//! - `discover_real/nvml_<n>` and `discover_real/nvml_<n>_cold`: the same two
+//!   against the node's own driver (`libnvidia-ml.so.1`) and its `<n>` GPUs; left
+//!   out, with the reason printed, where NVML does not load.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use tessera::backend::fake::FakeBackend;
 use tessera::backend::nvml::NvmlBackend;
 use tessera::backend::snapshot;
@@ -74,5 +77,34 @@ fn discovery(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, discovery);
+fn real_nvml(c: &mut Criterion) {
+    let mut nvml = match NvmlBackend::new(None) {
+        Ok(nvml) => nvml,
+        Err(e) => {
+            println!("discover_real left out: {e}");
+            return;
+        }
+    };
+    let gpus = snapshot(&mut nvml).expect("snapshot").devices.len();
+    let mut group = c.benchmark_group("discover_real");
+    // The driver's own calls take milliseconds, and initialising it far longer.
+    group
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .measurement_time(Duration::from_secs(5));
+    group.bench_function(format!("nvml_{gpus}"), |b| {
+        b.iter(|| black_box(snapshot(&mut nvml).expect("snapshot")))
+    });
+    drop(nvml);
+    group.bench_function(format!("nvml_{gpus}_cold"), |b| {
+        b.iter(|| {
+            let mut nvml = NvmlBackend::new(None).expect("NVML loads again");
+            black_box(snapshot(&mut nvml).expect("snapshot"))
+        })
+    });
+    group.finish();
+}
+
+// The real driver first: the mock's profile variable is set for the rest of the process.
+criterion_group!(benches, real_nvml, discovery);
 criterion_main!(benches);

@@ -175,7 +175,7 @@ fn run(devices: &[DeviceInfo], options: &ProbeOptions) -> Result<ProbeReport, Ba
     for ordinal in 0..count.max(0) {
         let dev = cu::device::get(ordinal).map_err(failed("cuDeviceGet"))?;
         let uuid = cu::device::get_uuid(dev).map_err(failed("cuDeviceGetUuid"))?;
-        by_uuid.insert(format_uuid(&uuid), (ordinal as usize, dev));
+        by_uuid.insert(uuid_key(&format_uuid(&uuid)), (ordinal as usize, dev));
     }
 
     let mut sorted: Vec<&DeviceInfo> = devices.iter().collect();
@@ -183,7 +183,7 @@ fn run(devices: &[DeviceInfo], options: &ProbeOptions) -> Result<ProbeReport, Ba
     let mut report = ProbeReport::default();
     let mut visible = Vec::new();
     for device in sorted {
-        match by_uuid.get(&device.id.to_ascii_lowercase()) {
+        match by_uuid.get(&uuid_key(&device.id)) {
             Some(&(ordinal, dev)) => {
                 report
                     .devices
@@ -221,6 +221,12 @@ fn run(devices: &[DeviceInfo], options: &ProbeOptions) -> Result<ProbeReport, Ba
         }
     }
     Ok(report)
+}
+
+/// The form in which an NVML device ID and a CUDA UUID are compared: NVML's
+/// IDs are `GPU-` and lower-case hex today, but the hex's case is not promised.
+fn uuid_key(id: &str) -> String {
+    id.to_ascii_lowercase()
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML writes it.
@@ -401,5 +407,20 @@ mod tests {
             format_uuid(&uuid),
             "GPU-00112233-4455-6677-8899-aabbccddeeff"
         );
+    }
+
+    #[test]
+    fn an_nvml_id_finds_its_cuda_uuid_whatever_the_case() {
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        for (i, b) in uuid.bytes.iter_mut().enumerate() {
+            *b = (i as u8 * 17) as std::ffi::c_char;
+        }
+        let cuda = uuid_key(&format_uuid(&uuid));
+        for nvml in [
+            "GPU-00112233-4455-6677-8899-aabbccddeeff",
+            "GPU-00112233-4455-6677-8899-AABBCCDDEEFF",
+        ] {
+            assert_eq!(uuid_key(nvml), cuda, "{nvml}");
+        }
     }
 }
