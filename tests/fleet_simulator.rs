@@ -38,6 +38,16 @@ fn flags_parse_and_bad_values_name_the_flag() {
     assert!(!parse(&["--agent-transport", "http1"]).unwrap().agent_http2);
     assert!(options::USAGE.contains("--agent-transport"));
     assert_eq!(
+        options.nodes_per_connection, 1,
+        "a connection per node unless asked"
+    );
+    assert_eq!(
+        parse(&["--nodes-per-connection", "20"])
+            .unwrap()
+            .nodes_per_connection,
+        20
+    );
+    assert_eq!(
         options.steady_for(Duration::from_secs(300)),
         Duration::from_secs(360),
         "the window holds every node's drift write"
@@ -50,6 +60,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
         "--arrivals",
         "--faults",
         "--restarts",
+        "--nodes-per-connection",
     ] {
         assert!(options::USAGE.contains(flag), "the usage names {flag}");
         assert!(parse(&[flag, "7"]).is_ok(), "{flag} 7");
@@ -69,6 +80,8 @@ fn flags_parse_and_bad_values_name_the_flag() {
         &["--allocation"],
         &["--agent-transport", "h2"],
         &["--agent-transport"],
+        &["--nodes-per-connection", "0"],
+        &["--nodes-per-connection", "1001"],
         &["--what", "1"],
     ] {
         let error = parse(bad).unwrap_err();

@@ -22,7 +22,6 @@ use tokio::time::Instant;
 
 use crate::gpus::{KINDS, SimGpus};
 use crate::support::SplitMix64;
-use crate::transport;
 
 /// Polls per interval are done in slices this far apart.
 const POLL_SLICE: Duration = Duration::from_millis(10);
@@ -90,7 +89,7 @@ impl Fleet {
     }
 
     /// Starts every node's publisher; they stop when `stop` turns true.
-    /// Node `i` writes through `transport::client_of(clients, i)`.
+    /// Node `i` writes through `clients[i]`.
     pub(crate) fn start_publishers(
         &self,
         clients: &[Client],
@@ -104,7 +103,7 @@ impl Fleet {
             }
             let mut stop = stop.clone();
             tokio::spawn(run_publisher(
-                transport::client_of(clients, index),
+                clients[index].clone(),
                 config,
                 node.tx.subscribe(),
                 Arc::clone(&node.stats),
@@ -126,7 +125,7 @@ impl Fleet {
         for (index, node) in self.nodes.iter().enumerate() {
             let mut stop = stop.clone();
             tokio::spawn(run_slice_publisher(
-                transport::client_of(clients, index),
+                clients[index].clone(),
                 driver.to_string(),
                 node.name.clone(),
                 node.tx.subscribe(),

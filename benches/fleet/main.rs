@@ -102,8 +102,14 @@ fn main() {
         let client = Client::try_from(config.clone()).expect("a Kubernetes client");
         real_cluster::install_crd(&client).await;
         for &count in &options.nodes {
-            let agents = transport::agent_clients(&config, &client, count, options.agent_http2)
-                .expect("the agents' HTTP/2 clients");
+            let agents = transport::agent_clients(
+                &config,
+                &client,
+                count,
+                options.agent_http2,
+                options.nodes_per_connection,
+            )
+            .expect("the agents' HTTP/2 clients");
             run(&client, &agents, &kubeconfig, count, &options).await;
         }
     });

@@ -99,7 +99,7 @@ pub(crate) async fn renew_leases(clients: Vec<Client>, names: Vec<String>) {
     loop {
         for (index, name) in names.iter().enumerate() {
             tick.tick().await;
-            let leases = crate::transport::client_of(&leases, index);
+            let leases = leases[index].clone();
             let name = name.clone();
             tokio::spawn(async move {
                 // As a kubelet does: a failed renewal is retried soon (0.2 s

@@ -13,8 +13,18 @@ the kube-apiserver this pid file names, on this machine, once the churn is measu
 the agents publish ResourceSlices too and the controller allocates each shard's ResourceClaim; \
 dra needs an API server serving resource.k8s.io/v1; default device-plugin) --agent-transport \
 http1|http2 (http1: the agents' connections as a real agent's, kube-rs's HTTP/1.1; http2: the \
-simulated agents and their Lease renewals share one HTTP/2 connection per 20 nodes, for fleets whose HTTP/1.1 sockets would \
-pass this process's open-file limit; default http1)";
+each node's agent and its Lease renewals multiplex over one HTTP/2 connection, for fleets whose HTTP/1.1 sockets would \
+pass this process's open-file limit; default http1) --nodes-per-connection N (with http2: nodes sharing one connection; \
+default 1)";
+
+/// Nodes to one HTTP/2 connection by default. Shared by 20 nodes, connections
+/// stalled at 5,000 DRA nodes: during the first publish up to 202 of 250
+/// stopped answering for minutes while the API server idled, more the more
+/// requests the agents gave up (stream resets); with 100 nodes they stalled at
+/// 1,000 ("DRA at 1,000 and 5,000 nodes" in docs/benchmarks.md). A connection
+/// of its own per node, as each kubelet has, keeps one node's requests from
+/// waiting on another's. `--nodes-per-connection` brings sharing back.
+const NODES_PER_CONNECTION: usize = 1;
 
 #[derive(Debug, PartialEq)]
 pub(crate) struct Options {
@@ -31,8 +41,10 @@ pub(crate) struct Options {
     pub(crate) initial_list: String,
     /// DRA: agents publish ResourceSlices, the controller allocates claims.
     pub(crate) dra: bool,
-    /// The simulated agents share HTTP/2 connections.
+    /// The simulated agents multiplex over HTTP/2 connections.
     pub(crate) agent_http2: bool,
+    /// Nodes to one HTTP/2 connection.
+    pub(crate) nodes_per_connection: usize,
 }
 
 impl Options {
@@ -49,6 +61,7 @@ impl Options {
             initial_list: "auto".into(),
             dra: false,
             agent_http2: false,
+            nodes_per_connection: NODES_PER_CONNECTION,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -94,6 +107,7 @@ impl Options {
                 "--agent-transport" => {
                     options.agent_http2 = either(&flag, &value, "http1", "http2")?;
                 }
+                "--nodes-per-connection" => options.nodes_per_connection = number(1_000)? as usize,
                 "--restart-api-server" if !value.is_empty() => {
                     options.restart_api_server = Some(value.clone().into());
                 }

@@ -237,6 +237,14 @@ async fn lead(
     result
 }
 
+/// How long an instance's reconcile waits for more triggers, restarted by
+/// each. It gathers the burst of events an instance's own writes cause, and a
+/// new instance waits it out before it is planned. The storms that once kept
+/// restarting it (thousands of Nodes changing) reach instances at most once a
+/// second now (`room_wakes`, `node_changes`), so it is kept short: at 500 ms it
+/// was a fifth of a DRA instance's apply → Running on one node.
+const RECONCILE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The least time between two wakes of the instances waiting for room.
 const ROOM_WAKE_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -389,7 +397,7 @@ async fn run_controller(
     }
 
     let controller = Controller::for_stream(instance_stream, instances.clone())
-        .with_config(controller::Config::default().debounce(std::time::Duration::from_millis(500)));
+        .with_config(controller::Config::default().debounce(RECONCILE_DEBOUNCE));
     if let Ok(mut slot) = cache.lock() {
         *slot = Some(instances.clone());
     }

@@ -22,14 +22,14 @@
 //! On shutdown the slices stay: the devices are still there and in use, and
 //! the next agent writes them again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -124,6 +124,8 @@ pub async fn run_slice_publisher(
     let mut taints = true;
     let mut published: Option<Published> = None;
     let mut owner: Option<SliceOwner> = None;
+    // What the watch brought while the publisher waited on something else.
+    let mut seen = VecDeque::new();
     loop {
         let ready = view.borrow_and_update().ready;
         if ready {
@@ -140,13 +142,13 @@ pub async fn run_slice_publisher(
             );
             // Given up half-way, an attempt leaves what was last published
             // as it was: the next one writes the same generation again.
-            match within(ANSWER_LIMIT, attempt).await {
+            match reading(&mut watched, &mut seen, within(ANSWER_LIMIT, attempt)).await {
                 Ok(()) => backoff = BACKOFF_START,
                 Err(e) => {
                     stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, retry_in = ?backoff, "publishing the node's ResourceSlices failed");
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = reading(&mut watched, &mut seen, tokio::time::sleep(backoff)) => {}
                         _ = &mut shutdown => return,
                     }
                     backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -154,31 +156,66 @@ pub async fn run_slice_publisher(
                 }
             }
         }
+        let mut lost = false;
+        while let Some(event) = seen.pop_front() {
+            if let Ok(event) = event
+                && let Some(last) = published.as_mut()
+                && may_be_lost(last, &event)
+                && let Some(now) = reading(
+                    &mut watched,
+                    &mut seen,
+                    gone(&slices, &driver, &node_name, last),
+                )
+                .await
+            {
+                tracing::warn!(
+                    generation = last.generation,
+                    "the node's ResourceSlices were deleted or changed by someone else (kubelet deletes them when it starts): writing them again"
+                );
+                stats.restores.fetch_add(1, Ordering::Relaxed);
+                // Written again from scratch, counting on from the
+                // newest generation either side has seen.
+                *last = Published {
+                    devices: None,
+                    generation: last.generation.max(now.generation),
+                    names: now.names,
+                    written_at: None,
+                };
+                lost = true;
+            }
+        }
+        if lost {
+            continue;
+        }
         tokio::select! {
             changed = view.changed() => if changed.is_err() { return },
-            event = watched.next() => {
-                let Some(event) = event else { return };
-                if let Ok(event) = event
-                    && let Some(last) = published.as_mut()
-                    && may_be_lost(last, &event)
-                    && let Some(now) = gone(&slices, &driver, &node_name, last).await
-                {
-                    tracing::warn!(
-                        generation = last.generation,
-                        "the node's ResourceSlices were deleted or changed by someone else (kubelet deletes them when it starts): writing them again"
-                    );
-                    stats.restores.fetch_add(1, Ordering::Relaxed);
-                    // Written again from scratch, counting on from the
-                    // newest generation either side has seen.
-                    *last = Published {
-                        devices: None,
-                        generation: last.generation.max(now.generation),
-                        names: now.names,
-                        written_at: None,
-                    };
-                }
-            }
+            event = watched.next() => match event {
+                Some(event) => seen.push_back(event),
+                None => return,
+            },
             _ = &mut shutdown => return,
+        }
+    }
+}
+
+/// Waits for `work` while reading `watched` into `seen`. A watch left unread
+/// holds up more than its own events: on a shared HTTP/2 connection hyper
+/// opens one connection at a time, and the requests behind the watch's wait
+/// for it to be driven. In a fleet of simulated agents sharing connections,
+/// watches left unread during a publish stalled most connections for minutes.
+async fn reading<S, T>(
+    watched: &mut S,
+    seen: &mut VecDeque<S::Item>,
+    work: impl Future<Output = T>,
+) -> T
+where
+    S: Stream + Unpin,
+{
+    let mut work = pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            Some(event) = watched.next() => seen.push_back(event),
         }
     }
 }
@@ -431,6 +468,44 @@ mod tests {
             "the second attempt came {between:?} after the first"
         );
         assert_eq!(stats.errors(), 1);
+        publisher.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watch_is_read_while_an_attempt_waits() {
+        let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let (tx, rx) = channel("fake");
+        tx.send_modify(|view| view.ready = true);
+        let publisher = tokio::spawn(run_slice_publisher(
+            client,
+            "gpu.tessera.dev".into(),
+            NODE.into(),
+            rx,
+            Arc::new(SliceStats::default()),
+            std::future::pending(),
+        ));
+        // The attempt's first read, the Node, is never answered; the watch's
+        // list must still be sent, long before the attempt is given up.
+        let mut asked = Vec::new();
+        let mut unanswered = Vec::new();
+        while asked.len() < 2 {
+            let next = tokio::time::timeout(ANSWER_LIMIT / 2, api.next_request());
+            let (request, respond) = next
+                .await
+                .expect("only one request while the attempt waits")
+                .expect("the client went away");
+            asked.push(format!("{} {}", request.method(), request.uri().path()));
+            unanswered.push(respond);
+        }
+        asked.sort();
+        assert_eq!(
+            asked,
+            [
+                format!("GET /api/v1/nodes/{NODE}"),
+                "GET /apis/resource.k8s.io/v1/resourceslices".to_string(),
+            ]
+        );
         publisher.abort();
     }
 }
