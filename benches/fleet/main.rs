@@ -28,9 +28,9 @@
 //! pod's devices from its claim (needs an API server serving
 //! `resource.k8s.io/v1`); the reports add slice writes and claim checks.
 //!
-//! `--agent-transport http2` has the simulated agents share HTTP/2
-//! connections (see `transport`), for fleets too large for one process's
-//! sockets.
+//! `--agent-transport http2` has each simulated agent multiplex over one
+//! HTTP/2 connection (see `transport`), for fleets too large for one
+//! process's sockets.
 //!
 //! Everything it creates carries a run label and is deleted at the end.
 //! Without `TESSERA_TEST_KUBECONFIG` it prints why it is skipped and exits 0.

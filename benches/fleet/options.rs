@@ -17,13 +17,10 @@ each node's agent and its Lease renewals multiplex over one HTTP/2 connection, f
 pass this process's open-file limit; default http1) --nodes-per-connection N (with http2: nodes sharing one connection; \
 default 1)";
 
-/// Nodes to one HTTP/2 connection by default. Shared by 20 nodes, connections
-/// stalled at 5,000 DRA nodes: during the first publish up to 202 of 250
-/// stopped answering for minutes while the API server idled, more the more
-/// requests the agents gave up (stream resets); with 100 nodes they stalled at
-/// 1,000 ("DRA at 1,000 and 5,000 nodes" in docs/benchmarks.md). A connection
-/// of its own per node, as each kubelet has, keeps one node's requests from
-/// waiting on another's. `--nodes-per-connection` brings sharing back.
+/// Nodes to one HTTP/2 connection by default: one, as each kubelet has its
+/// own. Shared by 20, connections stalled at 5,000 DRA nodes until the slice
+/// publisher read its watch while it waited ("DRA at 1,000 and 5,000 nodes"
+/// in docs/benchmarks.md); `--nodes-per-connection` shares them again.
 const NODES_PER_CONNECTION: usize = 1;
 
 #[derive(Debug, PartialEq)]

@@ -240,9 +240,10 @@ async fn lead(
 /// How long an instance's reconcile waits for more triggers, restarted by
 /// each. It gathers the burst of events an instance's own writes cause, and a
 /// new instance waits it out before it is planned. The storms that once kept
-/// restarting it (thousands of Nodes changing) reach instances at most once a
-/// second now (`room_wakes`, `node_changes`), so it is kept short: at 500 ms it
-/// was a fifth of a DRA instance's apply → Running on one node.
+/// restarting it (thousands of Nodes changing) no longer reach every instance:
+/// a Node wakes the instances planned on it, and those waiting for room at
+/// most once a second (`node_changes`, `room_wakes`). So it is kept short: at
+/// 500 ms it was a fifth of a DRA instance's apply → Running on one node.
 const RECONCILE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The least time between two wakes of the instances waiting for room.

@@ -17,7 +17,9 @@
 //! deleted by anyone else must come back at once, or allocators (and the
 //! controller) would take the node for one without DRA. A deleted slice, or a
 //! re-list, makes the agent read its slices back, and when they are not what
-//! it wrote it writes the pool again under the next generation.
+//! it wrote it writes the pool again under the next generation. The watch is
+//! read while the publisher waits on anything else, and its events are looked
+//! at once the wait is over (see `reading`).
 //!
 //! On shutdown the slices stay: the devices are still there and in use, and
 //! the next agent writes them again.
@@ -199,10 +201,10 @@ pub async fn run_slice_publisher(
 }
 
 /// Waits for `work` while reading `watched` into `seen`. A watch left unread
-/// holds up more than its own events: on a shared HTTP/2 connection hyper
-/// opens one connection at a time, and the requests behind the watch's wait
-/// for it to be driven. In a fleet of simulated agents sharing connections,
-/// watches left unread during a publish stalled most connections for minutes.
+/// holds up more than its own events: over HTTP/2 hyper opens one connection
+/// to a host at a time and every other request waits for it, so when the
+/// watch's list is the request opening it, nothing gets through until the
+/// watch is read again. Simulated agents stalled so by the hundred.
 async fn reading<S, T>(
     watched: &mut S,
     seen: &mut VecDeque<S::Item>,
@@ -428,21 +430,29 @@ mod tests {
 
     const NODE: &str = "gpu-node-1";
 
-    #[tokio::test(start_paused = true)]
-    async fn an_attempt_left_unanswered_is_given_up_and_made_again() {
-        let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(service, "default");
+    type ApiServer = mock::Handle<Request<Body>, Response<Body>>;
+
+    /// A publisher of a ready view against a mocked API server, its counters,
+    /// and the server's side.
+    fn publishing() -> (tokio::task::JoinHandle<()>, Arc<SliceStats>, ApiServer) {
+        let (service, api) = mock::pair::<Request<Body>, Response<Body>>();
         let (tx, rx) = channel("fake");
         tx.send_modify(|view| view.ready = true);
         let stats = Arc::new(SliceStats::default());
         let publisher = tokio::spawn(run_slice_publisher(
-            client,
+            Client::new(service, "default"),
             "gpu.tessera.dev".into(),
             NODE.into(),
             rx,
             Arc::clone(&stats),
             std::future::pending(),
         ));
+        (publisher, stats, api)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_left_unanswered_is_given_up_and_made_again() {
+        let (publisher, stats, mut api) = publishing();
         // Nothing is ever answered: the watch's list waits, and so does
         // each attempt's first read, the Node.
         let mut unanswered = Vec::new();
@@ -473,18 +483,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_watch_is_read_while_an_attempt_waits() {
-        let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(service, "default");
-        let (tx, rx) = channel("fake");
-        tx.send_modify(|view| view.ready = true);
-        let publisher = tokio::spawn(run_slice_publisher(
-            client,
-            "gpu.tessera.dev".into(),
-            NODE.into(),
-            rx,
-            Arc::new(SliceStats::default()),
-            std::future::pending(),
-        ));
+        let (publisher, _, mut api) = publishing();
         // The attempt's first read, the Node, is never answered; the watch's
         // list must still be sent, long before the attempt is given up.
         let mut asked = Vec::new();
