@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus, Service};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, Phase};
 use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
 use tessera::controller::desired::{ShardGpus, headless_service, shard_pods, shard_pods_with};
-use tessera::controller::dra::DraCaches;
+use tessera::controller::dra::{CachedSlice, DraCaches};
 use tessera::controller::held::Held;
 use tessera::controller::metrics::Metrics;
 use tessera::controller::node_cache::CachedNode;
@@ -957,7 +957,7 @@ async fn scaling_down_removes_the_newest_replicas_and_keeps_the_rest() {
 }
 
 /// A ResourceSlice of the driver for node `name`: device `<name>-g<i>` named `dev-<i>`.
-fn slice(name: &str, gpus: usize) -> ResourceSlice {
+fn slice(name: &str, gpus: usize) -> CachedSlice {
     let devices: Vec<Value> = (0..gpus)
         .map(|i| json!({"name": format!("dev-{i}"), "attributes": {"id": {"string": format!("{name}-g{i}")}}}))
         .collect();
@@ -1213,7 +1213,7 @@ async fn a_running_dra_shard_keeps_its_claim_while_its_nodes_slices_are_gone() {
     let world = alone(&mi, vec![node("a", 2)], vec![pod]);
     // The node's slices are gone; the claim is still there.
     let dra = DraCaches {
-        slices: filled(Vec::<ResourceSlice>::new()).0,
+        slices: filled(Vec::<CachedSlice>::new()).0,
         claims: filled(vec![claim]).0,
     };
     let settings = Settings {

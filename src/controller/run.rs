@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -18,8 +18,7 @@ use kube::{Client, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
-use super::dra::DraCaches;
-use super::dra::pools::Pools;
+use super::dra::{CachedSlice, DraCaches};
 use super::metrics::{InstanceCache, Metrics, router};
 use super::node_cache::{StateReports, cached};
 use super::node_changes::NodeChanges;
@@ -372,9 +371,8 @@ async fn run_controller(
         let slices_config = first.clone().fields(&format!("spec.driver={driver}"));
         let slice_events = with_backoff(
             "resourceslices",
-            watcher(Api::<ResourceSlice>::all(client.clone()), slices_config),
+            watcher(Api::<CachedSlice>::all(client.clone()), slices_config),
         )
-        .modify(Pools::keep_what_is_read)
         .reflect(slice_writer)
         .inspect(sync.observer(Cache::Slices));
         slice_stream = Some(
@@ -440,7 +438,7 @@ async fn run_controller(
     if let Some(slices) = slice_stream {
         // A node's slices appearing, changing or going changes how its shards
         // get their devices, as a Node change does.
-        controller = controller.watches_stream(slices, move |slice: ResourceSlice| {
+        controller = controller.watches_stream(slices, move |slice: CachedSlice| {
             room_changes.note();
             instances_on_node(
                 &slice_mapper_store,

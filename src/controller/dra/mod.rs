@@ -4,24 +4,28 @@
 //! must. A node is a DRA node when its agent publishes ResourceSlices of the
 //! driver (`pools`); the others keep the device plugin's extended resource.
 //!
+//! - `cached_slice`: a slice as the controller reads and caches it;
 //! - `pools`: nodes and device names, from the slices;
 //! - `claims`: the claim of a shard and the allocation written into it;
 //! - `held`: devices allocated to claims of others, kept out of plans;
 //! - `apply`: creating, allocating and deleting shard claims.
 
 pub(crate) mod apply;
+mod cached_slice;
 pub(crate) mod claims;
 pub(crate) mod held;
 pub(crate) mod pools;
 
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::reflector::Store;
+
+pub use cached_slice::CachedSlice;
 
 /// The stores DRA needs, when the controller allocates claims.
 #[derive(Clone)]
 pub struct DraCaches {
     /// The driver's ResourceSlices (all nodes).
-    pub slices: Store<ResourceSlice>,
+    pub slices: Store<CachedSlice>,
     /// Every ResourceClaim (of the watched namespaces): others' allocations
     /// hold devices.
     pub claims: Store<ResourceClaim>,

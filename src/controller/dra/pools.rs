@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{Device, ResourceSlice, ResourceSliceSpec};
-use tessera_core::api::DRA_ID_ATTRIBUTE;
+use super::cached_slice::CachedSlice;
 
 /// One node's pool: device ID → device name, at the pool's generation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -35,7 +34,7 @@ pub(crate) struct Pools {
 impl Pools {
     /// The pools of `driver` in `slices`. Per pool only the newest
     /// generation's slices count (older ones are being replaced).
-    pub(crate) fn of(slices: &[Arc<ResourceSlice>], driver: &str) -> Self {
+    pub(crate) fn of(slices: &[Arc<CachedSlice>], driver: &str) -> Self {
         let mut by_node: BTreeMap<String, Pool> = BTreeMap::new();
         for slice in slices {
             let spec = &slice.spec;
@@ -53,50 +52,12 @@ impl Pools {
                 };
             }
             for device in spec.devices.iter().flatten() {
-                let id = device
-                    .attributes
-                    .as_ref()
-                    .and_then(|a| a.get(DRA_ID_ATTRIBUTE))
-                    .and_then(|a| a.string.clone());
-                if let Some(id) = id {
-                    pool.names.insert(id, device.name.clone());
+                if let Some(id) = &device.id {
+                    pool.names.insert(id.clone(), device.name.clone());
                 }
             }
         }
         Self { by_node }
-    }
-
-    /// Drops what `of` does not read from a slice the controller caches:
-    /// the devices' other attributes, capacity and taints, labels, owners
-    /// and managed fields. At 5,000 nodes the slices kept whole took most of
-    /// the controller's memory.
-    pub(crate) fn keep_what_is_read(slice: &mut ResourceSlice) {
-        let metadata = &mut slice.metadata;
-        metadata.managed_fields = None;
-        metadata.labels = None;
-        metadata.annotations = None;
-        metadata.owner_references = None;
-        let spec = std::mem::take(&mut slice.spec);
-        slice.spec = ResourceSliceSpec {
-            driver: spec.driver,
-            node_name: spec.node_name,
-            pool: spec.pool,
-            devices: spec.devices.map(|devices| {
-                devices
-                    .into_iter()
-                    .map(|device| Device {
-                        name: device.name,
-                        attributes: device.attributes.and_then(|mut attributes| {
-                            attributes
-                                .remove_entry(DRA_ID_ATTRIBUTE)
-                                .map(|id| BTreeMap::from([id]))
-                        }),
-                        ..Device::default()
-                    })
-                    .collect()
-            }),
-            ..ResourceSliceSpec::default()
-        };
     }
 
     /// The node's pool, when the node offers its GPUs through DRA.
@@ -107,13 +68,10 @@ impl Pools {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use k8s_openapi::api::resource::v1::{
-        DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool,
-    };
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
+    use crate::controller::dra::cached_slice::{CachedDevice, CachedPool, CachedSliceSpec};
 
     /// A slice of `driver` for `node` at `generation` with `(id, name)` devices.
     pub(crate) fn slice(
@@ -121,37 +79,28 @@ pub(crate) mod tests {
         node: &str,
         generation: i64,
         devices: &[(&str, &str)],
-    ) -> Arc<ResourceSlice> {
-        Arc::new(ResourceSlice {
+    ) -> Arc<CachedSlice> {
+        Arc::new(CachedSlice {
             metadata: ObjectMeta {
                 name: Some(format!("{node}-{generation}")),
                 ..ObjectMeta::default()
             },
-            spec: ResourceSliceSpec {
+            spec: CachedSliceSpec {
                 driver: driver.into(),
                 node_name: Some(node.into()),
-                pool: ResourcePool {
+                pool: CachedPool {
                     name: node.into(),
                     generation,
-                    resource_slice_count: 1,
                 },
                 devices: Some(
                     devices
                         .iter()
-                        .map(|(id, name)| Device {
+                        .map(|(id, name)| CachedDevice {
                             name: (*name).into(),
-                            attributes: Some(BTreeMap::from([(
-                                DRA_ID_ATTRIBUTE.to_string(),
-                                DeviceAttribute {
-                                    string: Some((*id).into()),
-                                    ..DeviceAttribute::default()
-                                },
-                            )])),
-                            ..Device::default()
+                            id: Some((*id).into()),
                         })
                         .collect(),
                 ),
-                ..ResourceSliceSpec::default()
             },
         })
     }
@@ -177,60 +126,5 @@ pub(crate) mod tests {
             pools.node("n3").is_none(),
             "another driver's node is not a DRA node of ours"
         );
-    }
-
-    #[test]
-    fn a_slice_kept_small_gives_the_same_pools() {
-        let d = "gpu.tessera.dev";
-        let mut whole = (*slice(d, "n1", 3, &[("GPU-A", "gpu-a"), ("GPU-B", "gpu-b")])).clone();
-        whole.metadata.labels = Some(BTreeMap::from([("a".to_string(), "b".to_string())]));
-        let text = |value: &str| DeviceAttribute {
-            string: Some(value.into()),
-            ..DeviceAttribute::default()
-        };
-        for device in whole.spec.devices.iter_mut().flatten() {
-            let attributes = device.attributes.get_or_insert_default();
-            attributes.insert("vendor".into(), text("nvidia"));
-            attributes.insert("uuid".into(), text("GPU-0000"));
-            device.capacity = Some(BTreeMap::from([(
-                "memory".to_string(),
-                DeviceCapacity {
-                    value: Quantity("80Gi".into()),
-                    ..DeviceCapacity::default()
-                },
-            )]));
-            device.taints = Some(vec![DeviceTaint {
-                key: "gpu.tessera.dev/unhealthy".into(),
-                effect: "NoSchedule".into(),
-                ..DeviceTaint::default()
-            }]);
-        }
-        // A device without the ID attribute stays, named, with none.
-        let mut unnamed = whole.spec.devices.as_ref().unwrap()[0].clone();
-        unnamed.name = "no-id".into();
-        unnamed
-            .attributes
-            .as_mut()
-            .unwrap()
-            .remove(DRA_ID_ATTRIBUTE);
-        whole.spec.devices.as_mut().unwrap().push(unnamed);
-        let mut kept = whole.clone();
-        Pools::keep_what_is_read(&mut kept);
-        assert_eq!(
-            Pools::of(&[Arc::new(kept.clone())], d),
-            Pools::of(&[Arc::new(whole)], d)
-        );
-        assert_eq!(kept.metadata.labels, None);
-        assert_eq!(
-            (kept.spec.pool.name.as_str(), kept.spec.pool.generation),
-            ("n1", 3)
-        );
-        let devices = kept.spec.devices.unwrap();
-        assert_eq!(devices.len(), 3);
-        for device in &devices {
-            assert!(device.capacity.is_none() && device.taints.is_none());
-        }
-        assert_eq!(devices[0].attributes.as_ref().unwrap().len(), 1);
-        assert_eq!(devices[2].attributes, None);
     }
 }
