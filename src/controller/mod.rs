@@ -9,6 +9,7 @@
 //! and the HTTP endpoints.
 
 pub(crate) mod apply;
+mod cached_resource;
 pub mod decide;
 pub mod desired;
 pub mod dra;

@@ -6,16 +6,14 @@
 //! The watch filter, the state reports and every reconcile read this one
 //! parse.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
 use kube::runtime::watcher;
 
+use super::cached_resource::cached_resource;
 use super::nodes::NodeInfo;
 use tessera_core::translate::ClusterNode;
 
@@ -100,29 +98,7 @@ impl StateReports {
     }
 }
 
-impl Resource for CachedNode {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Node::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        Node::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        Node::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Node::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+cached_resource!(CachedNode, Node);
 
 #[cfg(test)]
 mod tests {

@@ -6,13 +6,11 @@
 //! controller 140 MiB larger for good: the fields kept were scattered among
 //! the freed ones, so hardly a page of the decoded list could go back.
 
-use std::borrow::Cow;
-
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
-use kube::core::ClusterResourceScope;
 use serde::{Deserialize, Deserializer};
+
+use crate::controller::cached_resource::cached_resource;
 
 /// A ResourceSlice, cut down to what placement and allocation read.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -89,37 +87,11 @@ fn id_attribute<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Str
     Ok(attributes.and_then(|a| a.id).and_then(|v| v.string))
 }
 
-impl Resource for CachedSlice {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        ResourceSlice::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        ResourceSlice::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        ResourceSlice::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        ResourceSlice::plural(dt)
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+cached_resource!(CachedSlice, ResourceSlice);
 
 #[cfg(test)]
 mod tests {
+    use kube::Resource;
     use serde_json::json;
     use tessera_core::api::DRA_ID_ATTRIBUTE;
 
