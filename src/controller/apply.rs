@@ -92,9 +92,9 @@ fn already_exists(error: &ApplyError) -> bool {
 }
 
 /// Creates `objects` (of `kind`, for errors) together: they do not depend
-/// on each other. Each is retried as `retry` does; what each create gave, in order, `None` for one
-/// an earlier reconcile made that the cache has not shown yet. The first
-/// other failure, in order, is the answer.
+/// on each other, and each is retried as `retry` does. Gives what each create
+/// made, in order: `None` for one an earlier reconcile made that the cache
+/// has not shown yet. Any other failure (the first, in order) is the answer.
 pub(crate) async fn create_together<'a, K>(
     api: &Api<K>,
     kind: &str,
