@@ -91,8 +91,8 @@ struct Published {
     devices: Option<Vec<Device>>,
     generation: i64,
     names: BTreeSet<String>,
-    /// The resourceVersion of this run's last slice write: a read of the
-    /// API server's cache at least this new shows that write.
+    /// The resourceVersion of this run's last slice write or deletion: a
+    /// read of the API server's cache at least this new shows it.
     written_at: Option<String>,
 }
 
@@ -327,8 +327,15 @@ async fn publish_once(
             .collect();
         for stale in last.names.difference(&names) {
             match slices.delete(stale, &DeleteParams::default()).await {
-                Ok(_) => {
+                Ok(deleted) => {
                     stats.deletes.fetch_add(1, Ordering::Relaxed);
+                    // A read back must show the deletion too, or the
+                    // stale slice still in a cache reads as the pool
+                    // changed by someone else.
+                    if let Some(version) = deleted.left().and_then(|s| s.metadata.resource_version)
+                    {
+                        written_at = Some(version);
+                    }
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e),
@@ -422,6 +429,7 @@ pub(crate) async fn delete_node_slices(
 mod tests {
     use http::{Method, Request, Response};
     use kube::client::Body;
+    use serde_json::json;
     use tokio::time::Instant;
     use tower_test::mock;
 
@@ -478,6 +486,77 @@ mod tests {
             "the second attempt came {between:?} after the first"
         );
         assert_eq!(stats.errors(), 1);
+        publisher.abort();
+    }
+
+    fn json(value: serde_json::Value) -> Response<Body> {
+        Response::new(Body::from(value.to_string().into_bytes()))
+    }
+
+    /// The pool read back after the watch's first list must be read at the
+    /// deletion of the left-over slice, not at the last write before it: a
+    /// cache between the two still lists the left-over slice, and the pool
+    /// would be taken as changed by someone else and written again (as the
+    /// real 1.36 API server did, now and then).
+    #[tokio::test]
+    async fn the_read_back_is_at_least_as_new_as_the_left_over_deletion() {
+        let (publisher, stats, mut api) = publishing();
+        let left_over = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "left-over", "resourceVersion": "5"},
+            "spec": {"driver": "gpu.tessera.dev", "nodeName": NODE,
+                     "pool": {"name": NODE, "generation": 3, "resourceSliceCount": 1}},
+        });
+        let mut held = Vec::new();
+        let read_back = loop {
+            let next = tokio::time::timeout(Duration::from_secs(10), api.next_request());
+            let (request, respond) = next
+                .await
+                .expect("no read back after the watch's first list")
+                .expect("the client went away");
+            let query = request.uri().query().unwrap_or_default().to_string();
+            let metadata_only = request
+                .headers()
+                .get(http::header::ACCEPT)
+                .is_some_and(|a| {
+                    a.to_str()
+                        .unwrap_or_default()
+                        .contains("PartialObjectMetadata")
+                });
+            match (request.method().clone(), request.uri().path()) {
+                (Method::GET, path) if path.starts_with("/api/v1/nodes/") => respond.send_response(
+                    json(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "u-1"}})),
+                ),
+                (Method::GET, _) if query.contains("watch=true") => held.push(respond),
+                (Method::GET, _) if metadata_only => respond.send_response(json(json!({
+                    "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                    "metadata": {"resourceVersion": "9"}, "items": [],
+                }))),
+                (Method::GET, _) if stats.writes() == 0 => respond.send_response(json(json!({
+                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                    "metadata": {"resourceVersion": "9"}, "items": [left_over.clone()],
+                }))),
+                (Method::GET, _) => break query,
+                (Method::PATCH, _) => {
+                    let bytes = request.into_body().collect_bytes().await.unwrap();
+                    let mut slice: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                    slice["metadata"]["resourceVersion"] = json!("10");
+                    respond.send_response(json(slice));
+                }
+                (Method::DELETE, path) => {
+                    assert!(path.ends_with("/left-over"), "deleted {path}");
+                    let mut gone = left_over.clone();
+                    gone["metadata"]["resourceVersion"] = json!("11");
+                    respond.send_response(json(gone));
+                }
+                (method, path) => panic!("unexpected {method} {path}"),
+            }
+        };
+        assert!(
+            read_back.contains("resourceVersion=11&"),
+            "the read back was not at the deletion: {read_back}"
+        );
+        assert_eq!((stats.generation(), stats.restores()), (4, 0));
         publisher.abort();
     }
 
