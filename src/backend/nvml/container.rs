@@ -136,4 +136,41 @@ mod tests {
         assert_eq!(wiring.host_paths()[3], "/dev/nvidia7");
         std::fs::remove_dir_all(&proc).unwrap();
     }
+
+    /// On a node with the NVIDIA driver:
+    /// `cargo test --lib real_gpus_get_device_nodes_that_exist -- --ignored`.
+    /// A container handed a device node the host lacks does not start.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU and driver"]
+    fn real_gpus_get_device_nodes_that_exist() {
+        use std::os::unix::fs::FileTypeExt;
+
+        use crate::backend::GpuBackend;
+
+        let mut backend = super::super::NvmlBackend::new(None).expect("the NVIDIA driver");
+        let devices = backend.devices().expect("NVML lists the GPUs");
+        assert!(!devices.is_empty(), "NVML lists no GPU");
+        for device in &devices {
+            let minor = device_minor(Path::new("/proc"), &device.pci_bus_id);
+            println!("{} {} minor {minor:?}", device.id, device.pci_bus_id);
+            assert!(minor.is_some(), "the driver gives no minor for {device:?}");
+        }
+        let all: Vec<&DeviceInfo> = devices.iter().collect();
+        let mut wiring = ContainerWiring::default();
+        let host = HostRoots {
+            sysfs_root: Path::new("/sys"),
+            procfs_root: Path::new("/proc"),
+        };
+        wire_container(&all, host, &mut wiring);
+        println!("{wiring:?}");
+        let missing: Vec<&str> = wiring
+            .host_paths()
+            .into_iter()
+            .filter(|path| !std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not character devices on this host: {missing:?}"
+        );
+    }
 }
