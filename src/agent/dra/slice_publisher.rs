@@ -241,8 +241,9 @@ fn may_be_lost(last: &Published, event: &Event<PartialObjectMeta<ResourceSlice>>
 
 /// The node's slices as the API server holds them now (read from its watch
 /// cache once it shows our last write or deletion: a cache behind it would
-/// read that write as lost, or a deleted slice as still there), when they are not exactly the pool last written. A failed
-/// read says nothing is lost: the watch goes on, and a real loss shows again.
+/// read that write as lost, or a deleted slice as still there), when they
+/// are not exactly the pool last written. A failed read says nothing is
+/// lost: the watch goes on, and a real loss shows again.
 async fn gone(
     slices: &Api<ResourceSlice>,
     driver: &str,
