@@ -5,6 +5,10 @@
 //!   which the controller's cache does once per Node update;
 //!   `observe/1000_nodes_cached`: what a reconcile pays to read the parsed
 //!   nodes from that cache.
+//! - `dra_pools/5000_nodes_built`: which nodes offer their GPUs through DRA
+//!   and each device's name, from 5,000 nodes' ResourceSlices (8 devices
+//!   each); `dra_pools/5000_nodes_unchanged`: what a reconcile pays for them
+//!   while no slice changed.
 //! - `plan_and_build/64_stages_over_1000x8`: the plan stage (problem building
 //!   plus the solver) and the build stage (64 shard pods, each requesting
 //!   its devices' vendor's resource) for a 64-stage, 1.8-trillion-parameter
@@ -18,9 +22,13 @@ use std::sync::Arc;
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Node;
+use kube::runtime::{reflector, watcher};
+use serde_json::json;
 use tessera::api::ResourceName;
 use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
 use tessera::controller::desired::{shard_pods, shard_resource};
+use tessera::controller::dra::pools::Pools;
+use tessera::controller::dra::{CachedSlice, DraCaches};
 use tessera::controller::held::Held;
 use tessera::controller::node_cache::{CachedNode, gpu_nodes};
 use tessera::controller::nodes::NodeInfo;
@@ -29,6 +37,31 @@ use support::cluster;
 use support::objects::{instance_1_8t, to_node};
 
 const SEED: u64 = 0x7e55_e7a0_5eed_0001;
+const DRIVER: &str = "gpu.tessera.dev";
+
+/// Node `n`'s slice as its agent publishes it (8 devices named `gpu-<i>`,
+/// each with a UUID-like ID), read as the controller caches it.
+fn slice(n: usize) -> CachedSlice {
+    let node = format!("gpu-node-{n:05}");
+    let devices: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            json!({
+                "name": format!("gpu-{i}"),
+                "attributes": {"id": {"string": format!("GPU-{n:08x}-{i:04x}-4000-8000-000000000000")}},
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-{DRIVER}-0"), "uid": format!("uid-{n}"), "resourceVersion": n.to_string()},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }))
+    .expect("a slice the controller reads")
+}
 
 fn bench(c: &mut Criterion) {
     let nodes: Vec<Node> = cluster(1000, SEED).iter().map(to_node).collect();
@@ -73,6 +106,19 @@ fn bench(c: &mut Criterion) {
         .collect();
     group.bench_function("observe/1000_nodes_cached", |b| {
         b.iter(|| gpu_nodes(black_box(&cached)).len())
+    });
+    let (slices, mut writer) = reflector::store::<CachedSlice>();
+    for n in 0..5000 {
+        writer.apply_watcher_event(&watcher::Event::Apply(slice(n)));
+    }
+    let dra = DraCaches::new(slices.clone(), reflector::store().0);
+    assert!(dra.pools(DRIVER).node("gpu-node-04999").is_some());
+    let cached_slices = slices.state();
+    group.bench_function("dra_pools/5000_nodes_built", |b| {
+        b.iter(|| Pools::of(black_box(&cached_slices), DRIVER))
+    });
+    group.bench_function("dra_pools/5000_nodes_unchanged", |b| {
+        b.iter(|| dra.pools(black_box(DRIVER)))
     });
     group.bench_function("plan_and_build/64_stages_over_1000x8", |b| {
         b.iter(|| {

@@ -977,10 +977,7 @@ fn dra_context(
     mi: &ModelInstance,
     claims: Vec<ResourceClaim>,
 ) -> Arc<Context> {
-    let dra = DraCaches {
-        slices: filled(vec![slice("a", 2)]).0,
-        claims: filled(claims).0,
-    };
+    let dra = DraCaches::new(filled(vec![slice("a", 2)]).0, filled(claims).0);
     let settings = Settings {
         dra_driver: Some("gpu.tessera.dev".into()),
         ..Settings::default()
@@ -1212,10 +1209,7 @@ async fn a_running_dra_shard_keeps_its_claim_while_its_nodes_slices_are_gone() {
     mi.status = Some(running(&mi, new.plan.clone()));
     let world = alone(&mi, vec![node("a", 2)], vec![pod]);
     // The node's slices are gone; the claim is still there.
-    let dra = DraCaches {
-        slices: filled(Vec::<CachedSlice>::new()).0,
-        claims: filled(vec![claim]).0,
-    };
+    let dra = DraCaches::new(filled(Vec::<CachedSlice>::new()).0, filled(vec![claim]).0);
     let settings = Settings {
         dra_driver: Some("gpu.tessera.dev".into()),
         ..Settings::default()

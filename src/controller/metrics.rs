@@ -244,11 +244,7 @@ async fn readyz(State(s): State<ControllerEndpoints>) -> impl IntoResponse {
 }
 
 async fn metrics_text(State(s): State<ControllerEndpoints>) -> impl IntoResponse {
-    let store = s
-        .instances
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
+    let store = super::lock(&s.instances).clone();
     (
         [(
             header::CONTENT_TYPE,

@@ -35,3 +35,12 @@ mod watch_errors;
 
 #[cfg(test)]
 pub(crate) mod testkit;
+
+/// `mutex`'s guard, also after a panic elsewhere left it poisoned: what the
+/// controller keeps behind its locks (written objects, notes, caches of
+/// derived values) stays whole through any one write.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

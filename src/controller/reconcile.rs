@@ -4,7 +4,7 @@
 //! own modules; this file only hands each one what the earlier ones produced.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -30,6 +30,7 @@ use super::dra::pools::Pools;
 use super::events::{self, EventNote, plan_notes, unsatisfiable_text};
 use super::hashes::placement_hash;
 use super::held::{Claims, Held, held_devices};
+use super::lock;
 use super::metrics::Metrics;
 use super::node_cache::{CachedNode, gpu_nodes};
 use super::node_gate::{NodeGate, may_bind};
@@ -168,10 +169,6 @@ pub(crate) fn error_policy(mi: Arc<ModelInstance>, error: &Error, ctx: Arc<Conte
     Action::requeue(delay)
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// How soon a reconcile that left a shard unbound looks again (the agent's
 /// report of the allocation it waits for usually wakes it sooner).
 const BIND_RETRY: Duration = Duration::from_secs(1);
@@ -246,7 +243,7 @@ struct Observed {
     /// This instance's shard pods by name.
     mine: BTreeMap<String, Arc<Pod>>,
     /// The DRA nodes' pools (empty without DRA).
-    pools: Pools,
+    pools: Arc<Pools>,
     /// Every cached ResourceClaim (none without DRA).
     claims: Vec<Arc<ResourceClaim>>,
 }
@@ -263,8 +260,8 @@ fn observe(ctx: &Context, instance: &Instance) -> Observed {
         .map(|p| (p.name_any(), Arc::clone(p)))
         .collect();
     let (pools, claims) = match (&ctx.caches.dra, &ctx.settings.dra_driver) {
-        (Some(dra), Some(driver)) => (Pools::of(&dra.slices.state(), driver), dra.claims.state()),
-        _ => (Pools::default(), Vec::new()),
+        (Some(dra), Some(driver)) => (dra.pools(driver), dra.claims.state()),
+        _ => (Arc::default(), Vec::new()),
     };
     Observed {
         nodes,

@@ -392,7 +392,7 @@ async fn run_controller(
             triggers(claim_events, claims.clone(), |_, _| true)
                 .filter_map(errors.absorb(Cache::Claims)),
         );
-        dra = Some(DraCaches { slices, claims });
+        dra = Some(DraCaches::new(slices, claims));
     }
 
     let controller = Controller::for_stream(instance_stream, instances.clone())

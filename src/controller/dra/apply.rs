@@ -17,6 +17,7 @@ use super::claims::{allocated_status, reserved_for};
 use super::pools::Pools;
 use crate::controller::apply::{ApplyError, BeforeBind, create_together, retry};
 use crate::controller::events::EventNote;
+use crate::controller::lock;
 use tessera_core::api::PlannedShard;
 
 /// The claim a DRA shard should have, and its planned shard.
@@ -240,12 +241,6 @@ async fn delete(api: &Api<ResourceClaim>, claim: &ResourceClaim) -> Result<(), A
         Err(e) if matches!(&e.source, kube::Error::Api(s) if s.is_not_found()) => Ok(()),
         Err(e) => Err(e),
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

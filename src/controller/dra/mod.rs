@@ -14,12 +14,15 @@ pub(crate) mod apply;
 mod cached_slice;
 pub(crate) mod claims;
 pub(crate) mod held;
-pub(crate) mod pools;
+pub mod pools;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use std::sync::Arc;
+
 use kube::runtime::reflector::Store;
 
 pub use cached_slice::CachedSlice;
+use pools::{Pools, PoolsMemo};
 
 /// The stores DRA needs, when the controller allocates claims.
 #[derive(Clone)]
@@ -29,4 +32,20 @@ pub struct DraCaches {
     /// Every ResourceClaim (of the watched namespaces): others' allocations
     /// hold devices.
     pub claims: Store<ResourceClaim>,
+    pools: Arc<PoolsMemo>,
+}
+
+impl DraCaches {
+    pub fn new(slices: Store<CachedSlice>, claims: Store<ResourceClaim>) -> Self {
+        Self {
+            slices,
+            claims,
+            pools: Arc::default(),
+        }
+    }
+
+    /// The pools of `driver` in the cached slices.
+    pub fn pools(&self, driver: &str) -> Arc<Pools> {
+        self.pools.of(self.slices.state(), driver)
+    }
 }
