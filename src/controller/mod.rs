@@ -36,9 +36,9 @@ mod watch_errors;
 #[cfg(test)]
 pub(crate) mod testkit;
 
-/// `mutex`'s guard, also after a panic elsewhere left it poisoned: what the
-/// controller keeps behind its locks (written objects, notes, caches of
-/// derived values) stays whole through any one write.
+/// `mutex`'s guard, poisoned or not: what the controller's locks guard
+/// (objects written, notes, derived caches) is only ever replaced whole, so a
+/// reconcile that panicked holding one leaves nothing the next cannot use.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()

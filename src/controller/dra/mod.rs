@@ -16,9 +16,9 @@ pub(crate) mod claims;
 pub(crate) mod held;
 pub mod pools;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::sync::Arc;
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::reflector::Store;
 
 pub use cached_slice::CachedSlice;
@@ -36,6 +36,7 @@ pub struct DraCaches {
 }
 
 impl DraCaches {
+    /// The caches over the driver's slices and the claims.
     pub fn new(slices: Store<CachedSlice>, claims: Store<ResourceClaim>) -> Self {
         Self {
             slices,

@@ -71,7 +71,8 @@ impl Pools {
 /// every reconcile reads them, and building them from 5,000 nodes' slices
 /// takes 30 ms (`cargo bench --bench controller`). A slice the store replaced
 /// is a new `Arc`, so the slices are the same when the store gives back the
-/// very same `Arc`s in the same order.
+/// very same `Arc`s in the same order. The memo holds the slices it was built
+/// from: a freed one's address could come back as a new slice's.
 #[derive(Default)]
 pub(crate) struct PoolsMemo {
     last: Mutex<Option<Built>>,
@@ -183,7 +184,7 @@ pub(crate) mod tests {
             "the same slices: not built again"
         );
 
-        // The store replaced n2's slice (same content, a new object).
+        // The store replaced n2's slice: a new object.
         let n2_again = slice(d, "n2", 2, &[("GPU-B", "gpu-b2")]);
         let changed = memo.of(vec![Arc::clone(&n1), Arc::clone(&n2_again)], d);
         assert_eq!(changed.node("n2").unwrap().names["GPU-B"], "gpu-b2");
