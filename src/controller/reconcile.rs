@@ -191,12 +191,19 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     drop(claims);
 
     let desired = build(mi, &ctx.settings, &observed, &decided);
-    let shards = apply(
+    let applied = apply(
         mi, ctx, &instance, &observed, &desired, &decided, &mut notes,
     )
-    .await?;
-    write_status(mi, ctx, &instance, &decided, &shards, now).await?;
+    .await;
+    let written = match &applied {
+        Ok(shards) => write_status(mi, ctx, &instance, &decided, shards, now).await,
+        Err(_) => Ok(()),
+    };
+    // What was done stays done when a later write fails (a pod bound, then
+    // the status refused), and is told now: the retry finds nothing to do.
     events::publish(&ctx.recorder, mi, &notes).await;
+    let shards = applied?;
+    written?;
 
     // A pod left unbound (its node busy with another) is bound on a later pass.
     if shards
