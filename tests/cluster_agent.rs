@@ -21,6 +21,11 @@
 //!   a slice deleted by someone else (as kubelet does when it starts) is
 //!   written again at once. The kubeconfig's user also needs list, watch,
 //!   create, patch and delete on resourceslices.
+//! - `an_agent_on_auto_that_kubelet_does_not_register_deletes_its_nodes_slices`
+//!   (API servers that serve `resource.k8s.io/v1`) runs the built agent with
+//!   `--allocation auto` over the node's slice of an earlier DRA run: with no
+//!   kubelet to register the driver it falls back to the device plugin and
+//!   deletes the slice, so the node never offers its GPUs both ways.
 //! - `the_agent_binary_publishes_and_stops_on_sigterm` runs the built `tessera
 //!   agent` with `--node-name` and `--kubeconfig` (no kubelet: it serves its
 //!   socket and keeps trying to register), injects a fault through its fake GPU
@@ -158,12 +163,7 @@ async fn the_agent_publishes_and_restores_its_resource_slices() {
     let Some((_, config, client)) = cluster().await else {
         return;
     };
-    let served = client
-        .list_api_group_resources("resource.k8s.io/v1")
-        .await
-        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"));
-    if !served {
-        println!("skipped: the API server does not serve resource.k8s.io/v1 resourceslices");
+    if !serves_slices(&client).await {
         return;
     }
     let nodes: Api<Node> = Api::all(client.clone());
@@ -285,6 +285,126 @@ async fn the_agent_publishes_and_restores_its_resource_slices() {
         let _ = timeout(CALL, slices.delete(&name, &DeleteParams::default())).await;
     }
     node.delete_now(&nodes).await;
+}
+
+/// Whether the API server serves ResourceSlices; says the test is skipped
+/// when not.
+async fn serves_slices(client: &Client) -> bool {
+    let served = client
+        .list_api_group_resources("resource.k8s.io/v1")
+        .await
+        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"));
+    if !served {
+        println!("skipped: the API server does not serve resource.k8s.io/v1 resourceslices");
+    }
+    served
+}
+
+#[tokio::test]
+async fn an_agent_on_auto_that_kubelet_does_not_register_deletes_its_nodes_slices() {
+    let Some((path, config, client)) = cluster().await else {
+        return;
+    };
+    if !serves_slices(&client).await {
+        return;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let slices: Api<ResourceSlice> = Api::all(client);
+    let run = RunId::new();
+    let scratch = TempDir::new(&run, "auto");
+    let fake_file = scratch.write("gpus.yaml", TWO_H100);
+    let node = create_node(&nodes, &config, &run).await;
+    // The node's slice from an earlier run that offered its GPUs through DRA.
+    let earlier: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-earlier", node.name), "labels": {TEST_LABEL: "true"}},
+        "spec": {
+            "driver": TEST_DRIVER,
+            "nodeName": node.name,
+            "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }))
+    .expect("a valid ResourceSlice");
+    timeout(CALL, slices.create(&PostParams::default(), &earlier))
+        .await
+        .expect("creating the earlier run's slice answered within the bound")
+        .expect("creating the earlier run's slice");
+    let selector = format!("spec.nodeName={},spec.driver={TEST_DRIVER}", node.name);
+    let listed = kube::api::ListParams::default().fields(&selector);
+
+    // No kubelet registers the driver here: after its wait the agent offers
+    // the GPUs through the device plugin, and the node must offer none
+    // through DRA.
+    let dirs = ["registry", "kubelet-plugins", "cdi"].map(|d| scratch.path.join(d));
+    let mut agent = AgentProcess::start_with(
+        &scratch,
+        &node.name,
+        &path,
+        &fake_file,
+        &[
+            "--allocation".into(),
+            "auto".into(),
+            "--dra-driver-name".into(),
+            TEST_DRIVER.into(),
+            "--kubelet-registry-dir".into(),
+            dirs[0].clone().into(),
+            "--kubelet-plugins-dir".into(),
+            dirs[1].clone().into(),
+            "--cdi-dir".into(),
+            dirs[2].clone().into(),
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Err(why) = agent.progress() {
+            panic!("waiting for the node's slices to go: {why}");
+        }
+        let left = timeout(CALL, slices.list(&listed))
+            .await
+            .expect("listing slices answered within the bound")
+            .expect("listing slices");
+        if left.items.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent on the device plugin left the node's slices {:?}\n{}",
+            left.items
+                .iter()
+                .map(|s| s.metadata.name.clone())
+                .collect::<Vec<_>>(),
+            agent.log_tail()
+        );
+        sleep(Duration::from_millis(500)).await;
+    }
+    let socket = scratch.path.join("plugins/tessera-tessera-dev-gpu.sock");
+    let served_by = Instant::now() + SOCKET;
+    while !socket.exists() {
+        if let Err(why) = agent.progress() {
+            panic!("waiting for the plugin socket: {why}");
+        }
+        assert!(
+            Instant::now() < served_by,
+            "the agent does not serve the device plugin socket {}\n{}",
+            socket.display(),
+            agent.log_tail()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    drop(agent);
+    for left in timeout(CALL, slices.list(&listed))
+        .await
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l.items)
+    {
+        let name = left.metadata.name.unwrap_or_default();
+        let _ = timeout(CALL, slices.delete(&name, &DeleteParams::default())).await;
+    }
+    node.delete_now(&nodes).await;
+    println!(
+        "kubelet did not register the driver: the agent offers the device plugin and deleted the node's slices"
+    );
 }
 
 #[tokio::test]
@@ -757,6 +877,17 @@ struct AgentProcess {
 
 impl AgentProcess {
     fn start(scratch: &TempDir, node: &str, kubeconfig: &Path, fake_file: &Path) -> Self {
+        Self::start_with(scratch, node, kubeconfig, fake_file, &[])
+    }
+
+    /// `start` with more flags.
+    fn start_with(
+        scratch: &TempDir,
+        node: &str,
+        kubeconfig: &Path,
+        fake_file: &Path,
+        flags: &[std::ffi::OsString],
+    ) -> Self {
         let plugins = scratch.path.join("plugins");
         std::fs::create_dir_all(&plugins)
             .unwrap_or_else(|e| panic!("creating {}: {e}", plugins.display()));
@@ -778,6 +909,7 @@ impl AgentProcess {
             .arg(scratch.path.join("checkpoint.json"))
             // Port 0: the system picks a free loopback port; nothing here needs it.
             .args(["--listen", "127.0.0.1:0", "--poll-interval-ms", "200"])
+            .args(flags)
             .env_remove("NODE_NAME")
             .env_remove("TESSERA_FAKE_GPUS")
             .stdin(Stdio::null())
