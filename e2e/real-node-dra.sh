@@ -176,7 +176,6 @@ bound_at=$(last_first bound)
 kill "$watcher" 2>/dev/null || true
 seconds_since() { awk -v a="$start" -v b="$1" 'BEGIN { printf "%.1f", b - a }'; }
 elapsed=$(seconds_since "$running_at")
-rm -f "$events"
 [[ "$(running_pods eight)" == 8 ]] || die "$(running_pods eight) of 8 stages Running"
 log "kubectl apply -> 8 shards Running in ${elapsed} s (the controller had bound all 8 after $(seconds_since "$bound_at") s)"
 wait_until 60 "every shard on its planned device, prepared by kubelet and seen by the container" \

@@ -25,7 +25,7 @@ impl AllocationMode {
 
 /// Whether the API server serves DRA as tessera uses it: ResourceSlices and
 /// ResourceClaims in `resource.k8s.io/v1` (Kubernetes 1.34+).
-pub(crate) async fn serves_dra(client: &kube::Client) -> Result<bool, kube::Error> {
+pub async fn serves_dra(client: &kube::Client) -> Result<bool, kube::Error> {
     match client.list_api_group_resources("resource.k8s.io/v1").await {
         Ok(list) => Ok(["resourceslices", "resourceclaims"]
             .iter()

@@ -287,15 +287,16 @@ async fn the_agent_publishes_and_restores_its_resource_slices() {
     node.delete_now(&nodes).await;
 }
 
-/// Whether the API server serves ResourceSlices; says the test is skipped
-/// when not.
+/// Whether the API server serves DRA as the agent decides it; says the test
+/// is skipped when not.
 async fn serves_slices(client: &Client) -> bool {
-    let served = client
-        .list_api_group_resources("resource.k8s.io/v1")
+    let served = tessera::allocation_mode::serves_dra(client)
         .await
-        .is_ok_and(|list| list.resources.iter().any(|r| r.name == "resourceslices"));
+        .unwrap_or(false);
     if !served {
-        println!("skipped: the API server does not serve resource.k8s.io/v1 resourceslices");
+        println!(
+            "skipped: the API server does not serve resource.k8s.io/v1 resourceslices and resourceclaims"
+        );
     }
     served
 }
