@@ -378,20 +378,7 @@ async fn an_agent_on_auto_that_kubelet_does_not_register_deletes_its_nodes_slice
         );
         sleep(Duration::from_millis(500)).await;
     }
-    let socket = scratch.path.join("plugins/tessera-tessera-dev-gpu.sock");
-    let served_by = Instant::now() + SOCKET;
-    while !socket.exists() {
-        if let Err(why) = agent.progress() {
-            panic!("waiting for the plugin socket: {why}");
-        }
-        assert!(
-            Instant::now() < served_by,
-            "the agent does not serve the device plugin socket {}\n{}",
-            socket.display(),
-            agent.log_tail()
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
+    agent.wait_for_socket(&scratch).await;
     drop(agent);
     for left in timeout(CALL, slices.list(&listed))
         .await
@@ -442,20 +429,7 @@ async fn the_agent_binary_publishes_and_stops_on_sigterm() {
     );
     // The socket is served once the node's pods are listed (at most 30 s
     // later if the kubeconfig's user cannot list pods).
-    let socket = scratch.path.join("plugins/tessera-tessera-dev-gpu.sock");
-    let deadline = Instant::now() + SOCKET;
-    while !socket.exists() {
-        if let Err(why) = agent.progress() {
-            panic!("waiting for the plugin socket: {why}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not serve {} within {SOCKET:?} while kubelet is absent\n{}",
-            socket.display(),
-            agent.log_tail()
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
+    let socket = agent.wait_for_socket(&scratch).await;
 
     // 2. A fault injected into the fake GPU file reaches the Node.
     scratch.write("gpus.yaml", TWO_H100_ONE_FAULTY);
@@ -924,6 +898,26 @@ impl AgentProcess {
             log,
             exited: None,
         }
+    }
+
+    /// Waits for the device plugin's socket in `scratch` (the agent serves it
+    /// with no kubelet too) and returns its path.
+    async fn wait_for_socket(&mut self, scratch: &TempDir) -> PathBuf {
+        let socket = scratch.path.join("plugins/tessera-tessera-dev-gpu.sock");
+        let deadline = Instant::now() + SOCKET;
+        while !socket.exists() {
+            if let Err(why) = self.progress() {
+                panic!("waiting for the plugin socket: {why}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not serve {} within {SOCKET:?} while kubelet is absent\n{}",
+                socket.display(),
+                self.log_tail()
+            );
+            sleep(Duration::from_millis(100)).await;
+        }
+        socket
     }
 
     /// The last lines of the agent's log.
