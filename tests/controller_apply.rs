@@ -773,14 +773,21 @@ async fn serve_reconcile(
     api: &mut ApiHandle,
     run: tokio::task::JoinHandle<Result<Action, tessera::controller::reconcile::Error>>,
 ) -> Vec<(Method, String, Value)> {
+    serve_reconcile_until(api, run).await.0
+}
+
+/// [`serve_reconcile`], with the reconcile's answer.
+async fn serve_reconcile_until(
+    api: &mut ApiHandle,
+    run: tokio::task::JoinHandle<Result<Action, tessera::controller::reconcile::Error>>,
+) -> (Vec<(Method, String, Value)>, Action) {
     let mut calls = Vec::new();
     tokio::pin!(run);
     loop {
         tokio::select! {
             biased;
             result = &mut run => {
-                result.unwrap().unwrap();
-                return calls;
+                return (calls, result.unwrap().unwrap());
             }
             request = api.next_request() => {
                 let Some((request, send)) = request else {
@@ -1519,4 +1526,196 @@ async fn with_recreate_pod_only_the_failed_rank_is_replaced() {
     );
     let reasons: Vec<String> = events_of(&calls).into_iter().map(|e| e.0).collect();
     assert_eq!(reasons, ["ShardLost"]);
+}
+
+/// The env of a created pod's first container, by name.
+fn env_of(pod: &Value) -> std::collections::BTreeMap<String, String> {
+    pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A degraded replica (one stage's GPU failed, with nowhere to move it)
+/// still makes its surviving stage's new pod for the whole plan: the stage
+/// count, peers and layer split of both stages, as vLLM checks them.
+#[tokio::test]
+async fn a_degraded_replicas_new_pod_gets_the_whole_plans_runtime_values() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, mut nodes, _) = settled_pair(None);
+    let plan = mi.status.as_ref().unwrap().plan.clone();
+    let broken = plan[1].node.clone();
+    let failed_node = nodes
+        .iter_mut()
+        .find(|n| n.metadata.name.as_deref() == Some(&broken));
+    let annotations = failed_node.unwrap().metadata.annotations.as_mut().unwrap();
+    let state = annotations["tessera.dev/gpu-state"].replace("Healthy", "Unhealthy");
+    annotations.insert("tessera.dev/gpu-state".into(), state);
+    // Stage 0's pod is gone too (evicted, say): it is made again, alone.
+    let ctx = context(alone(&mi, nodes, vec![]), client);
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert_eq!(written_status(&calls).phase, Some(Phase::Degraded));
+    let created = created_pods(&calls);
+    assert_eq!(created.len(), 1, "only the runnable stage gets a pod");
+    assert_eq!(created[0]["metadata"]["name"], "llama-shard-0");
+    let env = env_of(&created[0]);
+    let layers = |s: &tessera::api::PlannedShard| (s.layer_end - s.layer_start).to_string();
+    assert_eq!(env["TESSERA_PIPELINE_PARALLEL"], "2");
+    assert_eq!(env["TESSERA_SHARD_COUNT"], "2");
+    assert_eq!(
+        env["VLLM_PP_LAYER_PARTITION"],
+        format!("{},{}", layers(&plan[0]), layers(&plan[1]))
+    );
+    assert_eq!(env["TESSERA_PEERS"].split(',').count(), 2);
+    assert_eq!(env["TESSERA_NEXT_PEER"], "llama-shard-1.llama.ml.svc");
+}
+
+/// A two-stage replica whose stage 1 failed `count` times already, the
+/// last recreation `ago` seconds back.
+fn failing_again(count: u32, ago: i64) -> (ModelInstance, Vec<Node>, Vec<Pod>) {
+    let (mut mi, nodes, mut pods) = settled_pair(None);
+    pods[1] = failed(pods[1].clone());
+    let desired = shard_pods(&mi, &mi.status.as_ref().unwrap().plan, |_| {
+        "tessera.dev/gpu".into()
+    });
+    let hashes: Vec<&str> = desired
+        .iter()
+        .map(|p| p.metadata.annotations.as_ref().unwrap()["tessera.dev/spec-hash"].as_str())
+        .collect();
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let last = k8s_openapi::jiff::Timestamp::from_second(now - ago).unwrap();
+    mi.status.as_mut().unwrap().restarts = vec![tessera::api::ReplicaRestarts {
+        replica: 0,
+        count,
+        last_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(last),
+        pod_hash: tessera::controller::hashes::replica_pod_hash(hashes),
+        ready_since: None,
+    }];
+    (mi, nodes, pods)
+}
+
+/// A replica that keeps failing backs off: after three recreations in a
+/// row the next waits 40 s. Meanwhile the failed pod stays (for its logs),
+/// the status says which rank failed and why, once in an event, and the
+/// reconcile looks again when the wait ends.
+#[tokio::test]
+async fn a_replica_that_keeps_failing_waits_before_its_next_recreation() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, pods) = failing_again(3, 5);
+    let ctx = context(alone(&mi, nodes.clone(), pods.clone()), client.clone());
+    let run = tokio::spawn(reconcile(Arc::new(mi.clone()), ctx));
+    let calls = serve_reconcile(&mut api, run).await;
+    assert!(
+        deleted(&calls).is_empty(),
+        "nothing is deleted while it waits"
+    );
+    assert!(created_pods(&calls).is_empty());
+    let written = written_status(&calls);
+    assert_eq!(
+        written.restarts,
+        mi.status.as_ref().unwrap().restarts,
+        "the count stands"
+    );
+    let condition = written
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure")
+        .expect("a ReplicaFailure condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "BackOff")
+    );
+    assert!(
+        condition.message.starts_with(
+            "replica 0: llama-shard-1: pod failed (Error: vllm exited with code 1); recreated 3 \
+             times in a row"
+        ),
+        "{}",
+        condition.message
+    );
+    let events = events_of(&calls);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0].0.as_str(), events[0].1.as_str()),
+        ("BackOff", "Warning")
+    );
+    assert_eq!(events[0].2, condition.message);
+
+    // The next look, still waiting: the condition stands, no second event,
+    // and the reconcile comes back when the 40 s are up.
+    let mut mi = mi;
+    mi.status = Some(written);
+    let ctx = context(alone(&mi, nodes, pods), client);
+    let (calls, run) =
+        serve_reconcile_until(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert!(calls.is_empty(), "nothing to write: {calls:?}");
+    let wait = format!("{run:?}");
+    assert!(wait.contains("requeue_after: Some("), "{wait}");
+    let seconds: f64 = wait
+        .split("requeue_after: Some(")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!((30.0..=37.0).contains(&seconds), "{wait}");
+}
+
+/// Once the wait is over the replica is recreated, and counted again.
+#[tokio::test]
+async fn a_replica_whose_wait_is_over_is_recreated_and_counted() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, nodes, pods) = failing_again(3, 41);
+    let ctx = context(alone(&mi, nodes, pods), client);
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert_eq!(deleted(&calls).len(), 2, "the whole replica goes");
+    let written = written_status(&calls);
+    assert_eq!(written.restarts.len(), 1);
+    assert_eq!(written.restarts[0].count, 4);
+    let condition = written
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure")
+        .unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "Recreated")
+    );
+    let reasons: Vec<String> = events_of(&calls).into_iter().map(|e| e.0).collect();
+    assert_eq!(reasons, ["ReplicaRecreated"]);
+}
+
+/// A new pod template (the image fixed, say) is tried at once, whatever the
+/// count of the pods before it.
+#[tokio::test]
+async fn a_changed_template_is_tried_at_once() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mut mi, nodes, pods) = failing_again(6, 5);
+    mi.spec
+        .template
+        .as_mut()
+        .unwrap()
+        .spec
+        .as_mut()
+        .unwrap()
+        .containers[0]
+        .image = Some("busybox:1.38".into());
+    let ctx = context(alone(&mi, nodes, pods), client);
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx))).await;
+    assert_eq!(deleted(&calls).len(), 2);
+    assert_eq!(
+        written_status(&calls).restarts[0].count,
+        1,
+        "counted afresh"
+    );
 }

@@ -20,8 +20,10 @@ use serde_json::json;
 use super::desired::INSTANCE_LABEL;
 use super::events::EventNote;
 use super::pod_repair::{lost_rank, replace_reason};
+use super::restart_backoff::Backoff;
 use tessera_core::api::{
-    DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, RestartPolicy, SHARD_ANNOTATION,
+    DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, ReplicaRestarts, RestartPolicy,
+    SHARD_ANNOTATION,
 };
 
 /// The name the controller writes under (field manager, event reporter).
@@ -196,28 +198,64 @@ impl BeforeBind for BindAtOnce {
     }
 }
 
+/// How a replica that lost a rank is repaired: its restart policy, and how
+/// soon after the last repair.
+pub(crate) struct Repair<'a> {
+    pub(crate) policy: RestartPolicy,
+    pub(crate) backoff: Backoff<'a>,
+}
+
+/// What bringing one replica to its desired pods did.
+#[derive(Debug)]
+pub(crate) struct ReplicaApplied {
+    /// Each desired shard's state afterwards, in shard order.
+    pub(crate) states: Vec<ShardState>,
+    /// The replica's restart record for the status (None: nothing to count).
+    pub(crate) restarts: Option<ReplicaRestarts>,
+    /// While a repair waits out its backoff: the status line, and when the
+    /// wait ends.
+    pub(crate) waiting: Option<(String, k8s_openapi::jiff::Timestamp)>,
+}
+
 /// Brings one replica's shard pods to `desired` (shard order) and binds
-/// them. Returns each desired shard's state afterwards.
-/// `may_bind(node, pod)` says whether a pod may be bound now, and
+/// them. `may_bind(node, pod)` says whether a pod may be bound now, and
 /// `before_bind` gets it ready; one that may not or is not stays unbound
 /// (`Created`) for a later reconcile. Under `RecreateReplica` a replica that
-/// lost a started rank has all of its pods deleted first.
+/// lost a started rank has all of its pods deleted first. A repair after a
+/// loss (not a planned change) waits while the replica backs off: the failed
+/// pods stay for `kubectl logs` until then.
 pub(crate) async fn pods(
     api: &Api<Pod>,
-    (desired, policy): (&[(Pod, String)], RestartPolicy),
+    (desired, repair): (&[(Pod, String)], &Repair<'_>),
     existing: &BTreeMap<String, Arc<Pod>>,
     may_bind: impl Fn(&str, &Pod) -> bool,
     before_bind: &impl BeforeBind,
     notes: &mut Vec<EventNote>,
-) -> Result<Vec<ShardState>, ApplyError> {
-    if policy == RestartPolicy::RecreateReplica
+) -> Result<ReplicaApplied, ApplyError> {
+    let backoff = &repair.backoff;
+    let due = backoff.due();
+    if repair.policy == RestartPolicy::RecreateReplica
         && let Some(why) = lost_rank(desired, existing)
     {
-        return recreate_replica(api, desired, existing, why, notes).await;
+        if let Some(due) = due {
+            return Ok(ReplicaApplied {
+                states: hold_states(desired, existing),
+                restarts: backoff.kept(false),
+                waiting: Some((backoff.waiting_message(&why, due), due)),
+            });
+        }
+        let states = recreate_replica(api, desired, existing, why, notes).await?;
+        return Ok(ReplicaApplied {
+            states,
+            restarts: Some(backoff.repaired()),
+            waiting: None,
+        });
     }
     let mut states = Vec::with_capacity(desired.len());
     let mut unbound = Vec::new();
     let mut missing = Vec::new();
+    let mut repaired = false;
+    let mut waiting = None;
     for (want, node) in desired {
         let name = want.name_any();
         let Some(have) = existing.get(&name) else {
@@ -229,26 +267,40 @@ pub(crate) async fn pods(
             states.push(ShardState::Missing);
             continue;
         }
-        if let Some(why) = replace_reason(have, want, node) {
+        if let Some((why, lost)) = replace_reason(have, want, node) {
+            let why = format!("{name}: {why}");
+            if lost && let Some(due) = due {
+                waiting.get_or_insert_with(|| (backoff.waiting_message(&why, due), due));
+                states.push(ShardState::Missing);
+                continue;
+            }
             delete(api, have).await?;
+            repaired |= lost;
             notes.push(EventNote {
-                warning: why.1,
-                reason: if why.1 { "ShardLost" } else { "ShardReplaced" },
-                message: format!("{name}: {}; recreating it", why.0),
+                warning: lost,
+                reason: if lost { "ShardLost" } else { "ShardReplaced" },
+                message: format!("{why}; recreating it"),
             });
             states.push(ShardState::Missing);
             continue;
         }
         restore_annotations(api, have, want).await?;
-        match have.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
-            None => {
-                unbound.push((states.len(), Pod::clone(have), node));
-                states.push(ShardState::Created);
-            }
-            Some(_) if ready(have) => states.push(ShardState::Ready),
-            Some(_) => states.push(ShardState::Bound),
+        let state = state_of(have);
+        if state == ShardState::Created {
+            unbound.push((states.len(), Pod::clone(have), node));
         }
+        states.push(state);
     }
+    let restarts = if repaired {
+        Some(backoff.repaired())
+    } else {
+        backoff.kept(!states.is_empty() && states.iter().all(|s| *s == ShardState::Ready))
+    };
+    let applied = |states| ReplicaApplied {
+        states,
+        restarts,
+        waiting,
+    };
     // A replica's pods are created together, so they start together; one an
     // earlier reconcile created is bound once the cache shows it.
     let created = create_together(api, "pod", missing.iter().map(|(_, want, _)| *want)).await?;
@@ -261,7 +313,7 @@ pub(crate) async fn pods(
     // All or nothing: no shard is bound (and holds devices) until every shard
     // has its pod.
     if states.contains(&ShardState::Missing) {
-        return Ok(states);
+        return Ok(applied(states));
     }
     let candidates: Vec<_> = unbound
         .into_iter()
@@ -299,7 +351,36 @@ pub(crate) async fn pods(
     }
     match first_error {
         Some(e) => Err(e),
-        None => Ok(states),
+        None => Ok(applied(states)),
+    }
+}
+
+/// The states of a replica whose repair waits: its pods as they are, the
+/// lost ones missing.
+fn hold_states(
+    desired: &[(Pod, String)],
+    existing: &BTreeMap<String, Arc<Pod>>,
+) -> Vec<ShardState> {
+    desired
+        .iter()
+        .map(|(want, node)| match existing.get(&want.name_any()) {
+            Some(have)
+                if have.metadata.deletion_timestamp.is_none()
+                    && replace_reason(have, want, node).is_none() =>
+            {
+                state_of(have)
+            }
+            _ => ShardState::Missing,
+        })
+        .collect()
+}
+
+/// The state of an existing pod that stays.
+fn state_of(have: &Pod) -> ShardState {
+    match have.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+        None => ShardState::Created,
+        Some(_) if ready(have) => ShardState::Ready,
+        Some(_) => ShardState::Bound,
     }
 }
 

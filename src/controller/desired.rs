@@ -71,7 +71,21 @@ pub fn shard_pods_with(
     plan: &[PlannedShard],
     gpus: impl Fn(&PlannedShard) -> ShardGpus,
 ) -> Vec<Pod> {
+    some_shard_pods(mi, plan, |_| true, gpus)
+}
+
+/// [`shard_pods_with`] for the shards of `plan` that `wanted` picks. Each
+/// pod's peers, stage count and layer split still describe the whole
+/// replica: a shard of a degraded replica whose peer has no pod yet must
+/// join the same group once it has.
+pub(crate) fn some_shard_pods(
+    mi: &ModelInstance,
+    plan: &[PlannedShard],
+    wanted: impl Fn(&PlannedShard) -> bool,
+    gpus: impl Fn(&PlannedShard) -> ShardGpus,
+) -> Vec<Pod> {
     plan.iter()
+        .filter(|s| wanted(s))
         .map(|s| shard_pod(mi, plan, s, &gpus(s)))
         .collect()
 }

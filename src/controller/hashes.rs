@@ -51,6 +51,12 @@ pub(crate) fn recorded_pod_hash(pod: &Pod) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// Hash of a replica's shard pods from their own hashes, in shard order.
+pub fn replica_pod_hash<'a>(pod_hashes: impl IntoIterator<Item = &'a str>) -> String {
+    let joined = pod_hashes.into_iter().collect::<Vec<_>>().join(",");
+    format!("{:016x}", fnv(joined.as_bytes()))
+}
+
 /// Identifies a planning problem, so an unsatisfiable one is not solved twice.
 pub(crate) fn problem_hash(value: &impl serde::Serialize) -> u64 {
     fnv(&serde_json::to_vec(value).unwrap_or_default())

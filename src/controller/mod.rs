@@ -23,6 +23,7 @@ mod node_gate;
 pub mod nodes;
 mod pod_repair;
 pub mod reconcile;
+mod restart_backoff;
 mod room_wakes;
 pub mod run;
 mod runtime_env;

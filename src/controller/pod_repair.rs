@@ -16,16 +16,7 @@ use super::held::finished;
 /// rather than a planned change.
 pub(crate) fn replace_reason(have: &Pod, want: &Pod, node: &str) -> Option<(String, bool)> {
     if finished(have) {
-        let status = have.status.as_ref();
-        let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("ended");
-        let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
-        return Some((
-            format!(
-                "pod failed ({reason}{}{message})",
-                if message.is_empty() { "" } else { ": " }
-            ),
-            true,
-        ));
+        return Some((format!("pod failed ({})", failure(have)), true));
     }
     let bound_to = have.spec.as_ref().and_then(|s| s.node_name.as_deref());
     if let Some(other) = bound_to.filter(|n| *n != node) {
@@ -38,6 +29,47 @@ pub(crate) fn replace_reason(have: &Pod, want: &Pod, node: &str) -> Option<(Stri
         return Some(("the plan or the pod template changed".to_string(), false));
     }
     None
+}
+
+/// Why a finished pod ended, in its status's words: the pod's reason and
+/// message (an eviction, say), else its first container that ended badly
+/// with its exit code, else `ended`.
+fn failure(pod: &Pod) -> String {
+    let status = pod.status.as_ref();
+    let with_message = |reason: &str, message: Option<&str>| match message {
+        Some(message) if !message.is_empty() => format!("{reason}: {message}"),
+        _ => reason.to_string(),
+    };
+    if let Some(reason) = status.and_then(|s| s.reason.as_deref()) {
+        return with_message(reason, status.and_then(|s| s.message.as_deref()));
+    }
+    let ended = status
+        .into_iter()
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .chain(&s.container_statuses)
+        })
+        .flatten()
+        .find_map(|c| {
+            let ended = c.state.as_ref()?.terminated.as_ref()?;
+            (ended.exit_code != 0).then_some((c.name.as_str(), ended))
+        });
+    match ended {
+        Some((container, ended)) => with_message(
+            &format!(
+                "container {container} exited with code {}{}",
+                ended.exit_code,
+                ended
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(", {r}"))
+                    .unwrap_or_default()
+            ),
+            ended.message.as_deref(),
+        ),
+        None => "ended".to_string(),
+    }
 }
 
 /// Why the replica whose desired pods (with their nodes) are `desired` must
@@ -205,6 +237,56 @@ mod tests {
             });
         }
         assert_eq!(lost_rank(&desired, &ending), None);
+    }
+
+    #[test]
+    fn a_failure_is_told_by_the_pod_or_the_container_that_ended() {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateTerminated, ContainerStatus,
+        };
+        let (desired, _) = replica();
+        let (want, node) = &desired[0];
+        let ended = |reason: Option<&str>, containers: Vec<(i32, Option<&str>)>| {
+            let mut pod = want.clone();
+            pod.status = Some(PodStatus {
+                phase: Some("Failed".into()),
+                reason: reason.map(Into::into),
+                container_statuses: Some(
+                    containers
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (code, why))| ContainerStatus {
+                            name: format!("c{i}"),
+                            state: Some(ContainerState {
+                                terminated: Some(ContainerStateTerminated {
+                                    exit_code: code,
+                                    reason: why.map(Into::into),
+                                    message: (code == 137).then(|| "killed".into()),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            });
+            replace_reason(&pod, want, node).map(|(why, _)| why)
+        };
+        assert_eq!(
+            ended(Some("Evicted"), vec![(1, Some("Error"))]).as_deref(),
+            Some("pod failed (Evicted)")
+        );
+        assert_eq!(
+            ended(None, vec![(0, None), (1, Some("Error"))]).as_deref(),
+            Some("pod failed (container c1 exited with code 1, Error)")
+        );
+        assert_eq!(
+            ended(None, vec![(137, Some("OOMKilled"))]).as_deref(),
+            Some("pod failed (container c0 exited with code 137, OOMKilled: killed)")
+        );
+        assert_eq!(ended(None, vec![]).as_deref(), Some("pod failed (ended)"));
     }
 
     #[test]

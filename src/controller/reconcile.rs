@@ -16,11 +16,11 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use super::apply::{self, ApplyError, BindAtOnce, ShardState};
+use super::apply::{self, ApplyError, BindAtOnce, Repair, ReplicaApplied, ShardState};
 use super::decide::{PlanDecision, PlanInputs, Replicas, decide_replicas};
 use super::desired::{
-    INSTANCE_LABEL, REPLICA_LABEL, ShardGpus, headless_service, shard_pod_name, shard_pods_with,
-    shard_resource,
+    INSTANCE_LABEL, REPLICA_LABEL, ShardGpus, headless_service, shard_pod_name, shard_resource,
+    some_shard_pods,
 };
 use super::dra::DraCaches;
 use super::dra::apply::{DraShard, ShardClaims, claim_of};
@@ -28,15 +28,16 @@ use super::dra::claims::{claim_name, shard_claim};
 use super::dra::held::held_by_claims;
 use super::dra::pools::Pools;
 use super::events::{self, EventNote, plan_notes, unsatisfiable_text};
-use super::hashes::placement_hash;
+use super::hashes::{placement_hash, recorded_pod_hash, replica_pod_hash};
 use super::held::{Claims, Held, held_devices};
 use super::lock;
 use super::metrics::Metrics;
 use super::node_cache::{CachedNode, gpu_nodes};
 use super::node_gate::{NodeGate, may_bind};
 use super::nodes::{NodeInfo, Readiness};
+use super::restart_backoff::Backoff;
 pub use super::settings::Settings;
-use super::status::{self, Outcome, PLACED, ReplicaStatus, StatusInputs};
+use super::status::{self, Outcome, PLACED, REPLICA_FAILURE, ReplicaStatus, StatusInputs};
 use super::validate;
 use tessera_core::api::{
     DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
@@ -195,30 +196,56 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         mi, ctx, &instance, &observed, &desired, &decided, &mut notes,
     )
     .await;
+    if let Ok(applied) = &applied {
+        notes.extend(backoff_notes(mi, applied));
+    }
     let written = match &applied {
-        Ok(shards) => write_status(mi, ctx, &instance, &decided, shards, now).await,
+        Ok(applied) => write_status(mi, ctx, &instance, &decided, applied, now).await,
         Err(_) => Ok(()),
     };
     // What was done stays done when a later write fails (a pod bound, then
     // the status refused), and is told now: the retry finds nothing to do.
     events::publish(&ctx.recorder, mi, &notes).await;
-    let shards = applied?;
+    let applied = applied?;
     written?;
 
     // A pod left unbound (its node busy with another) is bound on a later pass.
-    if shards
+    if applied
         .iter()
-        .flatten()
+        .flat_map(|a| &a.states)
         .any(|state| *state == ShardState::Created)
     {
         return Ok(Action::requeue(BIND_RETRY));
     }
-    Ok(next_check(
-        &decided,
-        &observed.nodes,
-        now,
-        ctx.settings.node_grace,
-    ))
+    let next = next_check(&decided, &observed.nodes, now, ctx.settings.node_grace);
+    // A replica backing off is looked at again when its wait ends.
+    let backoff_ends = applied
+        .iter()
+        .filter_map(|a| a.waiting.as_ref())
+        .filter_map(|(_, due)| Duration::try_from(due.duration_since(now)).ok())
+        .map(|wait| wait + Duration::from_secs(1));
+    Ok(Action::requeue(backoff_ends.fold(next, Duration::min)))
+}
+
+/// One event as a replica starts waiting out its backoff: one whose line is
+/// already in the status was told before.
+fn backoff_notes(mi: &ModelInstance, applied: &[ReplicaApplied]) -> Vec<EventNote> {
+    let told = mi
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == REPLICA_FAILURE))
+        .map(|c| c.message.as_str())
+        .unwrap_or_default();
+    applied
+        .iter()
+        .filter_map(|a| a.waiting.as_ref())
+        .filter(|(message, _)| !told.contains(message.as_str()))
+        .map(|(message, _)| EventNote {
+            warning: true,
+            reason: "BackOff",
+            message: message.clone(),
+        })
+        .collect()
 }
 
 /// The instance's identity, which every write needs, and the hash of the spec
@@ -617,13 +644,8 @@ fn build(
         .replicas
         .iter()
         .map(|replica| {
-            let runnable: Vec<PlannedShard> = replica
-                .outcome
-                .plan()
-                .iter()
-                .filter(|s| !replica.broken.contains_key(&s.shard))
-                .cloned()
-                .collect();
+            let plan = replica.outcome.plan();
+            let runnable = |s: &PlannedShard| !replica.broken.contains_key(&s.shard);
             // A shard pod keeps the way it got its GPUs while it exists: a
             // node's slices vanish for a moment when its kubelet restarts
             // (kubelet deletes them until the driver writes them again),
@@ -651,7 +673,7 @@ fn build(
                 ))
             };
             if let Some(driver) = &settings.dra_driver {
-                for shard in runnable.iter().filter(|s| on_dra(s)) {
+                for shard in plan.iter().filter(|s| runnable(s) && on_dra(s)) {
                     let pod_name = shard_pod_name(&name, shard.replica, shard.shard);
                     dra.push(DraShard {
                         claim: shard_claim(mi, shard, &pod_name, driver),
@@ -660,9 +682,9 @@ fn build(
                     });
                 }
             }
-            shard_pods_with(mi, &runnable, gpus)
+            some_shard_pods(mi, plan, runnable, gpus)
                 .into_iter()
-                .zip(runnable.iter().map(|s| s.node.clone()))
+                .zip(plan.iter().filter(|s| runnable(s)).map(|s| s.node.clone()))
                 .collect()
         })
         .collect();
@@ -681,7 +703,7 @@ async fn apply(
     desired: &Desired,
     decided: &Decided,
     notes: &mut Vec<EventNote>,
-) -> Result<Vec<Vec<ShardState>>, Error> {
+) -> Result<Vec<ReplicaApplied>, Error> {
     let namespace = instance.namespace.as_str();
     if decided
         .replicas
@@ -732,9 +754,16 @@ async fn apply(
         _ => None,
     };
     let mut states = Vec::with_capacity(desired.pods.len());
-    for (replica_desired, replica) in desired.pods.iter().zip(&decided.replicas) {
-        let replica_desired = (replica_desired.as_slice(), mi.spec.restart_policy);
-        let mut shards = match &shard_claims {
+    let now = Timestamp::now();
+    for (index, (replica_desired, replica)) in
+        desired.pods.iter().zip(&decided.replicas).enumerate()
+    {
+        let repair = Repair {
+            policy: mi.spec.restart_policy,
+            backoff: backoff(mi, index as u32, replica_desired, now),
+        };
+        let replica_desired = (replica_desired.as_slice(), &repair);
+        let mut applied = match &shard_claims {
             Some(claims) => {
                 apply::pods(
                     &pods_api,
@@ -758,13 +787,38 @@ async fn apply(
                 .await?
             }
         };
-        shards.extend(replica.broken.keys().map(|_| ShardState::Missing));
-        states.push(shards);
+        applied
+            .states
+            .extend(replica.broken.keys().map(|_| ShardState::Missing));
+        states.push(applied);
     }
     if let Some(claims) = &shard_claims {
         notes.extend(claims.take_notes());
     }
     Ok(states)
+}
+
+/// A replica's restart backoff, from its record in the status and the
+/// hashes of its desired pods.
+fn backoff<'a>(
+    mi: &'a ModelInstance,
+    replica: u32,
+    desired: &[(Pod, String)],
+    now: Timestamp,
+) -> Backoff<'a> {
+    Backoff {
+        replica,
+        previous: mi
+            .status
+            .as_ref()
+            .and_then(|s| s.restarts.iter().find(|r| r.replica == replica)),
+        pod_hash: replica_pod_hash(
+            desired
+                .iter()
+                .map(|(pod, _)| recorded_pod_hash(pod).unwrap_or_default()),
+        ),
+        now,
+    }
 }
 
 /// The status stage: computed from the replicas' outcomes and shard states.
@@ -773,16 +827,16 @@ async fn write_status(
     ctx: &Context,
     instance: &Instance,
     decided: &Decided,
-    shards: &[Vec<ShardState>],
+    applied: &[ReplicaApplied],
     now: Timestamp,
 ) -> Result<(), Error> {
     let replicas: Vec<ReplicaStatus> = decided
         .replicas
         .iter()
-        .zip(shards)
-        .map(|(replica, shards)| ReplicaStatus {
+        .zip(applied)
+        .map(|(replica, applied)| ReplicaStatus {
             outcome: &replica.outcome,
-            shards,
+            shards: &applied.states,
         })
         .collect();
     let new_status = status::compute(&StatusInputs {
@@ -791,6 +845,11 @@ async fn write_status(
         placement_hash: Some(instance.placement_hash.clone()),
         replicas: &replicas,
         selector: Some(format!("{INSTANCE_LABEL}={}", instance.name)),
+        restarts: applied.iter().filter_map(|a| a.restarts.clone()).collect(),
+        waiting: applied
+            .iter()
+            .filter_map(|a| a.waiting.as_ref().map(|(message, _)| message.clone()))
+            .collect(),
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);
@@ -798,14 +857,14 @@ async fn write_status(
     Ok(())
 }
 
-/// When to look again without an event: when a NotReady node's grace period
+/// How soon to look again without an event: when a NotReady node's grace period
 /// runs out (no event marks that moment), else a slow resync.
 fn next_check(
     decided: &Decided,
     nodes: &[Arc<NodeInfo>],
     now: Timestamp,
     grace: Duration,
-) -> Action {
+) -> Duration {
     let unsatisfiable = decided
         .replicas
         .iter()
@@ -827,5 +886,5 @@ fn next_check(
             next = next.min(grace - elapsed + Duration::from_secs(1));
         }
     }
-    Action::requeue(next)
+    next
 }

@@ -8,11 +8,14 @@ use k8s_openapi::jiff::Timestamp;
 mod merge;
 
 use super::apply::ShardState;
-use tessera_core::api::{ModelInstanceStatus, Phase, PlannedShard};
+use tessera_core::api::{ModelInstanceStatus, Phase, PlannedShard, ReplicaRestarts};
 
 pub(crate) const PLACED: &str = "Placed";
 pub(crate) const READY: &str = "Ready";
 pub(crate) const PROGRESSING: &str = "Progressing";
+/// Present while a replica's recreations are counted (`status.restarts`):
+/// `True` while one waits out its backoff.
+pub(crate) const REPLICA_FAILURE: &str = "ReplicaFailure";
 
 /// What the earlier stages concluded.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,6 +61,10 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) replicas: &'a [ReplicaStatus<'a>],
     /// Label selector of the instance's shard pods (the scale subresource's).
     pub(crate) selector: Option<String>,
+    /// The replicas' restart records (`status.restarts`).
+    pub(crate) restarts: Vec<ReplicaRestarts>,
+    /// The status lines of replicas waiting out their backoff.
+    pub(crate) waiting: Vec<String>,
     pub(crate) now: Timestamp,
 }
 
@@ -99,6 +106,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         (PROGRESSING, verdict.progressing),
     ]
     .into_iter()
+    .chain(replica_failure(inputs))
     .map(|(type_, (status, reason, message))| {
         condition(
             previous_conditions,
@@ -131,7 +139,41 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         } else {
             inputs.placement_hash.clone()
         },
+        restarts: inputs.restarts.clone(),
     }
+}
+
+/// The `ReplicaFailure` condition, while any replica's recreations are
+/// counted.
+fn replica_failure(inputs: &StatusInputs) -> Option<(&'static str, ConditionText)> {
+    if !inputs.waiting.is_empty() {
+        return Some((
+            REPLICA_FAILURE,
+            ("True", "BackOff", inputs.waiting.join("; ")),
+        ));
+    }
+    let counted: Vec<String> = inputs
+        .restarts
+        .iter()
+        .map(|r| {
+            format!(
+                "replica {} recreated {} time{} in a row",
+                r.replica,
+                r.count,
+                if r.count == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    (!counted.is_empty()).then(|| {
+        (
+            REPLICA_FAILURE,
+            (
+                "False",
+                "Recreated",
+                format!("{}; counted until ready for 10 minutes", counted.join("; ")),
+            ),
+        )
+    })
 }
 
 /// One replica's verdict from its outcome and shards.
@@ -425,6 +467,8 @@ mod tests {
             placement_hash: Some("h".into()),
             replicas: &[ReplicaStatus { outcome, shards }],
             selector: None,
+            restarts: Vec::new(),
+            waiting: Vec::new(),
             now: now(),
         })
     }
@@ -521,6 +565,8 @@ mod tests {
                     shards,
                 }],
                 selector: None,
+                restarts: Vec::new(),
+                waiting: Vec::new(),
                 now: "2026-06-01T13:00:00Z".parse().unwrap(),
             })
         };
@@ -561,6 +607,8 @@ mod tests {
             placement_hash: Some("h".into()),
             replicas: &statuses,
             selector: Some("tessera.dev/instance=m".into()),
+            restarts: Vec::new(),
+            waiting: Vec::new(),
             now: now(),
         })
     }

@@ -15,8 +15,8 @@ pub use gpu_state::{
 };
 pub use model_instance::{
     DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec, Optimize,
-    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, RestartPolicy,
-    ScoreWeights, Strategy, TensorSize,
+    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaRestarts,
+    RestartPolicy, ScoreWeights, Strategy, TensorSize,
 };
 pub use resource_name::{InvalidResourceName, ResourceName};
 

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -617,6 +617,30 @@ pub struct ModelInstanceStatus {
     /// the pod template alone keeps the plan and replaces the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement_hash: Option<String>,
+    /// Replicas recreated after losing a rank, counted in a row until the
+    /// replica has been ready for 10 minutes. A replica with N recreations
+    /// counted waits 10 s × 2^(N-1), at most 10 minutes, before its next one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<ReplicaRestarts>,
+}
+
+/// How often one replica was recreated in a row, for its restart backoff.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaRestarts {
+    /// The replica (0 for the first).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replica: u32,
+    /// Recreations in a row without the replica staying ready.
+    pub count: u32,
+    /// When the last recreation began.
+    pub last_time: Time,
+    /// Hash of the replica's shard pods as they were when it was last
+    /// recreated: a new pod template or plan starts the count afresh.
+    pub pod_hash: String,
+    /// Since when every shard of the replica has been ready, while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_since: Option<Time>,
 }
 
 /// An optional enum is `nullable: true` already; a `null` among the enum's
