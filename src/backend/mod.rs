@@ -191,6 +191,7 @@ impl Snapshot {
                 .devices
                 .iter()
                 .map(|d| GpuDevice {
+                    mig: None,
                     id: d.info.id.clone(),
                     index: d.info.index,
                     vendor: d.info.vendor,

@@ -56,6 +56,7 @@ pub(crate) fn now() -> Timestamp {
 pub(crate) fn state(node: &str, count: u32, kind: Kind) -> NodeGpuState {
     let devices = (0..count)
         .map(|i| GpuDevice {
+            mig: None,
             id: format!("{node}-g{i}"),
             index: i,
             vendor: kind.vendor,

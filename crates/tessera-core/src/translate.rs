@@ -229,6 +229,7 @@ mod tests {
 
     fn state() -> NodeGpuState {
         let dev = |i: u32, vendor: Vendor, health: Health| GpuDevice {
+            mig: None,
             id: format!("g{i}"),
             index: i,
             vendor,

@@ -153,6 +153,7 @@ mod tests {
 
     fn gpu(id: &str, vendor: Vendor, product: &str, memory_total_bytes: u64) -> GpuDevice {
         GpuDevice {
+            mig: None,
             id: id.into(),
             index: 0,
             vendor,

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use super::limits::number;
+use super::partitions::MigState;
 
 /// The only version this build writes and reads.
 pub const GPU_STATE_VERSION: &str = "v1";
@@ -112,6 +113,10 @@ pub struct GpuDevice {
     pub health: Health,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_reason: Option<String>,
+    /// NVIDIA MIG, on a GPU that has it: its mode and partitions. A GPU in
+    /// MIG mode is planned as its partitions, never whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigState>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -285,6 +290,19 @@ impl NodeGpuState {
                     device.id
                 )));
             }
+            if let Some(mig) = &device.mig {
+                if let Some(problem) = mig.problem(&device.id, device.memory_total_bytes) {
+                    return Err(GpuStateError::Invalid(problem));
+                }
+                for partition in &mig.partitions {
+                    if !ids.insert(partition.id.as_str()) {
+                        return Err(GpuStateError::Invalid(format!(
+                            "device id {} appears twice",
+                            partition.id
+                        )));
+                    }
+                }
+            }
             if let Some(other) = indices.insert(device.index, device.id.as_str()) {
                 return Err(GpuStateError::Invalid(format!(
                     "devices {other} and {} both have index {}",
@@ -333,6 +351,7 @@ mod tests {
             version: GPU_STATE_VERSION.into(),
             backend: "fake".into(),
             devices: vec![GpuDevice {
+                mig: None,
                 id: "GPU-a".into(),
                 index: 0,
                 vendor: Vendor::Nvidia,

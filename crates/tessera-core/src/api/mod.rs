@@ -6,6 +6,7 @@ mod crd;
 mod gpu_state;
 pub mod limits;
 mod model_instance;
+mod partitions;
 mod resource_name;
 pub mod telemetry;
 
@@ -18,6 +19,7 @@ pub use model_instance::{
     ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaRestarts,
     RestartPolicy, ScoreWeights, Strategy, TensorSize,
 };
+pub use partitions::{GpuPartition, MigProfile, MigState};
 pub use resource_name::{InvalidResourceName, ResourceName};
 
 /// API group of every tessera custom resource.

@@ -83,6 +83,7 @@ mod tests {
 
     fn device(id: &str) -> GpuDevice {
         GpuDevice {
+            mig: None,
             id: id.into(),
             index: 0,
             vendor: Vendor::Nvidia,
