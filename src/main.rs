@@ -13,6 +13,7 @@ use tessera::backend::health::HealthPolicy;
 use tessera::cli::discover::DiscoverOutput;
 use tessera::cli::place::PlaceOutput;
 use tessera::cli::{LogFormat, init_logging};
+use tessera::controller::model_cache::ModelCacheDir;
 
 // Why jemalloc: see its entry in Cargo.toml.
 #[cfg(target_os = "linux")]
@@ -303,6 +304,12 @@ struct ControllerFlags {
     /// The DRA driver of the node agents (the same value as theirs).
     #[arg(long, value_name = "NAME", default_value = tessera::agent::dra::DEFAULT_DRIVER_NAME, value_parser = driver_name)]
     dra_driver_name: String,
+    /// Host directory for model weights that outlive a pod: a shard pod whose
+    /// template mounts the volume `tessera-model-cache` without defining it
+    /// gets `<DIR>/<namespace>` of its node (created if missing). Unset: such
+    /// templates are refused.
+    #[arg(long, value_name = "DIR", value_parser = model_cache_dir)]
+    model_cache_dir: Option<ModelCacheDir>,
 }
 
 impl ControllerFlags {
@@ -321,6 +328,7 @@ impl ControllerFlags {
             initial_list,
             allocation,
             dra_driver_name,
+            model_cache_dir,
         } = self;
         use tessera::{
             ControllerConfig, ControllerSettings as Settings, LeaderElection, run_controller as run,
@@ -357,6 +365,7 @@ impl ControllerFlags {
             },
             initial_list,
             allocation: allocation.into(),
+            model_cache: model_cache_dir,
         }))
     }
 }
@@ -517,6 +526,10 @@ impl From<AllocationFlag> for tessera::AllocationMode {
 
 fn driver_name(text: &str) -> Result<String, String> {
     tessera::agent::dra::check_driver_name(text).map(|()| text.to_string())
+}
+
+fn model_cache_dir(text: &str) -> Result<ModelCacheDir, String> {
+    text.parse()
 }
 
 fn resource_name(text: &str) -> Result<ResourceName, String> {

@@ -55,6 +55,22 @@ fn malformed_flags_are_refused() {
             &["controller", "--dra-driver-name", "GPU_Driver"],
             &["is not a DRA driver name"],
         ),
+        (
+            &["controller", "--model-cache-dir", ""],
+            &["--model-cache-dir", "must not be empty"],
+        ),
+        (
+            &["controller", "--model-cache-dir", "models/cache"],
+            &["not an absolute path"],
+        ),
+        (
+            &["controller", "--model-cache-dir", "/var/lib/../../etc"],
+            &["'..' component"],
+        ),
+        (
+            &["controller", "--model-cache-dir", "/"],
+            &["the host's root"],
+        ),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {
         assert_bad_input_result(args, run(args, &[]), needles);

@@ -1,23 +1,42 @@
 //! `examples/vllm-llama-70b.yaml` as the controller renders it: the shard pods
-//! of 2- and 3-stage plans, every variable each one gets, and the command
-//! line its start script runs — under `sh`, with stand-ins for `vllm`,
-//! `getent` and `python3` — so the example cannot drift from what the
-//! controller gives its pods.
+//! of 2- and 3-stage plans, every variable each one gets, the command line
+//! its start script runs and what its readiness probe decides — under `sh`,
+//! with stand-ins for `vllm`, `getent` and `python3`, and real loopback
+//! connections for the probe of the headless ranks — the model cache volume
+//! and the GPUs it may be placed on, so the example cannot drift from what
+//! the controller gives its pods.
 
 use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Service};
-use tessera::api::{ModelInstance, PipelineStages, PlannedShard, ResourceName, RestartPolicy};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use tessera::api::{
+    ModelInstance, NodeGpuState, PipelineStages, PlannedShard, ResourceName, RestartPolicy,
+};
 use tessera::controller::desired::shard_pods;
+use tessera::controller::model_cache::{self, ModelCacheDir};
+use tessera::translate::{ClusterNode, build_problem};
 
 const EXAMPLE: &str = include_str!("../examples/vllm-llama-70b.yaml");
 const NAME: &str = "llama-70b-vllm";
 const MASTER: &str = "llama-70b-vllm-shard-0.llama-70b-vllm.ml.svc";
+/// The controller's `--model-cache-dir` in these tests.
+const CACHE: &str = "/var/lib/tessera/models";
+
+/// The model cache this test process's controller has. Every test here
+/// runs with it, so setting it again is accepted.
+fn with_model_cache() {
+    let dir: ModelCacheDir = CACHE.parse().expect("a good directory");
+    model_cache::configure(Some(dir)).expect("the same cache for every test");
+}
 
 /// The example's ModelInstance (in namespace `ml`) and its API Service.
 fn example() -> (ModelInstance, Service) {
+    with_model_cache();
     let documents: Vec<&str> = EXAMPLE.split("\n---\n").collect();
     assert_eq!(documents.len(), 2, "a ModelInstance and a Service");
     let mut mi: ModelInstance = serde_saphyr::from_str(documents[0]).expect("the instance parses");
@@ -69,8 +88,9 @@ fn env(pod: &Pod) -> BTreeMap<String, String> {
 }
 
 /// A folder of stand-in programs: `vllm` prints its arguments, one a line;
-/// `getent` and `python3` write theirs to `calls` and succeed, or (python3,
-/// the health check) fail as a server that is not up yet does.
+/// `getent` and `python3` write theirs to `calls`; `getent` then answers
+/// with `$STAND_IN_ADDRESS` (default 127.0.0.1), `python3` (the health
+/// check) fails as a server that is not up yet does.
 fn stand_ins(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).expect("a bin folder");
@@ -82,7 +102,10 @@ fn stand_ins(dir: &Path) -> PathBuf {
         ),
         (
             "getent",
-            format!("echo \"getent $*\" >> '{}'", calls.display()),
+            format!(
+                "echo \"getent $*\" >> '{}'; echo \"${{STAND_IN_ADDRESS:-127.0.0.1}}       $2\"",
+                calls.display()
+            ),
         ),
         (
             "python3",
@@ -106,14 +129,17 @@ struct Ran {
 }
 
 /// Runs `argv` (a command of the container) as kubelet would: the
-/// container's variables, nothing else, and the stand-ins on PATH.
-fn run(argv: &[String], pod: &Pod) -> Ran {
+/// container's variables, nothing else, and the stand-ins on PATH; `extra`
+/// replaces or adds variables.
+fn run(argv: &[String], pod: &Pod, extra: &[(&str, &str)]) -> Ran {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let bin = stand_ins(dir.path());
+    let mut vars = env(pod);
+    vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let output = Command::new(&argv[0])
         .args(&argv[1..])
         .env_clear()
-        .envs(env(pod))
+        .envs(vars)
         .env("PATH", &bin)
         .output()
         .expect("sh runs");
@@ -130,16 +156,17 @@ fn run(argv: &[String], pod: &Pod) -> Ran {
 }
 
 fn start(pod: &Pod) -> Ran {
-    run(runtime(pod).command.as_ref().expect("a command"), pod)
+    run(runtime(pod).command.as_ref().expect("a command"), pod, &[])
 }
 
-fn probe(pod: &Pod) -> Ran {
+/// The readiness probe, with `extra` variables (a stand-in store's port).
+fn probe(pod: &Pod, extra: &[(&str, &str)]) -> Ran {
     let probe = runtime(pod)
         .readiness_probe
         .as_ref()
         .expect("a readiness probe");
     let exec = probe.exec.as_ref().expect("an exec probe");
-    run(exec.command.as_ref().expect("a probe command"), pod)
+    run(exec.command.as_ref().expect("a probe command"), pod, extra)
 }
 
 /// What `vllm` must be started with on rank `rank` of `stages` stages of
@@ -162,6 +189,8 @@ fn expected_args(rank: usize, stages: usize, tensor: usize) -> Vec<String> {
         MASTER,
         "--master-port",
         "29501",
+        "--distributed-timeout-seconds",
+        "3600",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -221,7 +250,10 @@ fn check_replica(mi: &ModelInstance, layers: &[u32], partition: &str) {
             "{what}: waits for rank 0's name"
         );
 
-        let ready = probe(pod);
+        // A store port nothing is connected to: a rank that has not joined.
+        let store = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = store.local_addr().expect("an address").port().to_string();
+        let ready = probe(pod, &[("TESSERA_MASTER_PORT", &port)]);
         if rank == 0 {
             assert!(!ready.success, "{what}: ready while the server is down");
             assert_eq!(ready.calls.len(), 1, "{what}");
@@ -231,13 +263,209 @@ fn check_replica(mi: &ModelInstance, layers: &[u32], partition: &str) {
                 ready.calls
             );
         } else {
-            assert!(
-                ready.success,
-                "{what}: a headless rank is ready once it runs"
+            assert!(!ready.success, "{what}: ready before it joined");
+            assert_eq!(
+                ready.calls,
+                [format!("getent hosts {MASTER}")],
+                "{what}: looks rank 0 up"
             );
-            assert!(ready.calls.is_empty(), "{what}: {:?}", ready.calls);
         }
     }
+}
+
+/// Runs the probe of `pod` against a stand-in store at `address` until it
+/// answers `want` (the kernel moves a closed connection on by itself, so a
+/// change may take a moment), at most 5 s.
+fn probe_until(pod: &Pod, address: &std::net::SocketAddr, want: bool) -> bool {
+    let ip = address.ip().to_string();
+    let port = address.port().to_string();
+    let extra = [
+        ("TESSERA_MASTER_PORT", port.as_str()),
+        ("STAND_IN_ADDRESS", ip.as_str()),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ready = probe(pod, &extra);
+        if ready.success == want || Instant::now() > deadline {
+            return ready.success;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A headless rank is "starting" until it holds a connection to rank 0's
+/// store and "joined" while it does; when rank 0 goes (its end closes), it
+/// is not ready again. Checked with real loopback connections, which the
+/// probe finds in /proc/net/tcp (tcp6 for IPv6) as it would in the pod.
+#[test]
+fn a_headless_rank_is_ready_while_connected_to_rank_0s_store() {
+    let (mi, _) = example();
+    let pods = render(&mi, &plan(&[44, 36], &[4, 4]));
+    let rank1 = &pods[1];
+    let mut families = vec!["127.0.0.1:0"];
+    match TcpListener::bind("[::1]:0") {
+        Ok(_) => families.push("[::1]:0"),
+        Err(e) => println!("skipping the IPv6 case: no IPv6 loopback here ({e})"),
+    }
+    for bind in families {
+        let store = TcpListener::bind(bind).expect("a loopback port");
+        let address = store.local_addr().expect("an address");
+        assert!(
+            !probe_until(rank1, &address, false),
+            "{bind}: ready with no connection to the store"
+        );
+        let worker = TcpStream::connect(address).expect("connects to the store");
+        let (rank0_end, _) = store.accept().expect("the store accepts");
+        assert!(
+            probe_until(rank1, &address, true),
+            "{bind}: not ready while connected"
+        );
+        drop(rank0_end);
+        assert!(
+            !probe_until(rank1, &address, false),
+            "{bind}: still ready after rank 0 closed its end"
+        );
+        drop(worker);
+    }
+}
+
+/// Every pod mounts the node-local model cache at `HF_HOME`, and the
+/// controller's directory for the namespace backs it; the container asks
+/// for the ephemeral storage it keeps besides the GPUs.
+#[test]
+fn weights_go_to_the_namespace_model_cache_and_the_rest_is_requested() {
+    let (mi, _) = example();
+    let template = mi
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .expect("a pod template");
+    let volumes: Vec<&str> = template
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(
+        volumes,
+        ["shm"],
+        "the weights are in no emptyDir, and the cache volume is left to the controller"
+    );
+    for pod in render(&mi, &plan(&[44, 36], &[4, 4])) {
+        let spec = pod.spec.as_ref().expect("a pod spec");
+        let cache = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == model_cache::VOLUME)
+            .and_then(|v| v.host_path.as_ref())
+            .expect("the model cache volume");
+        assert_eq!(cache.path, format!("{CACHE}/ml"));
+        assert_eq!(cache.type_.as_deref(), Some("DirectoryOrCreate"));
+        let container = runtime(&pod);
+        let mounted = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == model_cache::VOLUME)
+            .map(|m| m.mount_path.clone());
+        assert_eq!(
+            mounted,
+            env(&pod).get("HF_HOME").cloned(),
+            "HF_HOME is the cache"
+        );
+        let resources = container.resources.as_ref().expect("resources");
+        let asked = |map: &Option<BTreeMap<String, Quantity>>, name: &str| {
+            map.as_ref().and_then(|m| m.get(name)).map(|q| q.0.clone())
+        };
+        assert_eq!(
+            asked(&resources.requests, "ephemeral-storage").as_deref(),
+            Some("10Gi")
+        );
+        assert_eq!(
+            asked(&resources.limits, "ephemeral-storage").as_deref(),
+            Some("20Gi")
+        );
+        assert_eq!(
+            asked(&resources.limits, "nvidia.com/gpu").as_deref(),
+            Some("4")
+        );
+    }
+    // One process, one cache: another directory is refused.
+    let other: ModelCacheDir = "/srv/models".parse().expect("a good directory");
+    assert!(model_cache::configure(Some(other)).is_err());
+    assert!(model_cache::configure(None).is_err());
+}
+
+/// One node of 8 devices of `product` from `vendor`, 80 GiB each, so that
+/// only the example's placement rules decide.
+fn gpu_node(name: &str, vendor: &str, product: &str) -> ClusterNode {
+    let devices: Vec<String> = (0..8)
+        .map(|i| {
+            format!(
+                r#"{{"id":"{name}-{i}","index":{i},"vendor":"{vendor}","product":"{product}","memoryTotalBytes":85899345920,"memoryFreeBytes":85899345920,"fp16Tflops":300.0,"memoryBandwidthGbps":2000.0,"health":"Healthy"}}"#
+            )
+        })
+        .collect();
+    let state = format!(
+        r#"{{"version":"v1","backend":"fake","devices":[{}]}}"#,
+        devices.join(",")
+    );
+    ClusterNode {
+        name: name.into(),
+        labels: BTreeMap::new(),
+        gpu_state: NodeGpuState::from_json(&state).expect("a GPU state"),
+    }
+}
+
+/// The example is placed on NVIDIA cards that run bf16 (compute capability
+/// 8.0 and later) and on nothing older or of another vendor, by the
+/// planner's own product and vendor matching.
+#[test]
+fn the_example_is_placed_only_on_nvidia_gpus_that_run_bf16() {
+    let (mi, _) = example();
+    let placed = |vendor: &str, product: &str| {
+        let node = gpu_node("n", vendor, product);
+        let problem = build_problem(&mi.spec, [&node], &Default::default());
+        tessera::placement::solve(&problem, &Default::default()).is_ok()
+    };
+    for product in [
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA A100 80GB PCIe",
+        "NVIDIA A800-SXM4-80GB",
+        "NVIDIA A40",
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA H100 PCIe",
+        "NVIDIA H800",
+        "NVIDIA H200",
+        "NVIDIA GH200 480GB",
+        "NVIDIA B200",
+        "NVIDIA L40S",
+        "NVIDIA L40",
+        "NVIDIA GeForce RTX 4090",
+        "NVIDIA RTX 6000 Ada Generation",
+        "NVIDIA RTX A6000",
+    ] {
+        assert!(placed("nvidia", product), "{product} runs bf16");
+    }
+    for product in [
+        "Tesla V100-SXM2-32GB",
+        "Tesla V100S-PCIE-32GB",
+        "Tesla T4",
+        "Tesla P100-PCIE-16GB",
+        "Tesla P40",
+        "Quadro RTX 6000",
+        "Quadro RTX 8000",
+        "Quadro GV100",
+        "NVIDIA TITAN V",
+        "NVIDIA TITAN RTX",
+        "NVIDIA GeForce RTX 2080 Ti",
+        "NVIDIA GeForce GTX 1080 Ti",
+    ] {
+        assert!(!placed("nvidia", product), "{product} has no bf16");
+    }
+    assert!(!placed("amd", "AMD Instinct MI300X"), "the image is CUDA's");
 }
 
 #[test]
@@ -268,6 +496,7 @@ fn the_example_is_a_valid_instance_for_multi_node_vllm() {
         .flatten()
         .any(|m| m.name == "shm" && m.mount_path == "/dev/shm");
     assert!(mounted, "shm is mounted at /dev/shm");
+    assert_eq!(mi.spec.placement.vendors, ["nvidia"]);
 }
 
 #[test]

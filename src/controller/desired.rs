@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use super::hashes::{SPEC_HASH_ANNOTATION, pod_hash};
+use super::model_cache;
 use super::nodes::NodeInfo;
 use super::runtime_env::runtime_env;
 use tessera_core::api::{
@@ -160,6 +161,7 @@ fn shard_pod(
     spec.node_name = None;
     spec.hostname = Some(pod_name.clone());
     spec.subdomain = Some(name.clone());
+    model_cache::add_volume(&mut spec, &namespace, model_cache::configured());
 
     let peers: Vec<String> = plan
         .iter()

@@ -17,6 +17,7 @@ mod events;
 pub mod hashes;
 pub mod held;
 pub mod metrics;
+pub mod model_cache;
 pub mod node_cache;
 mod node_changes;
 mod node_gate;

@@ -3,6 +3,7 @@
 //! this repeats those rules (for older CRDs) and adds the ones that need the
 //! pod template or the controller's configuration.
 
+use super::model_cache;
 use tessera_core::api::limits;
 use tessera_core::api::{InvalidSpec, ModelInstance, ResourceName};
 
@@ -45,6 +46,7 @@ pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidS
                         .to_string(),
                 );
             }
+            problems.extend(model_cache::problem(spec, model_cache::configured()));
         }
     }
     if problems.is_empty() {
@@ -116,5 +118,23 @@ mod tests {
         let mut mi = instance("llama", SMALL);
         mi.spec.parallelism.tensor = tessera_core::api::TensorSize::Fixed(0);
         assert!(problems(&mi).contains("parallelism.tensor"));
+    }
+
+    /// The library's tests never configure a model cache, so a template that
+    /// mounts one without defining it is refused here.
+    #[test]
+    fn a_template_asking_for_a_model_cache_the_controller_lacks_is_refused() {
+        use k8s_openapi::api::core::v1::VolumeMount;
+        let mut mi = instance("llama", SMALL);
+        pod_spec(&mut mi).containers[0].volume_mounts = Some(vec![VolumeMount {
+            name: model_cache::VOLUME.into(),
+            mount_path: "/models".into(),
+            ..Default::default()
+        }]);
+        let p = problems(&mi);
+        assert!(
+            p.contains("mounts the volume tessera-model-cache") && p.contains("--model-cache-dir"),
+            "{p}"
+        );
     }
 }
