@@ -362,10 +362,10 @@ impl ControllerFlags {
                 node_grace: std::time::Duration::from_secs(node_grace_period),
                 max_steps,
                 dra_driver: Some(dra_driver_name),
+                model_cache: model_cache_dir,
             },
             initial_list,
             allocation: allocation.into(),
-            model_cache: model_cache_dir,
         }))
     }
 }

@@ -17,7 +17,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use real_cluster::{install_crd, kubeconfig_path, load_config};
 use serde_json::{Value, json};
-use tessera::api::{ModelInstance, ResourceName};
+use tessera::api::ModelInstance;
 
 /// A valid instance with a pod template, so the controller can judge it too.
 fn base() -> Value {
@@ -236,7 +236,8 @@ fn controller_verdict(object: &Value) -> Result<(), String> {
         // reaches validate; the API server refuses it before.
         Err(e) => return Err(format!("{e}")),
     };
-    tessera::controller::validate::check(&mi, &ResourceName::default()).map_err(|e| e.to_string())
+    tessera::controller::validate::check(&mi, &tessera::controller::reconcile::Settings::default())
+        .map_err(|e| e.to_string())
 }
 
 fn judge(case: &Case, who: &str, verdict: Result<(), String>, failures: &mut Vec<String>) {

@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Service};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use tessera::api::{
-    ModelInstance, NodeGpuState, PipelineStages, PlannedShard, ResourceName, RestartPolicy,
-};
-use tessera::controller::desired::shard_pods;
-use tessera::controller::model_cache::{self, ModelCacheDir};
+use tessera::api::{ModelInstance, NodeGpuState, PipelineStages, PlannedShard, RestartPolicy};
+use tessera::controller::desired::{ShardGpus, some_shard_pods};
+use tessera::controller::model_cache;
+use tessera::controller::reconcile::Settings;
 use tessera::translate::{ClusterNode, build_problem};
 
 const EXAMPLE: &str = include_str!("../examples/vllm-llama-70b.yaml");
@@ -27,16 +26,16 @@ const MASTER: &str = "llama-70b-vllm-shard-0.llama-70b-vllm.ml.svc";
 /// The controller's `--model-cache-dir` in these tests.
 const CACHE: &str = "/var/lib/tessera/models";
 
-/// The model cache this test process's controller has. Every test here
-/// runs with it, so setting it again is accepted.
-fn with_model_cache() {
-    let dir: ModelCacheDir = CACHE.parse().expect("a good directory");
-    model_cache::configure(Some(dir)).expect("the same cache for every test");
+/// The controller's settings in these tests: the model cache on.
+fn settings() -> Settings {
+    Settings {
+        model_cache: Some(CACHE.parse().expect("a good directory")),
+        ..Settings::default()
+    }
 }
 
 /// The example's ModelInstance (in namespace `ml`) and its API Service.
 fn example() -> (ModelInstance, Service) {
-    with_model_cache();
     let documents: Vec<&str> = EXAMPLE.split("\n---\n").collect();
     assert_eq!(documents.len(), 2, "a ModelInstance and a Service");
     let mut mi: ModelInstance = serde_saphyr::from_str(documents[0]).expect("the instance parses");
@@ -70,7 +69,8 @@ fn plan(layers: &[u32], tensor: &[usize]) -> Vec<PlannedShard> {
 }
 
 fn render(mi: &ModelInstance, plan: &[PlannedShard]) -> Vec<Pod> {
-    shard_pods(mi, plan, |_| "nvidia.com/gpu".into())
+    let gpus = |_: &PlannedShard| ShardGpus::Resource("nvidia.com/gpu".into());
+    some_shard_pods(mi, plan, |_| true, gpus, settings().model_cache.as_ref())
 }
 
 fn runtime(pod: &Pod) -> &Container {
@@ -392,10 +392,6 @@ fn weights_go_to_the_namespace_model_cache_and_the_rest_is_requested() {
             Some("4")
         );
     }
-    // One process, one cache: another directory is refused.
-    let other: ModelCacheDir = "/srv/models".parse().expect("a good directory");
-    assert!(model_cache::configure(Some(other)).is_err());
-    assert!(model_cache::configure(None).is_err());
 }
 
 /// One node of 8 devices of `product` from `vendor`, 80 GiB each, so that
@@ -471,7 +467,7 @@ fn the_example_is_placed_only_on_nvidia_gpus_that_run_bf16() {
 #[test]
 fn the_example_is_a_valid_instance_for_multi_node_vllm() {
     let (mi, _) = example();
-    tessera::controller::validate::check(&mi, &ResourceName::default())
+    tessera::controller::validate::check(&mi, &settings())
         .expect("the controller accepts the example");
     assert_eq!(mi.spec.restart_policy, RestartPolicy::RecreateReplica);
     assert_eq!(mi.spec.parallelism.pipeline, PipelineStages::Fixed(2));

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use super::hashes::{SPEC_HASH_ANNOTATION, pod_hash};
-use super::model_cache;
+use super::model_cache::{self, ModelCacheDir};
 use super::nodes::NodeInfo;
 use super::runtime_env::runtime_env;
 use tessera_core::api::{
@@ -72,22 +72,24 @@ pub fn shard_pods_with(
     plan: &[PlannedShard],
     gpus: impl Fn(&PlannedShard) -> ShardGpus,
 ) -> Vec<Pod> {
-    some_shard_pods(mi, plan, |_| true, gpus)
+    some_shard_pods(mi, plan, |_| true, gpus, None)
 }
 
 /// [`shard_pods_with`] for the shards of `plan` that `wanted` picks. Each
 /// pod's peers, stage count and layer split still describe the whole
 /// replica: a shard of a degraded replica whose peer has no pod yet must
-/// join the same group once it has.
-pub(crate) fn some_shard_pods(
+/// join the same group once it has. A pod that mounts the model cache gets
+/// `cache`'s directory (see `model_cache`).
+pub fn some_shard_pods(
     mi: &ModelInstance,
     plan: &[PlannedShard],
     wanted: impl Fn(&PlannedShard) -> bool,
     gpus: impl Fn(&PlannedShard) -> ShardGpus,
+    cache: Option<&ModelCacheDir>,
 ) -> Vec<Pod> {
     plan.iter()
         .filter(|s| wanted(s))
-        .map(|s| shard_pod(mi, plan, s, &gpus(s)))
+        .map(|s| shard_pod(mi, plan, s, &gpus(s), cache))
         .collect()
 }
 
@@ -137,6 +139,7 @@ fn shard_pod(
     plan: &[PlannedShard],
     shard: &PlannedShard,
     gpus: &ShardGpus,
+    cache: Option<&ModelCacheDir>,
 ) -> Pod {
     let name = mi.name_any();
     let namespace = mi.namespace().unwrap_or_default();
@@ -161,7 +164,7 @@ fn shard_pod(
     spec.node_name = None;
     spec.hostname = Some(pod_name.clone());
     spec.subdomain = Some(name.clone());
-    model_cache::add_volume(&mut spec, &namespace, model_cache::configured());
+    model_cache::add_volume(&mut spec, &namespace, cache);
 
     let peers: Vec<String> = plan
         .iter()

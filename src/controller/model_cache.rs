@@ -7,7 +7,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, PodSpec, Volume};
 
@@ -73,36 +72,6 @@ impl ModelCacheDir {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         label.then(|| format!("{}/{namespace}", self.0))
     }
-}
-
-/// The process's cache directory. The build and validate stages are handed
-/// the instance alone by `reconcile`, not the controller's settings, so the
-/// directory reaches them here: set once when the controller starts, read on
-/// every reconcile.
-static CONFIGURED: OnceLock<Option<ModelCacheDir>> = OnceLock::new();
-
-/// Sets the process's cache directory (`None`: no cache). The first call
-/// decides; a later call with the same value is accepted, another value is
-/// refused, since pods already built used the first.
-pub fn configure(dir: Option<ModelCacheDir>) -> Result<(), String> {
-    let set = CONFIGURED.get_or_init(|| dir.clone());
-    if *set == dir {
-        return Ok(());
-    }
-    let shown = |dir: &Option<ModelCacheDir>| match dir {
-        Some(dir) => dir.to_string(),
-        None => "none".to_string(),
-    };
-    Err(format!(
-        "the model cache directory of this process is already {}; cannot change it to {}",
-        shown(set),
-        shown(&dir)
-    ))
-}
-
-/// The process's cache directory, if one was configured.
-pub(crate) fn configured() -> Option<&'static ModelCacheDir> {
-    CONFIGURED.get().and_then(Option::as_ref)
 }
 
 /// Whether a container or init container of `spec` mounts the cache volume.

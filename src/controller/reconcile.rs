@@ -184,7 +184,7 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     // the solver's), so each instance plans against the devices others took.
     let mut claims = ctx.claims.lock().await;
     let held = held_by_others(ctx, &instance, &observed, &mut claims);
-    let decided = match validate::check(mi, &ctx.settings.resource_name) {
+    let decided = match validate::check(mi, &ctx.settings) {
         Err(invalid) => refuse(mi, invalid, &mut notes),
         Ok(()) => plan(mi, ctx, &instance, &observed, held, now, &mut notes).await?,
     };
@@ -682,7 +682,7 @@ fn build(
                     });
                 }
             }
-            some_shard_pods(mi, plan, runnable, gpus)
+            some_shard_pods(mi, plan, runnable, gpus, settings.model_cache.as_ref())
                 .into_iter()
                 .zip(plan.iter().filter(|s| runnable(s)).map(|s| s.node.clone()))
                 .collect()

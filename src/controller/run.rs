@@ -47,9 +47,6 @@ pub struct ControllerConfig {
     /// the driver): never (`DevicePlugin`), or where the API server serves
     /// `resource.k8s.io/v1` (`Auto`; `Dra` insists on it).
     pub allocation: crate::allocation_mode::AllocationMode,
-    /// The host directory of the node-local model cache; `None` refuses
-    /// templates that mount it (see `model_cache`).
-    pub model_cache: Option<super::model_cache::ModelCacheDir>,
 }
 
 pub struct LeaderElection {
@@ -71,8 +68,6 @@ pub enum ControllerError {
     Lease(String),
     #[error("{0}")]
     Allocation(String),
-    #[error("--model-cache-dir: {0}")]
-    ModelCache(String),
     #[error("lost the leader lease; exiting so that a single replica acts")]
     LostLease,
 }
@@ -126,8 +121,6 @@ async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
 }
 
 pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
-    super::model_cache::configure(config.model_cache.clone())
-        .map_err(ControllerError::ModelCache)?;
     let api_requests = ApiRequests::default();
     let client = kube_client(config.kubeconfig.as_deref(), &api_requests)
         .await

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::model_cache::ModelCacheDir;
 use tessera_core::api::ResourceName;
 
 #[derive(Clone, Debug)]
@@ -15,6 +16,9 @@ pub struct Settings {
     /// nodes that publish its ResourceSlices; `None`: never (device plugin
     /// only, `--allocation device-plugin`).
     pub dra_driver: Option<String>,
+    /// The host directory of the node-local model cache
+    /// (`--model-cache-dir`); `None` refuses templates that mount it.
+    pub model_cache: Option<ModelCacheDir>,
 }
 
 impl Default for Settings {
@@ -24,6 +28,7 @@ impl Default for Settings {
             node_grace: Duration::from_secs(300),
             max_steps: tessera_core::placement::SolveOptions::default().max_steps,
             dra_driver: None,
+            model_cache: None,
         }
     }
 }

@@ -4,10 +4,12 @@
 //! pod template or the controller's configuration.
 
 use super::model_cache;
+use super::settings::Settings;
 use tessera_core::api::limits;
-use tessera_core::api::{InvalidSpec, ModelInstance, ResourceName};
+use tessera_core::api::{InvalidSpec, ModelInstance};
 
-pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidSpec> {
+pub fn check(mi: &ModelInstance, settings: &Settings) -> Result<(), InvalidSpec> {
+    let resource = &settings.resource_name;
     let mut problems = match mi.spec.validate() {
         Ok(()) => Vec::new(),
         Err(e) => e.problems,
@@ -46,7 +48,7 @@ pub fn check(mi: &ModelInstance, resource: &ResourceName) -> Result<(), InvalidS
                         .to_string(),
                 );
             }
-            problems.extend(model_cache::problem(spec, model_cache::configured()));
+            problems.extend(model_cache::problem(spec, settings.model_cache.as_ref()));
         }
     }
     if problems.is_empty() {
@@ -64,7 +66,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn problems(mi: &ModelInstance) -> String {
-        check(mi, &ResourceName::default())
+        check(mi, &Settings::default())
             .unwrap_err()
             .problems
             .join("\n")
@@ -72,7 +74,7 @@ mod tests {
 
     #[test]
     fn a_good_instance_passes() {
-        check(&instance("llama", SMALL), &ResourceName::default()).unwrap();
+        check(&instance("llama", SMALL), &Settings::default()).unwrap();
     }
 
     #[test]
@@ -105,10 +107,13 @@ mod tests {
             requests: Some([("tessera.dev/amd-gpu".to_string(), Quantity("1".into()))].into()),
             ..Default::default()
         });
-        let per_vendor: ResourceName = "tessera.dev/{vendor}-gpu".parse().unwrap();
+        let per_vendor = Settings {
+            resource_name: "tessera.dev/{vendor}-gpu".parse().unwrap(),
+            ..Settings::default()
+        };
         let p = check(&mi, &per_vendor).unwrap_err().problems.join("\n");
         assert!(p.contains("requests tessera.dev/amd-gpu itself"), "{p}");
-        assert!(check(&mi, &ResourceName::default()).is_ok());
+        assert!(check(&mi, &Settings::default()).is_ok());
 
         for bad in [&"x".repeat(53), "7b-llama", "My_Model!!", "a.b"] {
             let mi = instance(bad, SMALL);
@@ -120,8 +125,8 @@ mod tests {
         assert!(problems(&mi).contains("parallelism.tensor"));
     }
 
-    /// The library's tests never configure a model cache, so a template that
-    /// mounts one without defining it is refused here.
+    /// Without a model cache, a template that mounts one without defining it
+    /// is refused.
     #[test]
     fn a_template_asking_for_a_model_cache_the_controller_lacks_is_refused() {
         use k8s_openapi::api::core::v1::VolumeMount;
