@@ -149,6 +149,19 @@ struct AgentFlags {
     /// the container runtime reads CDI specs from).
     #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
+    /// A directory of the node's CDI specs, as the agent sees it (repeat for
+    /// several): the DRA driver names a vendor's CDI device (nvidia.com/gpu=<UUID>)
+    /// for a claim only where a spec here defines it.
+    #[arg(long = "cdi-spec-dir", value_name = "DIR", default_values = ["/etc/cdi", "/var/run/cdi"])]
+    cdi_spec_dirs: Vec<PathBuf>,
+    /// The host's GPU driver root as the agent sees it: where no CDI spec of
+    /// the node defines a claim's GPUs, the DRA driver mounts the driver's
+    /// libraries found under it into the claim's containers. Unset: none.
+    #[arg(long, value_name = "DIR")]
+    driver_root: Option<PathBuf>,
+    /// The same directory's path on the host (the mounts' host paths).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    host_driver_root: PathBuf,
     /// Device registry file.
     #[arg(
         long,
@@ -196,6 +209,9 @@ impl AgentFlags {
             kubelet_registry_dir,
             kubelet_plugins_dir,
             cdi_dir,
+            cdi_spec_dirs,
+            driver_root,
+            host_driver_root,
             registry,
             checkpoint,
             kubeconfig,
@@ -247,6 +263,9 @@ impl AgentFlags {
                 registry_dir: kubelet_registry_dir,
                 plugins_dir: kubelet_plugins_dir,
                 cdi_dir,
+                cdi_spec_dirs,
+                driver_root,
+                host_driver_root,
                 ..DraConfig::default()
             },
             listen,

@@ -129,6 +129,9 @@ async fn serve(config: AgentConfig, rx: ViewRx, tx: ViewTx) -> Result<(), AgentE
         cdi: config.plugin.cdi,
         sysfs_root: config.plugin.sysfs_root.clone(),
         procfs_root: config.plugin.procfs_root.clone(),
+        driver_root: config.dra.driver_root.clone(),
+        host_driver_root: config.dra.host_driver_root.clone(),
+        cdi_spec_dirs: config.dra.cdi_spec_dirs.clone(),
     };
     let dra = match (&config.publish, &client) {
         (Some(p), Some(client)) => {

@@ -7,6 +7,7 @@
 //! `is_fallback_id`, so callers never name a vendor.
 
 pub mod amd;
+pub(crate) mod cdi_specs;
 pub(crate) mod container;
 pub mod cuda_probe;
 pub mod detect;

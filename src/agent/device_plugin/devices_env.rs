@@ -4,19 +4,28 @@
 
 use std::collections::HashMap;
 
-use super::kubelet_api::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec};
-use crate::agent::container_devices::{RuntimeOptions, container_devices};
+use super::kubelet_api::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
+use crate::agent::container_devices::{DriverFilesFrom, RuntimeOptions, container_devices};
 use crate::backend::DeviceInfo;
 use crate::backend::container::ContainerWiring;
 
 /// The response for one container given `devices` (in kubelet's order) by a
-/// backend named `backend`.
+/// backend named `backend`. The driver's files are left to the runtime, as
+/// they always were on device plugin nodes (the NVIDIA runtime's hook, or
+/// the vendors' CDI devices with `cdi`): kubelet gives the answer's mounts
+/// to every such container, and a hook that also acts would mount the same
+/// libraries twice.
 pub fn container_response(
     backend: &str,
     devices: &[&DeviceInfo],
     options: &RuntimeOptions,
 ) -> ContainerAllocateResponse {
-    kubelet_response(container_devices(backend, devices, options))
+    kubelet_response(container_devices(
+        backend,
+        devices,
+        options,
+        DriverFilesFrom::Runtime,
+    ))
 }
 
 /// `wiring` in kubelet's words.
@@ -28,7 +37,15 @@ fn kubelet_response(wiring: ContainerWiring) -> ContainerAllocateResponse {
         .collect();
     ContainerAllocateResponse {
         envs: wiring.envs.into_iter().collect(),
-        mounts: Vec::new(),
+        mounts: wiring
+            .mounts
+            .into_iter()
+            .map(|mount| Mount {
+                container_path: mount.container_path,
+                host_path: mount.host_path,
+                read_only: true,
+            })
+            .collect(),
         devices: wiring
             .device_nodes
             .into_iter()
@@ -60,8 +77,9 @@ mod tests {
             cdi: true,
             sysfs_root: PathBuf::from("/nonexistent/sys"),
             procfs_root: PathBuf::from("/nonexistent/proc"),
+            ..RuntimeOptions::default()
         };
-        let wiring = container_devices("merged", &devices, &options);
+        let wiring = container_devices("merged", &devices, &options, DriverFilesFrom::Runtime);
         let response = container_response("merged", &devices, &options);
         assert_eq!(response.envs[TESSERA_VISIBLE_DEVICES], "GPU-aaaa,0x2");
         assert_eq!(
@@ -98,6 +116,22 @@ mod tests {
             .map(|d| d.name.as_str())
             .collect();
         assert_eq!(cdi, wiring.cdi_devices);
+        // The runtime brings the driver's files on device plugin nodes.
         assert!(response.mounts.is_empty() && response.annotations.is_empty());
+    }
+
+    #[test]
+    fn mounts_reach_kubelet_read_only() {
+        let mut wiring = ContainerWiring::default();
+        wiring.add_read_only_mount("/host/lib/libx.so.1", "/lib/libx.so.1");
+        let response = kubelet_response(wiring);
+        assert_eq!(
+            response.mounts,
+            [Mount {
+                container_path: "/lib/libx.so.1".into(),
+                host_path: "/host/lib/libx.so.1".into(),
+                read_only: true,
+            }]
+        );
     }
 }

@@ -284,6 +284,7 @@ impl PluginRunner {
                 cdi: config.cdi,
                 sysfs_root: config.sysfs_root.clone(),
                 procfs_root: config.procfs_root.clone(),
+                ..RuntimeOptions::default()
             },
         )
         .with_metrics(config.allocation_metrics.clone())

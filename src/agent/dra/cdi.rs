@@ -1,7 +1,8 @@
 //! CDI specs for prepared claims: one file per claim in the CDI directory the
 //! container runtime reads (`/var/run/cdi`), holding one CDI device per
 //! request of the claim with what a container needs for that request's
-//! devices (environment variables and device nodes, from the backend layer).
+//! devices (environment variables, device nodes and read-only mounts, from
+//! the backend layer).
 //! Kubelet passes the CDI device IDs to the runtime, which applies the edits
 //! when it creates the container.
 //!
@@ -22,6 +23,9 @@ use crate::backend::container::ContainerWiring;
 const CDI_VERSION: &str = "0.5.0";
 /// The CDI device class of a claim's devices (`<driver>/claim`).
 const CLASS: &str = "claim";
+/// A host file given read-only: a bind mount the container cannot write
+/// through, run set-uid programs from or open device files through.
+const READ_ONLY_BIND: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 
 /// The CDI directory and the driver whose specs live in it.
 #[derive(Clone, Debug)]
@@ -60,6 +64,16 @@ struct ContainerEdits {
     env: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     device_nodes: Vec<DeviceNode>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mounts: Vec<Mount>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Mount {
+    host_path: String,
+    container_path: String,
+    options: [&'static str; 4],
 }
 
 #[derive(Serialize)]
@@ -131,9 +145,23 @@ fn spec_device(device: &CdiDevice) -> SpecDevice {
             permissions: node.permissions.clone(),
         })
         .collect();
+    let mounts = device
+        .wiring
+        .mounts
+        .iter()
+        .map(|mount| Mount {
+            host_path: mount.host_path.clone(),
+            container_path: mount.container_path.clone(),
+            options: READ_ONLY_BIND,
+        })
+        .collect();
     SpecDevice {
         name: device.name.clone(),
-        container_edits: ContainerEdits { env, device_nodes },
+        container_edits: ContainerEdits {
+            env,
+            device_nodes,
+            mounts,
+        },
     }
 }
 
@@ -210,6 +238,10 @@ mod tests {
             .envs
             .insert("TESSERA_VISIBLE_DEVICES".into(), "a,b".into());
         wiring.add_device_node("/dev/nvidia0");
+        wiring.add_read_only_mount(
+            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        );
         let name = device_name("uid-1", "gpus");
         cdi.write(
             "uid-1",
@@ -235,6 +267,14 @@ mod tests {
             (node["path"].as_str(), node["hostPath"].as_str()),
             (Some("/dev/nvidia0"), Some("/dev/nvidia0"))
         );
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["mounts"],
+            serde_json::json!([{
+                "hostPath": "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+                "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "options": ["ro", "nosuid", "nodev", "bind"]
+            }])
+        );
         assert_eq!(cdi.qualified_id(&name), "gpu.tessera.dev/claim=uid-1-gpus");
         // No temporary file is left for the runtime to trip over.
         let names: Vec<_> = std::fs::read_dir(&cdi.dir)
@@ -242,6 +282,22 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn edits_a_device_lacks_are_left_out() {
+        let (_tmp, cdi) = dir();
+        cdi.write(
+            "u",
+            &[CdiDevice {
+                name: "u-gpus".into(),
+                wiring: ContainerWiring::default(),
+            }],
+        )
+        .unwrap();
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(cdi.spec_path("u")).unwrap()).unwrap();
+        assert_eq!(spec["devices"][0]["containerEdits"], serde_json::json!({}));
     }
 
     #[test]

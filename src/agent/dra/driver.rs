@@ -17,8 +17,9 @@ use tokio::sync::Mutex;
 use super::allocation::{AllocatedDevice, DriverOnNode, allocated_devices, consumer_pod};
 use super::cdi::{CdiDevice, CdiDir, device_name};
 use super::prepared::{PreparedClaim, PreparedClaims, PreparedDevice};
-use crate::agent::container_devices::{RuntimeOptions, container_devices};
+use crate::agent::container_devices::{DriverFilesFrom, RuntimeOptions, container_devices};
 use crate::agent::state::{ViewRx, ViewTx};
+use crate::backend::cdi_specs::ListedCdiDevices;
 
 /// Where claims are read: the API server, or a stand-in in tests.
 pub(crate) trait ClaimReader: Send + Sync + 'static {
@@ -229,9 +230,10 @@ impl<C: ClaimReader> Driver<C> {
     }
 
     /// One CDI device per request of the claim, holding what a container
-    /// needs for that request's devices; kubelet learns it through the
-    /// request's first device (so a container given the whole claim does not
-    /// get a request's edits twice), with the vendors' CDI names when on.
+    /// needs for that request's devices, the driver's files included;
+    /// kubelet learns it through the request's first device (so a container
+    /// given the whole claim does not get a request's edits twice), with the
+    /// vendors' CDI names where the node defines them (or `cdi` says so).
     fn wire(
         &self,
         uid: &str,
@@ -244,6 +246,13 @@ impl<C: ClaimReader> Driver<C> {
                 requests.push(&device.request);
             }
         }
+        // Read once per claim: the vendors' specs may change between claims
+        // (a driver upgrade), not within one.
+        let listed = if self.runtime.cdi {
+            ListedCdiDevices::default()
+        } else {
+            ListedCdiDevices::read(&self.runtime.cdi_spec_dirs)
+        };
         let mut specs = Vec::new();
         let mut first_ids: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for request in requests {
@@ -252,7 +261,12 @@ impl<C: ClaimReader> Driver<C> {
                 .filter(|d| d.request == request)
                 .map(|d| &d.state.info)
                 .collect();
-            let mut wiring = container_devices(backend, &infos, &self.runtime);
+            let mut wiring = container_devices(
+                backend,
+                &infos,
+                &self.runtime,
+                DriverFilesFrom::Answer(&listed),
+            );
             let name = device_name(uid, request);
             let mut ids = vec![self.cdi.qualified_id(&name)];
             ids.append(&mut wiring.cdi_devices);
@@ -364,7 +378,11 @@ pub(crate) mod tests {
             Driver::new(
                 on(),
                 self.cdi(),
-                RuntimeOptions::default(),
+                // The node's CDI specs are the test's, not this machine's.
+                RuntimeOptions {
+                    cdi_spec_dirs: vec![self.cdi().dir],
+                    ..RuntimeOptions::default()
+                },
                 self.rx.clone(),
                 claims,
                 self.record(),
@@ -561,6 +579,175 @@ pub(crate) mod tests {
         let offline = s.driver(unreachable);
         assert_eq!(offline.forget_gone_claims().await, 0);
         assert!(s.cdi().exists("u1"));
+    }
+
+    /// Real NVIDIA GPUs, as NVML names them.
+    fn nvidia_setup(gpus: usize) -> Setup {
+        let s = setup(&format!("{gpus}xH100-80GiB"));
+        let ids: Vec<String> = (0..gpus)
+            .map(|i| format!("GPU-{i}a1b2c3d-0000-1111-2222-333344445555"))
+            .collect();
+        s.tx.send_modify(|v| {
+            v.snapshot.backend = "nvml".into();
+            for (device, id) in v.snapshot.devices.iter_mut().zip(&ids) {
+                device.info.id = id.clone();
+            }
+        });
+        let names = device_names(ids.iter().map(String::as_str));
+        Setup {
+            names: ids.iter().map(|id| names[id].clone()).collect(),
+            ids,
+            ..s
+        }
+    }
+
+    /// A node with a 580 driver under `<dir>/root`, its procfs at
+    /// `<dir>/proc`, and CDI specs in `<dir>/etc-cdi` and the driver's own
+    /// CDI directory (as `/etc/cdi` and `/var/run/cdi`).
+    fn node_runtime(s: &Setup) -> RuntimeOptions {
+        let dir = s.dir.path();
+        crate::backend::nvml::test_driver_install(&dir.join("proc"), &dir.join("root"));
+        std::fs::create_dir_all(dir.join("etc-cdi")).unwrap();
+        RuntimeOptions {
+            sysfs_root: dir.join("sys"),
+            procfs_root: dir.join("proc"),
+            driver_root: Some(dir.join("root")),
+            host_driver_root: "/".into(),
+            cdi_spec_dirs: vec![dir.join("etc-cdi"), s.cdi().dir],
+            ..RuntimeOptions::default()
+        }
+    }
+
+    fn spec_mounts(s: &Setup, uid: &str) -> Vec<String> {
+        let text = std::fs::read_to_string(s.cdi().spec_path(uid)).unwrap();
+        let spec: serde_json::Value = serde_json::from_str(&text).unwrap();
+        spec["devices"][0]["containerEdits"]["mounts"]
+            .as_array()
+            .map(|mounts| {
+                mounts
+                    .iter()
+                    .map(|m| m["containerPath"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    async fn prepare_on(
+        s: &Setup,
+        runtime: &RuntimeOptions,
+        uid: &str,
+        device: usize,
+    ) -> PreparedDevice {
+        let claims = one_claim(uid, &[("gpu.tessera.dev", "node-1", &s.names[device])]);
+        let driver = Driver::new(
+            on(),
+            s.cdi(),
+            runtime.clone(),
+            s.rx.clone(),
+            claims,
+            s.record(),
+        );
+        let mut answer = driver.prepare(&[reference(uid)]).await;
+        answer.remove(uid).unwrap().unwrap().remove(0)
+    }
+
+    #[tokio::test]
+    async fn the_vendor_cdi_device_is_named_only_where_the_toolkit_spec_lists_the_gpu() {
+        let s = nvidia_setup(2);
+        let runtime = node_runtime(&s);
+        let toolkit = s.dir.path().join("etc-cdi/nvidia.yaml");
+        std::fs::write(
+            &toolkit,
+            crate::backend::cdi_specs::tests::toolkit_spec(&s.ids[0]),
+        )
+        .unwrap();
+
+        // Listed: the toolkit's CDI device brings the libraries.
+        let listed = prepare_on(&s, &runtime, "u1", 0).await;
+        assert_eq!(
+            listed.cdi_ids,
+            [
+                "gpu.tessera.dev/claim=u1-gpus".to_string(),
+                format!("nvidia.com/gpu={}", s.ids[0])
+            ]
+        );
+        assert!(spec_mounts(&s, "u1").is_empty());
+
+        // Not listed (another GPU): the claim's spec mounts them itself.
+        let unlisted = prepare_on(&s, &runtime, "u2", 1).await;
+        assert_eq!(unlisted.cdi_ids, ["gpu.tessera.dev/claim=u2-gpus"]);
+        let mounts = spec_mounts(&s, "u2");
+        for path in [
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            "/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin",
+        ] {
+            assert!(mounts.iter().any(|m| m == path), "{path} not in {mounts:?}");
+        }
+        let env = read_env(&s.cdi().spec_path("u2"));
+        assert_eq!(env["u2-gpus"]["NVIDIA_VISIBLE_DEVICES"], s.ids[1]);
+
+        // A malformed spec lists nothing: the libraries are mounted.
+        std::fs::write(&toolkit, "kind: nvidia.com/gpu\ndevices: [{name: ").unwrap();
+        let malformed = prepare_on(&s, &runtime, "u3", 0).await;
+        assert_eq!(malformed.cdi_ids, ["gpu.tessera.dev/claim=u3-gpus"]);
+        assert_eq!(spec_mounts(&s, "u3"), mounts);
+
+        // No spec at all: likewise.
+        std::fs::remove_file(&toolkit).unwrap();
+        let absent = prepare_on(&s, &runtime, "u4", 0).await;
+        assert_eq!(absent.cdi_ids, ["gpu.tessera.dev/claim=u4-gpus"]);
+        assert_eq!(spec_mounts(&s, "u4"), mounts);
+    }
+
+    #[tokio::test]
+    async fn without_the_driver_version_a_claim_gets_variables_and_device_nodes_as_before() {
+        let s = nvidia_setup(1);
+        let runtime = node_runtime(&s);
+        std::fs::remove_file(s.dir.path().join("proc/driver/nvidia/version")).unwrap();
+        let device = prepare_on(&s, &runtime, "u1", 0).await;
+        assert_eq!(device.cdi_ids, ["gpu.tessera.dev/claim=u1-gpus"]);
+        assert!(spec_mounts(&s, "u1").is_empty());
+        let text = std::fs::read_to_string(s.cdi().spec_path("u1")).unwrap();
+        let spec: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let edits = &spec["devices"][0]["containerEdits"];
+        assert_eq!(
+            edits["env"],
+            serde_json::json!([
+                format!("NVIDIA_VISIBLE_DEVICES={}", s.ids[0]),
+                format!("TESSERA_VISIBLE_DEVICES={}", s.ids[0])
+            ])
+        );
+        let nodes: Vec<&str> = edits["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|node| node["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia0"
+            ]
+        );
+
+        // With --cdi the operator vouches for the vendor's names, as before.
+        let with_cdi = RuntimeOptions {
+            cdi: true,
+            ..runtime
+        };
+        let named = prepare_on(&s, &with_cdi, "u2", 0).await;
+        assert_eq!(
+            named.cdi_ids,
+            [
+                "gpu.tessera.dev/claim=u2-gpus".to_string(),
+                format!("nvidia.com/gpu={}", s.ids[0])
+            ]
+        );
     }
 
     #[tokio::test]

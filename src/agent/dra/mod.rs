@@ -56,6 +56,15 @@ pub struct DraConfig {
     pub plugins_dir: PathBuf,
     /// Where CDI specs go (a directory the container runtime reads).
     pub cdi_dir: PathBuf,
+    /// Where the node's CDI specs are read (a vendor's CDI device is named
+    /// in a claim's answer only where one of them defines it).
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// The host's driver root as the agent sees it: claims on nodes whose
+    /// CDI specs do not define their GPUs get the driver's libraries from
+    /// here. `None`: they get none from tessera.
+    pub driver_root: Option<PathBuf>,
+    /// That directory's path on the host.
+    pub host_driver_root: PathBuf,
     /// How often the sockets are checked.
     pub poll_interval: Duration,
 }
@@ -67,6 +76,9 @@ impl Default for DraConfig {
             registry_dir: PathBuf::from(kubelet_api::DEFAULT_REGISTRY_DIR),
             plugins_dir: PathBuf::from(kubelet_api::DEFAULT_PLUGINS_DIR),
             cdi_dir: PathBuf::from("/var/run/cdi"),
+            cdi_spec_dirs: RuntimeOptions::default().cdi_spec_dirs,
+            driver_root: None,
+            host_driver_root: PathBuf::from("/"),
             poll_interval: Duration::from_millis(500),
         }
     }

@@ -173,4 +173,37 @@ mod tests {
             "not character devices on this host: {missing:?}"
         );
     }
+
+    /// On a node with the NVIDIA driver and the toolkit's CDI spec
+    /// (`nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml`; another
+    /// directory in `TESSERA_CDI_SPEC_DIRS`, `:`-separated):
+    /// `cargo test --lib real_gpus_are_defined_by_the_toolkit_spec -- --ignored`.
+    /// The names a claim's answer gives must be the ones the spec defines.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU, driver and the toolkit's CDI spec"]
+    fn real_gpus_are_defined_by_the_toolkit_spec() {
+        use crate::backend::GpuBackend;
+        use crate::backend::cdi_specs::ListedCdiDevices;
+
+        let dirs: Vec<PathBuf> = std::env::var("TESSERA_CDI_SPEC_DIRS")
+            .unwrap_or_else(|_| "/etc/cdi:/var/run/cdi".into())
+            .split(':')
+            .map(PathBuf::from)
+            .collect();
+        let listed = ListedCdiDevices::read(&dirs);
+        let mut backend = super::super::NvmlBackend::new(None).expect("the NVIDIA driver");
+        let devices = backend.devices().expect("NVML lists the GPUs");
+        assert!(!devices.is_empty(), "NVML lists no GPU");
+        let all: Vec<&DeviceInfo> = devices.iter().collect();
+        let mut wiring = ContainerWiring::default();
+        let host = HostRoots {
+            sysfs_root: Path::new("/sys"),
+            procfs_root: Path::new("/proc"),
+        };
+        wire_container(&all, host, &mut wiring);
+        println!("{:?} in {dirs:?}", wiring.cdi_devices);
+        for name in &wiring.cdi_devices {
+            assert!(listed.lists(name), "no CDI spec in {dirs:?} defines {name}");
+        }
+    }
 }

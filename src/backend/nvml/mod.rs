@@ -39,7 +39,9 @@
 //! # Containers
 //!
 //! What a container given NVIDIA GPUs needs (variables, device nodes, CDI
-//! names) is in `container`.
+//! names) is in `container`; the driver's libraries and firmware, for
+//! containers whose runtime will not add them, in `driver_files` (the
+//! version they must match from `driver_version`).
 //!
 //! # Unsafe code
 //!
@@ -48,6 +50,8 @@
 mod container;
 mod device_health;
 mod devices;
+mod driver_files;
+mod driver_version;
 mod errors;
 mod events;
 mod link_speeds;
@@ -67,6 +71,15 @@ use nvml_wrapper::{Device, Nvml};
 
 use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
 pub(crate) use container::wire_container;
+pub(crate) use driver_files::mount_driver_files;
+
+/// A 580 driver install for tests elsewhere: `procfs` names the version,
+/// `root` holds its libraries, links and firmware.
+#[cfg(test)]
+pub(crate) fn test_driver_install(procfs: &std::path::Path, root: &std::path::Path) {
+    driver_files::tests::procfs(procfs);
+    driver_files::tests::driver_root(root);
+}
 #[cfg(test)]
 pub(crate) use devices::fallback_id;
 pub use devices::is_fallback_id;
