@@ -147,6 +147,7 @@ fn build(
                 healthy: d.healthy,
                 health_reason: (!d.healthy).then(|| "Xid 79".to_string()),
                 allocated_to: d.held.then(|| "other/instance".to_string()),
+                not_whole: None,
             });
         }
         let mut links = Vec::new();

@@ -134,6 +134,7 @@ fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>)
                 (Health::Unknown, _) => Some("health state unknown to this tessera build".into()),
                 _ => device.health_reason.clone(),
             },
+            not_whole: device.mig.as_ref().and_then(|mig| mig.why_not_whole()),
             allocated_to: allocated
                 .get(&(node.name.clone(), device.id.clone()))
                 .cloned(),
@@ -328,5 +329,69 @@ mod tests {
         assert_eq!(p.model.kv_bytes_per_layer, 4.0 * GIB / 32.0);
         assert_eq!(p.selector.vendors, vec!["nvidia".to_string()]);
         assert_eq!(p.stages, Stages::Auto);
+    }
+
+    #[test]
+    fn a_gpu_in_mig_mode_or_changing_it_is_never_planned_whole() {
+        use crate::api::{GpuPartition, MigState};
+        let mig = |enabled: bool, pending: Option<bool>| MigState {
+            enabled,
+            pending,
+            memory_slices: 8,
+            multiprocessors: 132,
+            partitions: vec![GpuPartition {
+                id: "MIG-a".into(),
+                profile: "7g.80gb".into(),
+                memory_total_bytes: 79 << 30,
+                multiprocessors: 132,
+                placement_start: 0,
+                placement_size: 8,
+            }],
+            profiles: Vec::new(),
+        };
+        let planned = |mig: MigState| {
+            let mut state = state();
+            state.devices[0].mig = Some(mig);
+            let node = ClusterNode {
+                name: "a".into(),
+                labels: BTreeMap::new(),
+                gpu_state: state,
+            };
+            let problem = build_problem(&spec(), [&node], &HashMap::new());
+            problem.nodes[0].devices[0].not_whole.clone()
+        };
+        assert_eq!(
+            planned(mig(true, None)).as_deref(),
+            Some("in MIG mode: offered as its 1 partition")
+        );
+        assert_eq!(
+            planned(mig(false, Some(true))).as_deref(),
+            Some("MIG mode change to on pending a GPU reset")
+        );
+        assert_eq!(
+            planned(mig(true, Some(false))).as_deref(),
+            Some("MIG mode change to off pending a GPU reset")
+        );
+        let off = MigState {
+            partitions: Vec::new(),
+            ..mig(false, None)
+        };
+        assert_eq!(planned(off), None, "MIG off: a whole GPU");
+
+        // A refusal says why the GPU took no part.
+        let mut state = state();
+        state.devices[0].mig = Some(mig(true, None));
+        let node = ClusterNode {
+            name: "a".into(),
+            labels: BTreeMap::new(),
+            gpu_state: state,
+        };
+        let problem = build_problem(&spec(), [&node], &HashMap::new());
+        let refusal = crate::placement::solve(&problem, &Default::default()).unwrap_err();
+        let details = refusal.details.join("\n");
+        assert!(
+            details.contains("not a whole GPU") && details.contains("a/g0: in MIG mode"),
+            "{details}"
+        );
     }
 }

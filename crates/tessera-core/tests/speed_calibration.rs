@@ -85,6 +85,7 @@ fn predict(figure: &Figure, gpu: &Gpu) -> f64 {
             healthy: true,
             health_reason: None,
             allocated_to: None,
+            not_whole: None,
         })
         .collect();
     let mut links = Vec::new();

@@ -769,4 +769,52 @@ pub(crate) mod tests {
             Err("this node's GPUs have not been read yet".to_string())
         );
     }
+
+    /// A claim for a real NVIDIA GPU prepared from the NVML snapshot, as
+    /// kubelet asks on a GPU node; the CDI spec is written to
+    /// `$TESSERA_REAL_GPU_CDI_DIR` for `e2e/real-gpu.sh`, which runs the
+    /// CUDA probe in a root file system under only that spec's edits. The
+    /// driver root is `$TESSERA_REAL_GPU_DRIVER_ROOT` (default `/`).
+    #[tokio::test]
+    #[ignore = "needs an NVIDIA GPU and driver; run by e2e/real-gpu.sh"]
+    async fn real_gpu_claim_is_prepared_into_a_cdi_spec() {
+        use crate::backend::nvml::NvmlBackend;
+        let out = std::env::var_os("TESSERA_REAL_GPU_CDI_DIR").expect("TESSERA_REAL_GPU_CDI_DIR");
+        let root = std::env::var_os("TESSERA_REAL_GPU_DRIVER_ROOT").unwrap_or("/".into());
+        let mut backend = NvmlBackend::new(None).expect("the NVIDIA driver");
+        let snap = snapshot(&mut backend).expect("a snapshot of the real GPUs");
+        assert!(!snap.devices.is_empty(), "no GPU found");
+        let ids: Vec<String> = snap.devices.iter().map(|d| d.info.id.clone()).collect();
+        let names = device_names(ids.iter().map(String::as_str));
+        let (tx, rx) = channel("nvml");
+        tx.send_modify(|v| {
+            v.snapshot = snap;
+            v.ready = true;
+        });
+        let cdi = CdiDir {
+            dir: out.into(),
+            driver: "gpu.tessera.dev".into(),
+        };
+        let record = tempfile::tempdir().unwrap();
+        let d = "gpu.tessera.dev";
+        let driver = Driver::new(
+            on(),
+            cdi.clone(),
+            RuntimeOptions {
+                driver_root: Some(root.clone().into()),
+                host_driver_root: root.into(),
+                ..RuntimeOptions::default()
+            },
+            rx,
+            one_claim("real-gpu", &[(d, "node-1", &names[&ids[0]])]),
+            PreparedClaims::open(record.path().join("prepared.json")),
+        );
+        let answer = driver.prepare(&[reference("real-gpu")]).await;
+        let devices = answer["real-gpu"].as_ref().expect("the claim is prepared");
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].id, ids[0]);
+        let spec = std::fs::read_to_string(cdi.spec_path("real-gpu")).unwrap();
+        println!("prepared {} with CDI IDs {:?}", ids[0], devices[0].cdi_ids);
+        println!("{spec}");
+    }
 }

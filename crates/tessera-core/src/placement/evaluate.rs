@@ -738,6 +738,9 @@ fn exclusion(
     if let Some(holder) = &device.allocated_to {
         return Some(Exclusion::Allocated(holder.clone()));
     }
+    if let Some(why) = &device.not_whole {
+        return Some(Exclusion::NotWhole(why.clone()));
+    }
     if !device.healthy {
         return Some(Exclusion::Unhealthy(device.health_reason.clone()));
     }

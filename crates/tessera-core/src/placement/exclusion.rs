@@ -6,6 +6,8 @@ use crate::api::GIB;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Exclusion {
     Allocated(String),
+    /// Split into partitions, or about to be: why.
+    NotWhole(String),
     Unhealthy(Option<String>),
     TooHot(f64),
     BadTelemetry,
@@ -22,6 +24,7 @@ pub(crate) enum Exclusion {
 pub(crate) fn exclusion_text(exclusion: &Exclusion, problem: &Problem) -> String {
     match exclusion {
         Exclusion::Allocated(holder) => format!("allocated to {holder}"),
+        Exclusion::NotWhole(why) => why.clone(),
         Exclusion::Unhealthy(Some(reason)) => format!("unhealthy ({reason})"),
         Exclusion::Unhealthy(None) => "unhealthy".into(),
         // Raw values: the comparison is made on them, so a rounded figure could

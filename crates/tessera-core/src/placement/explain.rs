@@ -58,6 +58,7 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
     let problem = ctx.problem;
     let kinds = [
         "allocated",
+        "not a whole GPU",
         "unhealthy",
         "too hot",
         "bad telemetry",
@@ -72,13 +73,14 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
             let Some(exclusion) = excluded else { continue };
             let slot = match exclusion {
                 Exclusion::Allocated(_) => 0,
-                Exclusion::Unhealthy(_) => 1,
-                Exclusion::TooHot(_) => 2,
-                Exclusion::BadTelemetry => 3,
-                Exclusion::Vendor => 4,
-                Exclusion::Product => 5,
-                Exclusion::NodeSelector => 6,
-                Exclusion::TooLittleMemory { .. } => 7,
+                Exclusion::NotWhole(_) => 1,
+                Exclusion::Unhealthy(_) => 2,
+                Exclusion::TooHot(_) => 3,
+                Exclusion::BadTelemetry => 4,
+                Exclusion::Vendor => 5,
+                Exclusion::Product => 6,
+                Exclusion::NodeSelector => 7,
+                Exclusion::TooLittleMemory { .. } => 8,
             };
             seen[slot].push(format!(
                 "{}/{}: {}",

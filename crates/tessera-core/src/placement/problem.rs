@@ -128,6 +128,10 @@ pub struct Device {
     pub health_reason: Option<String>,
     /// Set when another workload holds the device (e.g. `team-a/llama-70b`).
     pub allocated_to: Option<String>,
+    /// Set when the GPU cannot be handed out whole: why (in MIG mode, or a
+    /// MIG mode change pending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_whole: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -61,6 +61,7 @@ pub(crate) fn node(name: &str, count: u32, kind: Kind) -> NodeState {
             healthy: true,
             health_reason: None,
             allocated_to: None,
+            not_whole: None,
         })
         .collect();
     let mut links = Vec::new();
