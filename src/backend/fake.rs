@@ -472,6 +472,7 @@ impl GpuBackend for FakeBackend {
                 memory_bandwidth_gbps: profile.memory_bandwidth_gbps,
                 pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + position),
                 numa_node: Some(i32::from(position >= 4)),
+                mig: None,
             });
         }
         Ok(devices)

@@ -122,6 +122,7 @@ impl NvmlBackend {
             memory_bandwidth_gbps: memory_bandwidth_gbps.unwrap_or(PLACEHOLDER_FIGURE),
             pci_bus_id,
             numa_node,
+            mig: None,
         })
     }
 }
@@ -162,6 +163,7 @@ fn placeholder(index: u32) -> DeviceInfo {
         memory_bandwidth_gbps: PLACEHOLDER_FIGURE,
         pci_bus_id: String::new(),
         numa_node: None,
+        mig: None,
     }
 }
 

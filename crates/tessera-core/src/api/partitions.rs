@@ -295,7 +295,9 @@ mod state_tests {
         let error = NodeGpuState::from_json(&twice).unwrap_err().to_string();
         assert!(error.contains("device id GPU-1 appears twice"), "{error}");
         let overlapping = STATE.replace("\"placementStart\":0", "\"placementStart\":6");
-        let error = NodeGpuState::from_json(&overlapping).unwrap_err().to_string();
+        let error = NodeGpuState::from_json(&overlapping)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("memory slices 6+4"), "{error}");
     }
 }
