@@ -11,7 +11,9 @@ pub(crate) mod container;
 pub mod cuda_probe;
 pub mod detect;
 pub mod fake;
+mod fake_mig;
 pub mod health;
+mod mig_table;
 pub mod nvml;
 pub mod registry;
 #[cfg(feature = "rocm-smi")]

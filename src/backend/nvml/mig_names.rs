@@ -119,6 +119,24 @@ mod tests {
     }
 
     #[test]
+    fn the_fake_gpus_published_profiles_have_these_names() {
+        use crate::backend::mig_table::{A100_40GB, A100_80GB, H100_80GB};
+        for (table, gpu_gib) in [(&H100_80GB, 80), (&A100_80GB, 80), (&A100_40GB, 40)] {
+            for profile in table.profiles {
+                let (slices, _) = profile.name.split_once('g').unwrap();
+                let index = if profile.name.ends_with("+me") { 7 } else { 0 };
+                let name = profile_name(
+                    index,
+                    slices.parse().unwrap(),
+                    profile.memory_mib,
+                    gpu_gib * GIB,
+                );
+                assert_eq!(name, profile.name);
+            }
+        }
+    }
+
+    #[test]
     fn variants_and_odd_figures() {
         assert_eq!(profile_name(15, 1, 4864, 40960 * GPU_MIB), "1g.5gb+me.all");
         assert_eq!(profile_name(13, 1, 4864, 40960 * GPU_MIB), "1g.5gb-me");
