@@ -685,3 +685,91 @@ fn real_nvml_telemetry_and_health() {
     let snap = snapshot(&mut b).unwrap();
     snap.to_gpu_state(None).validate().unwrap();
 }
+
+/// NVIDIA's profile names: `<slices>g.<GB>gb`, and a variant after `+` or `-`.
+fn looks_like_a_profile_name(name: &str) -> bool {
+    let Some((slices, rest)) = name.split_once("g.") else {
+        return false;
+    };
+    let memory = rest.split(['+', '-']).next().unwrap_or_default();
+    let digits = |text: &str| !text.is_empty() && text.chars().all(|c| c.is_ascii_digit());
+    digits(slices) && memory.strip_suffix("gb").is_some_and(digits)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver"]
+fn real_nvml_mig_state() {
+    let mut b = real_backend();
+    let (devices, log) = logged(|| b.devices().unwrap());
+    print!("{log}");
+    assert!(
+        !log.contains("MIG mode unreadable"),
+        "the mode reads, or NVML says the GPU has no MIG: {log}"
+    );
+    for d in &devices {
+        println!("GPU {} {} ({}): {:#?}", d.index, d.product, d.id, d.mig);
+        let Some(mig) = &d.mig else {
+            continue;
+        };
+        assert!(mig.memory_slices > 0 && mig.multiprocessors > 0, "{mig:?}");
+        assert_ne!(
+            mig.pending,
+            Some(mig.enabled),
+            "a change to the mode it is in"
+        );
+        if !mig.enabled {
+            assert!(
+                mig.partitions.is_empty(),
+                "partitions with MIG off: {mig:?}"
+            );
+        }
+        for profile in &mig.profiles {
+            assert!(looks_like_a_profile_name(&profile.name), "{profile:?}");
+            assert!(
+                profile.memory_total_bytes > 0
+                    && profile.memory_total_bytes <= d.memory_total_bytes,
+                "{profile:?}"
+            );
+            assert!(
+                profile.multiprocessors > 0 && profile.multiprocessors <= mig.multiprocessors,
+                "{profile:?}"
+            );
+            assert!(
+                (1..=mig.memory_slices).contains(&profile.memory_slices),
+                "{profile:?}"
+            );
+            assert!(
+                (1..=mig.memory_slices).contains(&profile.max_count),
+                "{profile:?}"
+            );
+        }
+        for partition in &mig.partitions {
+            assert!(partition.id.starts_with("MIG-"), "{partition:?}");
+            assert!(
+                looks_like_a_profile_name(&partition.profile),
+                "{partition:?}"
+            );
+        }
+    }
+    snapshot(&mut b)
+        .unwrap()
+        .to_gpu_state(None)
+        .validate()
+        .unwrap();
+}
+
+#[test]
+fn profile_names_are_recognised() {
+    for name in [
+        "1g.10gb",
+        "1g.10gb+me",
+        "7g.141gb",
+        "1g.24gb-me",
+        "2g.24gb+me.all",
+    ] {
+        assert!(looks_like_a_profile_name(name), "{name}");
+    }
+    for name in ["", "g.10gb", "1g.gb", "1g.10", "3g.40gb@4", "MIG 1g.10gb"] {
+        assert!(!looks_like_a_profile_name(name), "{name}");
+    }
+}
