@@ -597,6 +597,19 @@ fn a_mig_device_that_fails_mid_read_is_left_out_with_a_warning() {
     s.inject("migfail 0 4\n");
     let (_, log) = logged(|| b.devices().unwrap());
     assert!(log.contains("slot 4"), "{log}");
+
+    // A figure it does not give is its profile's.
+    s.inject("migfail 0 6 memory\n");
+    let (devices, log) = logged(|| b.devices().unwrap());
+    assert_eq!(mig_of(&devices[0]).partitions.len(), 3);
+    assert_eq!(
+        mig_of(&devices[0]).partitions[2].memory_total_bytes,
+        9984 * MIB
+    );
+    assert!(
+        log.contains("memory unreadable") && log.contains("the 1g.10gb profile's used"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -221,7 +221,7 @@ fn read_partition(
         match profile {
             Some(profile) => {
                 warnings.push(format!(
-                    "GPU {}: MIG device {id}: {what} unreadable ({error}); its profile {}'s used",
+                    "GPU {}: MIG device {id}: {what} unreadable ({error}); the {} profile's used",
                     gpu.uuid, profile.name
                 ));
                 Ok(())
@@ -242,7 +242,7 @@ fn read_partition(
     let multiprocessors = match &attributes {
         Ok(attributes) if attributes.multiprocessor_count > 0 => attributes.multiprocessor_count,
         Ok(_) => {
-            from_profile("multiprocessor count", "0".into())?;
+            from_profile("multiprocessor count", "NVML gives 0".into())?;
             profile.map_or(0, |profile| profile.multiprocessors)
         }
         Err(error) => {
