@@ -107,6 +107,7 @@ fn snapshot() -> Snapshot {
                 memory_bandwidth_gbps: 3350.0,
                 pci_bus_id: format!("0000:{:02x}:{:02x}.0", i / 32, i % 32),
                 numa_node: Some((i / 800) as i32),
+                mig: None,
             },
             telemetry: Telemetry::default(),
             health: RawHealth::Healthy,

@@ -13,10 +13,10 @@
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tessera::api::{LinkKind, Vendor};
+use tessera::api::{LinkKind, MigState, Vendor};
 use tessera::backend::nvml::{self, NvmlBackend};
 use tessera::backend::{BackendError, DeviceInfo, GpuBackend, RawHealth, snapshot};
 
@@ -130,6 +130,7 @@ fn h100_hgx_devices_and_nvlink() {
         );
         assert_eq!(d.pci_bus_id, H100_BUSES[i]);
         assert_eq!(d.numa_node, Some(if i < 4 { 0 } else { 1 }));
+        assert_eq!(d.mig, None, "this profile's GPUs answer MIG NOT_SUPPORTED");
     }
     let ids: std::collections::HashSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(ids.len(), 8, "ids are unique");
@@ -384,6 +385,233 @@ fn a100_snapshot_is_valid() {
     snap.to_gpu_state(None).validate().unwrap();
 }
 
+// ---------------------------------------------------------------------------
+// MIG (the mock's `mig-3` profile: an H100 in MIG mode, an A100 turning MIG on
+// at its next reset, an L4 without MIG).
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+/// Runs `f` with this thread's log written to a buffer: `f`'s result and
+/// what was logged.
+fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let result = tracing::subscriber::with_default(subscriber, f);
+    let text =
+        String::from_utf8_lossy(&buffer.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+    (result, text)
+}
+
+fn mig_of(device: &DeviceInfo) -> &MigState {
+    device
+        .mig
+        .as_ref()
+        .unwrap_or_else(|| panic!("{} has no MIG state", device.id))
+}
+
+/// Partitions as (profile, start, size, memory MiB, multiprocessors).
+fn layout(mig: &MigState) -> Vec<(&str, u32, u32, u64, u32)> {
+    mig.partitions
+        .iter()
+        .map(|p| {
+            (
+                p.profile.as_str(),
+                p.placement_start,
+                p.placement_size,
+                p.memory_total_bytes / MIB,
+                p.multiprocessors,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn mig_devices_are_read_with_their_figures() {
+    let s = Scenario::new("mig-3", "mig");
+    let mut b = s.backend();
+    let (devices, log) = logged(|| b.devices().unwrap());
+    assert!(!log.contains("WARN"), "nothing fails to read:\n{log}");
+    assert_eq!(devices.len(), 3);
+
+    let h100 = mig_of(&devices[0]);
+    assert_eq!(devices[0].product, "NVIDIA H100 80GB HBM3");
+    assert!(h100.enabled);
+    assert_eq!(h100.pending, None);
+    assert_eq!(h100.memory_slices, 8, "the 7g profile's placement");
+    assert_eq!(h100.multiprocessors, 132);
+    assert_eq!(
+        layout(h100),
+        [
+            ("3g.40gb", 0, 4, 40448, 60),
+            ("2g.20gb", 4, 2, 20096, 32),
+            ("1g.10gb", 6, 1, 9984, 16),
+        ],
+        "empty slots between the MIG devices are skipped"
+    );
+    assert_eq!(
+        h100.partitions[0].id,
+        "MIG-4f2a9c1d-0000-5e8a-9d61-0c4f8a2b0009"
+    );
+    let profiles: Vec<(&str, u64, u32, u32, u32)> = h100
+        .profiles
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.memory_total_bytes / MIB,
+                p.multiprocessors,
+                p.memory_slices,
+                p.max_count,
+            )
+        })
+        .collect();
+    assert_eq!(
+        profiles,
+        [
+            ("1g.10gb", 9984, 16, 1, 7),
+            ("2g.20gb", 20096, 32, 2, 3),
+            ("3g.40gb", 40448, 60, 4, 2),
+            ("4g.40gb", 40448, 64, 4, 1),
+            ("7g.80gb", 81152, 132, 8, 1),
+            ("1g.10gb+me", 9984, 16, 1, 1),
+            ("1g.20gb", 20096, 26, 2, 4),
+        ]
+    );
+
+    // An Ampere GPU outside MIG mode offers no profiles until it is in it.
+    let a100 = mig_of(&devices[1]);
+    assert_eq!(devices[1].product, "NVIDIA A100 80GB PCIe");
+    assert!(!a100.enabled);
+    assert_eq!(a100.pending, Some(true), "MIG on after the next reset");
+    assert_eq!((a100.memory_slices, a100.multiprocessors), (8, 108));
+    assert!(a100.partitions.is_empty() && a100.profiles.is_empty());
+    assert!(!a100.whole(), "not planned on while the change waits");
+
+    assert_eq!(devices[2].product, "NVIDIA L4");
+    assert_eq!(devices[2].mig, None, "no MIG on an L4");
+
+    let state = snapshot(&mut b).unwrap().to_gpu_state(None);
+    state.validate().unwrap();
+    let published = state.devices[0].mig.as_ref().unwrap();
+    assert_eq!(published.usable_partitions().len(), 3);
+    assert!(published.partitions[0].memory_total_bytes < 40 * GIB);
+    assert!(state.devices[2].mig.is_none());
+}
+
+#[test]
+fn a_new_mig_layout_is_seen_at_the_next_listing() {
+    let s = Scenario::new("mig-3", "mig-change");
+    let mut b = s.backend();
+    let before = b.devices().unwrap();
+    assert_eq!(mig_of(&before[0]).partitions.len(), 3);
+
+    // The administrator repartitions the H100 and resets the A100 into MIG mode.
+    s.inject("mig 0 7g.80gb@0\nmigmode 1 1 1\nmig 1 4g.40gb@0 1g.20gb@4 1g.10gb@6\n");
+    let after = b.devices().unwrap();
+    let h100 = mig_of(&after[0]);
+    assert_eq!(layout(h100), [("7g.80gb", 0, 8, 81152, 132)]);
+    assert_ne!(h100.partitions[0].id, mig_of(&before[0]).partitions[0].id);
+    let a100 = mig_of(&after[1]);
+    assert!(a100.enabled && a100.pending.is_none());
+    assert_eq!(
+        layout(a100),
+        [
+            ("4g.40gb", 0, 4, 40192, 56),
+            ("1g.20gb", 4, 2, 19968, 14),
+            ("1g.10gb", 6, 1, 9728, 14),
+        ]
+    );
+    assert_eq!(
+        a100.profiles.len(),
+        7,
+        "an Ampere GPU in MIG mode lists them"
+    );
+    assert!(
+        a100.profiles
+            .iter()
+            .any(|p| p.name == "7g.80gb" && p.multiprocessors == 98)
+    );
+
+    // MIG off on the H100, to stay off: no partitions, the profiles still offered.
+    s.inject("migmode 0 0 0\n");
+    let off = b.devices().unwrap();
+    let h100 = mig_of(&off[0]);
+    assert!(!h100.enabled && h100.pending.is_none() && h100.whole());
+    assert!(h100.partitions.is_empty());
+    assert_eq!(h100.profiles.len(), 7);
+    snapshot(&mut b)
+        .unwrap()
+        .to_gpu_state(None)
+        .validate()
+        .unwrap();
+}
+
+#[test]
+fn a_mig_device_that_fails_mid_read_is_left_out_with_a_warning() {
+    let s = Scenario::new("mig-3", "mig-fail");
+    let mut b = s.backend();
+    s.inject("migfail 0 4\n");
+    let (devices, log) = logged(|| b.devices().unwrap());
+    assert_eq!(
+        layout(mig_of(&devices[0])),
+        [("3g.40gb", 0, 4, 40448, 60), ("1g.10gb", 6, 1, 9984, 16)],
+        "the others are still listed"
+    );
+    assert!(log.contains("WARN"), "{log}");
+    assert!(
+        log.contains("MIG device in slot 4 not listed")
+            && log.contains("its GPU instance is unreadable"),
+        "{log}"
+    );
+    assert!(log.contains(&devices[0].id), "the GPU is named: {log}");
+    snapshot(&mut b)
+        .unwrap()
+        .to_gpu_state(None)
+        .validate()
+        .unwrap();
+
+    // Once while it lasts; again after it cleared and came back.
+    let (_, log) = logged(|| b.devices().unwrap());
+    assert!(!log.contains("slot 4"), "{log}");
+    s.inject("");
+    assert_eq!(mig_of(&b.devices().unwrap()[0]).partitions.len(), 3);
+    s.inject("migfail 0 4\n");
+    let (_, log) = logged(|| b.devices().unwrap());
+    assert!(log.contains("slot 4"), "{log}");
+
+    // A figure it does not give is its profile's.
+    s.inject("migfail 0 6 memory\n");
+    let (devices, log) = logged(|| b.devices().unwrap());
+    assert_eq!(mig_of(&devices[0]).partitions.len(), 3);
+    assert_eq!(
+        mig_of(&devices[0]).partitions[2].memory_total_bytes,
+        9984 * MIB
+    );
+    assert!(
+        log.contains("memory unreadable") && log.contains("the 1g.10gb profile's used"),
+        "{log}"
+    );
+}
+
 #[test]
 fn missing_library_is_unavailable_with_advice() {
     // No lock: nothing of the mock is touched.
@@ -469,4 +697,92 @@ fn real_nvml_telemetry_and_health() {
     }
     let snap = snapshot(&mut b).unwrap();
     snap.to_gpu_state(None).validate().unwrap();
+}
+
+/// NVIDIA's profile names: `<slices>g.<GB>gb`, and a variant after `+` or `-`.
+fn looks_like_a_profile_name(name: &str) -> bool {
+    let Some((slices, rest)) = name.split_once("g.") else {
+        return false;
+    };
+    let memory = rest.split(['+', '-']).next().unwrap_or_default();
+    let digits = |text: &str| !text.is_empty() && text.chars().all(|c| c.is_ascii_digit());
+    digits(slices) && memory.strip_suffix("gb").is_some_and(digits)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver"]
+fn real_nvml_mig_state() {
+    let mut b = real_backend();
+    let (devices, log) = logged(|| b.devices().unwrap());
+    print!("{log}");
+    assert!(
+        !log.contains("MIG mode unreadable"),
+        "the mode reads, or NVML says the GPU has no MIG: {log}"
+    );
+    for d in &devices {
+        println!("GPU {} {} ({}): {:#?}", d.index, d.product, d.id, d.mig);
+        let Some(mig) = &d.mig else {
+            continue;
+        };
+        assert!(mig.memory_slices > 0 && mig.multiprocessors > 0, "{mig:?}");
+        assert_ne!(
+            mig.pending,
+            Some(mig.enabled),
+            "a change to the mode it is in"
+        );
+        if !mig.enabled {
+            assert!(
+                mig.partitions.is_empty(),
+                "partitions with MIG off: {mig:?}"
+            );
+        }
+        for profile in &mig.profiles {
+            assert!(looks_like_a_profile_name(&profile.name), "{profile:?}");
+            assert!(
+                profile.memory_total_bytes > 0
+                    && profile.memory_total_bytes <= d.memory_total_bytes,
+                "{profile:?}"
+            );
+            assert!(
+                profile.multiprocessors > 0 && profile.multiprocessors <= mig.multiprocessors,
+                "{profile:?}"
+            );
+            assert!(
+                (1..=mig.memory_slices).contains(&profile.memory_slices),
+                "{profile:?}"
+            );
+            assert!(
+                (1..=mig.memory_slices).contains(&profile.max_count),
+                "{profile:?}"
+            );
+        }
+        for partition in &mig.partitions {
+            assert!(partition.id.starts_with("MIG-"), "{partition:?}");
+            assert!(
+                looks_like_a_profile_name(&partition.profile),
+                "{partition:?}"
+            );
+        }
+    }
+    snapshot(&mut b)
+        .unwrap()
+        .to_gpu_state(None)
+        .validate()
+        .unwrap();
+}
+
+#[test]
+fn profile_names_are_recognised() {
+    for name in [
+        "1g.10gb",
+        "1g.10gb+me",
+        "7g.141gb",
+        "1g.24gb-me",
+        "2g.24gb+me.all",
+    ] {
+        assert!(looks_like_a_profile_name(name), "{name}");
+    }
+    for name in ["", "g.10gb", "1g.gb", "1g.10", "3g.40gb@4", "MIG 1g.10gb"] {
+        assert!(!looks_like_a_profile_name(name), "{name}");
+    }
 }

@@ -325,6 +325,157 @@ fn faults_from_a_fake_file_show_in_table_and_json() {
     );
 }
 
+const MIG: &str = "gpus:
+  - {profile: H100-80GiB, mig: {partitions: [3g.40gb, 2g.20gb, 1g.10gb]}}
+  - {profile: A100-80GiB, mig: {pending: true}}
+  - {profile: L4-24GiB}
+";
+
+#[test]
+fn mig_partitions_show_under_their_gpu_in_table_and_json() {
+    let dir = Scratch::new("cli-discover", "mig");
+    let sysfs = dir.empty_sysfs();
+    let gpus = dir.file("gpus.yaml", MIG);
+
+    let table = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", &gpus],
+    ));
+    assert!(table.starts_with("backend fake: 3 GPUs"), "{table}");
+    assert_eq!(
+        device_rows(&table).len(),
+        3,
+        "partitions are no GPUs:\n{table}"
+    );
+    let lines: Vec<&str> = table.lines().collect();
+    let gpu0 = lines
+        .iter()
+        .position(|l| l.contains("fake-h100-80gib-0 "))
+        .unwrap_or_else(|| panic!("no GPU 0:\n{table}"));
+    let under: Vec<Vec<&str>> = lines[gpu0 + 1..gpu0 + 5]
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        under[0][..2],
+        ["MIG", "on"],
+        "the mode under the GPU:\n{table}"
+    );
+    assert!(
+        lines[gpu0 + 1].contains("offered as its 3 partitions"),
+        "{table}"
+    );
+    for (row, (id, profile, slices, memory)) in under[1..].iter().zip([
+        (
+            "MIG-fake-h100-80gib-0-0-3g.40gb",
+            "3g.40gb:",
+            "slices 0-3 of 8, 60 SMs",
+            "39.5",
+        ),
+        (
+            "MIG-fake-h100-80gib-0-4-2g.20gb",
+            "2g.20gb:",
+            "slices 4-5 of 8, 32 SMs",
+            "19.6",
+        ),
+        (
+            "MIG-fake-h100-80gib-0-6-1g.10gb",
+            "1g.10gb:",
+            "slice 6 of 8, 16 SMs",
+            "9.8",
+        ),
+    ]) {
+        let text = row.join(" ");
+        assert_eq!(row[1], id, "{table}");
+        assert_eq!(row[2], profile, "{table}");
+        assert!(text.contains(slices), "{text}");
+        assert!(
+            text.ends_with(&format!("{memory} GiB")),
+            "no health of its own: {text}"
+        );
+    }
+    assert!(under[3][0] == "└" && under[1][0] == "├", "{table}");
+    let gpu1 = lines
+        .iter()
+        .position(|l| l.contains("fake-a100-80gib-1 "))
+        .unwrap_or_else(|| panic!("no GPU 1:\n{table}"));
+    assert!(
+        lines[gpu1 + 1].contains("MIG off → on")
+            && lines[gpu1 + 1].contains("MIG mode change to on pending a GPU reset"),
+        "{table}"
+    );
+    assert!(
+        lines[gpu1 + 2].contains("fake-l4-24gib-2"),
+        "nothing under a GPU without MIG:\n{table}"
+    );
+
+    let text = ok(&discover_args(
+        &sysfs,
+        &["--backend", "fake", "--fake", &gpus, "-o", "json"],
+    ));
+    let v: Value = serde_json::from_str(&text).expect("JSON output parses");
+    let mig = &v["devices"][0]["mig"];
+    assert_eq!(mig["enabled"], true);
+    assert_eq!(mig["memorySlices"], 8);
+    assert_eq!(mig["multiprocessors"], 132);
+    let partitions = mig["partitions"].as_array().expect("partitions");
+    assert_eq!(partitions.len(), 3);
+    assert_eq!(partitions[1]["id"], "MIG-fake-h100-80gib-0-4-2g.20gb");
+    assert_eq!(partitions[1]["profile"], "2g.20gb");
+    assert_eq!(partitions[1]["placementStart"], 4);
+    assert_eq!(partitions[1]["placementSize"], 2);
+    assert_eq!(partitions[1]["memoryTotalBytes"], 20096u64 << 20);
+    assert_eq!(partitions[1]["multiprocessors"], 32);
+    assert_eq!(v["devices"][1]["mig"]["pending"], true);
+    assert!(v["devices"][2].get("mig").is_none(), "{text}");
+    let state = NodeGpuState::from_json(&text).expect("the library reads what discover prints");
+    let a100 = state.devices[1].mig.as_ref().expect("the A100's MIG state");
+    assert!(!a100.whole() && a100.usable_partitions().is_empty());
+}
+
+#[test]
+fn bad_mig_layouts_are_bad_input() {
+    let dir = Scratch::new("cli-discover", "bad_mig");
+    let sysfs = dir.empty_sysfs();
+    for (name, text, needles) in [
+        (
+            "unknown.yaml",
+            "gpus: [{profile: H100-80GiB, mig: {partitions: [5g.50gb]}}]\n",
+            &[
+                "gpus[0].mig.partitions[0]",
+                "unknown MIG profile \"5g.50gb\"",
+                "3g.40gb",
+            ][..],
+        ),
+        (
+            "overlap.yaml",
+            "gpus: [{profile: A100-40GiB, mig: {partitions: [\"4g.20gb@0\", \"3g.20gb@0\"]}}]\n",
+            &[
+                "gpus[0].mig.partitions[1]",
+                "3g.20gb@0 overlaps 4g.20gb@0 on memory slice 0",
+            ],
+        ),
+        (
+            "amd.yaml",
+            "gpus: [{profile: MI300X-192GiB, mig: {pending: true}}]\n",
+            &["gpus[0].mig", "MI300X-192GiB has no MIG"],
+        ),
+        (
+            "type.yaml",
+            "gpus: [{profile: H100-80GiB, mig: {enabled: sometimes}}]\n",
+            &["gpus[0].mig.enabled", "invalid boolean"],
+        ),
+    ] {
+        let path = dir.file(name, text);
+        let mut wanted = vec![path.as_str()];
+        wanted.extend_from_slice(needles);
+        assert_bad_input(
+            &discover_args(&sysfs, &["--backend", "fake", "--fake", &path]),
+            &wanted,
+        );
+    }
+}
+
 #[test]
 fn registry_is_written_and_a_corrupt_one_is_replaced() {
     let dir = Scratch::new("cli-discover", "registry");

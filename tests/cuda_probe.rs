@@ -21,6 +21,7 @@ fn device(id: &str, index: u32) -> DeviceInfo {
         memory_bandwidth_gbps: 3352.0,
         pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + index),
         numa_node: Some(0),
+        mig: None,
     }
 }
 

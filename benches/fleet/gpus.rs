@@ -130,6 +130,7 @@ impl SimGpus {
                     memory_bandwidth_gbps: kind.bandwidth_gbps,
                     pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + index),
                     numa_node: Some(i32::from(index >= GPUS_PER_NODE / 2)),
+                    mig: None,
                 },
                 temperature_c: level_c,
                 power_w: kind.idle_w,

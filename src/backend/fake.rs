@@ -12,7 +12,9 @@
 //!   - {device: 3, vanish: true}
 //!   - {device: 0, memoryUsedGiB: 30}
 //! ```
-//! Removing a fault line recovers the device.
+//! Removing a fault line recovers the device. A group of NVIDIA GPUs that
+//! have MIG (H100-80GiB, A100-80GiB, A100-40GiB) may give their MIG mode and
+//! partitions (`mig: {partitions: [3g.40gb, 2g.20gb]}`; see `fake_mig`).
 //!
 //! A **directory** gives each node its own file: `<dir>/<node name>.yaml` when
 //! it exists, else `<dir>/default.yaml` (e.g. a ConfigMap mounted at `<dir>`
@@ -25,6 +27,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::fake_mig::{FakeGpu, FakeMig};
+use super::mig_table::{A100_40GB, A100_80GB, H100_80GB, MigTable};
 use super::{BackendError, DeviceInfo, DeviceLink, GpuBackend, RawHealth, Telemetry};
 use tessera_core::api::{GIB, LinkKind, Vendor};
 
@@ -48,6 +52,8 @@ struct Profile {
     /// Link between two devices of this kind in one node.
     link: LinkKind,
     link_gbps: f64,
+    /// Its MIG profiles, for a GPU that has MIG.
+    mig: Option<&'static MigTable>,
 }
 
 const PROFILES: &[Profile] = &[
@@ -63,6 +69,7 @@ const PROFILES: &[Profile] = &[
         idle_power_w: 115.0,
         link: LinkKind::Nvlink,
         link_gbps: 900.0,
+        mig: Some(&H100_80GB),
     },
     Profile {
         name: "A100-80GiB",
@@ -76,6 +83,7 @@ const PROFILES: &[Profile] = &[
         idle_power_w: 60.0,
         link: LinkKind::Nvlink,
         link_gbps: 600.0,
+        mig: Some(&A100_80GB),
     },
     Profile {
         name: "A100-40GiB",
@@ -89,6 +97,7 @@ const PROFILES: &[Profile] = &[
         idle_power_w: 38.0,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
+        mig: Some(&A100_40GB),
     },
     Profile {
         name: "L4-24GiB",
@@ -102,6 +111,7 @@ const PROFILES: &[Profile] = &[
         idle_power_w: 16.0,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
+        mig: None,
     },
     Profile {
         name: "RTX4090-24GiB",
@@ -115,6 +125,7 @@ const PROFILES: &[Profile] = &[
         idle_power_w: 22.0,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
+        mig: None,
     },
     Profile {
         name: "MI300X-192GiB",
@@ -128,6 +139,7 @@ const PROFILES: &[Profile] = &[
         idle_power_w: 150.0,
         link: LinkKind::Xgmi,
         link_gbps: 128.0,
+        mig: None,
     },
     Profile {
         name: "MI210-64GiB",
@@ -141,6 +153,7 @@ const PROFILES: &[Profile] = &[
         idle_power_w: 40.0,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
+        mig: None,
     },
 ];
 
@@ -149,6 +162,15 @@ const RESERVED_BYTES: u64 = 512 << 20;
 
 fn profile(name: &str) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| p.name.eq_ignore_ascii_case(name))
+}
+
+fn mig_profile_names() -> String {
+    PROFILES
+        .iter()
+        .filter(|p| p.mig.is_some())
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn profile_names() -> String {
@@ -173,6 +195,8 @@ struct GpuGroup {
     profile: String,
     #[serde(default = "one")]
     count: u32,
+    #[serde(default)]
+    mig: Option<FakeMig>,
 }
 
 fn one() -> u32 {
@@ -213,6 +237,7 @@ fn parse_spec(spec: &str) -> Result<FakeFile, BackendError> {
         gpus.push(GpuGroup {
             profile: name.to_string(),
             count,
+            mig: None,
         });
     }
     let file = FakeFile {
@@ -230,13 +255,25 @@ fn check(file: &FakeFile, origin: &str) -> Result<(), BackendError> {
         )));
     }
     let mut total: u64 = 0;
-    for group in &file.gpus {
-        if profile(&group.profile).is_none() {
+    for (index, group) in file.gpus.iter().enumerate() {
+        let Some(known) = profile(&group.profile) else {
             return Err(BackendError::Failed(format!(
                 "fake GPUs {origin:?}: unknown profile {:?}; known profiles: {}",
                 group.profile,
                 profile_names()
             )));
+        };
+        if let Some(mig) = &group.mig {
+            let field = format!("gpus[{index}].mig");
+            let Some(table) = known.mig else {
+                return Err(BackendError::Failed(format!(
+                    "fake GPUs {origin:?}: {field}: {} has no MIG; the profiles with MIG: {}",
+                    known.name,
+                    mig_profile_names()
+                )));
+            };
+            mig.layout(table, &field)
+                .map_err(|why| BackendError::Failed(format!("fake GPUs {origin:?}: {why}")))?;
         }
         if group.count == 0 {
             return Err(BackendError::Failed(format!(
@@ -409,12 +446,13 @@ impl FakeBackend {
         }
     }
 
-    fn expanded(&self) -> Vec<(u32, &'static Profile)> {
+    /// Every GPU: its position, profile, and group (with the group's index).
+    fn expanded(&self) -> Vec<(u32, &'static Profile, (usize, &GpuGroup))> {
         let mut expanded = Vec::new();
-        for group in &self.current.gpus {
+        for (index, group) in self.current.gpus.iter().enumerate() {
             if let Some(known_profile) = profile(&group.profile) {
                 for _ in 0..group.count {
-                    expanded.push((expanded.len() as u32, known_profile));
+                    expanded.push((expanded.len() as u32, known_profile, (index, group)));
                 }
             }
         }
@@ -436,7 +474,7 @@ fn read_file(path: &Path) -> Result<FakeFile, BackendError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| BackendError::Failed(format!("fake GPUs {origin}: {e}")))?;
     let file: FakeFile = serde_saphyr::from_str(&text).map_err(|e| {
-        BackendError::Failed(format!("fake GPUs {origin}: {}", yaml_error_line(&e)))
+        BackendError::Failed(format!("fake GPUs {origin}: {}", yaml_error(&text, &e)))
     })?;
     check(&file, &origin)?;
     Ok(file)
@@ -454,14 +492,28 @@ impl GpuBackend for FakeBackend {
     fn devices(&mut self) -> Result<Vec<DeviceInfo>, BackendError> {
         self.refresh();
         let mut devices = Vec::new();
-        for (position, profile) in self.expanded() {
+        for (position, profile, (group_index, group)) in self.expanded() {
             if self.fault(position).is_some_and(|f| f.vanish) {
                 continue;
             }
             // Index is the position among present devices, as a driver numbers them.
             let index = devices.len() as u32;
+            let id = device_id(profile, position);
+            // The layout was checked when the file was read.
+            let mig = group
+                .mig
+                .as_ref()
+                .zip(profile.mig)
+                .and_then(|(mig, table)| {
+                    let gpu = FakeGpu {
+                        id: &id,
+                        multiprocessors: profile.compute_units,
+                    };
+                    mig.state(table, &gpu, &format!("gpus[{group_index}].mig"))
+                        .ok()
+                });
             devices.push(DeviceInfo {
-                id: device_id(profile, position),
+                id,
                 index,
                 vendor: profile.vendor,
                 product: profile.product.to_string(),
@@ -472,6 +524,7 @@ impl GpuBackend for FakeBackend {
                 memory_bandwidth_gbps: profile.memory_bandwidth_gbps,
                 pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + position),
                 numa_node: Some(i32::from(position >= 4)),
+                mig,
             });
         }
         Ok(devices)
@@ -544,6 +597,21 @@ fn profile_of(device: &DeviceInfo) -> Option<&'static Profile> {
             .id
             .starts_with(&format!("fake-{}-", p.name.to_ascii_lowercase()))
     })
+}
+
+/// A YAML parser error in one line, after the field it is about where that
+/// can be found: the parser says where in the text, not which field.
+fn yaml_error(text: &str, error: &serde_saphyr::Error) -> String {
+    let line = yaml_error_line(error);
+    let field = serde_saphyr::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|value| serde_path_to_error::deserialize::<_, FakeFile>(value).err())
+        .map(|error| error.path().to_string())
+        .filter(|path| !path.is_empty() && path != ".");
+    match field {
+        Some(field) => format!("{field}: {line}"),
+        None => line,
+    }
 }
 
 /// The first line of a YAML parser error, without its own `error:` prefix, for
@@ -624,6 +692,66 @@ mod tests {
         let s = snapshot(&mut b).unwrap();
         assert_eq!(s.devices.len(), 4, "device 3 is back");
         assert!(s.devices.iter().all(|d| d.health == RawHealth::Healthy));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn mig_partitions_and_pending_changes_from_a_file() {
+        let dir = fresh_dir("mig");
+        let path = dir.join("gpus.yaml");
+        std::fs::write(
+            &path,
+            "gpus:\n\
+             \x20 - {profile: H100-80GiB, count: 2, mig: {partitions: [3g.40gb, 2g.20gb, 1g.10gb]}}\n\
+             \x20 - {profile: A100-80GiB, mig: {pending: true}}\n\
+             \x20 - {profile: A100-40GiB, mig: {partitions: [\"3g.20gb@4\", 1g.5gb+me], pending: true}}\n\
+             \x20 - {profile: H100-80GiB}\n",
+        )
+        .unwrap();
+        let mut b = FakeBackend::new(path.to_str().unwrap()).unwrap();
+        let s = snapshot(&mut b).unwrap();
+        let mig = |i: usize| s.devices[i].info.mig.as_ref();
+        let h100 = mig(1).unwrap();
+        assert!(h100.enabled && h100.pending.is_none());
+        let ids: Vec<&str> = h100.partitions.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "MIG-fake-h100-80gib-1-0-3g.40gb",
+                "MIG-fake-h100-80gib-1-4-2g.20gb",
+                "MIG-fake-h100-80gib-1-6-1g.10gb",
+            ]
+        );
+        assert_eq!(h100.multiprocessors, 132);
+        assert_eq!(h100.partitions[0].multiprocessors, 60);
+        assert_eq!(h100.partitions[1].placement_size, 2);
+        let a100 = mig(2).unwrap();
+        assert_eq!((a100.enabled, a100.pending), (false, Some(true)));
+        assert!(a100.partitions.is_empty());
+        assert_eq!(a100.profiles.len(), 7);
+        let small = mig(3).unwrap();
+        assert_eq!((small.enabled, small.pending), (true, Some(false)));
+        let layout: Vec<(&str, u32)> = small
+            .partitions
+            .iter()
+            .map(|p| (p.profile.as_str(), p.placement_start))
+            .collect();
+        assert_eq!(layout, [("1g.5gb+me", 0), ("3g.20gb", 4)]);
+        assert_eq!(mig(4), None, "no mig: given, none published");
+        let state = s.to_gpu_state(None);
+        state.validate().unwrap();
+        assert_eq!(snapshot(&mut b).unwrap(), s, "the same IDs at every read");
+
+        // Repartitioned while running: the next read has it.
+        std::fs::write(
+            &path,
+            "gpus: [{profile: H100-80GiB, mig: {partitions: [7g.80gb]}}]",
+        )
+        .unwrap();
+        let s = snapshot(&mut b).unwrap();
+        let partitions = &s.devices[0].info.mig.as_ref().unwrap().partitions;
+        assert_eq!(partitions.len(), 1);
+        assert_eq!(partitions[0].id, "MIG-fake-h100-80gib-0-0-7g.80gb");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -771,12 +899,48 @@ mod tests {
                 "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, memoryUsedGiB: -1}]",
                 "zero or more",
             ),
+            (
+                "gpus: [{profile: L4-24GiB}, {profile: MI300X-192GiB, mig: {partitions: [3g.40gb]}}]",
+                "gpus[1].mig: MI300X-192GiB has no MIG; the profiles with MIG: H100-80GiB",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB, mig: {partitions: [3g.40gb, 3g.20gb]}}]",
+                "gpus[0].mig.partitions[1]: unknown MIG profile \"3g.20gb\"; this GPU's profiles: 1g.10gb",
+            ),
+            (
+                "gpus: [{profile: A100-40GiB, mig: {partitions: [3g.20gb]}}]\nfaults: []",
+                "",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB, mig: {partitions: [\"4g.40gb@0\", \"2g.20gb@2\"]}}]",
+                "gpus[0].mig.partitions[1]: 2g.20gb@2 overlaps 4g.40gb@0 on memory slice 2",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB, mig: {partitions: [\"2g.20gb@6\"]}}]",
+                "gpus[0].mig.partitions[0]: 2g.20gb cannot start at memory slice 6; it starts at 0, 2 or 4",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB, mig: {pending: soon}}]",
+                "gpus[0].mig.pending",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB, mig: {partitions: 3g.40gb}}]",
+                "gpus[0].mig.partitions",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB, mig: {layout: [3g.40gb]}}]",
+                "gpus[0].mig.layout: line 1 column 36: unknown field `layout`",
+            ),
         ]
         .into_iter()
         .enumerate()
         {
             let path = dir.join(format!("f{i}.yaml"));
             std::fs::write(&path, text).unwrap();
+            if want.is_empty() {
+                FakeBackend::new(path.to_str().unwrap()).unwrap();
+                continue;
+            }
             let err = FakeBackend::new(path.to_str().unwrap())
                 .err()
                 .unwrap()
@@ -785,6 +949,7 @@ mod tests {
                 err.contains(want) || (want == "malformed" && err.contains(path.to_str().unwrap())),
                 "{text}: {err}"
             );
+            assert!(err.contains(path.to_str().unwrap()), "the file is named: {err}");
         }
         let err = FakeBackend::new("/nonexistent/gpus.yaml")
             .err()

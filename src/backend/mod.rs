@@ -12,7 +12,9 @@ pub(crate) mod container;
 pub mod cuda_probe;
 pub mod detect;
 pub mod fake;
+mod fake_mig;
 pub mod health;
+mod mig_table;
 pub mod nvml;
 pub mod registry;
 #[cfg(feature = "rocm-smi")]
@@ -24,10 +26,11 @@ use serde::{Deserialize, Serialize};
 pub(crate) use vendor_wiring::container_wiring;
 
 use tessera_core::api::{
-    GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, NodeGpuState, Vendor,
+    GPU_STATE_VERSION, GpuDevice, GpuLink, Health, LinkKind, MigState, NodeGpuState, Vendor,
 };
 
-/// What a backend reports about one device that does not change while it runs.
+/// What a backend reports about one device that does not change while it runs
+/// (its MIG layout aside).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceInfo {
@@ -47,6 +50,12 @@ pub struct DeviceInfo {
     /// PCI bus ID, `0000:17:00.0`.
     pub pci_bus_id: String,
     pub numa_node: Option<i32>,
+    /// NVIDIA MIG where the GPU has it: its mode, partitions and profiles.
+    /// Unlike the rest it can change while the agent runs (an administrator
+    /// repartitions the GPU); every discovery reads it again. Absent from
+    /// registries written before partitions were read, hence the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigState>,
 }
 
 /// Live readings of one device.
@@ -192,7 +201,7 @@ impl Snapshot {
                 .devices
                 .iter()
                 .map(|d| GpuDevice {
-                    mig: None,
+                    mig: d.info.mig.clone(),
                     id: d.info.id.clone(),
                     index: d.info.index,
                     vendor: d.info.vendor,
@@ -247,5 +256,52 @@ pub(crate) fn test_device(id: &str, index: u32, vendor: Vendor, pci_bus_id: &str
         memory_bandwidth_gbps: 1.0,
         pci_bus_id: pci_bus_id.to_string(),
         numa_node: None,
+        mig: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::api::GpuPartition;
+
+    #[test]
+    fn the_mig_state_reaches_the_published_state() {
+        let mut info = test_device("GPU-1", 0, Vendor::Nvidia, "0000:17:00.0");
+        info.mig = Some(MigState {
+            enabled: true,
+            pending: None,
+            memory_slices: 8,
+            multiprocessors: 1,
+            partitions: vec![GpuPartition {
+                id: "MIG-1".into(),
+                profile: "7g.1gb".into(),
+                memory_total_bytes: 1 << 30,
+                multiprocessors: 1,
+                placement_start: 0,
+                placement_size: 8,
+            }],
+            profiles: Vec::new(),
+        });
+        let snapshot = Snapshot {
+            backend: "test".into(),
+            devices: vec![DeviceState {
+                info: info.clone(),
+                telemetry: Telemetry::default(),
+                health: RawHealth::Healthy,
+            }],
+            links: Vec::new(),
+        };
+        let state = snapshot.to_gpu_state(None);
+        state.validate().unwrap();
+        assert_eq!(state.devices[0].mig, info.mig);
+    }
+
+    #[test]
+    fn a_registry_entry_without_mig_still_reads() {
+        let json = serde_json::to_value(test_device("GPU-1", 0, Vendor::Nvidia, "")).unwrap();
+        assert!(json.get("mig").is_none(), "{json}");
+        let info: DeviceInfo = serde_json::from_value(json).unwrap();
+        assert_eq!(info.mig, None);
     }
 }

@@ -14,7 +14,7 @@ use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
 use crate::backend::{GpuBackend, Snapshot, is_fallback_id, snapshot};
-use tessera_core::api::{GIB, Health, LinkKind, NodeGpuState};
+use tessera_core::api::{GIB, Health, LinkKind, MigState, NodeGpuState};
 use tessera_core::translate::ClusterNode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -165,6 +165,9 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
                 (_, None) => "Unhealthy".into(),
             },
         ]);
+        if let Some(mig) = &device.mig {
+            rows.extend(mig_rows(mig));
+        }
     }
     write_rows(&mut out, &rows);
     if state.devices.len() > 1 {
@@ -234,6 +237,53 @@ fn table(state: &NodeGpuState, probe: Option<&Result<ProbeReport, String>>) -> S
         }
     }
     out
+}
+
+/// A GPU's MIG mode and partitions, as rows under its own: nothing for a GPU
+/// that has MIG but is not using it, and no health (a partition's is its GPU's).
+fn mig_rows(mig: &MigState) -> Vec<Vec<String>> {
+    let Some(why) = mig.why_not_whole() else {
+        return Vec::new();
+    };
+    let mode = match mig.pending {
+        Some(after) => format!("MIG {} → {}", on_off(mig.enabled), on_off(after)),
+        None => format!("MIG {}", on_off(mig.enabled)),
+    };
+    let blank = || vec![String::new(); 4];
+    let mut rows = vec![[vec![String::new(), mode, why], blank()].concat()];
+    for (index, partition) in mig.partitions.iter().enumerate() {
+        let branch = if index + 1 == mig.partitions.len() {
+            "└"
+        } else {
+            "├"
+        };
+        let last = partition.placement_start + partition.placement_size.saturating_sub(1);
+        let slices = if partition.placement_size > 1 {
+            format!("slices {}-{last}", partition.placement_start)
+        } else {
+            format!("slice {}", partition.placement_start)
+        };
+        rows.push(
+            [
+                vec![
+                    String::new(),
+                    format!("{branch} {}", partition.id),
+                    format!(
+                        "{}: {slices} of {}, {} SMs",
+                        partition.profile, mig.memory_slices, partition.multiprocessors
+                    ),
+                    format!("{:.1} GiB", partition.memory_total_bytes as f64 / GIB),
+                ],
+                vec![String::new(); 3],
+            ]
+            .concat(),
+        );
+    }
+    rows
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
 }
 
 /// Runs one discovery, or refreshes every `interval` until interrupted.

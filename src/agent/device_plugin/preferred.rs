@@ -363,6 +363,7 @@ mod tests {
                 memory_bandwidth_gbps: 1.0,
                 pci_bus_id: format!("0000:{index:02x}:00.0"),
                 numa_node: numa,
+                mig: None,
             },
             telemetry: Telemetry::default(),
             health: RawHealth::Healthy,

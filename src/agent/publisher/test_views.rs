@@ -22,6 +22,7 @@ pub(super) fn device(id: &str, index: u32, vendor: Vendor, product: &str, gib: u
             memory_bandwidth_gbps: 3350.0,
             pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + index),
             numa_node: Some(0),
+            mig: None,
         },
         telemetry: Telemetry {
             temperature_c: Some(40.0),

@@ -82,5 +82,6 @@ pub(super) fn describe(gpu: &Gpu, card: Option<&Card>, index: u32) -> Option<Dev
         memory_bandwidth_gbps,
         pci_bus_id: gpu.pci_bus_id.clone(),
         numa_node,
+        mig: None,
     })
 }

@@ -11,6 +11,7 @@ use nvml_wrapper::error::NvmlError;
 use super::super::{BackendError, DeviceInfo};
 use super::NvmlBackend;
 use super::errors::{is_library_error, library_failed, optional};
+use super::mig;
 use super::pci::{normalize_pci_bus_id, read_numa_node};
 use super::specs::{
     cuda_cores_per_sm, estimate_fp16_tflops, estimate_memory_bandwidth_gbps, sm_count_by_product,
@@ -42,8 +43,10 @@ impl NvmlBackend {
             .nvml
             .device_count()
             .map_err(|error| library_failed("counting the GPUs", &error))?;
-        let readings: Vec<Result<DeviceInfo, NvmlError>> =
-            (0..count).map(|index| self.read_device(index)).collect();
+        let mut mig_warnings = Vec::new();
+        let readings: Vec<Result<DeviceInfo, NvmlError>> = (0..count)
+            .map(|index| self.read_device(index, &mut mig_warnings))
+            .collect();
         let readable: HashSet<String> = readings
             .iter()
             .filter_map(|reading| reading.as_ref().ok().map(|info| info.id.clone()))
@@ -92,10 +95,25 @@ impl NvmlBackend {
         self.known = known;
         self.known_count = Some(count);
         self.unreadable = unreadable;
+        self.log_mig_warnings(mig_warnings);
         Ok(listed)
     }
 
-    fn read_device(&self, index: u32) -> Result<DeviceInfo, NvmlError> {
+    /// A MIG reading that fails fails again at every poll: each is logged
+    /// when it starts, and again only after it has cleared.
+    fn log_mig_warnings(&mut self, warnings: Vec<String>) {
+        let current: HashSet<String> = warnings.into_iter().collect();
+        for warning in current.difference(&self.mig_warnings) {
+            tracing::warn!("{warning}");
+        }
+        self.mig_warnings = current;
+    }
+
+    fn read_device(
+        &self,
+        index: u32,
+        mig_warnings: &mut Vec<String>,
+    ) -> Result<DeviceInfo, NvmlError> {
         let device = self.nvml.device_by_index(index)?;
         let id = device.uuid()?;
         let product = device.name()?;
@@ -110,6 +128,12 @@ impl NvmlBackend {
         let numa_node = read_numa_node(&self.sysfs_root, &pci_bus_id);
         let fp16_tflops = estimate_fp16_tflops(&product, major, minor, sms, max_sm);
         let memory_bandwidth_gbps = estimate_memory_bandwidth_gbps(bus_width, max_mem);
+        let gpu = mig::Gpu {
+            uuid: &id,
+            memory_total_bytes,
+            multiprocessors: sms.unwrap_or(0),
+        };
+        let mig = mig::read_mig(&device, &gpu, mig_warnings);
         Ok(DeviceInfo {
             id,
             index,
@@ -122,6 +146,7 @@ impl NvmlBackend {
             memory_bandwidth_gbps: memory_bandwidth_gbps.unwrap_or(PLACEHOLDER_FIGURE),
             pci_bus_id,
             numa_node,
+            mig,
         })
     }
 }
@@ -162,6 +187,7 @@ fn placeholder(index: u32) -> DeviceInfo {
         memory_bandwidth_gbps: PLACEHOLDER_FIGURE,
         pci_bus_id: String::new(),
         numa_node: None,
+        mig: None,
     }
 }
 

@@ -1,9 +1,9 @@
 //! NVML events: critical Xid errors and double-bit ECC errors, registered
 //! once per GPU and drained on every health check, and the faults they leave.
 //!
-//! This is the backend's unsafe code. `nvml-wrapper`'s `EventSet<'nvml>`
-//! borrows the `Nvml` it came from, and the backend must own both. The set's
-//! raw handle is therefore kept apart from its wrapper ([`DetachedEventSet`])
+//! With `mig_raw`, this is the backend's unsafe code. `nvml-wrapper`'s
+//! `EventSet<'nvml>` borrows the `Nvml` it came from, and the backend must own
+//! both. The set's raw handle is therefore kept apart from its wrapper ([`DetachedEventSet`])
 //! and wrapped again, without ever being dropped, for each use; it is freed
 //! once, in `Drop`, before `Nvml` shuts down.
 

@@ -17,6 +17,11 @@
 //!   lost). See [`NvmlBackend::health`].
 //! - **Links**: NVLink (direct and through NVSwitch) and, for pairs without
 //!   NVLink, PCIe. See `links`.
+//! - **MIG**, on a GPU that has it: the mode now and after the next reset,
+//!   the memory slices, the profiles offered and, in MIG mode, the MIG devices
+//!   with their profile, memory, multiprocessors and placement. Read again on
+//!   every listing, so a GPU repartitioned while the agent runs is seen at
+//!   the next poll; what cannot be read is left out with a warning. See `mig`.
 //!
 //! # A GPU that cannot be read
 //!
@@ -45,7 +50,8 @@
 //!
 //! # Unsafe code
 //!
-//! Only in `events`, which says why it is needed and why it is sound.
+//! Only in `events` and `mig_raw`, which say why it is needed and why it is
+//! sound.
 
 mod container;
 mod device_health;
@@ -56,6 +62,9 @@ mod errors;
 mod events;
 mod link_speeds;
 mod links;
+mod mig;
+mod mig_names;
+mod mig_raw;
 mod pci;
 mod specs;
 mod xid;
@@ -109,6 +118,9 @@ pub struct NvmlBackend {
     unreadable: HashSet<u32>,
     /// Products already warned about for lack of an estimate.
     unestimated: HashSet<String>,
+    /// What of the GPUs' MIG state could not be read at the last listing,
+    /// to warn once per episode.
+    mig_warnings: HashSet<String>,
 }
 
 impl NvmlBackend {
@@ -133,6 +145,7 @@ impl NvmlBackend {
             known_count: None,
             unreadable: HashSet::new(),
             unestimated: HashSet::new(),
+            mig_warnings: HashSet::new(),
         };
         backend.register_events();
         Ok(backend)
