@@ -58,6 +58,15 @@ pub struct DeviceInfo {
     pub mig: Option<MigState>,
 }
 
+impl DeviceInfo {
+    /// Why the device cannot be handed to a container as a whole GPU, if it
+    /// cannot: in MIG mode (it serves through its partitions), or a MIG mode
+    /// change pending a reset.
+    pub fn not_whole(&self) -> Option<String> {
+        self.mig.as_ref().and_then(MigState::why_not_whole)
+    }
+}
+
 /// Live readings of one device.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -257,6 +266,20 @@ pub(crate) fn test_device(id: &str, index: u32, vendor: Vendor, pci_bus_id: &str
         pci_bus_id: pci_bus_id.to_string(),
         numa_node: None,
         mig: None,
+    }
+}
+
+/// A MIG mode with no partitions, for tests: `enabled` now, `pending` after
+/// a reset.
+#[cfg(test)]
+pub(crate) fn test_mig(enabled: bool, pending: Option<bool>) -> MigState {
+    MigState {
+        enabled,
+        pending,
+        memory_slices: 8,
+        multiprocessors: 132,
+        partitions: Vec::new(),
+        profiles: Vec::new(),
     }
 }
 

@@ -173,9 +173,11 @@ pub(crate) fn device_list(view: &DeviceView) -> ListAndWatchResponse {
             .iter()
             .map(|d| Device {
                 id: d.info.id.clone(),
-                health: match d.health {
-                    RawHealth::Healthy => HEALTHY,
-                    RawHealth::Unhealthy(_) => UNHEALTHY,
+                // A GPU in MIG mode is not a whole GPU to hand out; the
+                // device plugin offers no partitions (they go through DRA).
+                health: match (&d.health, d.info.not_whole()) {
+                    (RawHealth::Healthy, None) => HEALTHY,
+                    _ => UNHEALTHY,
                 }
                 .to_string(),
                 topology: d.info.numa_node.filter(|n| *n >= 0).map(|n| TopologyInfo {
@@ -198,9 +200,10 @@ fn validate<'v>(
     for id in ids {
         match view.snapshot.devices.iter().find(|d| &d.info.id == id) {
             None => unknown.push(id.as_str()),
-            Some(d) => match &d.health {
-                RawHealth::Healthy => found.push(&d.info),
-                RawHealth::Unhealthy(reason) => unhealthy.push(format!("{id} ({reason})")),
+            Some(d) => match (&d.health, d.info.not_whole()) {
+                (RawHealth::Healthy, None) => found.push(&d.info),
+                (RawHealth::Healthy, Some(why)) => unhealthy.push(format!("{id} ({why})")),
+                (RawHealth::Unhealthy(reason), _) => unhealthy.push(format!("{id} ({reason})")),
             },
         }
     }
@@ -223,7 +226,7 @@ fn validate<'v>(
     }
     if !unhealthy.is_empty() {
         return Err(Status::failed_precondition(format!(
-            "{resource}: devices are unhealthy: {}",
+            "{resource}: devices are unhealthy or not whole GPUs: {}",
             unhealthy.join("; ")
         )));
     }
@@ -539,5 +542,30 @@ mod tests {
             let err = check_plan(&plan, &available, &must, 2).unwrap_err();
             assert!(err.contains(why), "{plan:?}: {err}");
         }
+    }
+
+    /// A GPU in MIG mode (or about to change it) is listed unhealthy and
+    /// never allocated whole: the device plugin offers no partitions.
+    #[tokio::test]
+    async fn a_gpu_in_mig_mode_is_not_offered_whole() {
+        use crate::backend::test_mig;
+        let (svc, tx) = service(Arc::new(NoBinder));
+        tx.send_modify(|v| {
+            v.snapshot.devices[1].info.mig = Some(test_mig(true, None));
+            v.snapshot.devices[2].info.mig = Some(test_mig(false, Some(true)));
+        });
+        let list = device_list(&tx.borrow());
+        let health: Vec<&str> = list.devices.iter().map(|d| d.health.as_str()).collect();
+        assert_eq!(health, [HEALTHY, UNHEALTHY, UNHEALTHY, HEALTHY]);
+        let err = svc
+            .allocate(Request::new(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: s(&["fake-h100-80gib-1"]),
+                }],
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.message().contains("in MIG mode"), "{err:?}");
     }
 }

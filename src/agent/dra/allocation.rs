@@ -99,6 +99,13 @@ pub(crate) fn allocated_devices<'a>(
             ));
             continue;
         }
+        if let Some(why) = state.info.not_whole() {
+            problems.push(format!(
+                "device {device} ({}) is not a whole GPU: {why}",
+                state.info.id
+            ));
+            continue;
+        }
         devices.push(AllocatedDevice {
             request: result.request.clone(),
             name: result.device.clone(),
@@ -203,6 +210,16 @@ pub(crate) mod tests {
         );
         assert_eq!(devices[0].request, "gpus");
         assert_eq!(devices[0].name, d2);
+    }
+
+    #[test]
+    fn a_gpu_in_mig_mode_is_not_prepared_whole() {
+        let mut snap = node();
+        snap.devices[0].info.mig = Some(crate::backend::test_mig(true, None));
+        let d0 = name(&snap, 0);
+        let claim = claim("u", &[("gpu.tessera.dev", "node-1", &d0)]);
+        let err = allocated_devices(&claim, "u", &on(), &snap).unwrap_err();
+        assert!(err.contains("is not a whole GPU: in MIG mode"), "{err}");
     }
 
     #[test]

@@ -56,6 +56,10 @@ pub(crate) fn pool_devices(snapshot: &Snapshot, driver: &str, taints: bool) -> V
     let domains = scale_up_domains(snapshot);
     let mut devices = Vec::with_capacity(snapshot.devices.len());
     for state in &snapshot.devices {
+        // A GPU in MIG mode, or about to change it, is no whole GPU to offer.
+        if state.info.not_whole().is_some() {
+            continue;
+        }
         let healthy = state.health == RawHealth::Healthy;
         if !healthy && !taints {
             continue;
@@ -336,6 +340,19 @@ mod tests {
             bandwidth_gbps: 900.0,
             p2p: true,
         }
+    }
+
+    #[test]
+    fn a_gpu_in_mig_mode_or_changing_it_is_not_offered_whole() {
+        use crate::backend::test_mig;
+        let mut snap = read("3xH100-80GiB");
+        snap.devices[0].info.mig = Some(test_mig(true, None));
+        snap.devices[1].info.mig = Some(test_mig(false, Some(true)));
+        snap.devices[2].info.mig = Some(test_mig(false, None));
+        let offered = pool_devices(&snap, "gpu.tessera.dev", true);
+        let names = device_names(snap.devices.iter().map(|d| d.info.id.as_str()));
+        assert_eq!(offered.len(), 1, "only the GPU with MIG off");
+        assert_eq!(offered[0].name, names[&snap.devices[2].info.id]);
     }
 
     #[test]

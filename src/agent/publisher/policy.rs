@@ -196,6 +196,15 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_mig_layout_is_published_at_once() {
+        let t0 = Instant::now();
+        let last = published(t0);
+        let mut v = last.view.clone();
+        v.snapshot.devices[0].info.mig = Some(crate::backend::test_mig(true, None));
+        assert_eq!(needs_publish(&last, &v, t0, &config()), Decision::Now);
+    }
+
+    #[test]
     fn a_changed_health_reason_is_published_at_once() {
         let t0 = Instant::now();
         let mut last = published(t0);
