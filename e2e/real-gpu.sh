@@ -75,6 +75,12 @@ for lib in $(ldd "$bin" | grep -o '/[^ ]*'); do
   mkdir -p "$rootfs$(dirname "$lib")"
   cp -L "$lib" "$rootfs$lib"
 done
+# The rest of the C library, as every base image has it: the driver's libraries link
+# libpthread, libdl, librt and libm, which the binary itself does not.
+libc_dir=$(dirname "$(ldd "$bin" | grep -o '/[^ ]*/libc\.so\.6')")
+for lib in libpthread.so.0 libdl.so.2 librt.so.1 libm.so.6; do
+  if [ -e "$libc_dir/$lib" ]; then cp -L "$libc_dir/$lib" "$rootfs$libc_dir/$lib"; fi
+done
 
 # run_in_rootfs WITH_MOUNTS: the probe in a private mount namespace, the spec's edits
 # applied (its mounts only when WITH_MOUNTS is 1); prints what it printed.
@@ -89,7 +95,7 @@ run_in_rootfs() {
   ' "$spec")
   # shellcheck disable=SC2016 # expanded by the inner shell
   unshare --mount --propagation private bash -euo pipefail -c '
-    rootfs="$1"; edits="$2"; shift 2
+    rootfs="$1"; edits="$2"; chroot=$(command -v chroot); shift 2
     mount -t proc proc "$rootfs/proc"
     mount --rbind /sys "$rootfs/sys"
     while read -r kind from to; do
@@ -99,7 +105,7 @@ run_in_rootfs() {
       mount --bind "$from" "$to"
       if [ "$kind" = mount ]; then mount -o remount,bind,ro "$to"; fi
     done <<<"$edits"
-    exec env -i "$@" chroot "$rootfs" /tessera discover --backend nvidia --probe
+    exec env -i "$@" "$chroot" "$rootfs" /tessera discover --backend nvidia --probe
   ' run-in-rootfs "$rootfs" "$edits" "${env[@]}"
 }
 

@@ -17,10 +17,10 @@
 //! - the GSP firmware of that version, `/lib/firmware/nvidia/<version>/gsp*.bin`,
 //!   where present.
 //!
-//! Each file is mounted read-only at its path on the host, relative to the
-//! driver root (what nvidia-ctk does too): the container's loader must search
-//! that directory by default, as Debian and Ubuntu images do their multiarch
-//! directories (docs/agent.md says what this asks of an image).
+//! Each library is mounted read-only where the loaders of common images look
+//! without an ldcache hook (`container_paths`: the multiarch directory and
+//! `/usr/lib64`), the firmware at its path on the host relative to the
+//! driver root (docs/agent.md says what this asks of an image).
 //!
 //! Symlinks are followed inside the driver root (an absolute link target is
 //! read as a path under it), since the root is the host's, not this
@@ -96,10 +96,10 @@ pub(crate) fn mount_driver_files(
                 "mounting the NVIDIA driver's libraries"
             );
             for file in files {
-                wiring.add_read_only_mount(
-                    &root.on_host.join(&file.source).display().to_string(),
-                    &Path::new("/").join(&file.name).display().to_string(),
-                );
+                let host_path = root.on_host.join(&file.source).display().to_string();
+                for inside in container_paths(&file.name) {
+                    wiring.add_read_only_mount(&host_path, &inside.display().to_string());
+                }
             }
         }
         Err(reason) => tracing::warn!(
@@ -107,6 +107,24 @@ pub(crate) fn mount_driver_files(
             "the container gets no NVIDIA driver libraries from tessera (the NVIDIA runtime's hook or CDI spec must add them)"
         ),
     }
+}
+
+/// Where a file found at `name` (relative to the driver root) goes in the
+/// container. A library goes to the directories the loaders of the common
+/// base images search by default, whatever directory the host keeps it in
+/// (`/usr/local/nvidia/lib64` on some nodes): the multiarch directory of
+/// Debian and Ubuntu and `/usr/lib64` of RHEL, Fedora and SUSE. A real H100
+/// node showed why: a library mounted at its host-relative `/lib64` was not
+/// found by an Ubuntu image's loader. Anything else keeps its path.
+fn container_paths(name: &Path) -> Vec<PathBuf> {
+    let (Some(file_name), false) = (name.file_name(), name.starts_with(FIRMWARE_DIR)) else {
+        return vec![Path::new("/").join(name)];
+    };
+    let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    [multiarch.as_str(), "/usr/lib64"]
+        .iter()
+        .map(|dir| Path::new(dir).join(file_name))
+        .collect()
 }
 
 /// The files to mount, or why there are none.
@@ -413,7 +431,32 @@ pub(crate) mod tests {
             cuda.host_path,
             format!("/run/nvidia/driver/{LIB_DIR}/libcuda.so.{VERSION}")
         );
-        assert_eq!(wiring.mounts.len(), 20);
+        // Each of the 18 library names twice (RHEL's directory too), the
+        // two firmware files once, at their own paths.
+        assert_eq!(wiring.mounts.len(), 38);
+        assert!(wiring.mounts.iter().any(
+            |m| m.container_path == "/usr/lib64/libcuda.so.1" && m.host_path == cuda.host_path
+        ));
+        assert!(
+            wiring
+                .mounts
+                .iter()
+                .any(|m| m.container_path == format!("/{FIRMWARE_DIR}/{VERSION}/gsp_ga10x.bin"))
+        );
+    }
+
+    #[test]
+    fn a_library_kept_outside_the_usual_directories_goes_where_loaders_look() {
+        let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+        assert_eq!(
+            container_paths(Path::new("lib64/libcuda.so.1")),
+            [
+                PathBuf::from(format!("{multiarch}/libcuda.so.1")),
+                PathBuf::from("/usr/lib64/libcuda.so.1")
+            ]
+        );
+        let firmware = Path::new(FIRMWARE_DIR).join("580.1/gsp_ga10x.bin");
+        assert_eq!(container_paths(&firmware), [Path::new("/").join(&firmware)]);
     }
 
     #[test]
