@@ -109,7 +109,13 @@ run_in_rootfs() {
   ' run-in-rootfs "$rootfs" "$edits" "${env[@]}"
 }
 
-# 3. With the spec's edits, CUDA runs; without its mounts, there is no driver.
+# 3. Without the spec's mounts there is no driver (first, while the root is as built:
+#    a mount leaves its empty mount point behind); with all of its edits CUDA runs.
+if run_in_rootfs 0 >"$OUT/probe-without-mounts.txt" 2>&1 \
+  && grep -q ' yes ' "$OUT/probe-without-mounts.txt"; then
+  die "the probe verified the GPU without the spec's mounts: the driver came from elsewhere"
+fi
+log "without the spec's mounts the container finds no driver: $(grep -m1 -iE 'nvml|cuda|not' "$OUT/probe-without-mounts.txt" || head -n 1 "$OUT/probe-without-mounts.txt")"
 if ! run_in_rootfs 1 >"$OUT/probe.txt" 2>&1; then
   die "the probe failed under the spec's edits: $(tail -n 20 "$OUT/probe.txt")"
 fi
@@ -121,9 +127,4 @@ if [ "$verified" != 1 ] || [ "$seen" != 1 ]; then
 fi
 log "under the spec's edits alone, the probe verified its GPU with CUDA and saw no other"
 
-if run_in_rootfs 0 >"$OUT/probe-without-mounts.txt" 2>&1 \
-  && grep -q ' yes ' "$OUT/probe-without-mounts.txt"; then
-  die "the probe verified the GPU without the spec's mounts: the driver came from elsewhere"
-fi
-log "without the spec's mounts the container finds no driver: $(grep -m1 -iE 'nvml|cuda|not' "$OUT/probe-without-mounts.txt" || head -n 1 "$OUT/probe-without-mounts.txt")"
 log "all passed"
