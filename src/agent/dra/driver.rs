@@ -344,8 +344,12 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn setup(spec: &str) -> Setup {
-        let (tx, rx) = channel("fake");
-        let snap = snapshot(&mut FakeBackend::new(spec).unwrap()).unwrap();
+        setup_with(snapshot(&mut FakeBackend::new(spec).unwrap()).unwrap())
+    }
+
+    /// [`setup`] for a snapshot of any backend.
+    pub(crate) fn setup_with(snap: crate::backend::Snapshot) -> Setup {
+        let (tx, rx) = channel(&snap.backend);
         let ids: Vec<String> = snap.devices.iter().map(|d| d.info.id.clone()).collect();
         let names = device_names(ids.iter().map(String::as_str));
         let names = ids.iter().map(|id| names[id].clone()).collect();
@@ -784,18 +788,11 @@ pub(crate) mod tests {
         let mut backend = NvmlBackend::new(None).expect("the NVIDIA driver");
         let snap = snapshot(&mut backend).expect("a snapshot of the real GPUs");
         assert!(!snap.devices.is_empty(), "no GPU found");
-        let ids: Vec<String> = snap.devices.iter().map(|d| d.info.id.clone()).collect();
-        let names = device_names(ids.iter().map(String::as_str));
-        let (tx, rx) = channel("nvml");
-        tx.send_modify(|v| {
-            v.snapshot = snap;
-            v.ready = true;
-        });
+        let s = setup_with(snap);
         let cdi = CdiDir {
             dir: out.into(),
             driver: "gpu.tessera.dev".into(),
         };
-        let record = tempfile::tempdir().unwrap();
         let d = "gpu.tessera.dev";
         let driver = Driver::new(
             on(),
@@ -805,16 +802,19 @@ pub(crate) mod tests {
                 host_driver_root: root.into(),
                 ..RuntimeOptions::default()
             },
-            rx,
-            one_claim("real-gpu", &[(d, "node-1", &names[&ids[0]])]),
-            PreparedClaims::open(record.path().join("prepared.json")),
+            s.rx.clone(),
+            one_claim("real-gpu", &[(d, "node-1", &s.names[0])]),
+            s.record(),
         );
         let answer = driver.prepare(&[reference("real-gpu")]).await;
         let devices = answer["real-gpu"].as_ref().expect("the claim is prepared");
         assert_eq!(devices.len(), 1);
-        assert_eq!(devices[0].id, ids[0]);
+        assert_eq!(devices[0].id, s.ids[0]);
         let spec = std::fs::read_to_string(cdi.spec_path("real-gpu")).unwrap();
-        println!("prepared {} with CDI IDs {:?}", ids[0], devices[0].cdi_ids);
+        println!(
+            "prepared {} with CDI IDs {:?}",
+            s.ids[0], devices[0].cdi_ids
+        );
         println!("{spec}");
     }
 }

@@ -156,12 +156,7 @@ mod tests {
             assert!(minor.is_some(), "the driver gives no minor for {device:?}");
         }
         let all: Vec<&DeviceInfo> = devices.iter().collect();
-        let mut wiring = ContainerWiring::default();
-        let host = HostRoots {
-            sysfs_root: Path::new("/sys"),
-            procfs_root: Path::new("/proc"),
-        };
-        wire_container(&all, host, &mut wiring);
+        let wiring = wired(&all, Path::new("/proc"));
         println!("{wiring:?}");
         let missing: Vec<&str> = wiring
             .host_paths()
@@ -195,12 +190,7 @@ mod tests {
         let devices = backend.devices().expect("NVML lists the GPUs");
         assert!(!devices.is_empty(), "NVML lists no GPU");
         let all: Vec<&DeviceInfo> = devices.iter().collect();
-        let mut wiring = ContainerWiring::default();
-        let host = HostRoots {
-            sysfs_root: Path::new("/sys"),
-            procfs_root: Path::new("/proc"),
-        };
-        wire_container(&all, host, &mut wiring);
+        let wiring = wired(&all, Path::new("/proc"));
         println!("{:?} in {dirs:?}", wiring.cdi_devices);
         for name in &wiring.cdi_devices {
             assert!(listed.lists(name), "no CDI spec in {dirs:?} defines {name}");

@@ -341,6 +341,22 @@ pub(crate) mod tests {
         }
     }
 
+    /// What a container gets from the driver root `root`, which the host has
+    /// at `on_host`, with the driver's procfs at `proc`.
+    fn mounted(proc: &Path, root: &Path, on_host: &str) -> ContainerWiring {
+        let mut wiring = ContainerWiring::default();
+        let host = HostRoots {
+            sysfs_root: Path::new("/nonexistent/sys"),
+            procfs_root: proc,
+        };
+        let driver = DriverRoot {
+            seen_at: root,
+            on_host: Path::new(on_host),
+        };
+        mount_driver_files(host, driver, &mut wiring);
+        wiring
+    }
+
     fn mounts(files: &[DriverFile]) -> Vec<(String, String)> {
         files
             .iter()
@@ -412,16 +428,7 @@ pub(crate) mod tests {
         let (proc, root) = (tmp.path().join("proc"), tmp.path().join("root"));
         procfs(&proc);
         driver_root(&root);
-        let mut wiring = ContainerWiring::default();
-        let host = HostRoots {
-            sysfs_root: Path::new("/nonexistent/sys"),
-            procfs_root: &proc,
-        };
-        let driver = DriverRoot {
-            seen_at: &root,
-            on_host: Path::new("/run/nvidia/driver"),
-        };
-        mount_driver_files(host, driver, &mut wiring);
+        let wiring = mounted(&proc, &root, "/run/nvidia/driver");
         let cuda = wiring
             .mounts
             .iter()
@@ -466,16 +473,7 @@ pub(crate) mod tests {
         driver_root(&root);
         let error = driver_files(&proc, &root).unwrap_err();
         assert!(error.contains("cannot read the driver version"), "{error}");
-        let mut wiring = ContainerWiring::default();
-        let host = HostRoots {
-            sysfs_root: Path::new("/nonexistent/sys"),
-            procfs_root: &proc,
-        };
-        let driver = DriverRoot {
-            seen_at: &root,
-            on_host: Path::new("/"),
-        };
-        mount_driver_files(host, driver, &mut wiring);
+        let wiring = mounted(&proc, &root, "/");
         assert_eq!(wiring, ContainerWiring::default());
 
         // A driver version whose libraries are not there (upgraded, not rebooted).

@@ -150,19 +150,6 @@ impl MigState {
     }
 }
 
-impl GpuPartition {
-    /// The share of its GPU's memory bandwidth the partition has: its memory
-    /// slices' share.
-    pub fn bandwidth_fraction(&self, mig: &MigState) -> f64 {
-        f64::from(self.placement_size) / f64::from(mig.memory_slices.max(1))
-    }
-
-    /// The share of its GPU's compute the partition has: its multiprocessors'.
-    pub fn compute_fraction(&self, mig: &MigState) -> f64 {
-        f64::from(self.multiprocessors) / f64::from(mig.multiprocessors.max(1))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,14 +206,6 @@ mod tests {
             turning_off.why_not_whole().as_deref(),
             Some("MIG mode change to off pending a GPU reset")
         );
-    }
-
-    #[test]
-    fn shares_of_bandwidth_and_compute_follow_slices_and_multiprocessors() {
-        let state = mig(Vec::new());
-        let p = partition("MIG-a", 4, 2);
-        assert_eq!(p.bandwidth_fraction(&state), 0.25);
-        assert!((p.compute_fraction(&state) - 32.0 / 132.0).abs() < 1e-12);
     }
 
     #[test]
