@@ -421,6 +421,12 @@ fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
     (result, text)
 }
 
+/// The backend's snapshot is a GPU state the core accepts (what the agent
+/// publishes).
+fn assert_publishable(b: &mut NvmlBackend) {
+    snapshot(b).unwrap().to_gpu_state(None).validate().unwrap();
+}
+
 fn mig_of(device: &DeviceInfo) -> &MigState {
     device
         .mig
@@ -558,11 +564,7 @@ fn a_new_mig_layout_is_seen_at_the_next_listing() {
     assert!(!h100.enabled && h100.pending.is_none() && h100.whole());
     assert!(h100.partitions.is_empty());
     assert_eq!(h100.profiles.len(), 7);
-    snapshot(&mut b)
-        .unwrap()
-        .to_gpu_state(None)
-        .validate()
-        .unwrap();
+    assert_publishable(&mut b);
 }
 
 #[test]
@@ -583,11 +585,7 @@ fn a_mig_device_that_fails_mid_read_is_left_out_with_a_warning() {
         "{log}"
     );
     assert!(log.contains(&devices[0].id), "the GPU is named: {log}");
-    snapshot(&mut b)
-        .unwrap()
-        .to_gpu_state(None)
-        .validate()
-        .unwrap();
+    assert_publishable(&mut b);
 
     // Once while it lasts; again after it cleared and came back.
     let (_, log) = logged(|| b.devices().unwrap());
@@ -764,11 +762,7 @@ fn real_nvml_mig_state() {
             );
         }
     }
-    snapshot(&mut b)
-        .unwrap()
-        .to_gpu_state(None)
-        .validate()
-        .unwrap();
+    assert_publishable(&mut b);
 }
 
 #[test]

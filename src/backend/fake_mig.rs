@@ -19,10 +19,12 @@
 //! Every GPU of the group gets the same layout. Its partitions are named
 //! `MIG-<gpu id>-<first slice>-<profile>`, the same at every read.
 
+use std::ops::Range;
+
 use serde::Deserialize;
 
 use super::mig_table::{MigTable, PublishedProfile};
-use tessera_core::api::{GpuPartition, MigProfile, MigState};
+use tessera_core::api::{GpuPartition, MigProfile, MigState, SliceOwners};
 
 const MIB: u64 = 1 << 20;
 
@@ -79,7 +81,7 @@ impl FakeMig {
             })?;
             requested.push((at, profile, start));
         }
-        let mut owners: Vec<Option<String>> = vec![None; table.memory_slices as usize];
+        let mut owners = SliceOwners::new(table.memory_slices);
         let mut placed: Vec<Placed> = Vec::new();
         // The placed ones first, so a partition without a placement never takes
         // the slices another is given.
@@ -97,12 +99,9 @@ impl FakeMig {
                     profile.max_count, profile.name
                 ));
             }
-            let start = match start {
-                Some(start) => {
-                    check_placement(&owners, profile, start)
-                        .map_err(|why| format!("{at}: {why}"))?;
-                    start
-                }
+            let span = match start {
+                Some(start) => check_placement(&owners, profile, start)
+                    .map_err(|why| format!("{at}: {why}"))?,
                 None => first_fit(&owners, profile).ok_or_else(|| {
                     format!(
                         "{at}: no room for {}: it starts at memory slice {} and the partitions \
@@ -113,9 +112,8 @@ impl FakeMig {
                     )
                 })?,
             };
-            for owner in &mut owners[start as usize..(start + profile.memory_slices) as usize] {
-                *owner = Some(format!("{}@{start}", profile.name));
-            }
+            let start = span.start;
+            owners.take(span, &format!("{}@{start}", profile.name));
             placed.push((profile, start));
         }
         placed.sort_by_key(|&(_, start)| start);
@@ -163,39 +161,37 @@ impl FakeMig {
     }
 }
 
-/// Why `profile` cannot start at `start`, if it cannot.
+/// The slices `profile` takes from `start`, or why it cannot start there.
 fn check_placement(
-    owners: &[Option<String>],
+    owners: &SliceOwners,
     profile: &PublishedProfile,
     start: u32,
-) -> Result<(), String> {
-    if !profile.starts.contains(&start) {
-        return Err(format!(
-            "{} cannot start at memory slice {start}; it starts at {}",
-            profile.name,
-            starts_text(profile)
-        ));
-    }
-    let slices = start..start + profile.memory_slices;
-    match slices
-        .clone()
-        .find_map(|slice| owners[slice as usize].as_ref().map(|owner| (slice, owner)))
-    {
+) -> Result<Range<u32>, String> {
+    let span = owners
+        .span(start, profile.memory_slices)
+        .filter(|_| profile.starts.contains(&start))
+        .ok_or_else(|| {
+            format!(
+                "{} cannot start at memory slice {start}; it starts at {}",
+                profile.name,
+                starts_text(profile)
+            )
+        })?;
+    match owners.held(span.clone()) {
         Some((slice, owner)) => Err(format!(
             "{}@{start} overlaps {owner} on memory slice {slice}",
             profile.name
         )),
-        None => Ok(()),
+        None => Ok(span),
     }
 }
 
-/// The first slice `profile` may start at whose slices are free.
-fn first_fit(owners: &[Option<String>], profile: &PublishedProfile) -> Option<u32> {
+/// The slices of the first start of `profile` whose slices are free.
+fn first_fit(owners: &SliceOwners, profile: &PublishedProfile) -> Option<Range<u32>> {
     profile
         .starts
         .iter()
-        .copied()
-        .find(|&start| check_placement(owners, profile, start).is_ok())
+        .find_map(|&start| check_placement(owners, profile, start).ok())
 }
 
 fn starts_text(profile: &PublishedProfile) -> String {
@@ -207,11 +203,10 @@ fn starts_text(profile: &PublishedProfile) -> String {
     }
 }
 
-fn taken_text(owners: &[Option<String>]) -> String {
+fn taken_text(owners: &SliceOwners) -> String {
     let taken: Vec<String> = owners
-        .iter()
-        .enumerate()
-        .filter_map(|(slice, owner)| owner.as_ref().map(|owner| format!("{slice} ({owner})")))
+        .all_held()
+        .map(|(slice, owner)| format!("{slice} ({owner})"))
         .collect();
     if taken.is_empty() {
         "none".to_string()

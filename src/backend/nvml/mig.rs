@@ -16,7 +16,7 @@ use nvml_wrapper::struct_wrappers::device::ProfileInfo;
 
 use super::mig_names::{profile_absent, profile_name};
 use super::mig_raw;
-use tessera_core::api::{GpuPartition, MigProfile, MigState};
+use tessera_core::api::{GpuPartition, MigProfile, MigState, SliceOwners};
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT`: the profile indices NVML knows.
 const PROFILE_INDICES: u32 = 17;
@@ -288,13 +288,11 @@ fn fitting(
     warnings: &mut Vec<String>,
 ) -> Vec<GpuPartition> {
     partitions.sort_by(|a, b| (a.placement_start, &a.id).cmp(&(b.placement_start, &b.id)));
-    let mut owners: Vec<Option<String>> = vec![None; state.memory_slices as usize];
+    let mut owners = SliceOwners::new(state.memory_slices);
     let mut kept = Vec::new();
     for partition in partitions {
         let start = partition.placement_start;
-        let end = start
-            .checked_add(partition.placement_size)
-            .filter(|&end| partition.placement_size > 0 && end <= state.memory_slices);
+        let span = owners.span(start, partition.placement_size);
         let problem = if partition.id.trim().is_empty() {
             Some("its UUID is empty".to_string())
         } else if partition.memory_total_bytes == 0
@@ -311,11 +309,9 @@ fn fitting(
                 "its {} multiprocessors do not fit the GPU's {}",
                 partition.multiprocessors, state.multiprocessors
             ))
-        } else if let Some(end) = end {
-            (start..end).find_map(|slice| {
-                owners[slice as usize].as_ref().map(|other| {
-                    format!("it shares memory slice {slice} with {other} (one GPU instance, several compute instances)")
-                })
+        } else if let Some(span) = &span {
+            owners.held(span.clone()).map(|(slice, other)| {
+                format!("it shares memory slice {slice} with {other} (one GPU instance, several compute instances)")
             })
         } else {
             Some(format!(
@@ -323,11 +319,9 @@ fn fitting(
                 partition.placement_size, state.memory_slices
             ))
         };
-        match (problem, end) {
-            (None, Some(end)) => {
-                for owner in &mut owners[start as usize..end as usize] {
-                    *owner = Some(partition.id.clone());
-                }
+        match (problem, span) {
+            (None, Some(span)) => {
+                owners.take(span, &partition.id);
                 kept.push(partition);
             }
             (problem, _) => warnings.push(format!(

@@ -19,7 +19,7 @@ pub use model_instance::{
     ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaRestarts,
     RestartPolicy, ScoreWeights, Strategy, TensorSize,
 };
-pub use partitions::{GpuPartition, MigProfile, MigState};
+pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};
 
 /// API group of every tessera custom resource.

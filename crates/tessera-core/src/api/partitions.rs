@@ -7,6 +7,8 @@
 //! multiprocessors, and which of the GPU's memory slices it sits on (each
 //! slice brings its share of the memory bandwidth).
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 
 /// A GPU's MIG mode, its partitions and the profiles it can be split into.
@@ -108,7 +110,7 @@ impl MigState {
                 "device {device} has a MIG mode change pending to the mode it is in"
             ));
         }
-        let mut taken = vec![false; self.memory_slices as usize];
+        let mut owners = SliceOwners::new(self.memory_slices);
         for partition in &self.partitions {
             let id = &partition.id;
             if id.trim().is_empty() {
@@ -128,25 +130,63 @@ impl MigState {
                     partition.multiprocessors, self.multiprocessors
                 ));
             }
-            let end = partition
-                .placement_start
-                .checked_add(partition.placement_size)
-                .filter(|end| partition.placement_size > 0 && *end <= self.memory_slices);
-            let Some(end) = end else {
+            let Some(span) = owners.span(partition.placement_start, partition.placement_size)
+            else {
                 return Some(format!(
                     "partition {id} of device {device} sits on memory slices {}+{}; the GPU has {}",
                     partition.placement_start, partition.placement_size, self.memory_slices
                 ));
             };
-            for slice in partition.placement_start..end {
-                if std::mem::replace(&mut taken[slice as usize], true) {
-                    return Some(format!(
-                        "partition {id} of device {device} overlaps another on memory slice {slice}"
-                    ));
-                }
+            if let Some((slice, _)) = owners.held(span.clone()) {
+                return Some(format!(
+                    "partition {id} of device {device} overlaps another on memory slice {slice}"
+                ));
             }
+            owners.take(span, id);
         }
         None
+    }
+}
+
+/// Which partition holds each of a GPU's memory slices, as partitions are
+/// laid on it one by one: the bookkeeping every reader of a MIG layout needs
+/// (the core checking a published state, the NVML backend checking the
+/// driver's answer, the fake backend placing its YAML's partitions), each
+/// with its own words for what it finds.
+#[derive(Clone, Debug)]
+pub struct SliceOwners(Vec<Option<String>>);
+
+impl SliceOwners {
+    pub fn new(memory_slices: u32) -> Self {
+        Self(vec![None; memory_slices as usize])
+    }
+
+    /// The `size` slices from `start`, where they lie on the GPU (at least one).
+    pub fn span(&self, start: u32, size: u32) -> Option<Range<u32>> {
+        let end = start.checked_add(size)?;
+        (size > 0 && end as usize <= self.0.len()).then_some(start..end)
+    }
+
+    /// The first slice of `span` held already, and its owner.
+    pub fn held(&self, span: Range<u32>) -> Option<(u32, &str)> {
+        span.into_iter()
+            .find_map(|slice| Some((slice, self.0.get(slice as usize)?.as_deref()?)))
+    }
+
+    /// `owner` takes the slices of `span` (from `span`, so on the GPU).
+    pub fn take(&mut self, span: Range<u32>, owner: &str) {
+        for slice in span {
+            if let Some(held) = self.0.get_mut(slice as usize) {
+                *held = Some(owner.to_string());
+            }
+        }
+    }
+
+    /// Each slice held, with its owner, in slice order.
+    pub fn all_held(&self) -> impl Iterator<Item = (u32, &str)> {
+        (0u32..)
+            .zip(&self.0)
+            .filter_map(|(slice, owner)| Some((slice, owner.as_deref()?)))
     }
 }
 
@@ -246,6 +286,21 @@ mod tests {
         );
         // u32 overflow of start + size is a bad placement, not a panic.
         assert!(problem(mig(vec![partition("MIG-a", u32::MAX, 2)])).contains("the GPU has 8"));
+    }
+    #[test]
+    fn slice_owners_say_who_holds_a_slice_and_keep_spans_on_the_gpu() {
+        let mut owners = SliceOwners::new(8);
+        assert_eq!(owners.span(6, 2), Some(6..8));
+        assert_eq!(owners.span(6, 3), None);
+        assert_eq!(owners.span(2, 0), None);
+        assert_eq!(owners.span(u32::MAX, 2), None);
+        owners.take(2..4, "a");
+        assert_eq!(owners.held(0..2), None);
+        assert_eq!(owners.held(1..5), Some((2, "a")));
+        assert_eq!(
+            owners.all_held().collect::<Vec<_>>(),
+            vec![(2, "a"), (3, "a")]
+        );
     }
 }
 
