@@ -37,7 +37,12 @@
 #   9. recreate_replica: one shard pod of a two-shard instance (restart policy
 #      RecreateReplica, the default) deleted by hand: both pods are recreated and run on
 #      the devices they had;
-#  10. least_privilege: what the agent and the controller requested of the API server
+#  10. crash_loop: a two-shard instance whose containers exit 1 (pod restartPolicy Never):
+#      its replica is recreated with a backoff: status.restarts counts the recreations,
+#      the ReplicaFailure condition and a BackOff event name the failed rank and its exit
+#      code, and the third recreation comes 20 s after the second (no sooner, and
+#      within 30 s: a late one once waited on unrelated claim writes);
+#  11. least_privilege: what the agent and the controller requested of the API server
 #      over the run is exactly what the chart's roles grant them in DRA mode, and
 #      neither was refused anything ("forbidden" in their logs).
 # Needs what e2e/real-node.sh needs; DRA_MANAGER_STATE (kubelet's record,
@@ -408,6 +413,54 @@ wait_until "$TIMEOUT" "the whole replica of meanwhile to be recreated and run" r
 [[ "$(mi meanwhile | jq -c '[.status.plan[] | {node, devices}]')" == "$plan" ]] \
   || die "meanwhile's plan changed: $plan -> $(mi meanwhile | jq -c '[.status.plan[] | {node, devices}]')"
 log "one rank deleted: both of meanwhile's pods were recreated, on the devices they had"
+
+current_test=crash_loop
+kubectl apply -n "$NAMESPACE" -f - >/dev/null <<EOF
+apiVersion: tessera.dev/v1alpha1
+kind: ModelInstance
+metadata:
+  name: crasher
+spec:
+  model:
+    name: e2e/crasher
+    parametersBillions: 8
+    layers: 32
+    dtype: bf16
+  parallelism:
+    tensor: 1
+    pipeline: 2
+  template:
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: shard
+          image: busybox:1.37
+          imagePullPolicy: IfNotPresent
+          command: [sh, -c, 'echo "rank \$TESSERA_SHARD_INDEX cannot start"; exit 1']
+EOF
+# restarts COUNT: crasher's replica has been recreated COUNT times or more, and waits.
+restarts() {
+  local status
+  status=$(mi crasher)
+  jq -e --argjson n "$1" '(.status.restarts[0].count // 0) >= $n
+    and any(.status.conditions[]?; .type == "ReplicaFailure" and .status == "True" and .reason == "BackOff")' \
+    <<<"$status" >/dev/null || { jq -c '{restarts: .status.restarts, conditions: [.status.conditions[]? | select(.type == "ReplicaFailure")]}' <<<"$status"; return 1; }
+}
+last_time() { date -d "$(mi crasher | jq -r '.status.restarts[0].lastTime')" +%s; }
+wait_until 90 "crasher to be recreated twice and back off" restarts 2
+second=$(last_time)
+message=$(mi crasher | jq -r '.status.conditions[] | select(.type == "ReplicaFailure") | .message')
+[[ "$message" == *"crasher-shard-"*"container shard exited with code 1, Error"* ]] \
+  || die "the ReplicaFailure condition does not name the rank and its exit: $message"
+events=$(kubectl get events -n "$NAMESPACE" --field-selector involvedObject.name=crasher,reason=BackOff -o json | jq '.items | length')
+[[ "$events" -ge 1 ]] || die "no BackOff event for crasher"
+wait_until 120 "crasher's third recreation" restarts 3
+third=$(last_time)
+[[ $((third - second)) -ge 19 && $((third - second)) -le 30 ]] \
+  || die "the third recreation came $((third - second)) s after the second, not 20"
+kubectl delete mi -n "$NAMESPACE" crasher --wait=false >/dev/null
+log "a replica that cannot start backs off: recreated at once, then after 10 s, then $((third - second)) s later; ReplicaFailure and a BackOff event name the rank: $message"
 
 current_test=least_privilege
 # Grants a run may not use, with why they are needed all the same.

@@ -10,6 +10,7 @@
 
 pub(crate) mod apply;
 mod cached_resource;
+mod claim_changes;
 pub mod decide;
 pub mod desired;
 pub mod dra;

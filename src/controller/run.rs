@@ -18,6 +18,7 @@ use kube::{Client, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
+use super::claim_changes::ClaimChanges;
 use super::dra::{CachedSlice, DraCaches};
 use super::metrics::{InstanceCache, Metrics, router};
 use super::node_cache::{StateReports, cached};
@@ -388,9 +389,12 @@ async fn run_controller(
             .modify(|c: &mut ResourceClaim| c.managed_fields_mut().clear())
             .reflect(claim_writer)
             .inspect(sync.observer(Cache::Claims));
+        let mut changes = ClaimChanges::default();
         claim_stream = Some(
-            triggers(claim_events, claims.clone(), |_, _| true)
-                .filter_map(errors.absorb(Cache::Claims)),
+            triggers(claim_events, claims.clone(), move |claim, touch| {
+                changes.wakes(claim, touch)
+            })
+            .filter_map(errors.absorb(Cache::Claims)),
         );
         dra = Some(DraCaches::new(slices, claims));
     }
