@@ -125,6 +125,7 @@ fn main() {
                     layer_start: (s * 32) as u32,
                     layer_end: (s * 32 + 32) as u32,
                     predicted_memory_gib: 71.5,
+                    share: None,
                 }
             })
             .collect();

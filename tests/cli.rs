@@ -576,3 +576,72 @@ fn place_plans_every_replica_on_its_own_devices() {
         "one token line per replica: {table}"
     );
 }
+
+#[test]
+fn the_sharing_example_takes_partitions_and_memory_shares_and_says_which() {
+    let report = json_report(&[
+        "place",
+        "-c",
+        "examples/cluster-shared.yaml",
+        "-f",
+        "examples/llama-8b-shared.yaml",
+        "-o",
+        "json",
+    ]);
+    let placements = report["placements"].as_array().expect("placements");
+    let shares: Vec<&Value> = placements
+        .iter()
+        .map(|p| &p["statusPlan"][0]["share"])
+        .collect();
+    assert_eq!(shares.len(), 4, "three 8B replicas and the guard model");
+    assert_eq!(shares[0]["profile"], "3g.40gb", "a split GPU first");
+    assert_eq!(shares[1]["kind"], "Memory");
+    assert_eq!(shares[1]["memoryGiB"], 25);
+    assert_eq!(shares[2]["tenants"], 1, "the shared GPU filled first");
+    assert!(
+        shares[2]["contendedTokensPerSecond"].as_f64()
+            < shares[1]["contendedTokensPerSecond"].as_f64()
+    );
+    assert_eq!(
+        shares[3]["profile"], "1g.10gb",
+        "the smallest that holds 1B"
+    );
+    let (code, stdout, _) = run(
+        &[
+            "place",
+            "-c",
+            "examples/cluster-shared.yaml",
+            "-f",
+            "examples/llama-8b-shared.yaml",
+        ],
+        None,
+    );
+    assert_eq!(code, 0);
+    assert!(stdout.contains("MIG partition 3g.40gb"), "{stdout}");
+    assert!(
+        stdout.contains("not isolated), beside 1 other share(s)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn sharing_with_more_than_one_shard_is_bad_input() {
+    let dir = Scratch::new("cli", "sharing");
+    let path = dir.file(
+        "sharing.yaml",
+        &instance(
+            SMALL_MODEL,
+            "  parallelism: {tensor: 2, pipeline: 1}\n  placement: {sharing: Isolated}\n",
+        ),
+    );
+    assert_bad_input(
+        &["place", "-f", &path],
+        None,
+        &[&path, "placement.sharing", "tensor 2"],
+    );
+    let path = dir.file(
+        "typo.yaml",
+        &instance(SMALL_MODEL, "  placement: {sharing: MIG}\n"),
+    );
+    assert_bad_input(&["place", "-f", &path], None, &[&path, "MIG"]);
+}

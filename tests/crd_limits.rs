@@ -181,6 +181,27 @@ fn cases() -> Vec<Case> {
             field: "restartPolicy".into(),
         });
     }
+    for (sharing, tensor, pipeline, valid) in [
+        (json!("Exclusive"), json!(2), json!("auto"), true),
+        (json!("Isolated"), json!(1), json!(1), true),
+        (json!("Shared"), json!(1), json!(1), true),
+        (json!("Shared"), json!(1), json!("auto"), false),
+        (json!("Isolated"), json!(2), json!(1), false),
+        (json!("Shared"), json!("auto"), json!(1), false),
+        (json!("Isolated"), json!(1), json!(2), false),
+        (json!("shared"), json!(1), json!(1), false),
+        (json!("MIG"), json!(1), json!(1), false),
+        (json!(1), json!(1), json!(1), false),
+    ] {
+        let mut object = with(&path("spec.placement.sharing"), sharing.clone());
+        object["spec"]["parallelism"] = json!({"tensor": tensor, "pipeline": pipeline});
+        out.push(Case {
+            what: format!("sharing {sharing} with tensor {tensor}, pipeline {pipeline}"),
+            object,
+            valid,
+            field: "sharing".into(),
+        });
+    }
     for (name, replicas, valid) in [
         ("a".repeat(52), 1, true),
         ("a".repeat(53), 1, false),

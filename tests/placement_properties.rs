@@ -148,6 +148,7 @@ fn build(
                 health_reason: (!d.healthy).then(|| "Xid 79".to_string()),
                 allocated_to: d.held.then(|| "other/instance".to_string()),
                 not_whole: None,
+                share: None,
             });
         }
         let mut links = Vec::new();

@@ -61,6 +61,7 @@ fn plan(layers: &[u32], tensor: &[usize]) -> Vec<PlannedShard> {
                 layer_start: start,
                 layer_end: start + count,
                 predicted_memory_gib: 30.0,
+                share: None,
             };
             start += count;
             shard
@@ -423,7 +424,7 @@ fn the_example_is_placed_only_on_nvidia_gpus_that_run_bf16() {
     let (mi, _) = example();
     let placed = |vendor: &str, product: &str| {
         let node = gpu_node("n", vendor, product);
-        let problem = build_problem(&mi.spec, [&node], &Default::default());
+        let problem = build_problem(&mi.spec, [&node], &Default::default(), &Default::default());
         tessera::placement::solve(&problem, &Default::default()).is_ok()
     };
     for product in [

@@ -188,6 +188,7 @@ fn node(i: usize, rng: &mut SplitMix64) -> NodeState {
                 health_reason: (!healthy).then(|| "Xid 79: GPU has fallen off the bus".into()),
                 allocated_to: None,
                 not_whole: None,
+                share: None,
             }
         })
         .collect();

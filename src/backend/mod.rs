@@ -245,6 +245,7 @@ impl Snapshot {
             timestamp,
             // The backend knows nothing of pods; the agent fills this in.
             allocated: std::collections::BTreeMap::new(),
+            shares: Default::default(),
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard};
 use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
 use tessera_core::translate::{
-    ClusterNode, build_problem, planned_shards, pod_holder, tensor_choice,
+    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, tensor_choice,
 };
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
@@ -144,13 +144,14 @@ fn place_all(
                 .map(|(device, uid)| ((n.name.clone(), device.clone()), pod_holder(&n.name, uid)))
         })
         .collect();
+    let mut shares = HeldShares::new();
     let mut out = Vec::new();
     for mi in instances {
         let name = match &mi.metadata.namespace {
             Some(ns) => format!("{ns}/{}", mi.metadata.name.clone().unwrap_or_default()),
             None => mi.metadata.name.clone().unwrap_or_default(),
         };
-        let problem = build_problem(&mi.spec, nodes, &allocated);
+        let problem = build_problem(&mi.spec, nodes, &allocated, &shares);
         let deadline = WallDeadline::after(Duration::from_millis(u64::from(
             mi.spec.placement.deadline_ms,
         )));
@@ -172,17 +173,16 @@ fn place_all(
             };
             let placement = match result {
                 Ok(chosen) => {
-                    for stage in &chosen.plan.stages {
-                        for device in &stage.devices {
-                            allocated.insert((stage.node.clone(), device.clone()), holder.clone());
-                        }
+                    let status_plan = planned_shards(&chosen.plan, replica);
+                    for shard in &status_plan {
+                        hold_shard(shard, &holder, &mut allocated, &mut shares);
                     }
                     Placement {
                         name: name.clone(),
                         replica: (replicas > 1).then_some(replica),
                         model: mi.spec.model.name.clone(),
                         parallelism: chosen.parallelism_note(),
-                        status_plan: planned_shards(&chosen.plan, replica),
+                        status_plan,
                         plan: Some(chosen.plan),
                         unsatisfiable: None,
                     }

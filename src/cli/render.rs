@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::place::{PlaceOutput, Report};
 use tessera_core::api::GIB;
-use tessera_core::placement::{Score, TokenTime};
+use tessera_core::placement::{Performance, Score, StagePlan, StageShare, TokenTime};
 
 impl Report {
     pub fn render(&self, output: PlaceOutput) -> String {
@@ -110,6 +110,11 @@ fn table(report: &Report) -> String {
                 write_rows(&mut out, &rows);
                 let _ = writeln!(out, "  {}", score_line(&plan.score));
                 let _ = writeln!(out, "  {}", token_line(&plan.performance.token_time));
+                for (i, stage) in plan.stages.iter().enumerate() {
+                    if let Some(share) = share_line(stage, &plan.performance) {
+                        let _ = writeln!(out, "  shard {i}: {share}");
+                    }
+                }
                 if let Some(parallelism) = &placement.parallelism {
                     let _ = writeln!(out, "  {parallelism}");
                 }
@@ -131,6 +136,35 @@ fn table(report: &Report) -> String {
         }
     }
     out
+}
+
+/// Which part of a GPU a stage was given, and for a memory share what the
+/// other tenants cost it.
+fn share_line(stage: &StagePlan, performance: &Performance) -> Option<String> {
+    Some(match stage.share.as_ref()? {
+        StageShare::Partition { gpu, profile } => {
+            format!("MIG partition {profile} of GPU {gpu} (isolated)")
+        }
+        StageShare::Memory {
+            bytes,
+            fraction,
+            tenants,
+        } => {
+            let gpu = stage.devices.first().map_or("", String::as_str);
+            let tenancy = match (tenants, performance.contended_tokens_per_second) {
+                (0, _) | (_, None) => "the first on its GPU".to_string(),
+                (others, Some(speed)) => format!(
+                    "beside {others} other share(s): {speed:.1} tokens/s with all {} decoding at once",
+                    others + 1
+                ),
+            };
+            format!(
+                "memory share of {:.0} GiB ({:.0}% of GPU {gpu}, not isolated), {tenancy}",
+                *bytes as f64 / GIB,
+                fraction * 100.0
+            )
+        }
+    })
 }
 
 /// ` replica 2` for a replica of an instance with several.

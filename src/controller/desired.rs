@@ -335,6 +335,7 @@ mod tests {
                 layer_start: i * 16,
                 layer_end: (i + 1) * 16,
                 predicted_memory_gib: 10.0,
+                share: None,
             })
             .collect()
     }

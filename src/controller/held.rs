@@ -163,6 +163,7 @@ mod tests {
                 layer_start: 0,
                 layer_end: 32,
                 predicted_memory_gib: 1.0,
+                share: None,
             }],
             ..Default::default()
         });
@@ -202,6 +203,7 @@ mod tests {
                 layer_start: 0,
                 layer_end: 32,
                 predicted_memory_gib: 1.0,
+                share: None,
             }],
             ..Default::default()
         });
@@ -234,6 +236,7 @@ mod tests {
             layer_start: 0,
             layer_end: 32,
             predicted_memory_gib: 1.0,
+            share: None,
         }
     }
 

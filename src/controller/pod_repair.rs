@@ -131,6 +131,7 @@ mod tests {
                 layer_start: i * 8,
                 layer_end: (i + 1) * 8,
                 predicted_memory_gib: 10.0,
+                share: None,
             })
             .collect()
     }

@@ -494,6 +494,7 @@ mod tests {
             layer_start: 0,
             layer_end: 32,
             predicted_memory_gib: 16.0,
+            share: None,
         };
         ModelInstanceStatus {
             conditions: vec![condition],

@@ -64,6 +64,7 @@ mod tests {
             layer_start: layers.0,
             layer_end: layers.1,
             predicted_memory_gib: 10.0,
+            share: None,
         }
     }
 

@@ -86,6 +86,7 @@ fn predict(figure: &Figure, gpu: &Gpu) -> f64 {
             health_reason: None,
             allocated_to: None,
             not_whole: None,
+            share: None,
         })
         .collect();
     let mut links = Vec::new();

@@ -178,6 +178,7 @@ mod tests {
             links: vec![],
             timestamp: Some("2025-01-02T03:04:05Z".into()),
             allocated: Default::default(),
+            shares: Default::default(),
         }
     }
 

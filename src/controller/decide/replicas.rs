@@ -214,6 +214,7 @@ mod tests {
             layer_start: 0,
             layer_end: 80,
             predicted_memory_gib: 150.0,
+            share: None,
         }];
         case.placement_hash = Some(crate::controller::hashes::placement_hash(&case.spec));
         let dropped = case.run(&nodes);

@@ -183,6 +183,7 @@ mod tests {
             layer_start: 0,
             layer_end: 10,
             predicted_memory_gib: 10.0,
+            share: None,
         }
     }
 

@@ -445,6 +445,7 @@ mod tests {
             layer_start: i * 10,
             layer_end: i * 10 + 10,
             predicted_memory_gib: 20.0,
+            share: None,
         }
     }
 

@@ -49,6 +49,28 @@ pub struct NodeGpuState {
     /// longer lists (it vanished while held); readers skip such entries.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub allocated: BTreeMap<String, String>,
+    /// The parts of its GPUs the node hands out besides whole GPUs. Only a
+    /// DRA driver can: the device plugin API hands out whole devices by ID.
+    #[serde(default, skip_serializing_if = "SharesOffered::is_none")]
+    pub shares: SharesOffered,
+}
+
+/// What parts of GPUs a node's agent hands out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SharesOffered {
+    /// MIG partitions of GPUs in MIG mode, each a device of its own.
+    #[serde(default)]
+    pub partitions: bool,
+    /// Memory shares of whole GPUs (consumable capacity).
+    #[serde(default)]
+    pub memory: bool,
+}
+
+impl SharesOffered {
+    fn is_none(&self) -> bool {
+        *self == SharesOffered::default()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -369,6 +391,7 @@ mod tests {
             links: vec![],
             timestamp: None,
             allocated: BTreeMap::new(),
+            shares: Default::default(),
         }
     }
 

@@ -12,12 +12,13 @@ pub mod telemetry;
 
 pub use crd::{crd, crd_yaml};
 pub use gpu_state::{
-    GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState, Vendor,
+    GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState,
+    SharesOffered, Vendor,
 };
 pub use model_instance::{
     DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec, Optimize,
     ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaRestarts,
-    RestartPolicy, ScoreWeights, Strategy, TensorSize,
+    RestartPolicy, ScoreWeights, ShardShare, ShareKind, Sharing, Strategy, TensorSize,
 };
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};

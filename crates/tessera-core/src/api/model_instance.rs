@@ -66,6 +66,7 @@ use super::{GIB, Vendor};
 #[x_kube(validation = Rule::new(
     "type(self.parallelism.pipeline) == string || self.parallelism.pipeline <= self.model.layers"
 ).message("parallelism.pipeline cannot exceed model.layers: every stage needs at least one layer"))]
+#[x_kube(validation = Rule::new(SHARING_RULE).message(SHARING_MESSAGE))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelInstanceSpec {
     pub model: ModelSpec,
@@ -97,6 +98,12 @@ pub struct ModelInstanceSpec {
 fn one_replica() -> u32 {
     1
 }
+
+/// An instance may share GPUs only with one shard on one GPU: MIG partitions
+/// have no peer-to-peer between them, so collective libraries cannot span
+/// them, and a memory share has no link of its own.
+const SHARING_RULE: &str = "!has(self.placement) || !has(self.placement.sharing) || self.placement.sharing == 'Exclusive' || (has(self.parallelism) && has(self.parallelism.pipeline) && type(self.parallelism.pipeline) == int && self.parallelism.pipeline == 1 && (!has(self.parallelism.tensor) || (type(self.parallelism.tensor) == int && self.parallelism.tensor == 1)))";
+const SHARING_MESSAGE: &str = "placement.sharing Isolated or Shared runs one shard on one GPU: set parallelism.tensor: 1 and parallelism.pipeline: 1 (MIG partitions have no peer-to-peer, so a shard cannot span them)";
 
 /// How the controller repairs a replica that lost a shard pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -470,6 +477,28 @@ pub enum Strategy {
     Spread,
 }
 
+/// Whether an instance's shards may be given part of a GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Sharing {
+    /// Whole GPUs only.
+    #[default]
+    Exclusive,
+    /// Whole GPUs or MIG partitions: each partition has its own memory,
+    /// multiprocessors and memory bandwidth, isolated by the hardware.
+    Isolated,
+    /// Whole GPUs, MIG partitions, or a memory share of a whole GPU sized to
+    /// the shard. Shares of one GPU split its compute and bandwidth with no
+    /// isolation (like time-slicing): a tenant that overruns its memory
+    /// share can starve the others.
+    Shared,
+}
+
+impl Sharing {
+    fn is_exclusive(&self) -> bool {
+        *self == Sharing::Exclusive
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlacementPolicy {
@@ -498,6 +527,15 @@ pub struct PlacementPolicy {
     /// Only nodes with all of these labels are used.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Whether shards may be given part of a GPU: `Exclusive` (default)
+    /// whole GPUs only; `Isolated` also MIG partitions (hardware-isolated
+    /// memory and compute); `Shared` also memory shares of whole GPUs
+    /// (sized to the shard, no isolation: like time-slicing). Isolated and
+    /// Shared need `parallelism.tensor: 1` and `parallelism.pipeline: 1`.
+    // Left out when `Exclusive`, so specs written before it existed keep
+    // their placement hash and their running plans.
+    #[serde(default, skip_serializing_if = "Sharing::is_exclusive")]
+    pub sharing: Sharing,
     /// Time the solver may search for a better plan before it returns the best found.
     #[serde(default = "default_deadline_ms")]
     #[schemars(range(min = DEADLINE_MS.min, max = DEADLINE_MS.max))]
@@ -521,6 +559,7 @@ impl Default for PlacementPolicy {
             vendors: Vec::new(),
             products: Vec::new(),
             node_selector: BTreeMap::new(),
+            sharing: Sharing::default(),
             deadline_ms: default_deadline_ms(),
         }
     }
@@ -678,6 +717,45 @@ pub struct PlannedShard {
     /// Predicted memory use on each device of the shard, in GiB.
     #[serde(rename = "predictedMemoryGiB")]
     pub predicted_memory_gib: f64,
+    /// Set when the shard was given part of a GPU rather than whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<ShardShare>,
+}
+
+/// The part of a GPU a shard was given.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardShare {
+    /// `Partition`: a MIG device, named in `devices` by its UUID.
+    /// `Memory`: a memory share of the GPU named in `devices`.
+    pub kind: ShareKind,
+    /// The physical GPU the partition or share is part of.
+    pub gpu: String,
+    /// A partition's MIG profile, e.g. `3g.40gb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// A memory share's size in GiB: the memory the shard's runtime may use.
+    #[serde(rename = "memoryGiB", default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<u32>,
+    /// A memory share's size as a fraction of the GPU's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_fraction: Option<f64>,
+    /// Other shards on the GPU when this one was planned.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tenants: u32,
+    /// Predicted tokens/s with every tenant of the GPU decoding at once
+    /// (the alone figure is `status.predictedTokensPerSecond`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contended_tokens_per_second: Option<f64>,
+}
+
+/// What kind of GPU part a shard was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ShareKind {
+    /// A MIG partition.
+    Partition,
+    /// A memory share of a whole GPU.
+    Memory,
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -768,6 +846,15 @@ impl ModelInstanceSpec {
             problems.push("placement.products: must not contain empty strings".into());
         }
         DEADLINE_MS.check("placement.deadlineMs", placement.deadline_ms, &mut problems);
+        let one_shard_on_one_gpu = parallelism.tensor == TensorSize::Fixed(1)
+            && parallelism.pipeline == PipelineStages::Fixed(1);
+        if !placement.sharing.is_exclusive() && !one_shard_on_one_gpu {
+            problems.push(format!(
+                "{SHARING_MESSAGE}; this spec has tensor {} and pipeline {}",
+                tensor_text(parallelism.tensor),
+                pipeline_text(parallelism.pipeline)
+            ));
+        }
         if let Some(template) = &self.template {
             let containers = template.spec.as_ref().map_or(0, |s| s.containers.len());
             if containers == 0 {
@@ -781,6 +868,19 @@ impl ModelInstanceSpec {
         } else {
             Err(InvalidSpec { problems })
         }
+    }
+}
+
+fn tensor_text(tensor: TensorSize) -> String {
+    tensor
+        .fixed()
+        .map_or_else(|| "auto".to_string(), |size| size.to_string())
+}
+
+fn pipeline_text(pipeline: PipelineStages) -> String {
+    match pipeline {
+        PipelineStages::Auto => "auto".to_string(),
+        PipelineStages::Fixed(stages) => stages.to_string(),
     }
 }
 
@@ -937,6 +1037,48 @@ model:
                 "{text}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn sharing_parses_is_left_out_at_its_default_and_needs_one_shard_on_one_gpu() {
+        let default = parse(MINIMAL).unwrap();
+        assert_eq!(default.placement.sharing, Sharing::Exclusive);
+        let written = serde_json::to_value(&default).unwrap();
+        assert!(written["placement"].get("sharing").is_none(), "{written}");
+        let one = "parallelism: {tensor: 1, pipeline: 1}\n";
+        for (text, want) in [("Isolated", Sharing::Isolated), ("Shared", Sharing::Shared)] {
+            let spec = parse(&format!("{MINIMAL}{one}placement: {{sharing: {text}}}\n")).unwrap();
+            assert_eq!(spec.placement.sharing, want);
+            assert_eq!(spec.validate(), Ok(()));
+            assert_eq!(
+                serde_json::to_value(&spec).unwrap()["placement"]["sharing"],
+                text
+            );
+        }
+        for text in ["shared", "MIG", "\"\"", "3", "[Shared]", "{mode: Shared}"] {
+            let err = parse(&format!("{MINIMAL}placement: {{sharing: {text}}}\n")).unwrap_err();
+            assert!(
+                err.contains("sharing") || err.contains("variant"),
+                "{text}: {err}"
+            );
+        }
+        for parallelism in [
+            "{tensor: 2, pipeline: 1}",
+            "{tensor: auto, pipeline: 1}",
+            "{tensor: 1, pipeline: auto}",
+            "{tensor: 1, pipeline: 2}",
+        ] {
+            let spec = parse(&format!(
+                "{MINIMAL}parallelism: {parallelism}\nplacement: {{sharing: Shared}}\n"
+            ))
+            .unwrap();
+            let problems = spec.validate().unwrap_err().problems;
+            assert!(
+                problems.iter().any(|p| p.starts_with("placement.sharing")),
+                "{parallelism}: {problems:?}"
+            );
+        }
+        assert!(crd_yaml().contains("self.placement.sharing == 'Exclusive'"));
     }
 
     #[test]

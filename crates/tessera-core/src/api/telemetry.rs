@@ -108,6 +108,7 @@ mod tests {
             links: Vec::new(),
             timestamp: Some("2026-01-01T00:00:00Z".into()),
             allocated: Default::default(),
+            shares: Default::default(),
         }
     }
 

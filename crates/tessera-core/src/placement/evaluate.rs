@@ -8,8 +8,11 @@ use std::cell::OnceCell;
 use super::exclusion::{Exclusion, exclusion_text};
 use super::hops::{HOP_SAME_NODE, HOP_SAME_RACK, HOP_SAME_ZONE, hop_between_nodes};
 use super::links::link_positions;
-use super::plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime};
-use super::problem::{Device, Interconnect, ModelShape, NodeState, Problem, Stages, Weights};
+use super::plan::{Performance, Plan, Score, StageParts, StagePlan, StageShare, TokenTime};
+use super::problem::{
+    Device, DeviceShare, Interconnect, ModelShape, NodeState, Problem, Stages, Weights, share_bytes,
+};
+use super::share_sizing;
 use super::speed::{GroupSpeed, LayerTime, layer_time, link_gbps};
 use super::split::split_layers;
 use super::strategy_score;
@@ -111,7 +114,7 @@ impl<'p> PreparedProblem<'p> {
         let layer_bytes = problem.model.weight_bytes_per_layer + problem.model.kv_bytes_per_layer;
         let tensor = f64::from(tensor_size.max(1));
         let need_one_layer = problem.model.overhead_bytes_per_device + layer_bytes / tensor;
-        let exclusions: Vec<Vec<Option<Exclusion>>> = problem
+        let mut exclusions: Vec<Vec<Option<Exclusion>>> = problem
             .nodes
             .iter()
             .map(|node| {
@@ -126,6 +129,7 @@ impl<'p> PreparedProblem<'p> {
                     .collect()
             })
             .collect();
+        share_sizing::narrow_shared_candidates(problem, tensor_size, &mut exclusions);
         let mut max_tflops: f64 = 0.0;
         let mut max_bandwidth: f64 = 0.0;
         for (node, node_exclusions) in problem.nodes.iter().zip(&exclusions) {
@@ -279,12 +283,16 @@ impl<'p> PreparedProblem<'p> {
             + f64::from(stages * self.tensor) * self.problem.model.overhead_bytes_per_device
     }
 
-    /// Time one layer takes for one token on a group, by part.
-    fn layer_time(&self, node: usize, devices: &[usize]) -> LayerTime {
+    /// Time one layer takes for one token on a group, by part; `contended`:
+    /// with every tenant of a shared GPU decoding at once.
+    fn layer_time(&self, node: usize, devices: &[usize], contended: bool) -> LayerTime {
         let mut group: Option<GroupSpeed> = None;
         for &device in devices {
             let gpu = self.device(node, device);
-            let speed = GroupSpeed::device(&gpu.vendor, gpu.fp16_tflops, gpu.memory_bandwidth_gbps);
+            let mut speed = GroupSpeed::of(gpu);
+            if contended {
+                speed = speed.split(gpu.tenants() + 1);
+            }
             group = Some(group.map_or(speed, |slowest| slowest.slowest(speed)));
         }
         let Some(mut group) = group else {
@@ -325,7 +333,7 @@ impl<'p> PreparedProblem<'p> {
         }
         let layer_times: Vec<LayerTime> = ordered
             .iter()
-            .map(|(node, devices)| self.layer_time(*node, devices))
+            .map(|(node, devices)| self.layer_time(*node, devices, false))
             .collect();
         let layer_seconds: Vec<f64> = layer_times.iter().map(LayerTime::total).collect();
         let layers = split_layers(self.problem.model.layers, &capacities, &layer_seconds);
@@ -353,12 +361,29 @@ impl<'p> PreparedProblem<'p> {
             stages.push(stage);
             layer_start += layers[stage_index];
         }
+        let shared = ordered.iter().any(|(node, devices)| {
+            devices.iter().any(|&device| {
+                matches!(
+                    self.device(*node, device).share,
+                    Some(DeviceShare::Memory { .. })
+                )
+            })
+        });
+        let contended = shared.then(|| {
+            let times: Vec<LayerTime> = ordered
+                .iter()
+                .map(|(node, devices)| self.layer_time(*node, devices, true))
+                .collect();
+            performance(&times, &layers, transfer_ms.clone()).tokens_per_second
+        });
+        let mut performance = performance(&layer_times, &layers, transfer_ms);
+        performance.contended_tokens_per_second = contended;
         Ok(Plan {
             stages,
             score: self.plan_score(stage_count, &totals),
             optimal: false,
             steps: 0,
-            performance: performance(&layer_times, &layers, transfer_ms),
+            performance,
         })
     }
 
@@ -458,6 +483,9 @@ impl<'p> PreparedProblem<'p> {
             layer_start,
             layer_end: layer_start + layer_count,
             memory_per_device_bytes: memory,
+            share: sorted
+                .first()
+                .and_then(|&device| stage_share(self.device(node, device), memory)),
             parts: StageParts {
                 compute,
                 memory: (1.0 - memory / min_free).clamp(0.0, 1.0),
@@ -617,11 +645,7 @@ impl<'p> SpeedCeiling<'p> {
             for device in &node.devices {
                 if device.healthy && device.allocated_to.is_none() {
                     most_free = most_free.max(device.memory_free_bytes as f64);
-                    let speed = GroupSpeed::device(
-                        &device.vendor,
-                        device.fp16_tflops,
-                        device.memory_bandwidth_gbps,
-                    );
+                    let speed = GroupSpeed::of(device);
                     best = Some(best.map_or(speed, |best| best.fastest(speed)));
                 }
             }
@@ -696,9 +720,28 @@ fn performance(layer_times: &[LayerTime], layers: &[u32], transfer_ms: Vec<f64>)
     let token_ms: f64 = stage_ms.iter().sum::<f64>() + token_time.hops_ms;
     Performance {
         tokens_per_second: if token_ms > 0.0 { 1e3 / token_ms } else { 0.0 },
+        contended_tokens_per_second: None,
         stage_ms,
         transfer_ms,
         token_time,
+    }
+}
+
+/// What part of a GPU a stage on `device` gets, needing `memory` bytes.
+fn stage_share(device: &Device, memory: f64) -> Option<StageShare> {
+    match device.share.as_ref()? {
+        DeviceShare::Partition { gpu, profile, .. } => Some(StageShare::Partition {
+            gpu: gpu.clone(),
+            profile: profile.clone(),
+        }),
+        DeviceShare::Memory { tenants } => {
+            let bytes = share_bytes(memory);
+            Some(StageShare::Memory {
+                bytes,
+                fraction: bytes as f64 / (device.memory_total_bytes.max(1)) as f64,
+                tenants: *tenants,
+            })
+        }
     }
 }
 

@@ -19,6 +19,21 @@ pub(crate) enum Exclusion {
         free: f64,
         need: f64,
     },
+    /// Under `optimize: throughput` a shard that shares GPUs takes the
+    /// smallest piece that holds it: GPU memory this one takes vs. the
+    /// smallest that would do.
+    LargerThanNeeded {
+        taken: f64,
+        smallest: f64,
+    },
+    /// Under `optimize: throughput` with `pack`, a whole GPU is left whole
+    /// while a split one holds the shard.
+    KeptWhole,
+    /// Predicted tokens/s of the shard on this device with every tenant of
+    /// its GPU decoding at once, below the instance's minimum.
+    TooSlowShared {
+        speed: f64,
+    },
 }
 
 pub(crate) fn exclusion_text(exclusion: &Exclusion, problem: &Problem) -> String {
@@ -42,6 +57,18 @@ pub(crate) fn exclusion_text(exclusion: &Exclusion, problem: &Problem) -> String
         Exclusion::TooLittleMemory { free, need } => {
             format!("{} free, one layer needs {}", gib(*free), gib(*need))
         }
+        Exclusion::LargerThanNeeded { taken, smallest } => format!(
+            "takes {} of GPU memory where {} hold the shard (optimize: throughput takes the smallest piece)",
+            gib(*taken),
+            gib(*smallest)
+        ),
+        Exclusion::KeptWhole => {
+            "kept whole: a GPU split already holds the shard (pack, optimize: throughput)".into()
+        }
+        Exclusion::TooSlowShared { speed } => format!(
+            "{speed:.1} tokens/s with every tenant of the GPU decoding at once, below the {} asked for",
+            problem.goal.min_tokens_per_second.unwrap_or_default()
+        ),
     }
 }
 

@@ -66,6 +66,9 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
         "product",
         "node selector",
         "too little free memory",
+        "larger than needed",
+        "kept whole",
+        "too slow shared",
     ];
     let mut seen: Vec<Vec<String>> = vec![Vec::new(); kinds.len()];
     for (node, node_exclusions) in problem.nodes.iter().zip(&ctx.exclusions) {
@@ -81,6 +84,9 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
                 Exclusion::Product => 6,
                 Exclusion::NodeSelector => 7,
                 Exclusion::TooLittleMemory { .. } => 8,
+                Exclusion::LargerThanNeeded { .. } => 9,
+                Exclusion::KeptWhole => 10,
+                Exclusion::TooSlowShared { .. } => 11,
             };
             seen[slot].push(format!(
                 "{}/{}: {}",

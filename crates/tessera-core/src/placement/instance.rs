@@ -5,8 +5,8 @@
 use std::borrow::Cow;
 
 use super::evaluate::SpeedCeiling;
-use super::plan::{Plan, Unsatisfiable};
-use super::problem::{Optimize, Problem, SolveOptions, SpeedGoal};
+use super::plan::{Plan, StageShare, Unsatisfiable};
+use super::problem::{DeviceShare, Optimize, Problem, SolveOptions, SpeedGoal};
 
 /// Largest tensor size `auto` tries (the CRD's limit for a fixed size).
 const MAX_AUTO_TENSOR: u32 = 64;
@@ -218,13 +218,18 @@ pub fn solve_parallelism(
         TensorChoice::Fixed(size) => {
             let plan = super::solve_sized(problem, size, options)?;
             if let Some(min) = goal.min_tokens_per_second
-                && plan.performance.tokens_per_second < min
+                && plan.performance.assured_tokens_per_second() < min
             {
+                let contended = if plan.performance.contended_tokens_per_second.is_some() {
+                    " with every tenant of its shared GPU decoding at once"
+                } else {
+                    ""
+                };
                 return Err(Unsatisfiable {
                     reason: format!(
-                        "the best plan with tensor {size} ({} stage(s)) is predicted at {:.1} tokens/s, below parallelism.minTokensPerSecond {min}. Use tensor: auto, faster GPUs or a lower minimum",
+                        "the best plan with tensor {size} ({} stage(s)) is predicted at {:.1} tokens/s{contended}, below parallelism.minTokensPerSecond {min}. Use tensor: auto, faster GPUs or a lower minimum",
                         plan.stages.len(),
-                        plan.performance.tokens_per_second
+                        plan.performance.assured_tokens_per_second()
                     ),
                     details: Vec::new(),
                 });
@@ -417,8 +422,16 @@ pub fn take_devices(problem: &mut Problem, plan: &Plan, holder: &str) {
             continue;
         };
         for device in &mut node.devices {
-            if stage.devices.contains(&device.id) {
-                device.allocated_to = Some(holder.to_string());
+            if !stage.devices.contains(&device.id) {
+                continue;
+            }
+            // A memory share leaves the rest of its GPU to later shares.
+            match (&mut device.share, &stage.share) {
+                (Some(DeviceShare::Memory { tenants }), Some(StageShare::Memory { bytes, .. })) => {
+                    *tenants += 1;
+                    device.memory_free_bytes = device.memory_free_bytes.saturating_sub(*bytes);
+                }
+                _ => device.allocated_to = Some(holder.to_string()),
             }
         }
     }

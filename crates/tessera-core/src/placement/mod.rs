@@ -24,6 +24,7 @@ mod links;
 mod plan;
 mod problem;
 mod search;
+mod share_sizing;
 mod speed;
 mod split;
 mod strategy_score;
@@ -34,10 +35,12 @@ pub use instance::{
     Alternative, InstancePlan, TensorChoice, solve_parallelism, solve_replicas, take_devices,
     tensor_candidates,
 };
-pub use plan::{Performance, Plan, Score, StageParts, StagePlan, TokenTime, Unsatisfiable};
+pub use plan::{
+    Performance, Plan, Score, StageParts, StagePlan, StageShare, TokenTime, Unsatisfiable,
+};
 pub use problem::{
-    Deadline, Device, Interconnect, Link, ModelShape, NodeState, Optimize, Problem, Selector,
-    SolveOptions, SpeedGoal, Stages, Strategy, Weights,
+    Deadline, Device, DeviceShare, Interconnect, Link, ModelShape, NodeState, Optimize, Problem,
+    Selector, SolveOptions, SpeedGoal, Stages, Strategy, Weights,
 };
 
 /// Finds the best plan within the options' budget.

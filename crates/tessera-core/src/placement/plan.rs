@@ -28,6 +28,24 @@ pub struct StagePlan {
     /// Predicted memory on each device of the stage.
     pub memory_per_device_bytes: f64,
     pub parts: StageParts,
+    /// Set when the stage was given part of a GPU (one device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<StageShare>,
+}
+
+/// The part of a GPU a stage was given.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StageShare {
+    /// MIG partition `profile` of GPU `gpu`.
+    Partition { gpu: String, profile: String },
+    /// `bytes` of GPU memory (whole GiB), `fraction` of the GPU's, beside
+    /// `tenants` shares other shards hold.
+    Memory {
+        bytes: u64,
+        fraction: f64,
+        tenants: u32,
+    },
 }
 
 impl StagePlan {
@@ -75,6 +93,11 @@ pub struct Score {
 #[serde(rename_all = "camelCase")]
 pub struct Performance {
     pub tokens_per_second: f64,
+    /// For a plan on memory shares: the speed with every tenant of each
+    /// shared GPU decoding at once (compute and bandwidth split between
+    /// them). What `minTokensPerSecond` is judged on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contended_tokens_per_second: Option<f64>,
     /// Time each stage spends on one token, in milliseconds.
     pub stage_ms: Vec<f64>,
     /// Time each hop to the next stage spends on one token's activations.
@@ -99,6 +122,14 @@ pub struct TokenTime {
     pub all_reduce_ms: f64,
     /// Activations handed from one stage to the next.
     pub hops_ms: f64,
+}
+
+impl Performance {
+    /// The speed a plan can count on: contended where GPUs are shared.
+    pub fn assured_tokens_per_second(&self) -> f64 {
+        self.contended_tokens_per_second
+            .unwrap_or(self.tokens_per_second)
+    }
 }
 
 impl TokenTime {

@@ -132,6 +132,78 @@ pub struct Device {
     /// MIG mode change pending).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_whole: Option<String>,
+    /// Set when the device is part of a GPU rather than a whole one: a MIG
+    /// partition, or a memory share sized to the shard it is given to. Only
+    /// instances that allow sharing are offered such devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<DeviceShare>,
+}
+
+/// What part of a GPU a device is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum DeviceShare {
+    /// A MIG partition of GPU `gpu`: the device's memory, compute and
+    /// bandwidth are the partition's (its multiprocessors' and memory
+    /// slices' share of the GPU's).
+    Partition {
+        gpu: String,
+        profile: String,
+        /// The whole GPU's FP16 TFLOPS: a partition runs at the GPU's clock,
+        /// so its per-layer latencies are the GPU's.
+        gpu_tflops: f64,
+    },
+    /// Part of a whole GPU's memory, sized to the shard, beside the shares
+    /// other shards hold already (`memory_free_bytes` is what they leave).
+    /// Compute and bandwidth are the GPU's, and are split between the
+    /// tenants when they decode at once: no hardware isolation.
+    Memory { tenants: u32 },
+}
+
+impl Device {
+    /// The FP16 TFLOPS the device's clock corresponds to: a partition's are
+    /// its GPU's.
+    pub(crate) fn clock_tflops(&self) -> f64 {
+        match &self.share {
+            Some(DeviceShare::Partition { gpu_tflops, .. }) => *gpu_tflops,
+            _ => self.fp16_tflops,
+        }
+    }
+
+    /// The GPU memory taking this device for a stage needing `need` bytes
+    /// removes from the cluster: a whole GPU's or partition's memory, or a
+    /// memory share's size.
+    pub(crate) fn taken_bytes(&self, need: f64) -> f64 {
+        match &self.share {
+            Some(DeviceShare::Memory { .. }) => share_bytes(need) as f64,
+            _ => self.memory_total_bytes as f64,
+        }
+    }
+
+    /// Other shards already on the same GPU (a memory share's tenants).
+    pub(crate) fn tenants(&self) -> u32 {
+        match &self.share {
+            Some(DeviceShare::Memory { tenants }) => *tenants,
+            _ => 0,
+        }
+    }
+
+    /// Whether the device is on a GPU that is split already (a partition, or
+    /// a memory share beside others): taking it breaks nothing whole.
+    pub(crate) fn on_split_gpu(&self) -> bool {
+        match &self.share {
+            Some(DeviceShare::Partition { .. }) => true,
+            Some(DeviceShare::Memory { tenants }) => *tenants > 0,
+            None => false,
+        }
+    }
+}
+
+/// A memory share for a stage needing `need` bytes: whole GiB, as the DRA
+/// capacity is counted, at least one.
+pub(crate) fn share_bytes(need: f64) -> u64 {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let gib = (need.max(0.0) / GIB).ceil().max(1.0);
+    (gib as u64).saturating_mul(1 << 30)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -6,7 +6,7 @@
 //! models and group sizes; what differs between GPUs comes from what a device
 //! reports (vendor, FP16 TFLOPS, memory bandwidth) and what links it reports.
 
-use super::problem::{Interconnect, ModelShape};
+use super::problem::{Device, Interconnect, ModelShape};
 
 /// Share of datasheet FP16 TFLOPS a decode step reaches. Single-stream decode
 /// is far from compute-bound on every calibration figure; this only matters
@@ -86,6 +86,9 @@ pub(crate) fn link_gbps(reported: Option<f64>) -> f64 {
 pub(crate) struct GroupSpeed {
     /// FP16 TFLOPS of the slowest device.
     pub tflops: f64,
+    /// The TFLOPS the latency-bound work scales by: the clock of the whole
+    /// GPU, also for a MIG partition with a share of its multiprocessors.
+    pub clock_tflops: f64,
     /// Bandwidth weights are read at (GB/s), after the vendor's efficiency,
     /// of the slowest device.
     pub weight_gbps: f64,
@@ -99,8 +102,32 @@ impl GroupSpeed {
     pub(crate) fn device(vendor: &str, tflops: f64, bandwidth_gbps: f64) -> Self {
         Self {
             tflops,
+            clock_tflops: tflops,
             weight_gbps: bandwidth_gbps * bandwidth_efficiency(vendor),
             link: None,
+        }
+    }
+
+    /// One device's speed, at its GPU's clock.
+    pub(crate) fn of(device: &Device) -> Self {
+        Self {
+            clock_tflops: device.clock_tflops(),
+            ..Self::device(
+                &device.vendor,
+                device.fp16_tflops,
+                device.memory_bandwidth_gbps,
+            )
+        }
+    }
+
+    /// The speed one of `tenants` decoding at once on the same GPU gets:
+    /// compute and bandwidth split evenly, latencies unchanged.
+    pub(crate) fn split(self, tenants: u32) -> Self {
+        let share = f64::from(tenants.max(1));
+        Self {
+            tflops: self.tflops / share,
+            weight_gbps: self.weight_gbps / share,
+            ..self
         }
     }
 
@@ -108,6 +135,7 @@ impl GroupSpeed {
     pub(crate) fn slowest(self, other: Self) -> Self {
         Self {
             tflops: self.tflops.min(other.tflops),
+            clock_tflops: self.clock_tflops.min(other.clock_tflops),
             weight_gbps: self.weight_gbps.min(other.weight_gbps),
             link: self.link,
         }
@@ -117,6 +145,7 @@ impl GroupSpeed {
     pub(crate) fn fastest(self, other: Self) -> Self {
         Self {
             tflops: self.tflops.max(other.tflops),
+            clock_tflops: self.clock_tflops.max(other.clock_tflops),
             weight_gbps: self.weight_gbps.max(other.weight_gbps),
             link: self.link,
         }
@@ -154,7 +183,7 @@ impl LayerTime {
 /// Seconds one layer takes for one token on `tensor` devices.
 pub(crate) fn layer_time(model: &ModelShape, tensor: u32, group: &GroupSpeed) -> LayerTime {
     let size = f64::from(tensor.max(1));
-    let scale = latency_scale(group.tflops);
+    let scale = latency_scale(group.clock_tflops);
     let mut time = LayerTime {
         weights: model.weight_bytes_per_layer / (size * group.weight_gbps * 1e9),
         compute: model.flops_per_layer_token / (size * group.tflops * 1e12 * COMPUTE_EFFICIENCY),

@@ -200,7 +200,9 @@ impl NodeCapacity {
         let mut domain_free = vec![Some(0.0); domains.sizes.len()];
         for (device, state) in node.devices.iter().enumerate() {
             let slot = &mut domain_free[domains.of_device[device]];
-            if state.allocated_to.is_some() {
+            // A GPU split already (partitions, memory shares) is broken:
+            // its node and domain are in use like a held device's.
+            if state.allocated_to.is_some() || state.on_split_gpu() {
                 node_free = None;
                 *slot = None;
             } else if state.healthy {

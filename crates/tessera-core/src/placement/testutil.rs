@@ -62,6 +62,7 @@ pub(crate) fn node(name: &str, count: u32, kind: Kind) -> NodeState {
             health_reason: None,
             allocated_to: None,
             not_whole: None,
+            share: None,
         })
         .collect();
     let mut links = Vec::new();

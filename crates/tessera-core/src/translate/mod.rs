@@ -2,18 +2,19 @@
 //! state plus a ModelInstance become a `placement::Problem`; a `Plan` becomes the
 //! instance's status plan. Pure: callers fetch the objects.
 
+mod devices;
+
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::api::telemetry::planned_free_memory;
 use crate::api::{
-    self, GIB, GpuStateError, Health, LinkKind, ModelInstanceSpec, ModelSpec, NodeGpuState,
-    PipelineStages, PlannedShard, RACK_LABEL, TensorSize, Vendor, ZONE_LABEL,
+    self, GIB, GpuStateError, LinkKind, ModelInstanceSpec, ModelSpec, NodeGpuState, PipelineStages,
+    PlannedShard, RACK_LABEL, Sharing, TensorSize, ZONE_LABEL,
 };
 use crate::placement::{
-    Device, Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector,
-    SpeedGoal, Stages, Strategy, TensorChoice, Weights,
+    Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector, SpeedGoal,
+    Stages, Strategy, TensorChoice, Weights,
 };
 
 /// A node as the planner needs it: name, labels and published GPU state.
@@ -60,16 +61,47 @@ pub fn pod_holder(node: &str, uid: &str) -> String {
     }
 }
 
+/// Memory shares held on whole GPUs, by `(node, GPU id)`: who holds each
+/// and how many bytes.
+pub type HeldShares = HashMap<(String, String), Vec<(String, u64)>>;
+
+/// Records what a planned shard of `holder` holds: a memory share of its
+/// GPU, or its devices (GPUs, a partition) whole.
+pub fn hold_shard(
+    shard: &PlannedShard,
+    holder: &str,
+    allocated: &mut HashMap<(String, String), String>,
+    shares: &mut HeldShares,
+) {
+    if let Some(share) = &shard.share
+        && share.kind == api::ShareKind::Memory
+    {
+        let bytes = u64::from(share.memory_gib.unwrap_or(0)) << 30;
+        shares
+            .entry((shard.node.clone(), share.gpu.clone()))
+            .or_default()
+            .push((holder.to_string(), bytes));
+        return;
+    }
+    for device in &shard.devices {
+        allocated.insert((shard.node.clone(), device.clone()), holder.to_string());
+    }
+}
+
 /// Builds the solver's problem. `allocated` maps `(node, device id)` to the
-/// workload holding that device; those devices are not free.
+/// workload holding that device (or partition) whole; those devices are not
+/// free. `shares` are the memory shares others hold: what they leave is
+/// offered to a `Shared` instance, and a GPU with shares is held for the rest.
 pub fn build_problem<'a>(
     spec: &ModelInstanceSpec,
     nodes: impl IntoIterator<Item = &'a ClusterNode>,
     allocated: &HashMap<(String, String), String>,
+    shares: &HeldShares,
 ) -> Problem {
+    let sharing = spec.placement.sharing;
     let mut states: Vec<NodeState> = nodes
         .into_iter()
-        .map(|n| node_state(n, allocated))
+        .map(|n| node_state(n, sharing, allocated, shares))
         .collect();
     states.sort_by(|a, b| a.name.cmp(&b.name));
 
@@ -112,34 +144,13 @@ pub fn build_problem<'a>(
     }
 }
 
-fn node_state(node: &ClusterNode, allocated: &HashMap<(String, String), String>) -> NodeState {
-    let devices = node
-        .gpu_state
-        .devices
-        .iter()
-        .map(|device| Device {
-            id: device.id.clone(),
-            index: device.index,
-            vendor: device.vendor.as_str().to_string(),
-            product: device.product.clone(),
-            memory_total_bytes: device.memory_total_bytes,
-            memory_free_bytes: planned_free_memory(device.memory_free_bytes),
-            fp16_tflops: device.fp16_tflops,
-            memory_bandwidth_gbps: device.memory_bandwidth_gbps,
-            temperature_c: device.temperature_c,
-            // A vendor this build does not know has no runtime we can hand out.
-            healthy: device.health == Health::Healthy && device.vendor != Vendor::Unknown,
-            health_reason: match (device.health, device.vendor) {
-                (_, Vendor::Unknown) => Some("vendor unknown to this tessera build".into()),
-                (Health::Unknown, _) => Some("health state unknown to this tessera build".into()),
-                _ => device.health_reason.clone(),
-            },
-            not_whole: device.mig.as_ref().and_then(|mig| mig.why_not_whole()),
-            allocated_to: allocated
-                .get(&(node.name.clone(), device.id.clone()))
-                .cloned(),
-        })
-        .collect();
+fn node_state(
+    node: &ClusterNode,
+    sharing: Sharing,
+    allocated: &HashMap<(String, String), String>,
+    shares: &HeldShares,
+) -> NodeState {
+    let devices = devices::planned_devices(node, sharing, allocated, shares);
     let links = node
         .gpu_state
         .links
@@ -199,6 +210,7 @@ pub fn planned_shards(plan: &Plan, replica: u32) -> Vec<PlannedShard> {
             layer_start: stage.layer_start,
             layer_end: stage.layer_end,
             predicted_memory_gib: (stage.memory_per_device_bytes / GIB * 100.0).round() / 100.0,
+            share: devices::shard_share(stage, &plan.performance),
         })
         .collect()
 }
@@ -216,6 +228,7 @@ fn interconnect(kind: LinkKind) -> Option<Interconnect> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{Health, Vendor};
 
     #[test]
     fn the_solver_sees_the_same_scale_up_domains_as_the_agent_reports() {
@@ -269,6 +282,7 @@ mod tests {
             ],
             timestamp: None,
             allocated: Default::default(),
+            shares: Default::default(),
         }
     }
 
@@ -316,7 +330,7 @@ mod tests {
         }];
         let mut allocated = HashMap::new();
         allocated.insert(("a".to_string(), "g0".to_string()), "ns/other".to_string());
-        let p = build_problem(&spec(), &nodes, &allocated);
+        let p = build_problem(&spec(), &nodes, &allocated, &HeldShares::new());
         assert_eq!(p.nodes[0].zone.as_deref(), Some("z1"));
         assert_eq!(p.nodes[0].rack, None);
         let d = &p.nodes[0].devices;
@@ -357,7 +371,7 @@ mod tests {
                 labels: BTreeMap::new(),
                 gpu_state: state,
             };
-            let problem = build_problem(&spec(), [&node], &HashMap::new());
+            let problem = build_problem(&spec(), [&node], &HashMap::new(), &HeldShares::new());
             problem.nodes[0].devices[0].not_whole.clone()
         };
         assert_eq!(
@@ -386,7 +400,7 @@ mod tests {
             labels: BTreeMap::new(),
             gpu_state: state,
         };
-        let problem = build_problem(&spec(), [&node], &HashMap::new());
+        let problem = build_problem(&spec(), [&node], &HashMap::new(), &HeldShares::new());
         let refusal = crate::placement::solve(&problem, &Default::default()).unwrap_err();
         let details = refusal.details.join("\n");
         assert!(
