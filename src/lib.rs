@@ -28,6 +28,7 @@ pub mod cli;
 pub mod controller;
 pub mod initial_list;
 pub mod process;
+pub(crate) mod quantity;
 pub mod wall_deadline;
 pub mod watch_backoff;
 

@@ -162,6 +162,12 @@ struct AgentFlags {
     /// The same directory's path on the host (the mounts' host paths).
     #[arg(long, value_name = "DIR", default_value = "/")]
     host_driver_root: PathBuf,
+    /// Offer whole GPUs for memory shares through DRA (consumable capacity):
+    /// instances with `placement.sharing: Shared` may then take part of a
+    /// GPU's memory beside others, with no isolation between them. Claims
+    /// that ask for no capacity still get whole GPUs.
+    #[arg(long)]
+    memory_shares: bool,
     /// Device registry file.
     #[arg(
         long,
@@ -212,6 +218,7 @@ impl AgentFlags {
             cdi_spec_dirs,
             driver_root,
             host_driver_root,
+            memory_shares,
             registry,
             checkpoint,
             kubeconfig,
@@ -266,6 +273,7 @@ impl AgentFlags {
                 cdi_spec_dirs,
                 driver_root,
                 host_driver_root,
+                memory_shares,
                 ..DraConfig::default()
             },
             listen,

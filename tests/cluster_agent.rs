@@ -225,14 +225,15 @@ async fn the_agent_publishes_and_restores_its_resource_slices() {
         .expect("reading the cache at the left-over slice's version");
 
     let (tx, rx) = channel("fake");
-    let poller = Poller::start(&fake_file, tx);
+    let poller = Poller::start(&fake_file, tx.clone());
     let stats = Arc::new(SliceStats::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let publisher = AbortOnDrop(tokio::spawn(run_slice_publisher(
         client.clone(),
         TEST_DRIVER.to_string(),
         node.name.clone(),
-        rx,
+        (rx, tx),
+        false,
         stats.clone(),
         async move {
             let _ = stopped.await;
@@ -282,6 +283,121 @@ async fn the_agent_publishes_and_restores_its_resource_slices() {
     // Slices stay when the agent stops; the Node owns them, but a bare API
     // server has no garbage collector, so they go by hand.
     for (name, _, _) in pool().await {
+        let _ = timeout(CALL, slices.delete(&name, &DeleteParams::default())).await;
+    }
+    node.delete_now(&nodes).await;
+}
+
+/// One H100 in MIG mode (a 3g.40gb and a 2g.20gb partition) and one whole.
+const SPLIT_AND_WHOLE_H100: &str = "gpus:\n  - {profile: H100-80GiB, mig: {partitions: [3g.40gb, 2g.20gb]}}\n  - {profile: H100-80GiB}\n";
+
+#[tokio::test]
+async fn the_api_server_keeps_partitions_counters_and_memory_shares_as_published() {
+    let Some((_, config, client)) = cluster().await else {
+        return;
+    };
+    if !serves_slices(&client).await {
+        return;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let run = RunId::new();
+    let scratch = TempDir::new(&run, "shares");
+    let fake_file = scratch.write("gpus.yaml", SPLIT_AND_WHOLE_H100);
+    let node = create_node(&nodes, &config, &run).await;
+    let (tx, rx) = channel("fake");
+    let poller = Poller::start(&fake_file, tx.clone());
+    let stats = Arc::new(SliceStats::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let publisher = AbortOnDrop(tokio::spawn(run_slice_publisher(
+        client.clone(),
+        TEST_DRIVER.to_string(),
+        node.name.clone(),
+        (rx.clone(), tx),
+        true,
+        stats.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    )));
+    let selector = format!("spec.nodeName={},spec.driver={TEST_DRIVER}", node.name);
+    let started = Instant::now();
+    let written = loop {
+        let list = timeout(
+            CALL,
+            slices.list(&kube::api::ListParams::default().fields(&selector)),
+        )
+        .await
+        .expect("listing slices answered within the bound")
+        .expect("listing slices");
+        if list.items.len() == 2 {
+            break list.items;
+        }
+        assert!(
+            started.elapsed() < ARRIVAL,
+            "the pool was not written as a device slice and a counter slice: {:?} (errors {})",
+            list.items
+                .iter()
+                .map(|s| &s.metadata.name)
+                .collect::<Vec<_>>(),
+            stats.errors()
+        );
+        sleep(Duration::from_millis(200)).await;
+    };
+    let devices: Vec<_> = written
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .collect();
+    let counter_sets: Vec<_> = written
+        .iter()
+        .flat_map(|s| s.spec.shared_counters.iter().flatten())
+        .collect();
+    assert_eq!(devices.len(), 3, "the whole GPU and two partitions");
+    assert_eq!(counter_sets.len(), 1, "the split GPU's counter set");
+    assert_eq!(
+        counter_sets[0].counters.len(),
+        9,
+        "8 memory slices and the SMs"
+    );
+    let whole: Vec<_> = devices
+        .iter()
+        .filter(|d| d.consumes_counters.is_none())
+        .collect();
+    assert_eq!(whole.len(), 1);
+    assert_eq!(
+        whole[0].allow_multiple_allocations,
+        Some(true),
+        "kept: DRAConsumableCapacity is on"
+    );
+    let policy = whole[0].capacity.as_ref().expect("capacity")["memory"]
+        .request_policy
+        .as_ref()
+        .expect("the memory's request policy kept");
+    assert!(policy.valid_range.is_some());
+    for partition in devices.iter().filter(|d| d.consumes_counters.is_some()) {
+        let consumed = &partition.consumes_counters.as_ref().expect("consumption")[0];
+        assert_eq!(consumed.counter_set, counter_sets[0].name);
+    }
+    // The node's GPU state says what the pool hands out.
+    let started = Instant::now();
+    loop {
+        let shares = rx.borrow().shares;
+        if shares.partitions && shares.memory {
+            break;
+        }
+        assert!(
+            started.elapsed() < ARRIVAL,
+            "the view never offered partitions and memory shares: {shares:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop.send(());
+    timeout(CALL, publisher.join())
+        .await
+        .expect("the slice publisher did not stop within the bound");
+    drop(poller);
+    for slice in written {
+        let name = slice.metadata.name.unwrap_or_default();
         let _ = timeout(CALL, slices.delete(&name, &DeleteParams::default())).await;
     }
     node.delete_now(&nodes).await;

@@ -128,7 +128,8 @@ impl Fleet {
                 clients[index].clone(),
                 driver.to_string(),
                 node.name.clone(),
-                node.tx.subscribe(),
+                (node.tx.subscribe(), Arc::clone(&node.tx)),
+                false,
                 Arc::clone(&node.slice_stats),
                 async move {
                     let _ = stop.wait_for(|stopped| *stopped).await;

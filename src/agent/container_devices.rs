@@ -20,6 +20,10 @@ use crate::backend::container::{ContainerWiring, DriverFiles, DriverRoot, HostRo
 use crate::backend::{DeviceInfo, container_wiring};
 
 pub const TESSERA_VISIBLE_DEVICES: &str = "TESSERA_VISIBLE_DEVICES";
+/// For a memory share of a GPU: the GiB the container may use.
+pub const TESSERA_GPU_MEMORY_GIB: &str = "TESSERA_GPU_MEMORY_GIB";
+/// For a memory share of a GPU: that as a fraction of the GPU's memory.
+pub const TESSERA_GPU_MEMORY_FRACTION: &str = "TESSERA_GPU_MEMORY_FRACTION";
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeOptions {

@@ -290,7 +290,8 @@ async fn start_dra(
         client.clone(),
         &config.dra.driver_name,
         node_name,
-        rx.clone(),
+        (rx.clone(), tx.clone()),
+        config.dra.memory_shares,
     );
     tracing::info!(driver = %config.dra.driver_name, mode = config.allocation.as_str(), "offering the GPUs through DRA");
     Ok(Some(dra))

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::backend::health::HealthTracker;
 use crate::backend::registry::Registry;
 use crate::backend::{GpuBackend, RawHealth, Snapshot, is_fallback_id, snapshot};
+use tessera_core::api::SharesOffered;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceView {
@@ -25,6 +26,8 @@ pub struct DeviceView {
     /// The last backend error, if the latest poll failed (the snapshot is then
     /// the last good one).
     pub error: Option<String>,
+    /// The parts of GPUs the node hands out (through DRA only).
+    pub shares: SharesOffered,
 }
 
 impl DeviceView {
@@ -38,6 +41,7 @@ impl DeviceView {
             allocated: BTreeMap::new(),
             ready: false,
             error: None,
+            shares: SharesOffered::default(),
         }
     }
 

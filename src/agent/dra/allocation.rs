@@ -7,8 +7,11 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use super::device_names::device_names;
+use super::device_names::pool_device_names;
+use super::slice_fields::MEMORY_CAPACITY;
 use crate::backend::{DeviceState, RawHealth, Snapshot};
+use crate::quantity::whole_units;
+use tessera_core::api::GpuPartition;
 
 /// One device of this node a claim was given.
 #[derive(Debug)]
@@ -17,7 +20,22 @@ pub(crate) struct AllocatedDevice<'a> {
     pub(crate) request: String,
     /// Its name in this node's slices.
     pub(crate) name: String,
+    /// The GPU, or the GPU the partition is of.
     pub(crate) state: &'a DeviceState,
+    /// Set when the device is a MIG partition of the GPU.
+    pub(crate) partition: Option<&'a GpuPartition>,
+    /// Set when the claim was given a memory share of the GPU: its bytes.
+    pub(crate) memory_share: Option<u64>,
+}
+
+impl AllocatedDevice<'_> {
+    /// tessera's ID of the device: the GPU's, or the partition's.
+    pub(crate) fn id(&self) -> &str {
+        self.partition
+            .map_or(self.state.info.id.as_str(), |partition| {
+                partition.id.as_str()
+            })
+    }
 }
 
 /// Who this driver is on which node.
@@ -72,7 +90,7 @@ pub(crate) fn allocated_devices<'a>(
         return Err(format!("{named} has no device of driver {}", on.driver));
     }
 
-    let names = device_names(snapshot.devices.iter().map(|d| d.info.id.as_str()));
+    let names = pool_device_names(snapshot);
     let mut devices = Vec::with_capacity(ours.len());
     let mut problems = Vec::new();
     for result in ours {
@@ -84,13 +102,38 @@ pub(crate) fn allocated_devices<'a>(
             ));
             continue;
         }
-        let found = snapshot
-            .devices
-            .iter()
-            .find(|state| names.get(&state.info.id) == Some(&result.device));
-        let Some(state) = found else {
-            problems.push(format!("device {device} is not one of this node's GPUs"));
-            continue;
+        let named = |id: &str| names.get(id) == Some(&result.device);
+        let whole = snapshot.devices.iter().find(|state| named(&state.info.id));
+        let partition = || {
+            snapshot.devices.iter().find_map(|state| {
+                let mig = state.info.mig.as_ref()?;
+                let partition = mig.partitions.iter().find(|p| named(&p.id))?;
+                Some((
+                    state,
+                    partition,
+                    mig.usable_partitions().contains(partition),
+                ))
+            })
+        };
+        let (state, partition) = match (whole, partition()) {
+            (Some(state), _) => (state, None),
+            (None, Some((state, partition, true))) => (state, Some(partition)),
+            (None, Some((state, partition, false))) => {
+                problems.push(format!(
+                    "device {device} ({}) is a MIG partition of {} that is not offered now: {}",
+                    partition.id,
+                    state.info.id,
+                    state
+                        .info
+                        .not_whole()
+                        .unwrap_or_else(|| "MIG mode is off".into())
+                ));
+                continue;
+            }
+            (None, None) => {
+                problems.push(format!("device {device} is not one of this node's GPUs"));
+                continue;
+            }
         };
         if let RawHealth::Unhealthy(why) = &state.health {
             problems.push(format!(
@@ -99,23 +142,62 @@ pub(crate) fn allocated_devices<'a>(
             ));
             continue;
         }
-        if let Some(why) = state.info.not_whole() {
+        if partition.is_none()
+            && let Some(why) = state.info.not_whole()
+        {
             problems.push(format!(
                 "device {device} ({}) is not a whole GPU: {why}",
                 state.info.id
             ));
             continue;
         }
+        let memory_share = match memory_share(result, state.info.memory_total_bytes) {
+            Ok(share) => share.filter(|_| partition.is_none()),
+            Err(why) => {
+                problems.push(format!("device {device}: {why}"));
+                continue;
+            }
+        };
         devices.push(AllocatedDevice {
             request: result.request.clone(),
             name: result.device.clone(),
             state,
+            partition,
+            memory_share,
         });
     }
     if problems.is_empty() {
         Ok(devices)
     } else {
         Err(format!("{named}: {}", problems.join("; ")))
+    }
+}
+
+/// The GPU memory a result with a share ID was given (its consumed
+/// `memory` capacity); `None` for a result without one, which holds the
+/// whole device.
+fn memory_share(
+    result: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
+    total: u64,
+) -> Result<Option<u64>, String> {
+    if result.share_id.is_none() {
+        return Ok(None);
+    }
+    let consumed = result
+        .consumed_capacity
+        .as_ref()
+        .and_then(|capacity| capacity.get(MEMORY_CAPACITY));
+    let Some(consumed) = consumed else {
+        // A share with no memory consumed asked for the policy's default:
+        // the whole memory.
+        return Ok(Some(total));
+    };
+    match whole_units(&consumed.0) {
+        Some(bytes) if bytes > 0 && bytes <= total => Ok(Some(bytes)),
+        _ => Err(format!(
+            "consumed memory {:?} is not a quantity from 1 byte to the GPU's {total}",
+            consumed.0
+        )),
     }
 }
 
@@ -183,8 +265,7 @@ pub(crate) mod tests {
     }
 
     fn name(snap: &Snapshot, i: usize) -> String {
-        device_names(snap.devices.iter().map(|d| d.info.id.as_str()))[&snap.devices[i].info.id]
-            .clone()
+        pool_device_names(snap)[&snap.devices[i].info.id].clone()
     }
 
     #[test]

@@ -7,6 +7,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
+/// The names of every device a node's pool may list: its GPUs and the MIG
+/// partitions they have (whether offered now or not, so a name does not
+/// change with a mode).
+pub(crate) fn pool_device_names(snapshot: &crate::backend::Snapshot) -> BTreeMap<String, String> {
+    let gpus = snapshot.devices.iter().map(|state| state.info.id.as_str());
+    let partitions = snapshot
+        .devices
+        .iter()
+        .filter_map(|state| state.info.mig.as_ref())
+        .flat_map(|mig| mig.partitions.iter().map(|partition| partition.id.as_str()));
+    device_names(gpus.chain(partitions))
+}
+
 /// The longest DNS label.
 const MAX_LABEL: usize = 63;
 

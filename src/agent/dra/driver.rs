@@ -17,8 +17,12 @@ use tokio::sync::Mutex;
 use super::allocation::{AllocatedDevice, DriverOnNode, allocated_devices, consumer_pod};
 use super::cdi::{CdiDevice, CdiDir, device_name};
 use super::prepared::{PreparedClaim, PreparedClaims, PreparedDevice};
-use crate::agent::container_devices::{DriverFilesFrom, RuntimeOptions, container_devices};
+use crate::agent::container_devices::{
+    DriverFilesFrom, RuntimeOptions, TESSERA_GPU_MEMORY_FRACTION, TESSERA_GPU_MEMORY_GIB,
+    container_devices,
+};
 use crate::agent::state::{ViewRx, ViewTx};
+use crate::backend::DeviceInfo;
 use crate::backend::cdi_specs::ListedCdiDevices;
 
 /// Where claims are read: the API server, or a stand-in in tests.
@@ -256,17 +260,17 @@ impl<C: ClaimReader> Driver<C> {
         let mut specs = Vec::new();
         let mut first_ids: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for request in requests {
-            let infos: Vec<_> = devices
-                .iter()
-                .filter(|d| d.request == request)
-                .map(|d| &d.state.info)
-                .collect();
+            let of_request: Vec<&AllocatedDevice<'_>> =
+                devices.iter().filter(|d| d.request == request).collect();
+            let infos: Vec<DeviceInfo> =
+                of_request.iter().map(|d| as_container_device(d)).collect();
             let mut wiring = container_devices(
                 backend,
-                &infos,
+                &infos.iter().collect::<Vec<_>>(),
                 &self.runtime,
                 DriverFilesFrom::Answer(&listed),
             );
+            memory_share_envs(&of_request, &mut wiring.envs);
             let name = device_name(uid, request);
             let mut ids = vec![self.cdi.qualified_id(&name)];
             ids.append(&mut wiring.cdi_devices);
@@ -279,7 +283,8 @@ impl<C: ClaimReader> Driver<C> {
                 request_names: vec![device.request.clone()],
                 pool: self.on.node_name.clone(),
                 device: device.name.clone(),
-                id: device.state.info.id.clone(),
+                id: device.id().to_string(),
+                memory_share_bytes: device.memory_share,
                 cdi_ids: first_ids
                     .remove(device.request.as_str())
                     .unwrap_or_default(),
@@ -287,6 +292,50 @@ impl<C: ClaimReader> Driver<C> {
             .collect();
         (specs, answer)
     }
+}
+
+/// The device a container is given: the GPU, or for a MIG partition the GPU
+/// under the partition's ID (the runtime's name for it, its GPU's device
+/// node and PCI address).
+fn as_container_device(device: &AllocatedDevice<'_>) -> DeviceInfo {
+    let mut info = device.state.info.clone();
+    if let Some(partition) = device.partition {
+        info.id = partition.id.clone();
+        info.memory_total_bytes = partition.memory_total_bytes;
+        info.compute_units = partition.multiprocessors;
+        info.mig = None;
+    }
+    info
+}
+
+/// What a runtime on memory shares may use: the smallest share of the
+/// request's devices, in GiB and as a fraction of its GPU (vLLM's
+/// `--gpu-memory-utilization`). Nothing for whole devices.
+fn memory_share_envs(devices: &[&AllocatedDevice<'_>], envs: &mut BTreeMap<String, String>) {
+    let shares = devices.iter().filter_map(|device| {
+        let bytes = device.memory_share?;
+        let total = device.state.info.memory_total_bytes.max(1);
+        Some((bytes, bytes as f64 / total as f64))
+    });
+    let Some((bytes, fraction)) = shares.min_by(|a, b| a.1.total_cmp(&b.1)) else {
+        return;
+    };
+    envs.insert(
+        TESSERA_GPU_MEMORY_GIB.to_string(),
+        decimal(bytes as f64 / (1u64 << 30) as f64, 2),
+    );
+    envs.insert(
+        TESSERA_GPU_MEMORY_FRACTION.to_string(),
+        decimal(fraction, 3),
+    );
+}
+
+/// `value` with at most `places` decimals, rounded down (a share is never
+/// overstated), without trailing zeros.
+fn decimal(value: f64, places: i32) -> String {
+    let scale = 10f64.powi(places);
+    let text = format!("{:.*}", places as usize, (value * scale).floor() / scale);
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn show_in_use(tx: &ViewTx, prepared: &PreparedClaims) {
@@ -446,6 +495,91 @@ pub(crate) mod tests {
         let again = driver.prepare(&[reference("u1")]).await;
         assert_eq!(again["u1"].as_ref().unwrap(), devices);
         assert_eq!(claims.reads.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_partition_is_given_by_its_own_id_and_a_memory_share_with_its_size() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let s = setup("2xH100-80GiB");
+        let partition_id = format!("MIG-{}-0-3g.40gb", s.ids[0]);
+        s.tx.send_modify(|view| {
+            view.snapshot.devices[0].info.mig = Some(tessera_core::api::MigState {
+                partitions: vec![tessera_core::api::GpuPartition {
+                    id: partition_id.clone(),
+                    profile: "3g.40gb".into(),
+                    memory_total_bytes: 40 << 30,
+                    multiprocessors: 60,
+                    placement_start: 0,
+                    placement_size: 4,
+                }],
+                ..crate::backend::test_mig(true, None)
+            });
+        });
+        let names = crate::agent::dra::device_names::pool_device_names(&s.rx.borrow().snapshot);
+        let d = "gpu.tessera.dev";
+        let mut claims = one_claim("part", &[(d, "node-1", &names[&partition_id])]);
+        let mut shared = claim("share", &[(d, "node-1", &s.names[1])]);
+        let result = &mut shared
+            .status
+            .as_mut()
+            .and_then(|status| status.allocation.as_mut())
+            .and_then(|allocation| allocation.devices.as_mut())
+            .and_then(|devices| devices.results.as_mut())
+            .unwrap()[0];
+        result.share_id = Some("0b8a1e52-3c4d-4e5f-8a9b-0c1d2e3f4a5b".into());
+        result.consumed_capacity = Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity("25Gi".into()),
+        )]));
+        claims.by_name.insert("ns/share".into(), shared);
+        let driver = s.driver(claims).keep_view(s.tx.clone()).await;
+        let mut share_ref = reference("share");
+        share_ref.name = "share".into();
+        let answer = driver.prepare(&[reference("part"), share_ref]).await;
+        assert_eq!(answer["part"].as_ref().unwrap()[0].id, partition_id);
+        let share = &answer["share"].as_ref().unwrap()[0];
+        assert_eq!(share.memory_share_bytes, Some(25 << 30));
+
+        let env = read_env(&s.cdi().spec_path("part"));
+        assert_eq!(env["part-gpus"][TESSERA_VISIBLE_DEVICES], partition_id);
+        assert!(!env["part-gpus"].contains_key(TESSERA_GPU_MEMORY_GIB));
+        let env = read_env(&s.cdi().spec_path("share"));
+        assert_eq!(env["share-gpus"][TESSERA_VISIBLE_DEVICES], s.ids[1]);
+        assert_eq!(env["share-gpus"][TESSERA_GPU_MEMORY_GIB], "25");
+        assert_eq!(env["share-gpus"][TESSERA_GPU_MEMORY_FRACTION], "0.312");
+        // A share holds no GPU whole; the partition is held by its own ID.
+        let in_use = s.rx.borrow().allocated.clone();
+        assert_eq!(
+            in_use,
+            BTreeMap::from([(partition_id.clone(), "pod-part".into())])
+        );
+    }
+
+    #[test]
+    fn a_share_consuming_more_than_its_gpu_or_nonsense_is_refused() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let s = setup("1xH100-80GiB");
+        for (consumed, problem) in [("81Gi", "81Gi"), ("lots", "lots"), ("0", "\"0\"")] {
+            let mut shared = claim("c", &[("gpu.tessera.dev", "node-1", &s.names[0])]);
+            let result = &mut shared
+                .status
+                .as_mut()
+                .and_then(|status| status.allocation.as_mut())
+                .and_then(|allocation| allocation.devices.as_mut())
+                .and_then(|devices| devices.results.as_mut())
+                .unwrap()[0];
+            result.share_id = Some("share".into());
+            result.consumed_capacity = Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity(consumed.into()),
+            )]));
+            let error =
+                allocated_devices(&shared, "c", &on(), &s.rx.borrow().snapshot).unwrap_err();
+            assert!(
+                error.contains("consumed memory") && error.contains(problem),
+                "{consumed}: {error}"
+            );
+        }
     }
 
     #[tokio::test]

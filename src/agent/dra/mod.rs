@@ -17,8 +17,10 @@ pub mod device_names;
 mod driver;
 mod grpc;
 pub mod kubelet_api;
+mod partition_devices;
 mod prepared;
 pub(crate) mod registration;
+mod slice_fields;
 pub mod slice_publisher;
 pub(crate) mod slices;
 
@@ -67,6 +69,9 @@ pub struct DraConfig {
     pub host_driver_root: PathBuf,
     /// How often the sockets are checked.
     pub poll_interval: Duration,
+    /// Offer whole GPUs for memory shares (consumable capacity): several
+    /// claims may each take part of a GPU's memory.
+    pub memory_shares: bool,
 }
 
 impl Default for DraConfig {
@@ -80,6 +85,7 @@ impl Default for DraConfig {
             driver_root: None,
             host_driver_root: PathBuf::from("/"),
             poll_interval: Duration::from_millis(500),
+            memory_shares: false,
         }
     }
 }
@@ -191,13 +197,15 @@ impl DraHandle {
         client: kube::Client,
         driver: &str,
         node_name: &str,
-        view: ViewRx,
+        view: (ViewRx, ViewTx),
+        memory_shares: bool,
     ) {
         self.slice_task = Some(tokio::spawn(run_slice_publisher(
             client,
             driver.to_string(),
             node_name.to_string(),
             view,
+            memory_shares,
             self.slice_stats.clone(),
             stopped(self.stop.subscribe()),
         )));

@@ -26,9 +26,13 @@ pub(crate) struct PreparedDevice {
     pub(crate) pool: String,
     /// The device's name in the slice.
     pub(crate) device: String,
-    /// tessera's device ID.
+    /// tessera's device ID (a MIG partition's own).
     pub(crate) id: String,
     pub(crate) cdi_ids: Vec<String>,
+    /// Set for a memory share of the device: its bytes. A share holds no
+    /// device whole, so it is not among the devices in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) memory_share_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +124,7 @@ impl PreparedClaims {
                 claim
                     .devices
                     .iter()
+                    .filter(|d| d.memory_share_bytes.is_none())
                     .map(move |d| (d.id.clone(), owner.clone()))
             })
             .collect()
@@ -172,6 +177,7 @@ mod tests {
                 device: id.to_lowercase(),
                 id: id.into(),
                 cdi_ids: vec![format!("gpu.tessera.dev/claim={id}")],
+                memory_share_bytes: None,
             }],
         }
     }

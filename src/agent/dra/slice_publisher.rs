@@ -33,16 +33,17 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 
-use super::slices::{SliceOwner, node_slices, pool_devices};
+use super::slices::{PoolContents, PoolOptions, SliceOwner, node_slices, pool_devices};
 use crate::agent::api_call::within;
 use crate::agent::publisher::PublisherConfig;
-use crate::agent::state::ViewRx;
+use crate::agent::state::{ViewRx, ViewTx};
+use tessera_core::api::SharesOffered;
 
 /// The field manager of our slice writes.
 const FIELD_MANAGER: &str = "tessera-agent";
@@ -88,7 +89,7 @@ impl SliceStats {
 /// What the publisher has written.
 struct Published {
     /// `None` until this run wrote the pool.
-    devices: Option<Vec<Device>>,
+    devices: Option<PoolContents>,
     generation: i64,
     names: BTreeSet<String>,
     /// The resourceVersion of this run's last slice write or deletion: a
@@ -101,7 +102,8 @@ pub async fn run_slice_publisher(
     client: Client,
     driver: String,
     node_name: String,
-    mut view: ViewRx,
+    (mut view, tx): (ViewRx, ViewTx),
+    memory_shares: bool,
     stats: Arc<SliceStats>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -123,7 +125,10 @@ pub async fn run_slice_publisher(
         ),
     ));
     let mut backoff = BACKOFF_START;
-    let mut taints = true;
+    let mut options = PoolOptions {
+        taints: true,
+        memory_shares,
+    };
     let mut published: Option<Published> = None;
     let mut owner: Option<SliceOwner> = None;
     // What the watch brought while the publisher waited on something else.
@@ -139,13 +144,16 @@ pub async fn run_slice_publisher(
                 &view,
                 &mut owner,
                 &mut published,
-                &mut taints,
+                &mut options,
                 &stats,
             );
             // Given up half-way, an attempt leaves what was last published
             // as it was: the next one writes the same generation again.
             match reading(&mut watched, &mut seen, within(ANSWER_LIMIT, attempt)).await {
-                Ok(()) => backoff = BACKOFF_START,
+                Ok(()) => {
+                    backoff = BACKOFF_START;
+                    offer(&tx, options);
+                }
                 Err(e) => {
                     stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, retry_in = ?backoff, "publishing the node's ResourceSlices failed");
@@ -282,7 +290,7 @@ async fn publish_once(
     view: &ViewRx,
     owner: &mut Option<SliceOwner>,
     published: &mut Option<Published>,
-    taints: &mut bool,
+    options: &mut PoolOptions,
     stats: &SliceStats,
 ) -> Result<(), kube::Error> {
     let owner = match owner {
@@ -306,13 +314,14 @@ async fn publish_once(
         return Ok(());
     };
     loop {
-        let devices = pool_devices(&view.borrow().snapshot, driver, *taints);
+        let devices = pool_devices(&view.borrow().snapshot, driver, *options);
         if last.devices.as_ref() == Some(&devices) {
             return Ok(());
         }
         let generation = last.generation + 1;
         let wanted = node_slices(owner, &devices, generation);
         let mut kept_taints = true;
+        let mut kept_shares = true;
         let mut written_at = None;
         let params = PatchParams::apply(FIELD_MANAGER).force();
         for slice in &wanted {
@@ -320,6 +329,7 @@ async fn publish_once(
             let written = slices.patch(&name, &params, &Patch::Apply(slice)).await?;
             stats.writes.fetch_add(1, Ordering::Relaxed);
             kept_taints &= taints_kept(slice, &written);
+            kept_shares &= shares_kept(slice, &written);
             written_at = written.metadata.resource_version;
         }
         let names: BTreeSet<String> = wanted
@@ -357,14 +367,37 @@ async fn publish_once(
             slices = wanted.len(),
             "published the node's ResourceSlices"
         );
-        if kept_taints {
+        if kept_taints && kept_shares {
             return Ok(());
         }
-        tracing::warn!(
-            "the API server dropped the device taints (DRADeviceTaints is off): unhealthy devices are left out of the slices instead"
-        );
-        *taints = false;
+        if !kept_taints {
+            tracing::warn!(
+                "the API server dropped the device taints (DRADeviceTaints is off): unhealthy devices are left out of the slices instead"
+            );
+            options.taints = false;
+        }
+        if !kept_shares {
+            tracing::warn!(
+                "the API server dropped allowMultipleAllocations (DRAConsumableCapacity is off): whole GPUs are offered whole only, without memory shares"
+            );
+            options.memory_shares = false;
+        }
     }
+}
+
+/// Tells the node's GPU state what the published pool hands out besides
+/// whole GPUs: partitions of any GPU in MIG mode, memory shares where
+/// offered and kept.
+fn offer(tx: &ViewTx, options: PoolOptions) {
+    let shares = SharesOffered {
+        partitions: true,
+        memory: options.memory_shares,
+    };
+    tx.send_if_modified(|view| {
+        let changed = view.shares != shares;
+        view.shares = shares;
+        changed
+    });
 }
 
 /// The node's slices of this driver as `params` reads them: their
@@ -389,6 +422,20 @@ async fn existing(
             .filter_map(|s| s.metadata.name.clone())
             .collect(),
     })
+}
+
+/// Whether every device written as shareable came back so.
+fn shares_kept(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
+    let count = |slice: &ResourceSlice| -> usize {
+        slice
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .filter(|d| d.allow_multiple_allocations == Some(true))
+            .count()
+    };
+    count(written) >= count(sent)
 }
 
 /// Whether every taint written came back.
@@ -452,7 +499,8 @@ mod tests {
             Client::new(service, "default"),
             "gpu.tessera.dev".into(),
             NODE.into(),
-            rx,
+            (rx, tx.clone()),
+            false,
             Arc::clone(&stats),
             std::future::pending(),
         ));

@@ -123,6 +123,7 @@ pub(crate) fn state_of(view: &DeviceView) -> NodeGpuState {
 pub(super) fn unstamped(view: &DeviceView) -> NodeGpuState {
     let mut state = view.snapshot.to_gpu_state(None);
     state.allocated = view.allocated.clone();
+    state.shares = view.shares;
     state
 }
 
