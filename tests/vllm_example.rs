@@ -562,3 +562,32 @@ fn the_api_service_reaches_rank_0_of_every_replica_only() {
         .expect("the container has the Service's port");
     assert_eq!(container_port.container_port, 8000);
 }
+
+#[test]
+fn the_shared_example_keeps_vllm_to_its_memory_share() {
+    let mut mi: ModelInstance =
+        serde_saphyr::from_str(include_str!("../examples/vllm-llama-8b-shared.yaml"))
+            .expect("the shared example parses");
+    mi.spec.validate().expect("a valid spec");
+    mi.metadata.namespace = Some("ml".into());
+    mi.metadata.uid = Some("uid-shared".into());
+    assert_eq!(mi.spec.placement.sharing, tessera::api::Sharing::Shared);
+    let pods = render(&mi, &plan(&[32], &[1]));
+    let started = |fraction: &[(&str, &str)]| {
+        let command = runtime(&pods[0]).command.as_ref().expect("a command");
+        let ran = run(command, &pods[0], fraction);
+        assert!(ran.success, "{}", ran.stderr);
+        let at = ran
+            .stdout
+            .iter()
+            .position(|arg| arg == "--gpu-memory-utilization")
+            .expect("the flag is passed");
+        ran.stdout[at + 1].clone()
+    };
+    // The agent's CDI spec gives a memory share's fraction; a partition has none.
+    assert_eq!(
+        started(&[("TESSERA_GPU_MEMORY_FRACTION", "0.312")]),
+        "0.312"
+    );
+    assert_eq!(started(&[]), "0.9");
+}

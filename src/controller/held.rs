@@ -9,10 +9,41 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::nodes::NodeInfo;
 use tessera_core::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard};
-use tessera_core::translate::pod_holder;
+use tessera_core::translate::{HeldShares, hold_shard, pod_holder};
 
-/// `(node, device ID)` → who holds it, for the explanation of a refusal.
-pub type Held = HashMap<(String, String), String>;
+/// What others hold: devices whole, `(node, device ID)` → who (for the
+/// explanation of a refusal), and memory shares of whole GPUs.
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    pub(crate) devices: HashMap<(String, String), String>,
+    pub(crate) shares: HeldShares,
+}
+
+impl Held {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `holder` holds the device whole.
+    pub fn insert(&mut self, device: (String, String), holder: String) {
+        self.devices.insert(device, holder);
+    }
+
+    /// Who holds the device whole, if anyone.
+    pub fn get(&self, device: &(String, String)) -> Option<&String> {
+        self.devices.get(device)
+    }
+
+    /// `holder` holds what the planned `shard` was given: a memory share of
+    /// its GPU, or its devices whole (where nobody is recorded yet).
+    pub(crate) fn shard(&mut self, shard: &PlannedShard, holder: &str) {
+        let mut devices = HashMap::new();
+        hold_shard(shard, holder, &mut devices, &mut self.shares);
+        for (device, who) in devices {
+            self.devices.entry(device).or_insert(who);
+        }
+    }
+}
 
 /// Plans this controller decided, by instance UID, that its cache may not
 /// show yet (the status write has not come back through the watch).
@@ -88,9 +119,7 @@ pub(crate) fn held_devices<'a>(
             mi.metadata.name.as_deref().unwrap_or("")
         );
         for shard in plan {
-            for device in &shard.devices {
-                held.insert((shard.node.clone(), device.clone()), owner.clone());
-            }
+            hold_shard(shard, &owner, &mut held.devices, &mut held.shares);
         }
     }
     for node in nodes {
@@ -103,7 +132,8 @@ pub(crate) fn held_devices<'a>(
             let unexplained_on_mine = pod_uid == NodeGpuState::UNBOUND_OWNER
                 && my_devices.contains(&(node.name(), device.as_str()));
             if !mine.contains(pod_uid) && !unexplained_on_mine {
-                held.entry((node.name().to_string(), device.clone()))
+                held.devices
+                    .entry((node.name().to_string(), device.clone()))
                     .or_insert_with(|| pod_holder(node.name(), pod_uid));
             }
         }
@@ -186,7 +216,42 @@ mod tests {
         assert_eq!(who("a-g3"), None, "a finished pod holds nothing");
         assert_eq!(who("a-g4"), None, "my own shard's devices are mine");
         assert!(who("a-g5").unwrap().contains("without a planned binding"));
-        assert_eq!(held.len(), 4);
+        assert_eq!(held.devices.len(), 4);
+    }
+
+    #[test]
+    fn another_instances_memory_share_is_held_as_a_share_of_its_gpu() {
+        use tessera_core::api::{ShardShare, ShareKind};
+        let mut other = instance("other", SMALL);
+        other.status = Some(tessera_core::api::ModelInstanceStatus {
+            plan: vec![PlannedShard {
+                replica: 0,
+                shard: 0,
+                node: "a".into(),
+                devices: vec!["a-g0".into()],
+                layer_start: 0,
+                layer_end: 32,
+                predicted_memory_gib: 24.4,
+                share: Some(ShardShare {
+                    kind: ShareKind::Memory,
+                    gpu: "a-g0".into(),
+                    profile: None,
+                    memory_gib: Some(25),
+                    memory_fraction: Some(0.312),
+                    tenants: 0,
+                    contended_tokens_per_second: None,
+                }),
+            }],
+            ..Default::default()
+        });
+        let nodes = infos(&[node_with("a", &state("a", 8, H100))]);
+        let none: [&Pod; 0] = [];
+        let held = held_devices("uid-me", [&other], &Claims::new(), none, &nodes);
+        assert!(held.devices.is_empty(), "a share holds no GPU whole");
+        assert_eq!(
+            held.shares[&("a".to_string(), "a-g0".to_string())],
+            [("ModelInstance ml/other".to_string(), 25 << 30)]
+        );
     }
 
     #[test]
@@ -224,7 +289,7 @@ mod tests {
         );
         // For any other instance the same devices are taken.
         let held = held_devices("uid-other", [&me], &Claims::new(), none, &nodes);
-        assert_eq!(held.len(), 3);
+        assert_eq!(held.devices.len(), 3);
     }
 
     fn shard(node: &str, device: &str) -> PlannedShard {
@@ -263,6 +328,6 @@ mod tests {
         assert_eq!(who("a-g1").as_deref(), Some("ModelInstance ml/moved"));
         assert_eq!(who("a-g2").as_deref(), Some("ModelInstance ml/fresh"));
         assert_eq!(who("a-g3"), None, "my own claim is mine");
-        assert_eq!(held.len(), 2);
+        assert_eq!(held.devices.len(), 2);
     }
 }

@@ -328,10 +328,17 @@ fn held_by_others(
         &observed.nodes,
     );
     if let Some(driver) = &ctx.settings.dra_driver {
-        for (device, holder) in
-            held_by_claims(&instance.uid, &observed.claims, driver, &observed.pools)
-        {
-            held.entry(device).or_insert(holder);
+        for hold in held_by_claims(&instance.uid, &observed.claims, driver, &observed.pools) {
+            match hold.share {
+                Some(bytes) => held
+                    .shares
+                    .entry(hold.device)
+                    .or_default()
+                    .push((hold.holder, bytes)),
+                None => {
+                    held.devices.entry(hold.device).or_insert(hold.holder);
+                }
+            }
         }
     }
     held
@@ -745,6 +752,7 @@ async fn apply(
                 Api::namespaced(ctx.client.clone(), namespace),
                 driver,
                 &observed.pools,
+                &observed.claims,
                 mine.cloned(),
                 desired.dra.clone(),
             );

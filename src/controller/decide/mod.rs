@@ -20,7 +20,7 @@ use tessera_core::placement::{
     Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
     solve_parallelism,
 };
-use tessera_core::translate::{HeldShares, build_problem, planned_shards, tensor_choice};
+use tessera_core::translate::{build_problem, planned_shards, tensor_choice};
 
 mod replicas;
 pub use replicas::{ReplicaDecision, Replicas, decide_replicas};
@@ -255,12 +255,11 @@ fn problem_for(
     let (nodes, excluded) = eligible(inputs, tolerations);
     let mut held = inputs.held.clone();
     for key in extra_held {
-        held.entry(key)
+        held.devices
+            .entry(key)
             .or_insert_with(|| "this instance".to_string());
     }
-    // No agent offers memory shares to the controller yet (the DRA driver
-    // publishes whole GPUs), so no other instance holds one.
-    let mut problem = build_problem(spec, nodes, &held, &HeldShares::new());
+    let mut problem = build_problem(spec, nodes, &held.devices, &held.shares);
     problem.replica_nodes = inputs.replica_nodes.to_vec();
     (problem, excluded)
 }

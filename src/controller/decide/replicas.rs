@@ -50,10 +50,10 @@ pub fn decide_replicas(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Vec<Re
             .collect();
         let mut held = base.held.clone();
         for shard in &others {
-            for device in &shard.devices {
-                held.entry((shard.node.clone(), device.clone()))
-                    .or_insert_with(|| format!("replica {} of this instance", shard.replica));
-            }
+            held.shard(
+                shard,
+                &format!("replica {} of this instance", shard.replica),
+            );
         }
         let replica_nodes: Vec<String> = others.iter().map(|s| s.node.clone()).collect();
         let failed_here: Vec<u32> = replicas

@@ -14,6 +14,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::claims::{allocated_status, reserved_for};
+use super::conflicts::conflict;
 use super::pools::Pools;
 use crate::controller::apply::{ApplyError, BeforeBind, create_together, retry};
 use crate::controller::events::EventNote;
@@ -34,6 +35,9 @@ pub(crate) struct ShardClaims<'a> {
     api: Api<ResourceClaim>,
     driver: &'a str,
     pools: &'a Pools,
+    /// Every claim of the cluster as cached: what the instance's claims are
+    /// checked against before they are allocated.
+    all: &'a [Arc<ResourceClaim>],
     /// The instance's claims as cached, by name.
     existing: BTreeMap<String, Arc<ResourceClaim>>,
     /// What each wanted claim should be, by claim name.
@@ -51,6 +55,7 @@ impl<'a> ShardClaims<'a> {
         api: Api<ResourceClaim>,
         driver: &'a str,
         pools: &'a Pools,
+        all: &'a [Arc<ResourceClaim>],
         existing: impl IntoIterator<Item = Arc<ResourceClaim>>,
         wanted: Vec<DraShard>,
     ) -> Self {
@@ -58,6 +63,7 @@ impl<'a> ShardClaims<'a> {
             api,
             driver,
             pools,
+            all,
             existing: existing.into_iter().map(|c| (c.name_any(), c)).collect(),
             wanted: wanted
                 .into_iter()
@@ -165,7 +171,21 @@ impl BeforeBind for ShardClaims<'_> {
             ));
             return Ok(false);
         };
-        match allocated_status(&want.shard, self.driver, pool, pod) {
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let status =
+            allocated_status(&want.shard, &uid, self.driver, pool, pod).and_then(|status| {
+                let results = status
+                    .allocation
+                    .as_ref()
+                    .and_then(|allocation| allocation.devices.as_ref())
+                    .and_then(|devices| devices.results.as_deref())
+                    .unwrap_or_default();
+                match conflict(results, &uid, self.all, pool) {
+                    Some(why) => Err(why),
+                    None => Ok(status),
+                }
+            });
+        match status {
             Ok(status) => claim.status = Some(status),
             Err(why) => {
                 self.note(format!(

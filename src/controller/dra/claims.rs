@@ -10,15 +10,17 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClaim, DeviceRequest,
-    DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus,
+    AllocationResult, CELDeviceSelector, CapacityRequirements, DeviceAllocationResult, DeviceClaim,
+    DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest,
+    ResourceClaim, ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
+use super::held::MEMORY_CAPACITY;
 use super::pools::Pool;
-use tessera_core::api::{DRA_ID_ATTRIBUTE, ModelInstance, PlannedShard};
+use tessera_core::api::{DRA_ID_ATTRIBUTE, ModelInstance, PlannedShard, ShareKind};
 
 /// The name of the claim's one request, and of the pod's claim entry.
 pub(crate) const REQUEST: &str = "gpus";
@@ -63,6 +65,9 @@ pub(crate) fn shard_claim(
                                 expression: pinned(driver, &shard.devices),
                             }),
                         }]),
+                        capacity: memory_share(shard).map(|memory| CapacityRequirements {
+                            requests: Some(BTreeMap::from([(MEMORY_CAPACITY.to_string(), memory)])),
+                        }),
                         ..ExactDeviceRequest::default()
                     }),
                     ..DeviceRequest::default()
@@ -72,6 +77,15 @@ pub(crate) fn shard_claim(
         }),
         status: None,
     }
+}
+
+/// The memory a shard given a memory share asks for, in whole GiB.
+pub(crate) fn memory_share(shard: &PlannedShard) -> Option<Quantity> {
+    let share = shard.share.as_ref()?;
+    let gib = share
+        .memory_gib
+        .filter(|_| share.kind == ShareKind::Memory)?;
+    Some(Quantity(format!("{gib}Gi")))
 }
 
 /// `device.attributes["<driver>"].id in ["a", "b"]`.
@@ -103,15 +117,20 @@ fn cel_string(text: &str) -> String {
 
 /// What the controller writes into the claim before it binds `pod`: the
 /// planned devices by their names in the node's pool, the node, and the pod
-/// as the claim's consumer. `None` (with why) when the pool does not list a
+/// as the claim's consumer. A memory share's result carries a share ID (the
+/// claim's UID: unique among the allocations of one device, since a shard's
+/// claim has one result per device, and the same when a write is retried)
+/// and the memory it consumes. `None` (with why) when the pool does not list a
 /// planned device: it is not offered through DRA (yet), so it is not
 /// allocated.
 pub(crate) fn allocated_status(
     shard: &PlannedShard,
+    claim_uid: &str,
     driver: &str,
     pool: &Pool,
     pod: &Pod,
 ) -> Result<ResourceClaimStatus, String> {
+    let share = memory_share(shard);
     let mut results = Vec::with_capacity(shard.devices.len());
     for id in &shard.devices {
         let Some(name) = pool.names.get(id) else {
@@ -125,6 +144,10 @@ pub(crate) fn allocated_status(
             driver: driver.to_string(),
             pool: shard.node.clone(),
             device: name.clone(),
+            share_id: share.as_ref().map(|_| claim_uid.to_string()),
+            consumed_capacity: share
+                .as_ref()
+                .map(|memory| BTreeMap::from([(MEMORY_CAPACITY.to_string(), memory.clone())])),
             ..DeviceRequestAllocationResult::default()
         });
     }
@@ -242,12 +265,19 @@ mod tests {
                 ("GPU-a".into(), "gpu-a".into()),
                 ("GPU-b".into(), "gpu-b".into()),
             ]),
+            ..Pool::default()
         };
         let mut pod = Pod::default();
         pod.metadata.name = Some("llama-shard-0".into());
         pod.metadata.uid = Some("pod-uid".into());
-        let status =
-            allocated_status(&shard(&["GPU-b", "GPU-a"]), "gpu.tessera.dev", &pool, &pod).unwrap();
+        let status = allocated_status(
+            &shard(&["GPU-b", "GPU-a"]),
+            "claim-uid",
+            "gpu.tessera.dev",
+            &pool,
+            &pod,
+        )
+        .unwrap();
         let allocation = status.allocation.as_ref().unwrap();
         let results = allocation
             .devices
@@ -256,6 +286,11 @@ mod tests {
             .results
             .as_ref()
             .unwrap();
+        assert!(
+            results
+                .iter()
+                .all(|r| r.share_id.is_none() && r.consumed_capacity.is_none())
+        );
         let named: Vec<(&str, &str, &str)> = results
             .iter()
             .map(|r| (r.pool.as_str(), r.device.as_str(), r.request.as_str()))
@@ -287,10 +322,80 @@ mod tests {
         pod.metadata.uid = Some("another".into());
         assert!(!reserved_for(&claim, &pod));
 
-        let err = allocated_status(&shard(&["GPU-z"]), "gpu.tessera.dev", &pool, &pod).unwrap_err();
+        let err = allocated_status(
+            &shard(&["GPU-z"]),
+            "claim-uid",
+            "gpu.tessera.dev",
+            &pool,
+            &pod,
+        )
+        .unwrap_err();
         assert_eq!(
             err,
             "device GPU-z is not in node node-1's ResourceSlices of driver gpu.tessera.dev"
         );
+    }
+
+    #[test]
+    fn a_memory_share_asks_for_its_memory_and_is_allocated_with_a_share_id() {
+        use tessera_core::api::{ShardShare, ShareKind};
+        let mut shared = shard(&["GPU-a"]);
+        shared.share = Some(ShardShare {
+            kind: ShareKind::Memory,
+            gpu: "GPU-a".into(),
+            profile: None,
+            memory_gib: Some(25),
+            memory_fraction: Some(0.312),
+            tenants: 1,
+            contended_tokens_per_second: Some(70.0),
+        });
+        let mi = instance("llama", crate::controller::testkit::SMALL);
+        let claim = shard_claim(&mi, &shared, "llama-shard-0", "gpu.tessera.dev");
+        let exactly = claim
+            .spec
+            .as_ref()
+            .unwrap()
+            .devices
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()[0]
+            .exactly
+            .clone()
+            .unwrap();
+        assert_eq!(
+            exactly.capacity.unwrap().requests.unwrap()["memory"],
+            Quantity("25Gi".into())
+        );
+        let pool = Pool {
+            names: BTreeMap::from([("GPU-a".into(), "gpu-a".into())]),
+            ..Pool::default()
+        };
+        let status = allocated_status(
+            &shared,
+            "claim-uid",
+            "gpu.tessera.dev",
+            &pool,
+            &Pod::default(),
+        )
+        .unwrap();
+        let result = &status.allocation.unwrap().devices.unwrap().results.unwrap()[0];
+        assert_eq!(result.share_id.as_deref(), Some("claim-uid"));
+        assert_eq!(
+            result.consumed_capacity.as_ref().unwrap()["memory"],
+            Quantity("25Gi".into())
+        );
+        // A partition is a device of its own: no capacity, no share.
+        shared.share = Some(ShardShare {
+            kind: ShareKind::Partition,
+            profile: Some("3g.40gb".into()),
+            memory_gib: None,
+            memory_fraction: None,
+            tenants: 0,
+            contended_tokens_per_second: None,
+            ..shared.share.clone().unwrap()
+        });
+        assert_eq!(memory_share(&shared), None);
     }
 }

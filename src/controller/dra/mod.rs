@@ -13,6 +13,7 @@
 pub(crate) mod apply;
 mod cached_slice;
 pub(crate) mod claims;
+pub(crate) mod conflicts;
 pub(crate) mod held;
 pub mod pools;
 

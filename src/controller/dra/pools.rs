@@ -14,6 +14,8 @@ use crate::controller::lock;
 pub struct Pool {
     pub(crate) generation: i64,
     pub(crate) names: BTreeMap<String, String>,
+    /// Device name → its memory capacity in bytes, where published.
+    pub(crate) memory: BTreeMap<String, u64>,
 }
 
 impl Pool {
@@ -49,12 +51,15 @@ impl Pools {
             if spec.pool.generation > pool.generation {
                 *pool = Pool {
                     generation: spec.pool.generation,
-                    names: BTreeMap::new(),
+                    ..Pool::default()
                 };
             }
             for device in spec.devices.iter().flatten() {
                 if let Some(id) = &device.id {
                     pool.names.insert(id.clone(), device.name.clone());
+                }
+                if let Some(memory) = device.memory {
+                    pool.memory.insert(device.name.clone(), memory);
                 }
             }
         }
@@ -141,6 +146,7 @@ pub(crate) mod tests {
                         .map(|(id, name)| CachedDevice {
                             name: (*name).into(),
                             id: Some((*id).into()),
+                            memory: Some(80 << 30),
                         })
                         .collect(),
                 ),
