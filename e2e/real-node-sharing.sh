@@ -129,7 +129,8 @@ spec:
             - sh
             - -c
             - |
-              echo "devices=\${TESSERA_VISIBLE_DEVICES:-} gib=\${TESSERA_GPU_MEMORY_GIB:-} fraction=\${TESSERA_GPU_MEMORY_FRACTION:-}"
+              echo "shard on \$(hostname) sees devices: \${TESSERA_VISIBLE_DEVICES:-<unset>}"
+              echo "share gib=\${TESSERA_GPU_MEMORY_GIB:-} fraction=\${TESSERA_GPU_MEMORY_FRACTION:-}"
               trap 'exit 0' TERM INT
               while true; do sleep 3600 & wait \$!; done
 YAML
@@ -141,7 +142,8 @@ running() {
   shards_match_plan "$1"
 }
 share_of() { mi "$1" | jq -c '.status.plan[0].share'; }
-said() { kubectl logs -n "$NAMESPACE" "$1-shard-0" 2>/dev/null | head -1; }
+# said NAME: what NAME's container says of its memory share.
+said() { kubectl logs -n "$NAMESPACE" "$1-shard-0" 2>/dev/null | grep '^share ' | tail -n 1; }
 claim_results() {
   kubectl get resourceclaim -n "$NAMESPACE" "$1-shard-0-gpus" -o json | jq -c '.status.allocation.devices.results'
 }
@@ -152,8 +154,8 @@ wait_until "$TIMEOUT" "chat-a Running on its plan" running chat-a
 [[ "$(share_of chat-a | jq -r '.kind + " " + .profile')" == "Partition 3g.40gb" ]] \
   || die "chat-a was given $(share_of chat-a), not the 3g.40gb partition"
 partition=$(mi chat-a | jq -r '.status.plan[0].devices[0]')
-[[ "$(said chat-a)" == "devices=$partition gib= fraction=" ]] || die "chat-a's container said: $(said chat-a)"
-log "a Shared 8B instance takes the 3g.40gb partition of the split GPU; its container gets $partition"
+[[ "$(said chat-a)" == "share gib= fraction=" ]] || die "chat-a's container said: $(said chat-a)"
+log "a Shared 8B instance takes the 3g.40gb partition of the split GPU; its container gets $partition (no memory share)"
 
 current_test=memory_shares
 shared chat-b Shared 8 32 8
@@ -175,7 +177,7 @@ b=$(claim_results chat-b) c=$(claim_results chat-c)
 [[ "$(jq -r '.[0].consumedCapacity.memory' <<<"$b") $(jq -r '.[0].consumedCapacity.memory' <<<"$c")" == "25Gi 25Gi" ]] \
   || die "consumed memory: $b / $c"
 for name in chat-b chat-c; do
-  [[ "$(said "$name")" == "devices=$gpu_b gib=25 fraction=0.312" ]] || die "$name's container said: $(said "$name")"
+  [[ "$(said "$name")" == "share gib=25 fraction=0.312" ]] || die "$name's container said: $(said "$name")"
 done
 prepared=$(jq --arg b "$(kubectl get resourceclaim -n "$NAMESPACE" chat-b-shard-0-gpus -o jsonpath='{.metadata.uid}')" \
   --arg c "$(kubectl get resourceclaim -n "$NAMESPACE" chat-c-shard-0-gpus -o jsonpath='{.metadata.uid}')" \
@@ -195,7 +197,7 @@ spec:
         exactly:
           deviceClassName: $DRIVER
           selectors:
-            - cel: {expression: 'device.attributes["$DRIVER"].profile == "2g.20gb"'}
+            - cel: {expression: '"profile" in device.attributes["$DRIVER"] && device.attributes["$DRIVER"].profile == "2g.20gb"'}
 ---
 apiVersion: v1
 kind: Pod

@@ -112,9 +112,9 @@ pub fn shard_resource(
         .find(|n| n.name() == shard.node)
         .and_then(|n| {
             let first = shard.devices.first()?;
-            n.gpus.gpu_state.devices.iter().find(|d| &d.id == first)
+            n.gpus.gpu_state.find_device(first)
         })
-        .map(|d| d.vendor)
+        .map(|(gpu, _)| gpu.vendor)
         .filter(|v| *v != Vendor::Unknown);
     if let Some(vendor) = vendor {
         return name.for_vendor(vendor);

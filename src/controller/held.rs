@@ -8,7 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::nodes::NodeInfo;
-use tessera_core::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard};
+use tessera_core::api::{DEVICES_ANNOTATION, ModelInstance, NodeGpuState, PlannedShard, ShareKind};
 use tessera_core::translate::{HeldShares, hold_shard, pod_holder};
 
 /// What others hold: devices whole, `(node, device ID)` → who (for the
@@ -60,6 +60,29 @@ pub(crate) fn held_devices<'a>(
     shard_pods: impl IntoIterator<Item = &'a Pod>,
     nodes: &[Arc<NodeInfo>],
 ) -> Held {
+    let instances: Vec<&ModelInstance> = instances.into_iter().collect();
+    let plan_of =
+        |mi: &'a ModelInstance| match mi.metadata.uid.as_ref().and_then(|uid| claimed.get(uid)) {
+            Some(plan) => plan.as_slice(),
+            None => mi.status.as_ref().map_or(&[][..], |s| s.plan.as_slice()),
+        };
+    // The memory shares instances plan, by (instance UID, node, GPU): a shard
+    // pod names its GPU in its devices annotation, but holds only its share,
+    // which the instance's plan counts.
+    let planned_shares: HashSet<(&str, &str, &str)> = instances
+        .iter()
+        .flat_map(|mi| {
+            let uid = mi.metadata.uid.as_deref().unwrap_or_default();
+            plan_of(mi).iter().filter_map(move |shard| {
+                let share = shard.share.as_ref()?;
+                (share.kind == ShareKind::Memory).then_some((
+                    uid,
+                    shard.node.as_str(),
+                    share.gpu.as_str(),
+                ))
+            })
+        })
+        .collect();
     let mut held = Held::new();
     let mut mine = HashSet::new();
     for pod in shard_pods {
@@ -92,20 +115,24 @@ pub(crate) fn held_devices<'a>(
             pod.metadata.namespace.as_deref().unwrap_or(""),
             pod.metadata.name.as_deref().unwrap_or("")
         );
+        let shared = |device: &str| {
+            pod.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| planned_shares.contains(&(o.uid.as_str(), node.as_str(), device)))
+        };
         for device in devices
             .split(',')
             .map(str::trim)
-            .filter(|device| !device.is_empty())
+            .filter(|device| !device.is_empty() && !shared(device))
         {
             held.insert((node.clone(), device.to_string()), owner.clone());
         }
     }
     let mut my_devices = HashSet::new();
     for mi in instances {
-        let plan = match mi.metadata.uid.as_ref().and_then(|uid| claimed.get(uid)) {
-            Some(plan) => plan.as_slice(),
-            None => mi.status.as_ref().map_or(&[][..], |s| s.plan.as_slice()),
-        };
+        let plan = plan_of(mi);
         if mi.metadata.uid.as_deref() == Some(me) {
             my_devices.extend(
                 plan.iter()
@@ -245,9 +272,18 @@ mod tests {
             ..Default::default()
         });
         let nodes = infos(&[node_with("a", &state("a", 8, H100))]);
-        let none: [&Pod; 0] = [];
-        let held = held_devices("uid-me", [&other], &Claims::new(), none, &nodes);
-        assert!(held.devices.is_empty(), "a share holds no GPU whole");
+        // Its pod names the GPU it has a share of; a pod of a gone
+        // instance still holds what it names.
+        let pods = [
+            pod("other-shard-0", "uid-other", "a", "a-g0", "Running"),
+            pod("orphan-shard-0", "uid-gone", "a", "a-g1", "Running"),
+        ];
+        let held = held_devices("uid-me", [&other], &Claims::new(), pods.iter(), &nodes);
+        assert_eq!(
+            held.devices.keys().collect::<Vec<_>>(),
+            [&("a".to_string(), "a-g1".to_string())],
+            "a share holds no GPU whole"
+        );
         assert_eq!(
             held.shares[&("a".to_string(), "a-g0".to_string())],
             [("ModelInstance ml/other".to_string(), 25 << 30)]

@@ -260,6 +260,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// `claim` with its first result made a memory share consuming `memory`.
+    pub(crate) fn as_share(mut claim: ResourceClaim, memory: &str) -> ResourceClaim {
+        let results = claim
+            .status
+            .as_mut()
+            .and_then(|status| status.allocation.as_mut())
+            .and_then(|allocation| allocation.devices.as_mut())
+            .and_then(|devices| devices.results.as_mut());
+        if let Some(result) = results.and_then(|results| results.first_mut()) {
+            result.share_id = Some("0b8a1e52-3c4d-4e5f-8a9b-0c1d2e3f4a5b".into());
+            result.consumed_capacity = Some(std::collections::BTreeMap::from([(
+                "memory".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(memory.into()),
+            )]));
+        }
+        claim
+    }
+
     fn node() -> Snapshot {
         snapshot(&mut FakeBackend::new("4xH100-80GiB").unwrap()).unwrap()
     }

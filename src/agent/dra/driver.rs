@@ -356,7 +356,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::agent::container_devices::TESSERA_VISIBLE_DEVICES;
-    use crate::agent::dra::allocation::tests::{claim, on};
+    use crate::agent::dra::allocation::tests::{as_share, claim, on};
     use crate::agent::dra::cdi::read_env;
     use crate::agent::dra::device_names::device_names;
     use crate::agent::state::channel;
@@ -499,7 +499,6 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_partition_is_given_by_its_own_id_and_a_memory_share_with_its_size() {
-        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         let s = setup("2xH100-80GiB");
         let partition_id = format!("MIG-{}-0-3g.40gb", s.ids[0]);
         s.tx.send_modify(|view| {
@@ -518,19 +517,7 @@ pub(crate) mod tests {
         let names = crate::agent::dra::device_names::pool_device_names(&s.rx.borrow().snapshot);
         let d = "gpu.tessera.dev";
         let mut claims = one_claim("part", &[(d, "node-1", &names[&partition_id])]);
-        let mut shared = claim("share", &[(d, "node-1", &s.names[1])]);
-        let result = &mut shared
-            .status
-            .as_mut()
-            .and_then(|status| status.allocation.as_mut())
-            .and_then(|allocation| allocation.devices.as_mut())
-            .and_then(|devices| devices.results.as_mut())
-            .unwrap()[0];
-        result.share_id = Some("0b8a1e52-3c4d-4e5f-8a9b-0c1d2e3f4a5b".into());
-        result.consumed_capacity = Some(BTreeMap::from([(
-            "memory".to_string(),
-            Quantity("25Gi".into()),
-        )]));
+        let shared = as_share(claim("share", &[(d, "node-1", &s.names[1])]), "25Gi");
         claims.by_name.insert("ns/share".into(), shared);
         let driver = s.driver(claims).keep_view(s.tx.clone()).await;
         let mut share_ref = reference("share");
@@ -557,22 +544,12 @@ pub(crate) mod tests {
 
     #[test]
     fn a_share_consuming_more_than_its_gpu_or_nonsense_is_refused() {
-        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
         let s = setup("1xH100-80GiB");
         for (consumed, problem) in [("81Gi", "81Gi"), ("lots", "lots"), ("0", "\"0\"")] {
-            let mut shared = claim("c", &[("gpu.tessera.dev", "node-1", &s.names[0])]);
-            let result = &mut shared
-                .status
-                .as_mut()
-                .and_then(|status| status.allocation.as_mut())
-                .and_then(|allocation| allocation.devices.as_mut())
-                .and_then(|devices| devices.results.as_mut())
-                .unwrap()[0];
-            result.share_id = Some("share".into());
-            result.consumed_capacity = Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity(consumed.into()),
-            )]));
+            let shared = as_share(
+                claim("c", &[("gpu.tessera.dev", "node-1", &s.names[0])]),
+                consumed,
+            );
             let error =
                 allocated_devices(&shared, "c", &on(), &s.rx.borrow().snapshot).unwrap_err();
             assert!(

@@ -426,30 +426,26 @@ async fn existing(
 
 /// Whether every device written as shareable came back so.
 fn shares_kept(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
-    let count = |slice: &ResourceSlice| -> usize {
-        slice
-            .spec
-            .devices
-            .iter()
-            .flatten()
-            .filter(|d| d.allow_multiple_allocations == Some(true))
-            .count()
-    };
-    count(written) >= count(sent)
+    kept(sent, written, |d| {
+        usize::from(d.allow_multiple_allocations == Some(true))
+    })
 }
 
 /// Whether every taint written came back.
 fn taints_kept(sent: &ResourceSlice, written: &ResourceSlice) -> bool {
-    let count = |slice: &ResourceSlice| -> usize {
-        slice
-            .spec
-            .devices
-            .iter()
-            .flatten()
-            .map(|d| d.taints.as_ref().map_or(0, Vec::len))
-            .sum()
-    };
-    count(written) >= count(sent)
+    kept(sent, written, |d| d.taints.as_ref().map_or(0, Vec::len))
+}
+
+/// Whether `written` has at least as much of what `count` counts per device
+/// as `sent`: a field the API server does not keep comes back without it.
+fn kept(
+    sent: &ResourceSlice,
+    written: &ResourceSlice,
+    count: impl Fn(&k8s_openapi::api::resource::v1::Device) -> usize,
+) -> bool {
+    let total =
+        |slice: &ResourceSlice| -> usize { slice.spec.devices.iter().flatten().map(&count).sum() };
+    total(written) >= total(sent)
 }
 
 /// Deletes the node's slices of this driver (the node's GPUs are offered

@@ -15,7 +15,7 @@ use super::held::Held;
 use super::nodes::NodeInfo;
 use super::settings::Settings;
 use crate::wall_deadline::WallDeadline;
-use tessera_core::api::{Health, ModelInstanceSpec, PlannedShard, Vendor};
+use tessera_core::api::{GpuDevice, GpuPartition, Health, ModelInstanceSpec, PlannedShard, Vendor};
 use tessera_core::placement::{
     Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
     solve_parallelism,
@@ -154,15 +154,10 @@ pub(crate) fn broken_shards(
             continue;
         }
         for id in &shard.devices {
-            let device = node
-                .gpus
-                .gpu_state
-                .devices
-                .iter()
-                .find(|device| &device.id == id);
-            let why = match device {
+            let found = node.gpus.gpu_state.find_device(id);
+            let why = match found {
                 None => Some(format!("device {id} is no longer on node {}", shard.node)),
-                Some(device)
+                Some((device, _))
                     if device.health != Health::Healthy || device.vendor == Vendor::Unknown =>
                 {
                     Some(format!(
@@ -174,6 +169,10 @@ pub(crate) fn broken_shards(
                             .map(|r| format!(" ({r})"))
                             .unwrap_or_default()
                     ))
+                }
+                Some((gpu, partition)) if unusable(gpu, partition).is_some() => {
+                    unusable(gpu, partition)
+                        .map(|why| format!("device {id} on node {} {why}", shard.node))
                 }
                 Some(_) => inputs
                     .held
@@ -187,6 +186,23 @@ pub(crate) fn broken_shards(
         }
     }
     broken
+}
+
+/// Why a planned device can no longer be used as planned though it is
+/// there and healthy: a whole GPU put into MIG mode (or about to change
+/// mode), a partition whose GPU is changing mode.
+fn unusable(gpu: &GpuDevice, partition: Option<&GpuPartition>) -> Option<String> {
+    let mig = gpu.mig.as_ref()?;
+    match partition {
+        None => mig
+            .why_not_whole()
+            .map(|why| format!("is no longer a whole GPU ({why})")),
+        Some(partition) if !mig.usable_partitions().contains(partition) => Some(format!(
+            "is a partition its GPU no longer offers ({})",
+            mig.why_not_whole().unwrap_or_else(|| "MIG mode off".into())
+        )),
+        Some(_) => None,
+    }
 }
 
 /// The plan stage.
@@ -574,6 +590,87 @@ mod tests {
             matches!(again(&at(84.9)), PlanDecision::Planned(_)),
             "under the limit again: solved again and placed"
         );
+    }
+
+    #[test]
+    fn a_shard_on_a_partition_stays_and_one_on_a_gpu_turned_into_partitions_moves() {
+        use tessera_core::api::{GpuPartition, MigState};
+        let spec = instance(
+            "m",
+            &format!(
+                "{SMALL}\nparallelism: {{tensor: 1, pipeline: 1}}\nplacement: {{sharing: Isolated}}"
+            ),
+        )
+        .spec;
+        let split = |gpu: &str| MigState {
+            enabled: true,
+            pending: None,
+            memory_slices: 8,
+            multiprocessors: 132,
+            partitions: vec![GpuPartition {
+                id: format!("MIG-{gpu}"),
+                profile: "4g.40gb".into(),
+                memory_total_bytes: 40 << 30,
+                multiprocessors: 64,
+                placement_start: 0,
+                placement_size: 4,
+            }],
+            profiles: Vec::new(),
+        };
+        let mut gpus = state("a", 2, H100);
+        gpus.shares.partitions = true;
+        gpus.devices[0].mig = Some(split("a-g0"));
+        let nodes = infos(&[node_with("a", &gpus)]);
+        let held = Held::new();
+        let p = first(&spec, &nodes, &held);
+        assert_eq!(p.plan[0].devices, ["MIG-a-g0"], "the smallest piece");
+        let hash = placement_hash(&spec);
+        let current = Current {
+            plan: &p.plan,
+            placement_hash: Some(&hash),
+            failed_admission: &[],
+        };
+        // Planned again, the partition is where the shard stays.
+        assert!(matches!(
+            decide(&spec, &[], &current, &inputs(&nodes, &held)),
+            PlanDecision::Keep
+        ));
+        // Its GPU waiting to leave MIG mode: the partition is no longer offered.
+        gpus.devices[0].mig = Some(MigState {
+            pending: Some(false),
+            ..split("a-g0")
+        });
+        let nodes = infos(&[node_with("a", &gpus)]);
+        let moved = plan_of(&decide(&spec, &[], &current, &inputs(&nodes, &held))).clone();
+        assert_eq!(moved.moved, vec![0]);
+        assert!(
+            moved
+                .reasons
+                .iter()
+                .any(|r| r.contains("a partition its GPU no longer offers")),
+            "{:?}",
+            moved.reasons
+        );
+        assert_eq!(moved.plan[0].devices, ["a-g1"]);
+        // A whole GPU switched into MIG mode moves its shard onto a partition.
+        let on_whole = Current {
+            plan: &moved.plan,
+            placement_hash: Some(&hash),
+            failed_admission: &[],
+        };
+        gpus.devices[0].mig = Some(split("a-g0"));
+        gpus.devices[1].mig = Some(split("a-g1"));
+        let nodes = infos(&[node_with("a", &gpus)]);
+        let again = plan_of(&decide(&spec, &[], &on_whole, &inputs(&nodes, &held))).clone();
+        assert!(
+            again
+                .reasons
+                .iter()
+                .any(|r| r.contains("no longer a whole GPU (in MIG mode")),
+            "{:?}",
+            again.reasons
+        );
+        assert!(again.plan[0].devices[0].starts_with("MIG-"));
     }
 
     #[test]

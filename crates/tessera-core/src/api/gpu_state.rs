@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use super::limits::number;
-use super::partitions::MigState;
+use super::partitions::{GpuPartition, MigState};
 
 /// The only version this build writes and reads.
 pub const GPU_STATE_VERSION: &str = "v1";
@@ -187,6 +187,18 @@ impl NodeGpuState {
     /// The owner in [`NodeGpuState::allocated`] of a device handed to a pod
     /// the agent could not identify.
     pub const UNBOUND_OWNER: &'static str = "unbound";
+
+    /// The device a plan names by `id`: a GPU, or a GPU and its partition
+    /// with that ID.
+    pub fn find_device(&self, id: &str) -> Option<(&GpuDevice, Option<&GpuPartition>)> {
+        self.devices.iter().find_map(|gpu| {
+            if gpu.id == id {
+                return Some((gpu, None));
+            }
+            let partition = gpu.mig.as_ref()?.partitions.iter().find(|p| p.id == id)?;
+            Some((gpu, Some(partition)))
+        })
+    }
 
     /// The state's text as a Node carries it (the `tessera.dev/gpu-state`
     /// annotation), if it does.
