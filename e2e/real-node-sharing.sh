@@ -12,10 +12,12 @@
 #      claims with distinct share IDs, 25 GiB consumed each (at most the GPU's 80 GiB),
 #      both prepared by kubelet, and each container sees TESSERA_GPU_MEMORY_GIB=25 and its
 #      fraction;
-#   4. isolated_and_users: an Isolated 1.5B instance and a user's claim for a 2g.20gb
-#      partition (allocated by kube-scheduler) applied at the same moment: the instance
-#      takes the 1g.10gb partition, the user the 2g.20gb, no device is given twice, and no
-#      claim holds the split GPU whole;
+#   4. isolated_and_users: an Isolated 1.5B instance (whose smallest piece is the 1g.10gb)
+#      and a user's claim for that same 1g.10gb (allocated by kube-scheduler) applied at
+#      the same moment: whichever allocator comes first keeps it; the instance runs on the
+#      1g.10gb or, having lost it, on the 2g.20gb, the user's pod runs on the 1g.10gb or
+#      stays unschedulable; no device is given twice and no claim holds the split GPU
+#      whole;
 #   5. layout_change: the GPU holding the memory shares is switched into MIG mode (two
 #      3g.40gb): the agent publishes its partitions without a restart, and both instances on
 #      it are re-planned onto them.
@@ -197,7 +199,7 @@ spec:
         exactly:
           deviceClassName: $DRIVER
           selectors:
-            - cel: {expression: '"profile" in device.attributes["$DRIVER"] && device.attributes["$DRIVER"].profile == "2g.20gb"'}
+            - cel: {expression: '"profile" in device.attributes["$DRIVER"] && device.attributes["$DRIVER"].profile == "1g.10gb"'}
 ---
 apiVersion: v1
 kind: Pod
@@ -215,16 +217,27 @@ spec:
 YAML
 shared guard Isolated 1.5 16 2
 wait_until "$TIMEOUT" "guard Running on its plan" running guard
-users_running() { [[ "$(kubectl get pod -n "$NAMESPACE" users -o jsonpath='{.status.phase}')" == Running ]]; }
-wait_until "$TIMEOUT" "the user's pod Running on its partition" users_running
-[[ "$(share_of guard | jq -r .profile)" == 1g.10gb ]] || die "guard was given $(share_of guard)"
+users_settled() {
+  local phase reason
+  phase=$(kubectl get pod -n "$NAMESPACE" users -o jsonpath='{.status.phase}')
+  reason=$(kubectl get pod -n "$NAMESPACE" users -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason}')
+  [[ "$phase" == Running || "$reason" == Unschedulable ]] || { echo "pod users is $phase ($reason)"; return 1; }
+}
+wait_until "$TIMEOUT" "the user's pod Running or unschedulable" users_settled
+guard_profile=$(share_of guard | jq -r .profile)
+users_phase=$(kubectl get pod -n "$NAMESPACE" users -o jsonpath='{.status.phase}')
+case "$guard_profile/$users_phase" in
+  1g.10gb/Pending) winner="the controller; the user's claim waits" ;;
+  2g.20gb/Running) winner="kube-scheduler; the instance took the 2g.20gb" ;;
+  *) die "guard on $guard_profile while the user's pod is $users_phase" ;;
+esac
 # Every allocated device of the driver, once each; none is the split GPU itself.
 allocated=$(kubectl get resourceclaims -A -o json | jq -r --arg d "$DRIVER" \
   '[.items[].status.allocation.devices.results[]? | select(.driver == $d and .shareID == null) | .device] | sort | .[]')
 [[ -z "$(uniq -d <<<"$allocated")" ]] || die "a device is allocated twice: $allocated"
 split_gpu=$(node_slices | jq -r '[.[].spec.sharedCounters[]?.name][0]')
 ! grep -qx "$split_gpu" <<<"$allocated" || die "the split GPU $split_gpu is allocated whole"
-log "the Isolated instance takes the 1g.10gb partition while kube-scheduler gives a user the 2g.20gb; nothing is allocated twice, the split GPU never whole"
+log "an Isolated instance and a user's claim raced for the 1g.10gb: $winner; nothing is allocated twice, the split GPU never whole"
 
 current_test=layout_change
 cm_key="$NODE.yaml"

@@ -6,6 +6,8 @@
 //! controller 140 MiB larger for good: the fields kept were scattered among
 //! the freed ones, so hardly a page of the decoded list could go back.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
@@ -30,6 +32,31 @@ pub struct CachedSliceSpec {
     pub pool: CachedPool,
     #[serde(default)]
     pub devices: Option<Vec<CachedDevice>>,
+    /// Counter sets (partitionable devices): what the devices that consume
+    /// them may use of them together.
+    #[serde(default, rename = "sharedCounters")]
+    pub shared_counters: Vec<CachedCounterSet>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedCounterSet {
+    pub name: String,
+    #[serde(default)]
+    pub counters: BTreeMap<String, CachedCounter>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedCounter {
+    pub value: String,
+}
+
+/// What a device consumes of one counter set.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedConsumption {
+    pub counter_set: String,
+    #[serde(default)]
+    pub counters: BTreeMap<String, CachedCounter>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -48,6 +75,10 @@ pub struct CachedDevice {
     /// up to at most.
     #[serde(default, rename = "capacity", deserialize_with = "memory_capacity")]
     pub memory: Option<u64>,
+    /// The counters it consumes (a MIG partition: its GPU's memory slices
+    /// and multiprocessors).
+    #[serde(default, rename = "consumesCounters")]
+    pub consumes: Vec<CachedConsumption>,
 }
 
 /// The metadata fields a cache needs to tell objects and versions apart.
@@ -195,6 +226,38 @@ mod tests {
                 ("no-id", None)
             ]
         );
+    }
+
+    #[test]
+    fn counter_sets_and_what_partitions_consume_are_read() {
+        let counters = json!({
+            "metadata": {"name": "n1-gpu.tessera.dev-1"},
+            "spec": {
+                "driver": "gpu.tessera.dev",
+                "nodeName": "n1",
+                "pool": {"name": "n1", "generation": 3, "resourceSliceCount": 2},
+                "sharedCounters": [{"name": "gpu-a", "counters": {
+                    "memory-slice-0": {"value": "1"}, "multiprocessors": {"value": "132"}}}],
+            },
+        });
+        serde_json::from_value::<ResourceSlice>(counters.clone()).unwrap();
+        let cached: CachedSlice = serde_json::from_value(counters).unwrap();
+        let set = &cached.spec.shared_counters[0];
+        assert_eq!(set.name, "gpu-a");
+        assert_eq!(set.counters["multiprocessors"].value, "132");
+        let mut partition = whole_slice();
+        partition["spec"]["devices"] = json!([{
+            "name": "mig-1",
+            "attributes": {DRA_ID_ATTRIBUTE: {"string": "MIG-1"}},
+            "capacity": {"memory": {"value": "40Gi"}},
+            "consumesCounters": [{"counterSet": "gpu-a", "counters": {"memory-slice-0": {"value": "1"}}}],
+        }]);
+        serde_json::from_value::<ResourceSlice>(partition.clone()).unwrap();
+        let cached: CachedSlice = serde_json::from_value(partition).unwrap();
+        let device = &cached.spec.devices.as_ref().unwrap()[0];
+        assert_eq!(device.memory, Some(40 << 30));
+        assert_eq!(device.consumes[0].counter_set, "gpu-a");
+        assert_eq!(device.consumes[0].counters["memory-slice-0"].value, "1");
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub(crate) fn conflict(
     pool: &Pool,
 ) -> Option<String> {
     results.iter().find_map(|mine| {
-        let others: Vec<(String, &DeviceRequestAllocationResult)> = claims
+        let in_pool: Vec<(String, &DeviceRequestAllocationResult)> = claims
             .iter()
             .filter(|claim| claim.metadata.uid.as_deref() != Some(claim_uid))
             .flat_map(|claim| {
@@ -32,16 +32,67 @@ pub(crate) fn conflict(
                     claim.metadata.name.as_deref().unwrap_or_default()
                 );
                 allocated(claim)
-                    .filter(|other| {
-                        other.driver == mine.driver
-                            && other.pool == mine.pool
-                            && other.device == mine.device
-                    })
+                    .filter(|other| other.driver == mine.driver && other.pool == mine.pool)
                     .map(move |other| (holder.clone(), other))
             })
             .collect();
-        device_conflict(mine, &others, pool)
+        let on_device: Vec<(String, &DeviceRequestAllocationResult)> = in_pool
+            .iter()
+            .filter(|(_, other)| other.device == mine.device)
+            .cloned()
+            .collect();
+        device_conflict(mine, &on_device, pool).or_else(|| counter_conflict(mine, &in_pool, pool))
     })
+}
+
+/// Whether `mine` with every other allocated device of its pool would use
+/// more of a counter set than it has (partitions of one GPU on the same
+/// memory slices).
+fn counter_conflict(
+    mine: &DeviceRequestAllocationResult,
+    in_pool: &[(String, &DeviceRequestAllocationResult)],
+    pool: &Pool,
+) -> Option<String> {
+    let consumes = pool.consumes.get(&mine.device)?;
+    for (set, wanted) in consumes {
+        let Some(has) = pool.counters.get(set) else {
+            return Some(format!(
+                "device {}/{} consumes counter set {set}, which its pool does not publish",
+                mine.pool, mine.device
+            ));
+        };
+        for (counter, amount) in wanted {
+            let mut holders = Vec::new();
+            let mut used = 0u64;
+            for (holder, other) in in_pool {
+                let taken = pool
+                    .consumes
+                    .get(&other.device)
+                    .and_then(|sets| sets.get(set))
+                    .and_then(|counters| counters.get(counter))
+                    .copied()
+                    .unwrap_or(0);
+                if taken > 0 {
+                    used = used.saturating_add(taken);
+                    holders.push(holder.as_str());
+                }
+            }
+            let limit = has.get(counter).copied().unwrap_or(0);
+            if used.saturating_add(*amount) > limit {
+                return Some(format!(
+                    "device {}/{} needs {counter} of counter set {set}, held by {}",
+                    mine.pool,
+                    mine.device,
+                    if holders.is_empty() {
+                        "nobody, but the set has too little".to_string()
+                    } else {
+                        holders.join(", ")
+                    }
+                ));
+            }
+        }
+    }
+    None
 }
 
 fn device_conflict(
@@ -215,5 +266,36 @@ mod tests {
         // An unreadable amount counts as the whole device.
         let odd = [claim("odd", vec![result("gpu-a", Some("lots"))])];
         assert!(conflict(&[result("gpu-a", Some("1Gi"))], "uid-m", &odd, &pool()).is_some());
+    }
+
+    #[test]
+    fn partitions_on_the_same_memory_slices_are_never_both_allocated() {
+        let slices = |range: std::ops::Range<u32>| -> BTreeMap<String, u64> {
+            range.map(|i| (format!("memory-slice-{i}"), 1)).collect()
+        };
+        let mut pool = pool();
+        pool.counters.insert("gpu-a".into(), slices(0..8));
+        // The old layout's 4g on slices 0-3 is still allocated; the new one
+        // has a 3g on slices 2-5 and a 1g on slice 7.
+        for (device, range) in [("old-4g", 0..4), ("new-3g", 2..6), ("new-1g", 7..8)] {
+            pool.consumes.insert(
+                device.into(),
+                BTreeMap::from([("gpu-a".to_string(), slices(range))]),
+            );
+        }
+        let held = [claim("old", vec![result("old-4g", None)])];
+        let overlap = conflict(&[result("new-3g", None)], "uid-m", &held, &pool).unwrap();
+        assert!(
+            overlap
+                .contains("memory-slice-2 of counter set gpu-a, held by ResourceClaim users/old"),
+            "{overlap}"
+        );
+        assert_eq!(
+            conflict(&[result("new-1g", None)], "uid-m", &held, &pool),
+            None
+        );
+        pool.counters.clear();
+        let unpublished = conflict(&[result("new-1g", None)], "uid-m", &[], &pool).unwrap();
+        assert!(unpublished.contains("does not publish"), "{unpublished}");
     }
 }

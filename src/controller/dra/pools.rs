@@ -16,6 +16,28 @@ pub struct Pool {
     pub(crate) names: BTreeMap<String, String>,
     /// Device name → its memory capacity in bytes, where published.
     pub(crate) memory: BTreeMap<String, u64>,
+    /// Counter set → counter → how much the devices consuming it may use together.
+    pub(crate) counters: BTreeMap<String, Counters>,
+    /// Device name → what it consumes, by counter set.
+    pub(crate) consumes: BTreeMap<String, BTreeMap<String, Counters>>,
+}
+
+/// Counter name → amount.
+pub(crate) type Counters = BTreeMap<String, u64>;
+
+/// A slice's counters as amounts; one that is not a quantity counts as none
+/// (for a counter set) or all (for a consumption): a conflict, never room.
+fn amounts(
+    counters: &BTreeMap<String, super::cached_slice::CachedCounter>,
+    unreadable: u64,
+) -> Counters {
+    counters
+        .iter()
+        .map(|(name, counter)| {
+            let amount = crate::quantity::whole_units(&counter.value).unwrap_or(unreadable);
+            (name.clone(), amount)
+        })
+        .collect()
 }
 
 impl Pool {
@@ -61,6 +83,18 @@ impl Pools {
                 if let Some(memory) = device.memory {
                     pool.memory.insert(device.name.clone(), memory);
                 }
+                if !device.consumes.is_empty() {
+                    let consumes = device
+                        .consumes
+                        .iter()
+                        .map(|c| (c.counter_set.clone(), amounts(&c.counters, u64::MAX)))
+                        .collect();
+                    pool.consumes.insert(device.name.clone(), consumes);
+                }
+            }
+            for set in &spec.shared_counters {
+                pool.counters
+                    .insert(set.name.clone(), amounts(&set.counters, 0));
             }
         }
         Self { by_node }
@@ -147,9 +181,11 @@ pub(crate) mod tests {
                             name: (*name).into(),
                             id: Some((*id).into()),
                             memory: Some(80 << 30),
+                            consumes: Vec::new(),
                         })
                         .collect(),
                 ),
+                shared_counters: Vec::new(),
             },
         })
     }
