@@ -4,8 +4,7 @@
 
 use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceTaint};
 
-/// The capacity holding a device's memory in bytes.
-pub(crate) const MEMORY_CAPACITY: &str = "memory";
+pub(crate) use tessera_core::api::DRA_MEMORY_CAPACITY as MEMORY_CAPACITY;
 /// The API server refuses longer string attribute values.
 pub(crate) const MAX_STRING_ATTRIBUTE: usize = 64;
 

@@ -18,9 +18,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use super::held::MEMORY_CAPACITY;
 use super::pools::Pool;
-use tessera_core::api::{DRA_ID_ATTRIBUTE, ModelInstance, PlannedShard, ShareKind};
+use tessera_core::api::{
+    DRA_ID_ATTRIBUTE, DRA_MEMORY_CAPACITY as MEMORY_CAPACITY, ModelInstance, PlannedShard,
+    ShareKind,
+};
 
 /// The name of the claim's one request, and of the pod's claim entry.
 pub(crate) const REQUEST: &str = "gpus";

@@ -10,9 +10,7 @@ use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClai
 
 use super::pools::Pools;
 use crate::quantity::whole_units;
-
-/// The capacity a GPU's memory is published as.
-pub(crate) const MEMORY_CAPACITY: &str = "memory";
+use tessera_core::api::DRA_MEMORY_CAPACITY as MEMORY_CAPACITY;
 
 /// What one allocated claim holds of one device.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -44,6 +44,9 @@ pub const SHARD_ANNOTATION: &str = "tessera.dev/shard";
 /// The ResourceSlice device attribute (in the DRA driver's domain) holding
 /// tessera's device ID: the agent publishes it, shard claims select on it.
 pub const DRA_ID_ATTRIBUTE: &str = "id";
+/// The DRA capacity holding a device's memory in bytes: what memory shares
+/// of a whole GPU consume.
+pub const DRA_MEMORY_CAPACITY: &str = "memory";
 /// `spec.schedulerName` of shard pods, so the default scheduler leaves them alone.
 pub const SCHEDULER_NAME: &str = "tessera";
 /// Well-known node labels that give a node's position in the network.
