@@ -10,11 +10,12 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::device_metrics::DeviceMetrics;
 use super::device_plugin::AllocationMetrics;
 use super::device_plugin::registration::{PluginStatus, SILENT_KUBELET};
 use super::dra::{DraStatus, SliceStats};
@@ -35,6 +36,9 @@ struct CauseLabel {
 /// results) are read at scrape time.
 pub(crate) struct AgentMetrics {
     registry: Registry,
+    /// `tessera_gpu_*`: each device's telemetry.
+    gpus: Registry,
+    device_metrics: DeviceMetrics,
     devices: Family<HealthLabel, Gauge>,
     allocated: Gauge,
     registrations: Gauge,
@@ -57,8 +61,11 @@ pub(crate) struct Counters {
 }
 
 impl AgentMetrics {
-    pub(crate) fn new(allocation: &AllocationMetrics) -> Self {
+    /// The metrics of the agent on `node` (the `node` label of its devices).
+    pub(crate) fn new(allocation: &AllocationMetrics, node: &str) -> Self {
         let mut registry = Registry::with_prefix("tessera_agent");
+        let mut gpus = Registry::with_prefix("tessera_gpu");
+        let device_metrics = DeviceMetrics::register(&mut gpus, node);
         let devices = Family::<HealthLabel, Gauge>::default();
         registry.register("devices", "GPUs on this node by health", devices.clone());
         let allocated = Gauge::default();
@@ -123,6 +130,8 @@ impl AgentMetrics {
         );
         Self {
             registry,
+            gpus,
+            device_metrics,
             devices,
             allocated,
             registrations,
@@ -186,9 +195,12 @@ impl AgentMetrics {
                     .set(as_gauge(publisher.sent(cause)));
             }
         }
+        self.device_metrics.update(&current);
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.gpus);
+        let _ = encode_eof(&mut out);
         out
     }
 }
@@ -316,7 +328,7 @@ mod tests {
         let app = router(
             rx,
             counters,
-            Arc::new(AgentMetrics::new(&AllocationMetrics::default())),
+            Arc::new(AgentMetrics::new(&AllocationMetrics::default(), "node-1")),
         );
         assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
         let (status, body) = get(&app, "/readyz").await;
@@ -345,7 +357,11 @@ mod tests {
             ..Counters::default()
         };
         let allocation = AllocationMetrics::default();
-        let app = router(rx, counters, Arc::new(AgentMetrics::new(&allocation)));
+        let app = router(
+            rx,
+            counters,
+            Arc::new(AgentMetrics::new(&allocation, "node-1")),
+        );
         let mut backend = FakeBackend::new("3xL4-24GiB").unwrap();
         let mut snap = snapshot(&mut backend).unwrap();
         snap.devices[2].health = crate::backend::RawHealth::Unhealthy("Xid 79".into());

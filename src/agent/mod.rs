@@ -13,6 +13,7 @@
 mod api_call;
 pub mod binding;
 pub mod container_devices;
+mod device_metrics;
 pub mod device_plugin;
 pub mod dra;
 mod http;

@@ -162,6 +162,11 @@ async fn serve(config: AgentConfig, rx: ViewRx, tx: ViewTx) -> Result<(), AgentE
     };
 
     let publisher_stats = Arc::new(PublisherStats::default());
+    // The node the device metrics are labelled with (none without publishing).
+    let node = config
+        .publish
+        .as_ref()
+        .map_or_else(String::new, |publish| publish.node_name.clone());
     let publisher = match (config.publish, client) {
         (Some(p), Some(client)) => {
             let mut pc = PublisherConfig::new(p.node_name);
@@ -204,7 +209,7 @@ async fn serve(config: AgentConfig, rx: ViewRx, tx: ViewTx) -> Result<(), AgentE
         dra: dra.as_ref().map(|d| d.status.clone()),
         slices: dra.as_ref().map(|d| d.slice_stats.clone()),
     };
-    let mut metrics = AgentMetrics::new(&allocation);
+    let mut metrics = AgentMetrics::new(&allocation, &node);
     api_requests.register(metrics.registry_mut());
     let app = router(rx.clone(), counters, Arc::new(metrics));
     let http = tokio::spawn(serve_http(listener, app, stopped()));
