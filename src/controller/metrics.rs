@@ -19,6 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::instance_metrics::InstanceMetrics;
 use super::watch_errors::WatchErrors;
 use tessera_core::api::{ModelInstance, Phase};
 
@@ -92,6 +93,7 @@ pub struct Metrics {
     replicas: Family<StateLabel, Gauge>,
     leader: Gauge,
     pub(crate) watch_errors: WatchErrors,
+    per_instance: InstanceMetrics,
     /// Set once the caches have their first full list.
     pub(crate) synced: Arc<AtomicBool>,
     pub(crate) is_leader: Arc<AtomicBool>,
@@ -141,6 +143,7 @@ impl Default for Metrics {
         );
         let watch_errors = WatchErrors::default();
         watch_errors.register(&mut registry);
+        let per_instance = InstanceMetrics::register(&mut registry);
         Self {
             registry,
             reconciles,
@@ -151,6 +154,7 @@ impl Default for Metrics {
             replicas,
             leader,
             watch_errors,
+            per_instance,
             synced: Arc::default(),
             is_leader: Arc::default(),
         }
@@ -193,7 +197,9 @@ impl Metrics {
         ] {
             counts.insert(format!("{phase:?}"), 0i64);
         }
-        for mi in instances.map(Store::state).unwrap_or_default() {
+        let cached = instances.map(Store::state).unwrap_or_default();
+        self.per_instance.update(cached.iter().map(AsRef::as_ref));
+        for mi in cached {
             replicas.add(&mi);
             let phase = mi
                 .status

@@ -17,6 +17,7 @@ pub mod dra;
 mod events;
 pub mod hashes;
 pub mod held;
+mod instance_metrics;
 pub mod metrics;
 pub mod model_cache;
 pub mod node_cache;

@@ -1,0 +1,203 @@
+//! One series per ModelInstance, from the instance cache at each scrape:
+//! its phase, the GPUs its plan holds, its predicted speed and how long it
+//! took from creation to Running. The families are cleared and filled again
+//! every time, so an instance that is gone leaves no series behind.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::status::READY;
+use tessera_core::api::{ModelInstance, Phase};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    namespace: String,
+    instance: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    #[prometheus(flatten)]
+    instance: InstanceLabels,
+    phase: String,
+}
+
+type Value = Family<InstanceLabels, Gauge<f64, AtomicU64>>;
+
+pub(crate) struct InstanceMetrics {
+    phase: Family<PhaseLabels, Gauge>,
+    gpus: Family<InstanceLabels, Gauge>,
+    tokens_per_second: Value,
+    created_to_running: Value,
+}
+
+impl InstanceMetrics {
+    /// Registers the families (`tessera_controller_instance_*`).
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            phase: Family::default(),
+            gpus: Family::default(),
+            tokens_per_second: Value::default(),
+            created_to_running: Value::default(),
+        };
+        registry.register(
+            "instance_phase",
+            "1 for the phase each ModelInstance is in",
+            metrics.phase.clone(),
+        );
+        registry.register(
+            "instance_gpus",
+            "GPUs (or parts of GPUs) the instance's plan holds, all replicas",
+            metrics.gpus.clone(),
+        );
+        registry.register(
+            "instance_predicted_tokens_per_second",
+            "Predicted single-stream decode tokens/s of the instance, all replicas together",
+            metrics.tokens_per_second.clone(),
+        );
+        registry.register(
+            "instance_created_to_running_seconds",
+            "From the instance's creation to its Ready condition turning true, for instances that are ready",
+            metrics.created_to_running.clone(),
+        );
+        metrics
+    }
+
+    /// Sets every family from `instances`, and nothing else.
+    pub(crate) fn update<'a>(&self, instances: impl IntoIterator<Item = &'a ModelInstance>) {
+        self.phase.clear();
+        self.gpus.clear();
+        self.tokens_per_second.clear();
+        self.created_to_running.clear();
+        for mi in instances {
+            let labels = InstanceLabels {
+                namespace: mi.metadata.namespace.clone().unwrap_or_default(),
+                instance: mi.metadata.name.clone().unwrap_or_default(),
+            };
+            let status = mi.status.as_ref();
+            let phase = status.and_then(|s| s.phase).unwrap_or(Phase::Pending);
+            self.phase
+                .get_or_create(&PhaseLabels {
+                    instance: labels.clone(),
+                    phase: format!("{phase:?}"),
+                })
+                .set(1);
+            let held: BTreeSet<(&str, &str)> = status
+                .into_iter()
+                .flat_map(|s| &s.plan)
+                .flat_map(|shard| {
+                    shard
+                        .devices
+                        .iter()
+                        .map(|d| (shard.node.as_str(), d.as_str()))
+                })
+                .collect();
+            self.gpus
+                .get_or_create(&labels)
+                .set(i64::try_from(held.len()).unwrap_or(i64::MAX));
+            if let Some(speed) = status.and_then(|s| s.predicted_tokens_per_second) {
+                self.tokens_per_second.get_or_create(&labels).set(speed);
+            }
+            if let Some(seconds) = created_to_ready(mi) {
+                self.created_to_running.get_or_create(&labels).set(seconds);
+            }
+        }
+    }
+}
+
+/// Seconds from creation to the Ready condition's last turn to true.
+fn created_to_ready(mi: &ModelInstance) -> Option<f64> {
+    let created = mi.metadata.creation_timestamp.as_ref()?;
+    let ready = mi
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == READY && c.status == "True")?;
+    let seconds = ready
+        .last_transition_time
+        .0
+        .duration_since(created.0)
+        .as_secs_f64();
+    (seconds >= 0.0).then_some(seconds)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use prometheus_client::encoding::text::encode;
+    use tessera_core::api::{ModelInstanceStatus, PlannedShard};
+
+    use super::*;
+    use crate::controller::testkit::{SMALL, instance};
+
+    fn running(name: &str) -> ModelInstance {
+        let mut mi = instance(name, SMALL);
+        let at = |s: &str| Time(s.parse().unwrap());
+        mi.metadata.creation_timestamp = Some(at("2026-11-28T10:00:00Z"));
+        mi.status = Some(ModelInstanceStatus {
+            phase: Some(Phase::Running),
+            predicted_tokens_per_second: Some(127.5),
+            plan: ["g0", "g1"]
+                .iter()
+                .enumerate()
+                .map(|(shard, device)| PlannedShard {
+                    replica: 0,
+                    shard: shard as u32,
+                    node: "a".into(),
+                    devices: vec![(*device).into()],
+                    layer_start: 0,
+                    layer_end: 16,
+                    predicted_memory_gib: 10.0,
+                    share: None,
+                })
+                .collect(),
+            conditions: vec![Condition {
+                type_: READY.into(),
+                status: "True".into(),
+                reason: "AllShardsReady".into(),
+                message: String::new(),
+                last_transition_time: at("2026-11-28T10:00:02.5Z"),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        mi
+    }
+
+    fn scrape(
+        metrics: &InstanceMetrics,
+        registry: &Registry,
+        instances: &[ModelInstance],
+    ) -> String {
+        metrics.update(instances);
+        let mut out = String::new();
+        encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn each_instance_is_a_series_and_a_deleted_one_leaves_none() {
+        let mut registry = Registry::with_prefix("tessera_controller");
+        let metrics = InstanceMetrics::register(&mut registry);
+        let pending = instance("waiting", SMALL);
+        let text = scrape(&metrics, &registry, &[running("llama"), pending.clone()]);
+        let labels = "namespace=\"ml\",instance=\"llama\"";
+        for line in [
+            format!("tessera_controller_instance_phase{{{labels},phase=\"Running\"}} 1"),
+            format!("tessera_controller_instance_gpus{{{labels}}} 2"),
+            format!("tessera_controller_instance_predicted_tokens_per_second{{{labels}}} 127.5"),
+            format!("tessera_controller_instance_created_to_running_seconds{{{labels}}} 2.5"),
+            "tessera_controller_instance_phase{namespace=\"ml\",instance=\"waiting\",phase=\"Pending\"} 1".to_string(),
+        ] {
+            assert!(text.contains(&line), "{line} not in:\n{text}");
+        }
+        let after = scrape(&metrics, &registry, &[pending]);
+        assert!(!after.contains("instance=\"llama\""), "{after}");
+    }
+}
