@@ -27,6 +27,8 @@ pub mod backend;
 pub mod cli;
 pub mod controller;
 pub mod initial_list;
+#[cfg(test)]
+mod monitoring_names;
 pub mod process;
 pub(crate) mod quantity;
 pub mod wall_deadline;

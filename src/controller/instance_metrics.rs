@@ -17,7 +17,8 @@ use tessera_core::api::{ModelInstance, Phase};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {
     namespace: String,
-    instance: String,
+    /// Not `instance`: Prometheus gives every target that label.
+    modelinstance: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -77,7 +78,7 @@ impl InstanceMetrics {
         for mi in instances {
             let labels = InstanceLabels {
                 namespace: mi.metadata.namespace.clone().unwrap_or_default(),
-                instance: mi.metadata.name.clone().unwrap_or_default(),
+                modelinstance: mi.metadata.name.clone().unwrap_or_default(),
             };
             let status = mi.status.as_ref();
             let phase = status.and_then(|s| s.phase).unwrap_or(Phase::Pending);
@@ -187,17 +188,17 @@ mod tests {
         let metrics = InstanceMetrics::register(&mut registry);
         let pending = instance("waiting", SMALL);
         let text = scrape(&metrics, &registry, &[running("llama"), pending.clone()]);
-        let labels = "namespace=\"ml\",instance=\"llama\"";
+        let labels = "namespace=\"ml\",modelinstance=\"llama\"";
         for line in [
             format!("tessera_controller_instance_phase{{{labels},phase=\"Running\"}} 1"),
             format!("tessera_controller_instance_gpus{{{labels}}} 2"),
             format!("tessera_controller_instance_predicted_tokens_per_second{{{labels}}} 127.5"),
             format!("tessera_controller_instance_created_to_running_seconds{{{labels}}} 2.5"),
-            "tessera_controller_instance_phase{namespace=\"ml\",instance=\"waiting\",phase=\"Pending\"} 1".to_string(),
+            "tessera_controller_instance_phase{namespace=\"ml\",modelinstance=\"waiting\",phase=\"Pending\"} 1".to_string(),
         ] {
             assert!(text.contains(&line), "{line} not in:\n{text}");
         }
         let after = scrape(&metrics, &registry, &[pending]);
-        assert!(!after.contains("instance=\"llama\""), "{after}");
+        assert!(!after.contains("modelinstance=\"llama\""), "{after}");
     }
 }
