@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 
-use super::held::shared_memory;
+use super::held::{claim_holder, shared_memory};
 use super::pools::Pool;
 
 /// Why giving `results` to the claim with UID `claim_uid` would give a
@@ -22,35 +22,30 @@ pub(crate) fn conflict(
     pool: &Pool,
 ) -> Option<String> {
     results.iter().find_map(|mine| {
-        let in_pool: Vec<(String, &DeviceRequestAllocationResult)> = claims
+        // Holders are named only in a refusal: a check of a bind that fits
+        // formats nothing, however many claims the cluster has.
+        let in_pool: Vec<Other> = claims
             .iter()
             .filter(|claim| claim.metadata.uid.as_deref() != Some(claim_uid))
             .flat_map(|claim| {
-                let holder = format!(
-                    "ResourceClaim {}/{}",
-                    claim.metadata.namespace.as_deref().unwrap_or_default(),
-                    claim.metadata.name.as_deref().unwrap_or_default()
-                );
                 allocated(claim)
                     .filter(|other| other.driver == mine.driver && other.pool == mine.pool)
-                    .map(move |other| (holder.clone(), other))
+                    .map(move |other| (claim.as_ref(), other))
             })
             .collect();
-        let on_device: Vec<(String, &DeviceRequestAllocationResult)> = in_pool
-            .iter()
-            .filter(|(_, other)| other.device == mine.device)
-            .cloned()
-            .collect();
-        device_conflict(mine, &on_device, pool).or_else(|| counter_conflict(mine, &in_pool, pool))
+        device_conflict(mine, &in_pool, pool).or_else(|| counter_conflict(mine, &in_pool, pool))
     })
 }
+
+/// Another claim's allocated result in the same pool.
+type Other<'a> = (&'a ResourceClaim, &'a DeviceRequestAllocationResult);
 
 /// Whether `mine` with every other allocated device of its pool would use
 /// more of a counter set than it has (partitions of one GPU on the same
 /// memory slices).
 fn counter_conflict(
     mine: &DeviceRequestAllocationResult,
-    in_pool: &[(String, &DeviceRequestAllocationResult)],
+    in_pool: &[Other],
     pool: &Pool,
 ) -> Option<String> {
     let consumes = pool.consumes.get(&mine.device)?;
@@ -64,7 +59,7 @@ fn counter_conflict(
         for (counter, amount) in wanted {
             let mut holders = Vec::new();
             let mut used = 0u64;
-            for (holder, other) in in_pool {
+            for (claim, other) in in_pool {
                 let taken = pool
                     .consumes
                     .get(&other.device)
@@ -74,7 +69,7 @@ fn counter_conflict(
                     .unwrap_or(0);
                 if taken > 0 {
                     used = used.saturating_add(taken);
-                    holders.push(holder.as_str());
+                    holders.push(claim_holder(claim));
                 }
             }
             let limit = has.get(counter).copied().unwrap_or(0);
@@ -97,17 +92,27 @@ fn counter_conflict(
 
 fn device_conflict(
     mine: &DeviceRequestAllocationResult,
-    others: &[(String, &DeviceRequestAllocationResult)],
+    in_pool: &[Other],
     pool: &Pool,
 ) -> Option<String> {
+    let others: Vec<&Other> = in_pool
+        .iter()
+        .filter(|(_, other)| other.device == mine.device)
+        .collect();
     let device = format!("{}/{}", mine.pool, mine.device);
     let whole = |result| shared_memory(result).is_none();
     let Some(asked) = shared_memory(mine) else {
-        let (holder, _) = others.first()?;
-        return Some(format!("device {device} is allocated to {holder}"));
+        let (claim, _) = others.first()?;
+        return Some(format!(
+            "device {device} is allocated to {}",
+            claim_holder(claim)
+        ));
     };
-    if let Some((holder, _)) = others.iter().find(|(_, other)| whole(other)) {
-        return Some(format!("device {device} is allocated whole to {holder}"));
+    if let Some((claim, _)) = others.iter().find(|(_, other)| whole(other)) {
+        return Some(format!(
+            "device {device} is allocated whole to {}",
+            claim_holder(claim)
+        ));
     }
     let Some(&capacity) = pool.memory.get(&mine.device) else {
         return Some(format!(
@@ -121,7 +126,10 @@ fn device_conflict(
         .sum();
     let asked = asked.unwrap_or(capacity);
     (taken.saturating_add(asked) > capacity).then(|| {
-        let holders: Vec<&str> = others.iter().map(|(holder, _)| holder.as_str()).collect();
+        let holders: Vec<String> = others
+            .iter()
+            .map(|(claim, _)| claim_holder(claim))
+            .collect();
         format!(
             "device {device} has {} of {} GiB left beside the shares of {}; {} GiB asked",
             gib(capacity.saturating_sub(taken)),

@@ -45,11 +45,7 @@ pub(crate) fn held_by_claims<'a>(
                 .any(|o| o.uid == me)
         })
         .flat_map(move |claim| {
-            let holder = format!(
-                "ResourceClaim {}/{}",
-                claim.metadata.namespace.as_deref().unwrap_or_default(),
-                claim.metadata.name.as_deref().unwrap_or_default()
-            );
+            let holder = claim_holder(claim);
             let an_instances = claim
                 .metadata
                 .owner_references
@@ -78,6 +74,15 @@ pub(crate) fn held_by_claims<'a>(
                     })
                 })
         })
+}
+
+/// `ResourceClaim <namespace>/<name>`: who holds what a claim was given.
+pub(crate) fn claim_holder(claim: &ResourceClaim) -> String {
+    format!(
+        "ResourceClaim {}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// `None` for a result that holds its device whole; for a share, the
