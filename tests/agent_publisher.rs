@@ -73,6 +73,7 @@ fn ready_view() -> DeviceView {
             }],
         },
         allocated: BTreeMap::new(),
+        holdings: Vec::new(),
         shares: Default::default(),
         ready: true,
         error: None,

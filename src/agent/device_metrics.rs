@@ -2,12 +2,17 @@
 //! already takes (the same for every backend: NVML, AMD, fake). Names follow
 //! Prometheus conventions, base units in the name: `tessera_gpu_*`. Every
 //! series carries the node, the device's tessera ID, its vendor UUID (empty
-//! where the vendor has none), vendor and product.
+//! where the vendor has none), vendor and product; and the pod holding the
+//! GPU whole, with its instance, replica and shard where tessera planned it
+//! (empty otherwise). A GPU handed out in parts has a series per part
+//! (`share_memory_bytes`: each MIG partition, each memory share) labelled
+//! with the part's holder instead.
 //!
 //! The families are filled again at each scrape from the view, cleared
 //! first: a device that is gone leaves no series behind, so the label sets
 //! kept stay bounded by the devices the node has now.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -15,8 +20,30 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::holders::Holder;
 use super::state::DeviceView;
 use crate::backend::{DeviceState, RawHealth, fake, is_fallback_id};
+
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HolderLabels {
+    namespace: String,
+    pod: String,
+    instance: String,
+    replica: String,
+    shard: String,
+}
+
+impl From<&Holder> for HolderLabels {
+    fn from(holder: &Holder) -> Self {
+        Self {
+            namespace: holder.namespace.clone(),
+            pod: holder.pod.clone(),
+            instance: holder.instance.clone(),
+            replica: holder.replica.clone(),
+            shard: holder.shard.clone(),
+        }
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeviceLabels {
@@ -25,6 +52,19 @@ struct DeviceLabels {
     uuid: String,
     vendor: String,
     product: String,
+    #[prometheus(flatten)]
+    holder: HolderLabels,
+}
+
+/// A part of a GPU: `device` is the GPU's, `holder` the part's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareLabels {
+    #[prometheus(flatten)]
+    device: DeviceLabels,
+    /// The partition's ID (its MIG UUID); empty for a memory share.
+    share: String,
+    /// The partition's profile (`3g.40gb`), or `memory` for a memory share.
+    profile: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,6 +74,9 @@ struct HealthLabels {
     /// Why the device is unhealthy; empty while it is healthy.
     reason: String,
 }
+
+/// The `profile` label of a memory share.
+const MEMORY_SHARE_PROFILE: &str = "memory";
 
 type Value = Family<DeviceLabels, Gauge<f64, AtomicU64>>;
 
@@ -48,6 +91,7 @@ pub(crate) struct DeviceMetrics {
     sm_clock: Value,
     memory_clock: Value,
     healthy: Family<HealthLabels, Gauge>,
+    share_memory: Family<ShareLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl DeviceMetrics {
@@ -73,11 +117,17 @@ impl DeviceMetrics {
             sm_clock: value("sm_clock_hertz", "GPU graphics (SM) clock"),
             memory_clock: value("memory_clock_hertz", "GPU memory clock"),
             healthy: Family::default(),
+            share_memory: Family::default(),
         };
         gpu.register(
             "healthy",
             "1 while the GPU is healthy, 0 with the reason it is not",
             metrics.healthy.clone(),
+        );
+        gpu.register(
+            "share_memory_bytes",
+            "Memory of each part of a GPU handed out in parts (MIG partition or memory share), in bytes",
+            metrics.share_memory.clone(),
         );
         metrics
     }
@@ -97,9 +147,21 @@ impl DeviceMetrics {
             family.clear();
         }
         self.healthy.clear();
+        self.share_memory.clear();
         let vendor_ids = view.snapshot.backend != fake::BACKEND_NAME;
+        let whole: HashMap<&str, &Holder> = view
+            .holdings
+            .iter()
+            .filter(|h| h.memory_share_bytes.is_none())
+            .map(|h| (h.device.as_str(), &h.holder))
+            .collect();
         for state in &view.snapshot.devices {
-            let labels = self.labels(state, vendor_ids);
+            let labels = self.labels(
+                state,
+                vendor_ids,
+                whole.get(state.info.id.as_str()).copied(),
+            );
+            self.update_shares(state, vendor_ids, &whole, view);
             let telemetry = &state.telemetry;
             let set = |family: &Value, value: f64| {
                 family.get_or_create(&labels).set(value);
@@ -140,7 +202,47 @@ impl DeviceMetrics {
         }
     }
 
-    fn labels(&self, state: &DeviceState, vendor_ids: bool) -> DeviceLabels {
+    /// A series for each partition of `state` (held or not) and each
+    /// memory share of it held.
+    fn update_shares(
+        &self,
+        state: &DeviceState,
+        vendor_ids: bool,
+        whole: &HashMap<&str, &Holder>,
+        view: &DeviceView,
+    ) {
+        let part = |holder: Option<&Holder>, share: &str, profile: &str, bytes: u64| {
+            let labels = ShareLabels {
+                device: self.labels(state, vendor_ids, holder),
+                share: share.to_string(),
+                profile: profile.to_string(),
+            };
+            self.share_memory.get_or_create(&labels).set(bytes as f64);
+        };
+        for partition in state.info.mig.iter().flat_map(|mig| &mig.partitions) {
+            let holder = whole.get(partition.id.as_str()).copied();
+            part(
+                holder,
+                &partition.id,
+                &partition.profile,
+                partition.memory_total_bytes,
+            );
+        }
+        for holding in &view.holdings {
+            if let Some(bytes) = holding.memory_share_bytes
+                && holding.device == state.info.id
+            {
+                part(Some(&holding.holder), "", MEMORY_SHARE_PROFILE, bytes);
+            }
+        }
+    }
+
+    fn labels(
+        &self,
+        state: &DeviceState,
+        vendor_ids: bool,
+        holder: Option<&Holder>,
+    ) -> DeviceLabels {
         let info = &state.info;
         DeviceLabels {
             node: self.node.clone(),
@@ -152,6 +254,7 @@ impl DeviceMetrics {
             },
             vendor: info.vendor.as_str().to_string(),
             product: info.product.clone(),
+            holder: holder.map(HolderLabels::from).unwrap_or_default(),
         }
     }
 }
@@ -161,8 +264,10 @@ mod tests {
     use prometheus_client::encoding::text::encode;
 
     use super::*;
+    use crate::agent::holders::Holding;
     use crate::backend::fake::FakeBackend;
     use crate::backend::snapshot;
+    use tessera_core::api::{GpuPartition, MigState};
 
     fn scrape(metrics: &DeviceMetrics, registry: &Registry, view: &DeviceView) -> String {
         metrics.update(view);
@@ -189,7 +294,7 @@ mod tests {
         let text = scrape(&metrics, &registry, &view);
         let id = &view.snapshot.devices[0].info.id;
         let labels = format!(
-            "node=\"node-1\",device=\"{id}\",uuid=\"\",vendor=\"nvidia\",product=\"{}\"",
+            "node=\"node-1\",device=\"{id}\",uuid=\"\",vendor=\"nvidia\",product=\"{}\",{NO_HOLDER}",
             view.snapshot.devices[0].info.product
         );
         for line in [
@@ -204,6 +309,107 @@ mod tests {
             assert!(text.contains(&line), "{line} not in:\n{text}");
         }
         assert!(text.contains("reason=\"Xid 79\"} 0"), "{text}");
+    }
+
+    const NO_HOLDER: &str = "namespace=\"\",pod=\"\",instance=\"\",replica=\"\",shard=\"\"";
+
+    fn shard(pod: &str, shard: &str) -> Holder {
+        Holder {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            instance: "llama".into(),
+            replica: "0".into(),
+            shard: shard.into(),
+        }
+    }
+
+    fn holding(device: &str, memory_share_bytes: Option<u64>, holder: Holder) -> Holding {
+        Holding {
+            device: device.into(),
+            memory_share_bytes,
+            holder,
+        }
+    }
+
+    #[test]
+    fn a_held_device_and_each_part_name_their_holder() {
+        let mut registry = Registry::with_prefix("tessera_gpu");
+        let metrics = DeviceMetrics::register(&mut registry, "n");
+        let mut view = view("3xA100-80GiB");
+        let ids: Vec<String> = view
+            .snapshot
+            .devices
+            .iter()
+            .map(|d| d.info.id.clone())
+            .collect();
+        view.snapshot.devices[2].info.mig = Some(MigState {
+            enabled: true,
+            pending: None,
+            memory_slices: 8,
+            multiprocessors: 108,
+            partitions: ["MIG-1", "MIG-2"]
+                .iter()
+                .map(|id| GpuPartition {
+                    id: id.to_string(),
+                    profile: "3g.40gb".into(),
+                    memory_total_bytes: 40 << 30,
+                    multiprocessors: 42,
+                    placement_start: 0,
+                    placement_size: 4,
+                })
+                .collect(),
+            profiles: Vec::new(),
+        });
+        view.holdings = vec![
+            holding(&ids[0], None, shard("llama-shard-0", "0")),
+            holding(&ids[1], Some(24 << 30), shard("llama-shard-1", "1")),
+            holding(
+                &ids[1],
+                Some(30 << 30),
+                Holder::from_pod_key("team/notebook"),
+            ),
+            holding("MIG-2", None, shard("llama-shard-2", "2")),
+        ];
+        let text = scrape(&metrics, &registry, &view);
+        let held = format!(
+            "tessera_gpu_power_watts{{node=\"n\",device=\"{}\",uuid=\"\",vendor=\"nvidia\",product=\"{}\",namespace=\"ml\",pod=\"llama-shard-0\",instance=\"llama\",replica=\"0\",shard=\"0\"}}",
+            ids[0], view.snapshot.devices[0].info.product
+        );
+        assert!(text.contains(&held), "{held} not in:\n{text}");
+        // A GPU in parts is held by no one whole; each part names its holder.
+        let series = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+        assert_eq!(
+            series(&format!(
+                "power_watts{{node=\"n\",device=\"{}\",uuid=\"\",vendor=\"nvidia\",product=\"NVIDIA A100-SXM4-80GB\",{NO_HOLDER}}}",
+                ids[1]
+            )),
+            1,
+            "{text}"
+        );
+        for line in [
+            format!(
+                "device=\"{}\",uuid=\"\",vendor=\"nvidia\",product=\"NVIDIA A100-SXM4-80GB\",namespace=\"ml\",pod=\"llama-shard-1\",instance=\"llama\",replica=\"0\",shard=\"1\",share=\"\",profile=\"memory\"}} {}",
+                ids[1],
+                (24u64 << 30) as f64
+            ),
+            format!(
+                "pod=\"notebook\",instance=\"\",replica=\"\",shard=\"\",share=\"\",profile=\"memory\"}} {}",
+                (30u64 << 30) as f64
+            ),
+            "shard=\"2\",share=\"MIG-2\",profile=\"3g.40gb\"}".to_string(),
+            format!("{NO_HOLDER},share=\"MIG-1\",profile=\"3g.40gb\"}}"),
+        ] {
+            assert!(text.contains(&line), "{line} not in:\n{text}");
+        }
+        assert_eq!(series("tessera_gpu_share_memory_bytes{"), 4, "{text}");
+
+        // The holders gone, no series keeps their labels.
+        view.holdings.clear();
+        let text = scrape(&metrics, &registry, &view);
+        assert!(
+            !text.contains("llama") && !text.contains("notebook"),
+            "{text}"
+        );
     }
 
     #[test]

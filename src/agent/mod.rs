@@ -16,6 +16,7 @@ pub mod container_devices;
 mod device_metrics;
 pub mod device_plugin;
 pub mod dra;
+pub mod holders;
 pub(crate) mod http;
 pub mod publisher;
 pub mod run;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::holders::Holding;
 use crate::backend::health::HealthTracker;
 use crate::backend::registry::Registry;
 use crate::backend::{GpuBackend, RawHealth, Snapshot, is_fallback_id, snapshot};
@@ -21,6 +22,9 @@ pub struct DeviceView {
     pub snapshot: Snapshot,
     /// Devices handed out to containers: device ID → pod UID.
     pub allocated: BTreeMap<String, String>,
+    /// Who holds each device, partition and memory share handed out (what
+    /// the device metrics are labelled with).
+    pub holdings: Vec<Holding>,
     /// Set once the first snapshot has been read.
     pub ready: bool,
     /// The last backend error, if the latest poll failed (the snapshot is then
@@ -39,6 +43,7 @@ impl DeviceView {
                 links: Vec::new(),
             },
             allocated: BTreeMap::new(),
+            holdings: Vec::new(),
             ready: false,
             error: None,
             shares: SharesOffered::default(),

@@ -20,13 +20,20 @@ use tessera_core::api::{
     SHARD_ANNOTATION, Vendor,
 };
 
-/// Label on every shard pod and on the Service: the instance's name.
-pub(crate) const INSTANCE_LABEL: &str = "tessera.dev/instance";
+pub(crate) use tessera_core::api::{INSTANCE_LABEL, REPLICA_LABEL};
 
-/// Label on the shard pods of replicas after the first: the replica's index.
-/// The first replica's pods carry none, so pods made before instances had
-/// replicas stay exactly as they were built.
-pub(crate) const REPLICA_LABEL: &str = "tessera.dev/replica";
+/// The labels that name a shard's pod and claim: its instance, shard and
+/// (after the first) replica. The agent labels its device metrics with them.
+pub(crate) fn shard_labels(instance: &str, shard: &PlannedShard) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (INSTANCE_LABEL.to_string(), instance.to_string()),
+        (SHARD_ANNOTATION.to_string(), shard.shard.to_string()),
+    ]);
+    if shard.replica > 0 {
+        labels.insert(REPLICA_LABEL.to_string(), shard.replica.to_string());
+    }
+    labels
+}
 
 /// `<instance>-shard-<i>` for the first replica, `<instance>-r<r>-shard-<i>`
 /// for the others: a replica's shards sort together.
@@ -150,11 +157,7 @@ fn shard_pod(
     let pod_name = shard_pod_name(&name, replica, shard.shard);
 
     let mut labels = tmeta.labels.unwrap_or_default();
-    labels.insert(INSTANCE_LABEL.to_string(), name.clone());
-    labels.insert(SHARD_ANNOTATION.to_string(), shard.shard.to_string());
-    if replica > 0 {
-        labels.insert(REPLICA_LABEL.to_string(), replica.to_string());
-    }
+    labels.extend(shard_labels(&name, shard));
     let mut annotations = tmeta.annotations.unwrap_or_default();
     annotations.insert(DEVICES_ANNOTATION.to_string(), shard.devices.join(","));
     annotations.insert(SHARD_ANNOTATION.to_string(), shard.shard.to_string());

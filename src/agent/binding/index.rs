@@ -125,7 +125,7 @@ impl BindingIndex {
         }
         let (generation, allocated) = {
             let ledger = self.lock();
-            (ledger.generation, ledger.allocated_map())
+            (ledger.generation, ledger.handed_out())
         };
         self.view.show(generation, allocated);
     }
@@ -147,7 +147,7 @@ impl BindingIndex {
             .writer
             .as_ref()
             .map(|_| serde_json::to_vec(&ledger.checkpoint));
-        let allocated = self.view.is_attached().then(|| ledger.allocated_map());
+        let allocated = self.view.is_attached().then(|| ledger.handed_out());
         drop(ledger);
         for change in changes {
             change.log();

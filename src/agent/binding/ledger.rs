@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::checkpoint::Checkpoint;
 use super::pods::{Plan, PodInfo};
+use crate::agent::holders::{Holder, Holding};
 
 /// The owner [`BindingIndex::allocated_devices`](super::BindingIndex::allocated_devices)
 /// gives devices recorded under `unbound`.
@@ -52,6 +53,29 @@ impl Ledger {
             }
         }
         owners
+    }
+
+    /// What the device view shows: the allocated map and its holdings.
+    pub(super) fn handed_out(&self) -> (BTreeMap<String, String>, Vec<Holding>) {
+        (self.allocated_map(), self.holdings())
+    }
+
+    /// Who holds each device allocated to a pod; the pod's labels where the
+    /// pod is known, its recorded name otherwise.
+    pub(super) fn holdings(&self) -> Vec<Holding> {
+        let mut holdings = Vec::new();
+        for (uid, allocation) in &self.checkpoint.pods {
+            let holder = match self.pods.get(uid) {
+                Some(pod) => pod.holder.clone(),
+                None => Holder::from_pod_key(&allocation.pod),
+            };
+            holdings.extend(allocation.devices.iter().map(|device| Holding {
+                device: device.clone(),
+                memory_share_bytes: None,
+                holder: holder.clone(),
+            }));
+        }
+        holdings
     }
 
     /// Devices recorded as in use.

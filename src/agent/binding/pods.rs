@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::agent::holders::Holder;
 use tessera_core::api::DEVICES_ANNOTATION;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub(super) struct PodInfo {
     pub(super) plan: Option<Plan>,
     /// Devices of our resource the pod asks for.
     pub(super) wants: u64,
+    /// The pod and, for a tessera shard, which one (its labels).
+    pub(super) holder: Holder,
 }
 
 impl PodInfo {
@@ -73,6 +76,11 @@ pub(super) fn pod_info(pod: &Pod, resource: &str) -> Option<(String, PodInfo)> {
         deleting: pod.metadata.deletion_timestamp.is_some(),
         plan: plan_of(pod, &key),
         wants: devices_wanted(pod, resource),
+        holder: Holder::from_labels(
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            pod.metadata.name.as_deref().unwrap_or(""),
+            pod.metadata.labels.as_ref(),
+        ),
         key,
     };
     Some((uid, info))

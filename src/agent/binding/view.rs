@@ -1,10 +1,12 @@
-//! The device view's `allocated` map (which the publisher puts on the Node),
-//! kept equal to the allocations in the checkpoint once the binding index is
-//! attached to a view.
+//! The device view's `allocated` map (which the publisher puts on the Node)
+//! and its holdings (which the device metrics are labelled with), kept equal
+//! to the allocations in the checkpoint once the binding index is attached
+//! to a view.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+use crate::agent::holders::Holding;
 use crate::agent::state::ViewTx;
 
 /// The device view the binding index keeps, once attached.
@@ -25,9 +27,14 @@ impl AllocatedView {
         self.view.get().is_some()
     }
 
-    /// Puts the allocated set of checkpoint `generation` into the view,
-    /// unless a newer one is there already (two changes racing to the view).
-    pub(super) fn show(&self, generation: u64, allocated: BTreeMap<String, String>) {
+    /// Puts the allocated set of checkpoint `generation` and its holdings
+    /// into the view, unless a newer one is there already (two changes
+    /// racing to the view).
+    pub(super) fn show(
+        &self,
+        generation: u64,
+        (allocated, holdings): (BTreeMap<String, String>, Vec<Holding>),
+    ) {
         let Some(view) = self.view.get() else {
             return;
         };
@@ -40,10 +47,11 @@ impl AllocatedView {
         }
         *shown = generation;
         view.send_if_modified(|state| {
-            if state.allocated == allocated {
+            if state.allocated == allocated && state.holdings == holdings {
                 false
             } else {
                 state.allocated = allocated;
+                state.holdings = holdings;
                 true
             }
         });
@@ -60,6 +68,7 @@ mod tests {
     use crate::agent::binding::index::BindingIndex;
     use crate::agent::binding::ledger::UNBOUND;
     use crate::agent::binding::test_pods::{ids, pod};
+    use crate::agent::holders::Holder;
     use crate::agent::state::{ViewRx, channel};
 
     fn owners(view: &ViewRx) -> Vec<(String, String)> {
@@ -82,6 +91,19 @@ mod tests {
         let index = BindingIndex::open(BindingConfig::in_memory());
         let (tx, mut rx) = channel("fake");
         let mut shard = pod("uid-a", "Pending", "g0,g1");
+        shard.metadata.labels = Some(
+            [
+                (
+                    tessera_core::api::INSTANCE_LABEL.to_string(),
+                    "llama".to_string(),
+                ),
+                (
+                    tessera_core::api::SHARD_ANNOTATION.to_string(),
+                    "1".to_string(),
+                ),
+            ]
+            .into(),
+        );
         index.resync([shard.clone()]);
         assert!(!index.keeps_allocated_view());
         index.keep_view(tx.clone());
@@ -92,6 +114,27 @@ mod tests {
         index.check_allocate(&ids(&["g1", "g0"])).unwrap();
         assert!(rx.has_changed().unwrap());
         assert_eq!(owners(&rx), pairs(&[("g0", "uid-a"), ("g1", "uid-a")]));
+        // Held by the shard its pod's labels name.
+        let holders: Vec<_> = rx
+            .borrow()
+            .holdings
+            .iter()
+            .map(|h| (h.device.clone(), h.holder.clone()))
+            .collect();
+        let shard_1 = Holder {
+            namespace: "ns".into(),
+            pod: "pod-uid-a".into(),
+            instance: "llama".into(),
+            replica: "0".into(),
+            shard: "1".into(),
+        };
+        assert_eq!(
+            holders,
+            [
+                ("g0".to_string(), shard_1.clone()),
+                ("g1".to_string(), shard_1)
+            ]
+        );
         // A device no plan names goes to a pod the agent cannot identify.
         index.check_allocate(&ids(&["g5"])).unwrap();
         assert_eq!(
@@ -111,6 +154,7 @@ mod tests {
         index.apply_pod(&shard);
         assert_eq!(owners(&rx), pairs(&[("g5", UNBOUND)]));
         assert_eq!(rx.borrow().allocated, index.allocated_devices());
+        assert!(rx.borrow().holdings.is_empty());
 
         // Only the first view is kept.
         let (other, other_rx) = channel("fake");

@@ -46,8 +46,8 @@ pub(crate) struct DriverOnNode {
     pub(crate) node_name: String,
 }
 
-/// The UID of the first pod `claim` is reserved for.
-pub(crate) fn consumer_pod(claim: &ResourceClaim) -> Option<String> {
+/// The UID and name of the first pod `claim` is reserved for.
+pub(crate) fn consumer_pod(claim: &ResourceClaim) -> Option<(String, String)> {
     claim
         .status
         .as_ref()?
@@ -57,7 +57,7 @@ pub(crate) fn consumer_pod(claim: &ResourceClaim) -> Option<String> {
         .find(|consumer| {
             consumer.resource == "pods" && consumer.api_group.as_deref().unwrap_or("").is_empty()
         })
-        .map(|consumer| consumer.uid.clone())
+        .map(|consumer| (consumer.uid.clone(), consumer.name.clone()))
 }
 
 /// The devices of this node `claim` was allocated, in the allocation's order.

@@ -21,6 +21,7 @@ use crate::agent::container_devices::{
     DriverFilesFrom, RuntimeOptions, TESSERA_GPU_MEMORY_FRACTION, TESSERA_GPU_MEMORY_GIB,
     container_devices,
 };
+use crate::agent::holders::Holder;
 use crate::agent::state::{ViewRx, ViewTx};
 use crate::backend::DeviceInfo;
 use crate::backend::cdi_specs::ListedCdiDevices;
@@ -216,10 +217,16 @@ impl<C: ClaimReader> Driver<C> {
                 self.cdi.spec_path(&claim.uid).display()
             )
         })?;
+        let consumer = consumer_pod(&object);
         let record = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
-            pod_uid: consumer_pod(&object),
+            holder: Holder::from_labels(
+                &claim.namespace,
+                consumer.as_ref().map_or("", |(_, name)| name),
+                object.metadata.labels.as_ref(),
+            ),
+            pod_uid: consumer.map(|(uid, _)| uid),
             devices: answer.clone(),
         };
         if let Err(e) = prepared.insert(&claim.uid, record) {
@@ -340,11 +347,13 @@ fn decimal(value: f64, places: i32) -> String {
 
 fn show_in_use(tx: &ViewTx, prepared: &PreparedClaims) {
     let in_use = prepared.devices_in_use();
+    let holdings = prepared.holdings();
     tx.send_if_modified(|view| {
-        if view.allocated == in_use {
+        if view.allocated == in_use && view.holdings == holdings {
             return false;
         }
         view.allocated = in_use.clone();
+        view.holdings = holdings.clone();
         true
     });
 }
@@ -517,7 +526,12 @@ pub(crate) mod tests {
         let names = crate::agent::dra::device_names::pool_device_names(&s.rx.borrow().snapshot);
         let d = "gpu.tessera.dev";
         let mut claims = one_claim("part", &[(d, "node-1", &names[&partition_id])]);
-        let shared = as_share(claim("share", &[(d, "node-1", &s.names[1])]), "25Gi");
+        let mut shared = as_share(claim("share", &[(d, "node-1", &s.names[1])]), "25Gi");
+        shared.metadata.labels = Some(BTreeMap::from([
+            (tessera_core::api::INSTANCE_LABEL.into(), "llama".into()),
+            (tessera_core::api::SHARD_ANNOTATION.into(), "0".into()),
+            (tessera_core::api::REPLICA_LABEL.into(), "2".into()),
+        ]));
         claims.by_name.insert("ns/share".into(), shared);
         let driver = s.driver(claims).keep_view(s.tx.clone()).await;
         let mut share_ref = reference("share");
@@ -540,6 +554,39 @@ pub(crate) mod tests {
             in_use,
             BTreeMap::from([(partition_id.clone(), "pod-part".into())])
         );
+        // Each part is held by the claim's pod, named as its labels say.
+        let mut holdings = s.rx.borrow().holdings.clone();
+        holdings.sort_by(|a, b| a.device.cmp(&b.device));
+        let expected = [
+            (
+                partition_id.clone(),
+                None,
+                Holder::from_labels("ns", "p", None),
+            ),
+            (
+                s.ids[1].clone(),
+                Some(25u64 << 30),
+                Holder {
+                    namespace: "ns".into(),
+                    pod: "p".into(),
+                    instance: "llama".into(),
+                    replica: "2".into(),
+                    shard: "0".into(),
+                },
+            ),
+        ];
+        let mut expected: Vec<_> = expected
+            .into_iter()
+            .map(
+                |(device, memory_share_bytes, holder)| crate::agent::holders::Holding {
+                    device,
+                    memory_share_bytes,
+                    holder,
+                },
+            )
+            .collect();
+        expected.sort_by(|a, b| a.device.cmp(&b.device));
+        assert_eq!(holdings, expected);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::cdi::write_atomically;
+use crate::agent::holders::{Holder, Holding};
 
 /// The file format's version; a file of another version is moved aside.
 const VERSION: u32 = 1;
@@ -44,6 +45,10 @@ pub(crate) struct PreparedClaim {
     /// (its first pod consumer), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) pod_uid: Option<String>,
+    /// That pod and the shard it runs, from the claim's labels (empty for a
+    /// claim prepared by an agent that did not record it).
+    #[serde(default)]
+    pub(crate) holder: Holder,
     pub(crate) devices: Vec<PreparedDevice>,
 }
 
@@ -130,6 +135,20 @@ impl PreparedClaims {
             .collect()
     }
 
+    /// Who holds each device, partition and memory share prepared.
+    pub(crate) fn holdings(&self) -> Vec<Holding> {
+        self.claims
+            .values()
+            .flat_map(|claim| {
+                claim.devices.iter().map(|device| Holding {
+                    device: device.id.clone(),
+                    memory_share_bytes: device.memory_share_bytes,
+                    holder: claim.holder.clone(),
+                })
+            })
+            .collect()
+    }
+
     fn save(&self) -> std::io::Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
@@ -171,6 +190,7 @@ mod tests {
             namespace: "ns".into(),
             name: "c".into(),
             pod_uid: (id == "GPU-A").then(|| "pod-a".into()),
+            holder: Holder::from_labels("ns", "a", None),
             devices: vec![PreparedDevice {
                 request_names: vec!["gpus".into()],
                 pool: "node-1".into(),

@@ -48,6 +48,7 @@ pub(super) fn view() -> DeviceView {
             links: vec![],
         },
         allocated: BTreeMap::new(),
+        holdings: Vec::new(),
         shares: Default::default(),
         ready: true,
         error: None,

@@ -46,10 +46,10 @@ pub(crate) fn shard_claim(
         metadata: ObjectMeta {
             name: Some(claim_name(pod_name)),
             namespace: mi.namespace(),
-            labels: Some(BTreeMap::from([(
-                crate::controller::desired::INSTANCE_LABEL.to_string(),
-                mi.name_any(),
-            )])),
+            labels: Some(crate::controller::desired::shard_labels(
+                &mi.name_any(),
+                shard,
+            )),
             owner_references: mi.controller_owner_ref(&()).map(|o| vec![o]),
             finalizers: Some(vec![DELETE_PROTECTION.to_string()]),
             ..ObjectMeta::default()
@@ -223,6 +223,24 @@ mod tests {
         );
         assert_eq!(claim.metadata.name.as_deref(), Some("llama-shard-0-gpus"));
         assert_eq!(claim.metadata.namespace.as_deref(), Some("ml"));
+        // What the agent labels the devices' metrics with.
+        let labels = claim.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[tessera_core::api::INSTANCE_LABEL], "llama");
+        assert_eq!(labels[tessera_core::api::SHARD_ANNOTATION], "0");
+        assert!(!labels.contains_key(tessera_core::api::REPLICA_LABEL));
+        let mut later = shard(&["GPU-a"]);
+        (later.replica, later.shard) = (2, 1);
+        let labels = shard_claim(&mi, &later, "llama-r2-shard-1", "gpu.tessera.dev")
+            .metadata
+            .labels
+            .unwrap();
+        assert_eq!(
+            (
+                labels[tessera_core::api::REPLICA_LABEL].as_str(),
+                labels[tessera_core::api::SHARD_ANNOTATION].as_str()
+            ),
+            ("2", "1")
+        );
         assert_eq!(
             claim.metadata.finalizers.as_deref(),
             Some(&[DELETE_PROTECTION.to_string()][..])

@@ -39,8 +39,15 @@ pub const LABEL_GPU_PRODUCT: &str = "tessera.dev/gpu.product";
 pub const LABEL_GPU_MEMORY_GIB: &str = "tessera.dev/gpu.memory-gib";
 /// Pod annotation carrying the planned device IDs (comma separated).
 pub const DEVICES_ANNOTATION: &str = "tessera.dev/devices";
-/// Pod annotation carrying the shard (pipeline stage) index.
+/// Pod annotation carrying the shard (pipeline stage) index; also a label on
+/// shard pods and their claims.
 pub const SHARD_ANNOTATION: &str = "tessera.dev/shard";
+/// Label on every shard pod, shard claim and the Service: the instance's name.
+pub const INSTANCE_LABEL: &str = "tessera.dev/instance";
+/// Label on the shard pods and claims of replicas after the first: the
+/// replica's index. The first replica's carry none, so pods made before
+/// instances had replicas stay exactly as they were built.
+pub const REPLICA_LABEL: &str = "tessera.dev/replica";
 /// The ResourceSlice device attribute (in the DRA driver's domain) holding
 /// tessera's device ID: the agent publishes it, shard claims select on it.
 pub const DRA_ID_ATTRIBUTE: &str = "id";
