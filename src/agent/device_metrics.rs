@@ -28,7 +28,8 @@ use crate::backend::{DeviceState, RawHealth, fake, is_fallback_id};
 struct HolderLabels {
     namespace: String,
     pod: String,
-    instance: String,
+    /// Not `instance`: Prometheus gives every series its target's `instance`.
+    modelinstance: String,
     replica: String,
     shard: String,
 }
@@ -38,7 +39,7 @@ impl From<&Holder> for HolderLabels {
         Self {
             namespace: holder.namespace.clone(),
             pod: holder.pod.clone(),
-            instance: holder.instance.clone(),
+            modelinstance: holder.instance.clone(),
             replica: holder.replica.clone(),
             shard: holder.shard.clone(),
         }
@@ -311,7 +312,7 @@ mod tests {
         assert!(text.contains("reason=\"Xid 79\"} 0"), "{text}");
     }
 
-    const NO_HOLDER: &str = "namespace=\"\",pod=\"\",instance=\"\",replica=\"\",shard=\"\"";
+    const NO_HOLDER: &str = "namespace=\"\",pod=\"\",modelinstance=\"\",replica=\"\",shard=\"\"";
 
     fn shard(pod: &str, shard: &str) -> Holder {
         Holder {
@@ -372,7 +373,7 @@ mod tests {
         ];
         let text = scrape(&metrics, &registry, &view);
         let held = format!(
-            "tessera_gpu_power_watts{{node=\"n\",device=\"{}\",uuid=\"\",vendor=\"nvidia\",product=\"{}\",namespace=\"ml\",pod=\"llama-shard-0\",instance=\"llama\",replica=\"0\",shard=\"0\"}}",
+            "tessera_gpu_power_watts{{node=\"n\",device=\"{}\",uuid=\"\",vendor=\"nvidia\",product=\"{}\",namespace=\"ml\",pod=\"llama-shard-0\",modelinstance=\"llama\",replica=\"0\",shard=\"0\"}}",
             ids[0], view.snapshot.devices[0].info.product
         );
         assert!(text.contains(&held), "{held} not in:\n{text}");
@@ -388,12 +389,12 @@ mod tests {
         );
         for line in [
             format!(
-                "device=\"{}\",uuid=\"\",vendor=\"nvidia\",product=\"NVIDIA A100-SXM4-80GB\",namespace=\"ml\",pod=\"llama-shard-1\",instance=\"llama\",replica=\"0\",shard=\"1\",share=\"\",profile=\"memory\"}} {}",
+                "device=\"{}\",uuid=\"\",vendor=\"nvidia\",product=\"NVIDIA A100-SXM4-80GB\",namespace=\"ml\",pod=\"llama-shard-1\",modelinstance=\"llama\",replica=\"0\",shard=\"1\",share=\"\",profile=\"memory\"}} {}",
                 ids[1],
                 (24u64 << 30) as f64
             ),
             format!(
-                "pod=\"notebook\",instance=\"\",replica=\"\",shard=\"\",share=\"\",profile=\"memory\"}} {}",
+                "pod=\"notebook\",modelinstance=\"\",replica=\"\",shard=\"\",share=\"\",profile=\"memory\"}} {}",
                 (30u64 << 30) as f64
             ),
             "shard=\"2\",share=\"MIG-2\",profile=\"3g.40gb\"}".to_string(),
