@@ -13,7 +13,7 @@ use crate::controller::metrics::Metrics;
 use crate::controller::testkit::{SMALL, instance};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::{reflector, watcher};
-use tessera_core::api::{ModelInstance, ModelInstanceStatus, Phase};
+use tessera_core::api::{ModelInstance, ModelInstanceStatus, Phase, ReplicaPrediction};
 
 /// An instance that is Running, with a predicted speed and a Ready condition.
 fn running_instance() -> ModelInstance {
@@ -22,6 +22,10 @@ fn running_instance() -> ModelInstance {
     mi.status = Some(ModelInstanceStatus {
         phase: Some(Phase::Running),
         predicted_tokens_per_second: Some(100.0),
+        replica_predictions: vec![ReplicaPrediction {
+            replica: 0,
+            tokens_per_second: 100.0,
+        }],
         conditions: vec![Condition {
             type_: "Ready".into(),
             status: "True".into(),

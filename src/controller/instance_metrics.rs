@@ -28,12 +28,20 @@ struct PhaseLabels {
     phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplicaLabels {
+    #[prometheus(flatten)]
+    instance: InstanceLabels,
+    replica: String,
+}
+
 type Value = Family<InstanceLabels, Gauge<f64, AtomicU64>>;
 
 pub(crate) struct InstanceMetrics {
     phase: Family<PhaseLabels, Gauge>,
     gpus: Family<InstanceLabels, Gauge>,
     tokens_per_second: Value,
+    replica_tokens_per_second: Family<ReplicaLabels, Gauge<f64, AtomicU64>>,
     created_to_running: Value,
 }
 
@@ -44,6 +52,7 @@ impl InstanceMetrics {
             phase: Family::default(),
             gpus: Family::default(),
             tokens_per_second: Value::default(),
+            replica_tokens_per_second: Family::default(),
             created_to_running: Value::default(),
         };
         registry.register(
@@ -62,6 +71,11 @@ impl InstanceMetrics {
             metrics.tokens_per_second.clone(),
         );
         registry.register(
+            "instance_replica_predicted_tokens_per_second",
+            "Predicted single-stream decode tokens/s of each placed replica",
+            metrics.replica_tokens_per_second.clone(),
+        );
+        registry.register(
             "instance_created_to_running_seconds",
             "From the instance's creation to its Ready condition turning true, for instances that are ready",
             metrics.created_to_running.clone(),
@@ -74,6 +88,7 @@ impl InstanceMetrics {
         self.phase.clear();
         self.gpus.clear();
         self.tokens_per_second.clear();
+        self.replica_tokens_per_second.clear();
         self.created_to_running.clear();
         for mi in instances {
             let labels = InstanceLabels {
@@ -104,6 +119,14 @@ impl InstanceMetrics {
             if let Some(speed) = status.and_then(|s| s.predicted_tokens_per_second) {
                 self.tokens_per_second.get_or_create(&labels).set(speed);
             }
+            for prediction in status.into_iter().flat_map(|s| &s.replica_predictions) {
+                self.replica_tokens_per_second
+                    .get_or_create(&ReplicaLabels {
+                        instance: labels.clone(),
+                        replica: prediction.replica.to_string(),
+                    })
+                    .set(prediction.tokens_per_second);
+            }
             if let Some(seconds) = created_to_ready(mi) {
                 self.created_to_running.get_or_create(&labels).set(seconds);
             }
@@ -132,7 +155,7 @@ fn created_to_ready(mi: &ModelInstance) -> Option<f64> {
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use prometheus_client::encoding::text::encode;
-    use tessera_core::api::{ModelInstanceStatus, PlannedShard};
+    use tessera_core::api::{ModelInstanceStatus, PlannedShard, ReplicaPrediction};
 
     use super::*;
     use crate::controller::testkit::{SMALL, instance};
@@ -144,6 +167,16 @@ mod tests {
         mi.status = Some(ModelInstanceStatus {
             phase: Some(Phase::Running),
             predicted_tokens_per_second: Some(127.5),
+            replica_predictions: vec![
+                ReplicaPrediction {
+                    replica: 0,
+                    tokens_per_second: 60.0,
+                },
+                ReplicaPrediction {
+                    replica: 2,
+                    tokens_per_second: 67.5,
+                },
+            ],
             plan: ["g0", "g1"]
                 .iter()
                 .enumerate()
@@ -194,6 +227,7 @@ mod tests {
             format!("tessera_controller_instance_gpus{{{labels}}} 2"),
             format!("tessera_controller_instance_predicted_tokens_per_second{{{labels}}} 127.5"),
             format!("tessera_controller_instance_created_to_running_seconds{{{labels}}} 2.5"),
+            format!("tessera_controller_instance_replica_predicted_tokens_per_second{{{labels},replica=\"2\"}} 67.5"),
             "tessera_controller_instance_phase{namespace=\"ml\",modelinstance=\"waiting\",phase=\"Pending\"} 1".to_string(),
         ] {
             assert!(text.contains(&line), "{line} not in:\n{text}");

@@ -8,7 +8,9 @@ use k8s_openapi::jiff::Timestamp;
 mod merge;
 
 use super::apply::ShardState;
-use tessera_core::api::{ModelInstanceStatus, Phase, PlannedShard, ReplicaRestarts};
+use tessera_core::api::{
+    ModelInstanceStatus, Phase, PlannedShard, ReplicaPrediction, ReplicaRestarts,
+};
 
 pub(crate) const PLACED: &str = "Placed";
 pub(crate) const READY: &str = "Ready";
@@ -95,6 +97,16 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         .replicas
         .iter()
         .any(|replica| matches!(replica.outcome, Outcome::Invalid { .. }));
+    let replica_predictions = replicas
+        .iter()
+        .enumerate()
+        .filter_map(|(index, (verdict, _))| {
+            Some(ReplicaPrediction {
+                replica: index as u32,
+                tokens_per_second: tenths(verdict.tokens_per_second?),
+            })
+        })
+        .collect();
     let verdict = merge::verdict(replicas);
     let previous_conditions = inputs
         .previous
@@ -130,9 +142,8 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         ready_replicas,
         selector: inputs.selector.clone(),
         plan: verdict.plan,
-        predicted_tokens_per_second: verdict
-            .tokens_per_second
-            .map(|tps| (tps * 10.0).round() / 10.0),
+        predicted_tokens_per_second: verdict.tokens_per_second.map(tenths),
+        replica_predictions,
         message: Some(verdict.message),
         placement_hash: if invalid || !has_plan {
             None
@@ -141,6 +152,11 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         },
         restarts: inputs.restarts.clone(),
     }
+}
+
+/// A speed as the status shows it: to a tenth of a token per second.
+fn tenths(tokens_per_second: f64) -> f64 {
+    (tokens_per_second * 10.0).round() / 10.0
 }
 
 /// The `ReplicaFailure` condition, while any replica's recreations are
@@ -641,6 +657,14 @@ mod tests {
             all_ready.predicted_tokens_per_second,
             Some(30.0),
             "replicas add up"
+        );
+        assert_eq!(
+            all_ready
+                .replica_predictions
+                .iter()
+                .map(|p| (p.replica, p.tokens_per_second))
+                .collect::<Vec<_>>(),
+            [(0, 10.0), (1, 10.0), (2, 10.0)]
         );
         assert_eq!(
             all_ready.selector.as_deref(),

@@ -17,8 +17,9 @@ pub use gpu_state::{
 };
 pub use model_instance::{
     DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec, Optimize,
-    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaRestarts,
-    RestartPolicy, ScoreWeights, ShardShare, ShareKind, Sharing, Strategy, TensorSize,
+    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaPrediction,
+    ReplicaRestarts, RestartPolicy, ScoreWeights, ShardShare, ShareKind, Sharing, Strategy,
+    TensorSize,
 };
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};

@@ -647,8 +647,14 @@ pub struct ModelInstanceStatus {
     /// HorizontalPodAutoscaler (the scale subresource's selector).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// Predicted single-stream decode tokens/s of the placed replicas
+    /// together (replicas serve independent requests, so their speeds add).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_tokens_per_second: Option<f64>,
+    /// Each placed replica's predicted single-stream decode tokens/s.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_predictions: Vec<ReplicaPrediction>,
+    /// One line on where the instance stands and, when it is stuck, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// Hash of the spec parts the plan was made for (model, parallelism,
@@ -661,6 +667,16 @@ pub struct ModelInstanceStatus {
     /// counted waits 10 s × 2^(N-1), at most 10 minutes, before its next one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restarts: Vec<ReplicaRestarts>,
+}
+
+/// What one placed replica is predicted to do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaPrediction {
+    /// The replica (0 for the first).
+    pub replica: u32,
+    /// Its predicted single-stream decode tokens/s on the devices planned.
+    pub tokens_per_second: f64,
 }
 
 /// How often one replica was recreated in a row, for its restart backoff.
