@@ -25,6 +25,7 @@ pub mod allocation_mode;
 pub mod api_requests;
 pub mod backend;
 pub mod cli;
+pub(crate) mod cluster_map;
 pub mod controller;
 pub mod initial_list;
 #[cfg(test)]

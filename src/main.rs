@@ -294,6 +294,10 @@ struct ControllerFlags {
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
     listen: std::net::SocketAddr,
+    /// Address of the read-only cluster map (HTML: every node's GPUs and who
+    /// holds them, each instance's plan); default: not served.
+    #[arg(long, value_name = "ADDR")]
+    map_listen: Option<std::net::SocketAddr>,
     /// Act only while holding a coordination.k8s.io Lease, so that replicas
     /// never act at once.
     #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set)]
@@ -345,6 +349,7 @@ impl ControllerFlags {
             kubeconfig,
             namespace,
             listen,
+            map_listen,
             leader_elect,
             lease_name,
             lease_namespace,
@@ -383,6 +388,7 @@ impl ControllerFlags {
             kubeconfig,
             namespace,
             listen,
+            map_listen,
             leader_election,
             settings: Settings {
                 resource_name,

@@ -2,6 +2,7 @@
 //! the library, rendering results. `main.rs` only parses flags and calls these.
 
 pub mod discover;
+mod html;
 pub mod input;
 pub mod place;
 mod render;

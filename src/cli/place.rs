@@ -43,6 +43,8 @@ pub enum PlaceOutput {
     Table,
     Json,
     Yaml,
+    /// The cluster map of the plan, one self-contained HTML page.
+    Html,
 }
 
 pub struct PlaceArgs {
@@ -79,6 +81,9 @@ pub struct Placement {
 pub struct Report {
     pub(crate) cluster: String,
     pub placements: Vec<Placement>,
+    /// The cluster planned on, for the map.
+    #[serde(skip)]
+    pub(crate) nodes: Vec<ClusterNode>,
 }
 
 impl Report {
@@ -126,6 +131,7 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
     Ok(Report {
         cluster: cluster_origin,
         placements: place_all(&instances, &nodes, args.max_steps),
+        nodes,
     })
 }
 

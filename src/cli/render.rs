@@ -13,6 +13,7 @@ impl Report {
             // Both serializers only see our own plain structs here.
             PlaceOutput::Json => serde_json::to_string_pretty(self).unwrap_or_default() + "\n",
             PlaceOutput::Yaml => serde_saphyr::to_string(self).unwrap_or_default(),
+            PlaceOutput::Html => super::html::html(self),
         }
     }
 }

@@ -27,6 +27,7 @@ use super::dra::apply::{DraShard, ShardClaims, claim_of};
 use super::dra::claims::{claim_name, shard_claim};
 use super::dra::held::held_by_claims;
 use super::dra::pools::Pools;
+use super::event_log::EventLog;
 use super::events::{self, EventNote, plan_notes, unsatisfiable_text};
 use super::hashes::{placement_hash, recorded_pod_hash, replica_pod_hash};
 use super::held::{Claims, Held, held_devices};
@@ -71,6 +72,8 @@ pub struct Context {
     /// others just took although the cache shows their status a moment later.
     claims: tokio::sync::Mutex<Claims>,
     node_gate: NodeGate,
+    /// The last events about each instance, for the cluster map.
+    pub(crate) event_log: EventLog,
 }
 
 impl Context {
@@ -91,6 +94,7 @@ impl Context {
             failures: Mutex::default(),
             claims: tokio::sync::Mutex::default(),
             node_gate: NodeGate::default(),
+            event_log: EventLog::default(),
         }
     }
 }
@@ -206,6 +210,13 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     // What was done stays done when a later write fails (a pod bound, then
     // the status refused), and is told now: the retry finds nothing to do.
     events::publish(&ctx.recorder, mi, &notes).await;
+    let instances = ctx.caches.instances.state();
+    ctx.event_log.record(&instance.uid, &notes, now, || {
+        instances
+            .iter()
+            .filter_map(|i| i.metadata.uid.as_deref())
+            .collect()
+    });
     let applied = applied?;
     written?;
 
@@ -270,11 +281,11 @@ impl Instance {
     }
 }
 
-/// What the caches showed when this reconcile started.
-struct Observed {
-    nodes: Vec<Arc<NodeInfo>>,
+/// What the caches showed when this reconcile (or a map page) started.
+pub(crate) struct Observed {
+    pub(crate) nodes: Vec<Arc<NodeInfo>>,
     pods: Vec<Arc<Pod>>,
-    /// This instance's shard pods by name.
+    /// This instance's shard pods by name (none for the map).
     mine: BTreeMap<String, Arc<Pod>>,
     /// The DRA nodes' pools (empty without DRA).
     pools: Arc<Pools>,
@@ -283,9 +294,9 @@ struct Observed {
 }
 
 fn observe(ctx: &Context, instance: &Instance) -> Observed {
-    let nodes = gpu_nodes(&ctx.caches.nodes.state());
-    let pods = ctx.caches.pods.state();
-    let mine = pods
+    let mut observed = observe_cluster(ctx);
+    observed.mine = observed
+        .pods
         .iter()
         .filter(|p| {
             p.namespace().as_deref() == Some(instance.namespace.as_str())
@@ -293,14 +304,19 @@ fn observe(ctx: &Context, instance: &Instance) -> Observed {
         })
         .map(|p| (p.name_any(), Arc::clone(p)))
         .collect();
+    observed
+}
+
+/// The caches' nodes, pods and claims.
+pub(crate) fn observe_cluster(ctx: &Context) -> Observed {
     let (pools, claims) = match (&ctx.caches.dra, &ctx.settings.dra_driver) {
         (Some(dra), Some(driver)) => (dra.pools(driver), dra.claims.state()),
         _ => (Arc::default(), Vec::new()),
     };
     Observed {
-        nodes,
-        pods,
-        mine,
+        nodes: gpu_nodes(&ctx.caches.nodes.state()),
+        pods: ctx.caches.pods.state(),
+        mine: BTreeMap::new(),
         pools,
         claims,
     }
@@ -320,15 +336,27 @@ fn held_by_others(
         .filter_map(|i| i.metadata.uid.as_deref())
         .collect();
     claims.retain(|claimed, _| live.contains(claimed.as_str()));
+    held_except(ctx, &instance.uid, &instances, claims, observed)
+}
+
+/// The devices held by anything but the instance with UID `me` (pass an
+/// empty UID for everything held): instances' plans, pods and claims.
+pub(crate) fn held_except(
+    ctx: &Context,
+    me: &str,
+    instances: &[Arc<ModelInstance>],
+    claims: &Claims,
+    observed: &Observed,
+) -> Held {
     let mut held = held_devices(
-        &instance.uid,
+        me,
         instances.iter().map(AsRef::as_ref),
         claims,
         observed.pods.iter().map(AsRef::as_ref),
         &observed.nodes,
     );
     if let Some(driver) = &ctx.settings.dra_driver {
-        for hold in held_by_claims(&instance.uid, &observed.claims, driver, &observed.pools) {
+        for hold in held_by_claims(me, &observed.claims, driver, &observed.pools) {
             match hold.share {
                 Some(bytes) => held
                     .shares

@@ -20,6 +20,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use super::apply::{MANAGER, managed_selector};
 use super::claim_changes::ClaimChanges;
 use super::dra::{CachedSlice, DraCaches};
+use super::map_server::{self, MapSource};
 use super::metrics::{InstanceCache, Metrics, router};
 use super::node_cache::{StateReports, cached};
 use super::node_changes::NodeChanges;
@@ -39,6 +40,8 @@ pub struct ControllerConfig {
     /// Watch only this namespace; `None` watches all.
     pub namespace: Option<String>,
     pub listen: SocketAddr,
+    /// Where the cluster map is served; `None`: not served.
+    pub map_listen: Option<SocketAddr>,
     /// `None` acts without a lease (a single replica).
     pub leader_election: Option<LeaderElection>,
     pub settings: Settings,
@@ -130,26 +133,26 @@ pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
     let mut metrics = Metrics::default();
     api_requests.register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
-    let cache = InstanceCache::default();
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ControllerError::Listen {
-            addr: config.listen,
-            source,
-        })?;
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let app = router(Arc::clone(&metrics), Arc::clone(&cache));
-    let http = tokio::spawn(async move {
-        let shutdown = async {
-            let _ = http_stopped.await;
-        };
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "HTTP endpoints stopped");
-        }
-    });
+    let cache = Slots::default();
+    let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
+    let mut http = vec![
+        serve(
+            config.listen,
+            router(Arc::clone(&metrics), Arc::clone(&cache.instances)),
+            http_stopped.clone(),
+        )
+        .await?,
+    ];
+    if let Some(addr) = config.map_listen {
+        http.push(
+            serve(
+                addr,
+                map_server::router(Arc::clone(&cache.map)),
+                http_stopped,
+            )
+            .await?,
+        );
+    }
 
     let stop = termination();
     let result = match &config.leader_election {
@@ -160,9 +163,38 @@ pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
         }
         Some(le) => lead(client, &config, le, &metrics, &cache, stop).await,
     };
-    let _ = stop_http.send(());
-    let _ = http.await;
+    let _ = stop_http.send(true);
+    for task in http {
+        let _ = task.await;
+    }
     result
+}
+
+/// Where the HTTP endpoints find the controller's caches once this replica
+/// leads (only the leader has any).
+#[derive(Default)]
+struct Slots {
+    instances: InstanceCache,
+    map: MapSource,
+}
+
+/// Serves `app` on `addr` until `stop` turns true.
+async fn serve(
+    addr: SocketAddr,
+    app: axum::Router,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, ControllerError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ControllerError::Listen { addr, source })?;
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped(stop))
+            .await
+        {
+            tracing::error!(error = %e, %addr, "HTTP endpoints stopped");
+        }
+    }))
 }
 
 /// Waits for the lease, runs the controller while holding it, and gives it
@@ -173,7 +205,7 @@ async fn lead(
     config: &ControllerConfig,
     le: &LeaderElection,
     metrics: &Arc<Metrics>,
-    cache: &InstanceCache,
+    cache: &Slots,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), ControllerError> {
     let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
@@ -288,7 +320,7 @@ async fn run_controller(
     client: Client,
     config: &ControllerConfig,
     metrics: &Arc<Metrics>,
-    cache: &InstanceCache,
+    cache: &Slots,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (instances_api, pods_api, services_api): (Api<ModelInstance>, Api<Pod>, Api<Service>) =
@@ -401,9 +433,7 @@ async fn run_controller(
 
     let controller = Controller::for_stream(instance_stream, instances.clone())
         .with_config(controller::Config::default().debounce(RECONCILE_DEBOUNCE));
-    if let Ok(mut slot) = cache.lock() {
-        *slot = Some(instances.clone());
-    }
+    *super::lock(&cache.instances) = Some(instances.clone());
     let mapper_store = instances.clone();
     let slice_mapper_store = instances.clone();
     let waiting_store = instances.clone();
@@ -425,6 +455,7 @@ async fn run_controller(
         Recorder::new(client, reporter),
         Arc::clone(metrics),
     ));
+    *super::lock(&cache.map) = Some(Arc::clone(&ctx));
     let (room_changes, wakes) = room_wakes(ROOM_WAKE_PAUSE);
     let wakes = wakes.flat_map(move |()| futures::stream::iter(waiting_instances(&waiting_store)));
     let node_room = room_changes.clone();
