@@ -551,6 +551,7 @@ impl GpuBackend for FakeBackend {
             utilization_percent: Some(0),
             memory_used_bytes: used,
             memory_free_bytes: device.memory_total_bytes - used,
+            ..Telemetry::default()
         })
     }
 

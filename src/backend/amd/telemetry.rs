@@ -43,6 +43,7 @@ impl AmdBackend {
             utilization_percent,
             memory_used_bytes: used,
             memory_free_bytes: total.saturating_sub(used),
+            ..Telemetry::default()
         };
         if let Some(hwmon) = hwmon_dir(dir) {
             telemetry.temperature_c = temperature_c(&hwmon)?;
