@@ -51,6 +51,7 @@ fn device(id: &str, index: u32, temperature: f64, power: f64) -> DeviceState {
             utilization_percent: Some(0),
             memory_used_bytes: GIB / 2,
             memory_free_bytes: 80 * GIB - GIB / 2,
+            ..Telemetry::default()
         },
         health: RawHealth::Healthy,
     }

@@ -411,6 +411,47 @@ fn removed_kfd_node_drops_the_device() {
 }
 
 #[test]
+fn ras_counts_of_every_block_are_the_ecc_counts() {
+    let s = Scratch::of("mi300x-8");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    let counts = |b: &mut AmdBackend, i: usize| {
+        let t = b.telemetry(&devices[i]).unwrap();
+        (
+            t.ecc_corrected_errors,
+            t.ecc_uncorrected_errors,
+            t.xid_errors,
+        )
+    };
+    assert_eq!(counts(&mut b, 5), (Some(3), Some(0), None), "umc's ce: 3");
+    s.write(
+        &format!("{}/ras/gfx_err_count", mi300x_card(5)),
+        "ue: 1\nce: 4\n",
+    );
+    assert_eq!(
+        counts(&mut b, 5),
+        (Some(7), Some(1), None),
+        "summed over blocks"
+    );
+    // While the driver cannot answer for a block, no count at all.
+    s.write(
+        &format!("{}/ras/gfx_err_count", mi300x_card(5)),
+        "Query currently inaccessible\n",
+    );
+    assert_eq!(counts(&mut b, 5), (None, None, None));
+    let snap = snapshot(&mut b).unwrap();
+    assert_eq!(snap.devices[5].telemetry.ecc_corrected_errors, None);
+    assert_eq!(
+        snap.devices[5].health,
+        RawHealth::Healthy,
+        "health reads umc only"
+    );
+    // Without RAS: no counts.
+    s.remove(&format!("{}/ras", mi300x_card(0)));
+    assert_eq!(counts(&mut b, 0), (None, None, None));
+}
+
+#[test]
 fn uncorrectable_memory_errors_make_the_device_unhealthy() {
     let s = Scratch::of("mi300x-8");
     let mut b = s.backend();

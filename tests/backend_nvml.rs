@@ -200,6 +200,51 @@ fn telemetry_readings() {
 }
 
 #[test]
+fn ecc_counts_are_read_on_every_poll() {
+    let s = Scenario::new("a100-pcie-4", "ecc-counts");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    let counts = |b: &mut NvmlBackend, i: usize| {
+        let t = b.telemetry(&devices[i]).unwrap();
+        (t.ecc_corrected_errors, t.ecc_uncorrected_errors)
+    };
+    assert_eq!(counts(&mut b, 0), (Some(0), Some(0)));
+    s.inject("ecc-corrected 0 17\necc 0 2\nunsupported 1 ecc\n");
+    assert_eq!(counts(&mut b, 0), (Some(17), Some(2)));
+    assert_eq!(counts(&mut b, 1), (None, None), "no ECC: no counts");
+    assert_eq!(counts(&mut b, 2), (Some(0), Some(0)));
+}
+
+#[test]
+fn every_xid_is_counted_per_device_with_the_last_code() {
+    let s = Scenario::new("h100-sxm-8", "xid-counts");
+    let mut b = s.backend();
+    let devices = b.devices().unwrap();
+    let counts = |b: &mut NvmlBackend, i: usize| {
+        let t = b.telemetry(&devices[i]).unwrap();
+        (t.xid_errors, t.last_xid)
+    };
+    assert_eq!(counts(&mut b, 1), (Some(0), None), "watched, none yet");
+    s.inject("xid 1 79\nxid 1 13\nxid 2 48\n");
+    assert_eq!(
+        counts(&mut b, 1),
+        (Some(2), Some(13)),
+        "application Xids count too"
+    );
+    assert_eq!(counts(&mut b, 2), (Some(1), Some(48)));
+    assert_eq!(counts(&mut b, 0), (Some(0), None));
+    // Counted once however often it is read, and the health check that
+    // follows still sees the fault the event left.
+    assert_eq!(counts(&mut b, 1), (Some(2), Some(13)));
+    let h = b.health(&devices[1]).unwrap();
+    assert_eq!(unhealthy_reason(&h), "Xid 79: GPU has fallen off the bus");
+    s.inject("xid 1 79\nxid 1 13\nxid 2 48\nxid 1 31\n");
+    let snap = snapshot(&mut b).unwrap();
+    assert_eq!(snap.devices[1].telemetry.xid_errors, Some(3));
+    assert_eq!(snap.devices[1].telemetry.last_xid, Some(31));
+}
+
+#[test]
 fn unsupported_readings_are_none() {
     let s = Scenario::new("a100-pcie-4", "unsupported");
     let mut b = s.backend();

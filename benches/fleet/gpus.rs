@@ -212,6 +212,7 @@ impl GpuBackend for SimGpus {
             utilization_percent: Some(if board.shard_used > 0 { 60 } else { 0 }),
             memory_used_bytes: used,
             memory_free_bytes: board.info.memory_total_bytes - used,
+            ..Telemetry::default()
         })
     }
 

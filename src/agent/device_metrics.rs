@@ -11,11 +11,17 @@
 //! The families are filled again at each scrape from the view, cleared
 //! first: a device that is gone leaves no series behind, so the label sets
 //! kept stay bounded by the devices the node has now.
+//!
+//! The error counters (`ecc_errors_total{type}`, `xid_errors_total`) are
+//! counts the backend keeps (the driver's since it loaded, the agent's Xids
+//! since it started), so each scrape sets them to the count read: it only
+//! falls when that count restarts, which is what a counter reset means.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -78,6 +84,13 @@ struct HealthLabels {
 
 /// The `profile` label of a memory share.
 const MEMORY_SHARE_PROFILE: &str = "memory";
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EccLabels {
+    #[prometheus(flatten)]
+    device: DeviceLabels,
+    /// `corrected` or `uncorrected`.
+    r#type: &'static str,
+}
 
 type Value = Family<DeviceLabels, Gauge<f64, AtomicU64>>;
 
@@ -93,6 +106,9 @@ pub(crate) struct DeviceMetrics {
     memory_clock: Value,
     healthy: Family<HealthLabels, Gauge>,
     share_memory: Family<ShareLabels, Gauge<f64, AtomicU64>>,
+    ecc_errors: Family<EccLabels, Counter>,
+    xid_errors: Family<DeviceLabels, Counter>,
+    last_xid: Family<DeviceLabels, Gauge>,
 }
 
 impl DeviceMetrics {
@@ -119,6 +135,9 @@ impl DeviceMetrics {
             memory_clock: value("memory_clock_hertz", "GPU memory clock"),
             healthy: Family::default(),
             share_memory: Family::default(),
+            ecc_errors: Family::default(),
+            xid_errors: Family::default(),
+            last_xid: Family::default(),
         };
         gpu.register(
             "healthy",
@@ -129,6 +148,22 @@ impl DeviceMetrics {
             "share_memory_bytes",
             "Memory of each part of a GPU handed out in parts (MIG partition or memory share), in bytes",
             metrics.share_memory.clone(),
+        );
+        // Counters: the encoder adds `_total` to the sample names.
+        gpu.register(
+            "ecc_errors",
+            "GPU memory errors ECC corrected or could not correct, since the driver loaded",
+            metrics.ecc_errors.clone(),
+        );
+        gpu.register(
+            "xid_errors",
+            "Xid errors the GPU reported since the agent started (NVIDIA)",
+            metrics.xid_errors.clone(),
+        );
+        gpu.register(
+            "last_xid",
+            "Code of the last Xid error the GPU reported since the agent started (NVIDIA)",
+            metrics.last_xid.clone(),
         );
         metrics
     }
@@ -149,6 +184,9 @@ impl DeviceMetrics {
         }
         self.healthy.clear();
         self.share_memory.clear();
+        self.ecc_errors.clear();
+        self.xid_errors.clear();
+        self.last_xid.clear();
         let vendor_ids = view.snapshot.backend != fake::BACKEND_NAME;
         let whole: HashMap<&str, &Holder> = view
             .holdings
@@ -189,6 +227,25 @@ impl DeviceMetrics {
                 if let Some(value) = value.filter(|v| v.is_finite()) {
                     set(family, value);
                 }
+            }
+            let ecc = [
+                ("corrected", telemetry.ecc_corrected_errors),
+                ("uncorrected", telemetry.ecc_uncorrected_errors),
+            ];
+            for (kind, count) in ecc {
+                if let Some(count) = count {
+                    let labels = EccLabels {
+                        device: labels.clone(),
+                        r#type: kind,
+                    };
+                    self.ecc_errors.get_or_create(&labels).inc_by(count);
+                }
+            }
+            if let Some(count) = telemetry.xid_errors {
+                self.xid_errors.get_or_create(&labels).inc_by(count);
+            }
+            if let Some(code) = telemetry.last_xid.and_then(|code| i64::try_from(code).ok()) {
+                self.last_xid.get_or_create(&labels).set(code);
             }
             let (healthy, reason) = match &state.health {
                 RawHealth::Healthy => (1, String::new()),
@@ -410,6 +467,96 @@ mod tests {
         assert!(
             !text.contains("llama") && !text.contains("notebook"),
             "{text}"
+        );
+    }
+
+    /// The lines of `text` for `metric` on `device`, without the labels
+    /// every series has, sorted (a family's series come in no set order).
+    fn series(text: &str, metric: &str, device: &str) -> Vec<String> {
+        let prefix = format!("{metric}{{node=\"n\",device=\"{device}\",");
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix(&prefix))
+            .map(|rest| match rest.split_once("product=\"") {
+                Some((_, tail)) => {
+                    let tail = tail.split_once('"').map_or(rest, |(_, t)| t);
+                    let holder = format!(",{NO_HOLDER}");
+                    tail.strip_prefix(&holder).unwrap_or(tail).to_string()
+                }
+                None => rest.to_string(),
+            })
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn error_counts_are_counters_only_where_the_device_reports_them() {
+        let mut registry = Registry::with_prefix("tessera_gpu");
+        let metrics = DeviceMetrics::register(&mut registry, "n");
+        let mut view = view("1xH100-80GiB,1xRTX4090-24GiB,1xMI300X-192GiB");
+        let h100 = &mut view.snapshot.devices[0].telemetry;
+        h100.ecc_corrected_errors = Some(12);
+        h100.ecc_uncorrected_errors = Some(1);
+        h100.xid_errors = Some(3);
+        h100.last_xid = Some(79);
+        let text = scrape(&metrics, &registry, &view);
+        for line in [
+            "# TYPE tessera_gpu_ecc_errors counter",
+            "# TYPE tessera_gpu_xid_errors counter",
+            "# TYPE tessera_gpu_last_xid gauge",
+        ] {
+            assert!(text.contains(line), "{line} not in:\n{text}");
+        }
+        let ids: Vec<String> = view
+            .snapshot
+            .devices
+            .iter()
+            .map(|d| d.info.id.clone())
+            .collect();
+        let id = |i: usize| ids[i].clone();
+        assert_eq!(
+            series(&text, "tessera_gpu_ecc_errors_total", &id(0)),
+            [",type=\"corrected\"} 12", ",type=\"uncorrected\"} 1"]
+        );
+        assert_eq!(
+            series(&text, "tessera_gpu_xid_errors_total", &id(0)),
+            ["} 3"]
+        );
+        assert_eq!(series(&text, "tessera_gpu_last_xid", &id(0)), ["} 79"]);
+
+        // The GeForce card has no ECC, but its Xids are watched (at zero).
+        assert!(
+            series(&text, "tessera_gpu_ecc_errors_total", &id(1)).is_empty(),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "tessera_gpu_xid_errors_total", &id(1)),
+            ["} 0"]
+        );
+        assert!(
+            series(&text, "tessera_gpu_last_xid", &id(1)).is_empty(),
+            "no Xid yet"
+        );
+
+        // AMD: ECC from RAS, no Xids.
+        assert_eq!(
+            series(&text, "tessera_gpu_ecc_errors_total", &id(2)),
+            [",type=\"corrected\"} 0", ",type=\"uncorrected\"} 0"]
+        );
+        assert!(series(&text, "tessera_gpu_xid_errors_total", &id(2)).is_empty());
+
+        // The next scrape carries the new counts, and only those.
+        view.snapshot.devices[0].telemetry.xid_errors = Some(4);
+        view.snapshot.devices[0].telemetry.ecc_corrected_errors = None;
+        let text = scrape(&metrics, &registry, &view);
+        assert_eq!(
+            series(&text, "tessera_gpu_xid_errors_total", &id(0)),
+            ["} 4"]
+        );
+        assert_eq!(
+            series(&text, "tessera_gpu_ecc_errors_total", &id(0)),
+            [",type=\"uncorrected\"} 1"]
         );
     }
 

@@ -10,11 +10,17 @@
 //!   - {device: 1, unhealthy: "Xid 79: GPU has fallen off the bus"}
 //!   - {device: 2, temperatureC: 96}
 //!   - {device: 3, vanish: true}
-//!   - {device: 0, memoryUsedGiB: 30}
+//!   - {device: 0, memoryUsedGiB: 30, eccCorrected: 3, eccUncorrected: 1, xid: 79}
 //! ```
-//! Removing a fault line recovers the device. A group of NVIDIA GPUs that
-//! have MIG (H100-80GiB, A100-80GiB, A100-40GiB) may give their MIG mode and
-//! partitions (`mig: {partitions: [3g.40gb, 2g.20gb]}`; see `fake_mig`).
+//! Removing a fault line recovers the device (a device's faults go on one
+//! line: only its first line counts). ECC and Xid faults only set the counts
+//! telemetry reports (every profile but the GeForce one has ECC on, at zero
+//! errors unless told; NVIDIA profiles count Xids, one for an `xid` fault,
+//! whose code is the last Xid's): health stays as `unhealthy` says.
+//!
+//! A group of NVIDIA GPUs that have MIG (H100-80GiB, A100-80GiB, A100-40GiB)
+//! may give their MIG mode and partitions (`mig: {partitions: [3g.40gb,
+//! 2g.20gb]}`; see `fake_mig`).
 //!
 //! A **directory** gives each node its own file: `<dir>/<node name>.yaml` when
 //! it exists, else `<dir>/default.yaml` (e.g. a ConfigMap mounted at `<dir>`
@@ -49,6 +55,8 @@ struct Profile {
     fp16_tflops: f64,
     memory_bandwidth_gbps: f64,
     idle_power_w: f64,
+    /// Whether it reports ECC error counts (ECC on, as the card ships).
+    ecc: bool,
     /// Link between two devices of this kind in one node.
     link: LinkKind,
     link_gbps: f64,
@@ -67,6 +75,7 @@ const PROFILES: &[Profile] = &[
         fp16_tflops: 989.0,
         memory_bandwidth_gbps: 3350.0,
         idle_power_w: 115.0,
+        ecc: true,
         link: LinkKind::Nvlink,
         link_gbps: 900.0,
         mig: Some(&H100_80GB),
@@ -81,6 +90,7 @@ const PROFILES: &[Profile] = &[
         fp16_tflops: 312.0,
         memory_bandwidth_gbps: 2039.0,
         idle_power_w: 60.0,
+        ecc: true,
         link: LinkKind::Nvlink,
         link_gbps: 600.0,
         mig: Some(&A100_80GB),
@@ -95,6 +105,7 @@ const PROFILES: &[Profile] = &[
         fp16_tflops: 312.0,
         memory_bandwidth_gbps: 1555.0,
         idle_power_w: 38.0,
+        ecc: true,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
         mig: Some(&A100_40GB),
@@ -109,6 +120,7 @@ const PROFILES: &[Profile] = &[
         fp16_tflops: 121.0,
         memory_bandwidth_gbps: 300.0,
         idle_power_w: 16.0,
+        ecc: true,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
         mig: None,
@@ -123,6 +135,7 @@ const PROFILES: &[Profile] = &[
         fp16_tflops: 165.0,
         memory_bandwidth_gbps: 1008.0,
         idle_power_w: 22.0,
+        ecc: false,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
         mig: None,
@@ -137,6 +150,7 @@ const PROFILES: &[Profile] = &[
         fp16_tflops: 1307.0,
         memory_bandwidth_gbps: 5300.0,
         idle_power_w: 150.0,
+        ecc: true,
         link: LinkKind::Xgmi,
         link_gbps: 128.0,
         mig: None,
@@ -151,6 +165,7 @@ const PROFILES: &[Profile] = &[
         fp16_tflops: 181.0,
         memory_bandwidth_gbps: 1638.0,
         idle_power_w: 40.0,
+        ecc: true,
         link: LinkKind::Pcie,
         link_gbps: 64.0,
         mig: None,
@@ -215,6 +230,13 @@ struct Fault {
     vanish: bool,
     #[serde(default, rename = "memoryUsedGiB")]
     memory_used_gib: Option<f64>,
+    #[serde(default)]
+    ecc_corrected: Option<u64>,
+    #[serde(default)]
+    ecc_uncorrected: Option<u64>,
+    /// One Xid error with this code.
+    #[serde(default)]
+    xid: Option<u64>,
 }
 
 /// Parses `4xH100-80GiB,2xMI300X-192GiB` (count defaults to 1).
@@ -255,6 +277,7 @@ fn check(file: &FakeFile, origin: &str) -> Result<(), BackendError> {
         )));
     }
     let mut total: u64 = 0;
+    let mut profiles: Vec<&Profile> = Vec::new();
     for (index, group) in file.gpus.iter().enumerate() {
         let Some(known) = profile(&group.profile) else {
             return Err(BackendError::Failed(format!(
@@ -282,6 +305,9 @@ fn check(file: &FakeFile, origin: &str) -> Result<(), BackendError> {
             )));
         }
         total += u64::from(group.count);
+        if total <= 256 {
+            profiles.extend(std::iter::repeat_n(known, group.count as usize));
+        }
     }
     if total > 256 {
         return Err(BackendError::Failed(format!(
@@ -309,6 +335,22 @@ fn check(file: &FakeFile, origin: &str) -> Result<(), BackendError> {
             return Err(BackendError::Failed(format!(
                 "fake GPUs {origin:?}: memoryUsedGiB of device {} must be zero or more",
                 fault.device
+            )));
+        }
+        // Checked above: the device is one of `profiles`.
+        let Some(known) = profiles.get(fault.device as usize) else {
+            continue;
+        };
+        if (fault.ecc_corrected.is_some() || fault.ecc_uncorrected.is_some()) && !known.ecc {
+            return Err(BackendError::Failed(format!(
+                "fake GPUs {origin:?}: device {} ({}) has no ECC to count errors with",
+                fault.device, known.name
+            )));
+        }
+        if fault.xid.is_some() && known.vendor != Vendor::Nvidia {
+            return Err(BackendError::Failed(format!(
+                "fake GPUs {origin:?}: device {} ({}) cannot report an Xid: Xid errors are NVIDIA's",
+                fault.device, known.name
             )));
         }
     }
@@ -534,7 +576,12 @@ impl GpuBackend for FakeBackend {
         let position = Self::position(&device.id)
             .ok_or_else(|| BackendError::Failed(format!("{} is not a fake device", device.id)))?;
         let fault = self.fault(position);
-        let idle_power = profile_of(device).map_or(50.0, |p| p.idle_power_w);
+        let known = profile_of(device);
+        let idle_power = known.map_or(50.0, |p| p.idle_power_w);
+        let ecc = known.is_some_and(|p| p.ecc);
+        let xids = known.is_some_and(|p| p.vendor == Vendor::Nvidia);
+        let ecc_count = |injected: Option<u64>| injected.or(ecc.then_some(0));
+        let xid = fault.and_then(|f| f.xid);
         let used = match fault.and_then(|f| f.memory_used_gib) {
             Some(gib) => ((gib * GIB) as u64).min(device.memory_total_bytes),
             None => RESERVED_BYTES.min(device.memory_total_bytes),
@@ -551,6 +598,10 @@ impl GpuBackend for FakeBackend {
             utilization_percent: Some(0),
             memory_used_bytes: used,
             memory_free_bytes: device.memory_total_bytes - used,
+            ecc_corrected_errors: ecc_count(fault.and_then(|f| f.ecc_corrected)),
+            ecc_uncorrected_errors: ecc_count(fault.and_then(|f| f.ecc_uncorrected)),
+            xid_errors: xids.then_some(u64::from(xid.is_some())),
+            last_xid: xid,
         })
     }
 
@@ -692,6 +743,52 @@ mod tests {
         let s = snapshot(&mut b).unwrap();
         assert_eq!(s.devices.len(), 4, "device 3 is back");
         assert!(s.devices.iter().all(|d| d.health == RawHealth::Healthy));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ecc_and_xid_faults_set_the_counts_telemetry_reports() {
+        let dir = fresh_dir("counts");
+        let path = dir.join("gpus.yaml");
+        std::fs::write(
+            &path,
+            "gpus: [{profile: H100-80GiB, count: 2}, {profile: RTX4090-24GiB}, {profile: MI300X-192GiB}]\n\
+             faults:\n\
+             \x20 - {device: 0, eccCorrected: 3, eccUncorrected: 1, xid: 79}\n\
+             \x20 - {device: 3, eccUncorrected: 2}\n",
+        )
+        .unwrap();
+        let mut b = FakeBackend::new(path.to_str().unwrap()).unwrap();
+        let s = snapshot(&mut b).unwrap();
+        let counts = |i: usize| {
+            let t = &s.devices[i].telemetry;
+            (
+                t.ecc_corrected_errors,
+                t.ecc_uncorrected_errors,
+                t.xid_errors,
+                t.last_xid,
+            )
+        };
+        assert_eq!(counts(0), (Some(3), Some(1), Some(1), Some(79)));
+        assert_eq!(
+            counts(1),
+            (Some(0), Some(0), Some(0), None),
+            "ECC on, nothing yet"
+        );
+        assert_eq!(counts(2), (None, None, Some(0), None), "GeForce: no ECC");
+        assert_eq!(counts(3), (Some(0), Some(2), None, None), "AMD: no Xids");
+        assert_eq!(
+            s.devices[0].health,
+            RawHealth::Healthy,
+            "counts alone leave health alone"
+        );
+        std::fs::write(&path, "gpus: [{profile: H100-80GiB, count: 2}]").unwrap();
+        let s = snapshot(&mut b).unwrap();
+        assert_eq!(
+            s.devices[0].telemetry.xid_errors,
+            Some(0),
+            "the line removed"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -898,6 +995,38 @@ mod tests {
             (
                 "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, memoryUsedGiB: -1}]",
                 "zero or more",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, eccCorrected: -1}]",
+                "faults[0].eccCorrected",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, eccUncorrected: lots}]",
+                "faults[0].eccUncorrected",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, xid: 79.5}]",
+                "faults[0].xid",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, xid: [79, 48]}]",
+                "faults[0].xid",
+            ),
+            (
+                "gpus: [{profile: H100-80GiB}]\nfaults: [{device: 0, eccCorected: 1}]",
+                "eccCorected",
+            ),
+            (
+                "gpus: [{profile: L4-24GiB}, {profile: MI300X-192GiB}]\nfaults: [{device: 1, xid: 79}]",
+                "device 1 (MI300X-192GiB) cannot report an Xid: Xid errors are NVIDIA's",
+            ),
+            (
+                "gpus: [{profile: L4-24GiB}, {profile: RTX4090-24GiB}]\nfaults: [{device: 1, eccCorrected: 1}]",
+                "device 1 (RTX4090-24GiB) has no ECC to count errors with",
+            ),
+            (
+                "gpus: [{profile: RTX4090-24GiB}, {profile: MI210-64GiB}]\nfaults: [{device: 0, xid: 13}, {device: 1, eccUncorrected: 0}]",
+                "",
             ),
             (
                 "gpus: [{profile: L4-24GiB}, {profile: MI300X-192GiB, mig: {partitions: [3g.40gb]}}]",

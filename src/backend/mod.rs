@@ -78,6 +78,23 @@ pub struct Telemetry {
     pub utilization_percent: Option<u32>,
     pub memory_used_bytes: u64,
     pub memory_free_bytes: u64,
+    /// Memory errors ECC corrected since the driver loaded; `None` where the
+    /// device has no ECC, has it off, or the count cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_corrected_errors: Option<u64>,
+    /// Memory errors ECC detected but could not correct since the driver
+    /// loaded; `None` as for `ecc_corrected_errors`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_uncorrected_errors: Option<u64>,
+    /// Xid errors reported since the backend started watching the device,
+    /// whatever their cause; `None` where the vendor has no Xids or the
+    /// device's events are not watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_errors: Option<u64>,
+    /// The code of the last of those Xid errors, when one was reported
+    /// with a code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_xid: Option<u64>,
 }
 
 /// What the backend says about a device's health right now, before hysteresis.
@@ -319,6 +336,37 @@ mod tests {
         let state = snapshot.to_gpu_state(None);
         state.validate().unwrap();
         assert_eq!(state.devices[0].mig, info.mig);
+    }
+
+    #[test]
+    fn telemetry_without_error_counts_still_reads_and_omits_them() {
+        let old = serde_json::json!({
+            "temperatureC": 40.0, "powerW": null, "graphicsClockMhz": null,
+            "memoryClockMhz": null, "utilizationPercent": 0,
+            "memoryUsedBytes": 1, "memoryFreeBytes": 2
+        });
+        let telemetry: Telemetry = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(telemetry.ecc_corrected_errors, None);
+        assert_eq!(telemetry.xid_errors, None);
+        assert_eq!(serde_json::to_value(&telemetry).unwrap(), old);
+
+        let counted = Telemetry {
+            ecc_corrected_errors: Some(3),
+            ecc_uncorrected_errors: Some(0),
+            xid_errors: Some(2),
+            last_xid: Some(79),
+            ..telemetry
+        };
+        let json = serde_json::to_value(&counted).unwrap();
+        for key in [
+            "eccCorrectedErrors",
+            "eccUncorrectedErrors",
+            "xidErrors",
+            "lastXid",
+        ] {
+            assert!(json.get(key).is_some(), "{key} in {json}");
+        }
+        assert_eq!(serde_json::from_value::<Telemetry>(json).unwrap(), counted);
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub(super) fn device(id: &str, index: u32, vendor: Vendor, product: &str, gib: u
             utilization_percent: Some(0),
             memory_used_bytes: GIB,
             memory_free_bytes: (gib - 1) * GIB,
+            ..Telemetry::default()
         },
         health: RawHealth::Healthy,
     }

@@ -23,9 +23,11 @@
 //! render node (`device/drm/renderD<minor>`): `vendor`, `mem_info_vram_total`,
 //! `mem_info_vram_used`, `gpu_busy_percent`, `numa_node`, `product_name`,
 //! `unique_id`, `current_link_speed` / `current_link_width`,
-//! `ras/umc_err_count` and `hwmon/hwmon*/` (`temp*_input` in m°C with
-//! `temp*_label`, `power1_average` or `power1_input` in µW, `freq*_input` in
-//! Hz labelled `sclk` / `mclk`).
+//! `ras/<block>_err_count` (`ue: N` and `ce: N` lines, uncorrectable and
+//! correctable errors since the driver loaded: every block's summed for
+//! telemetry, `umc`'s uncorrectable for health) and `hwmon/hwmon*/`
+//! (`temp*_input` in m°C with `temp*_label`, `power1_average` or
+//! `power1_input` in µW, `freq*_input` in Hz labelled `sclk` / `mclk`).
 //!
 //! # Decisions
 //!
@@ -76,7 +78,8 @@
 //!   be read or parsed fails `telemetry()` (the snapshot then reports the
 //!   device unhealthy with the reason) or makes `health()` unhealthy. A sensor
 //!   the driver says it does not support (`EOPNOTSUPP`, `ENODATA`, `EINVAL`)
-//!   is simply absent.
+//!   is simply absent, and so are the ECC totals while any block's RAS count
+//!   cannot be read or parsed (`ras_totals` says why).
 //!
 //! # Where it is read
 //!

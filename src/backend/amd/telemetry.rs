@@ -1,11 +1,11 @@
-//! An AMD GPU's live readings: memory use and utilisation from its DRM
-//! device, sensors from hwmon, and, with the `rocm-smi` feature, ROCm SMI's
-//! readings where sysfs has none.
+//! An AMD GPU's live readings: memory use, utilisation and RAS error counts
+//! from its DRM device, sensors from hwmon, and, with the `rocm-smi`
+//! feature, ROCm SMI's readings where sysfs has none.
 
 use super::super::{BackendError, DeviceInfo, Telemetry};
 use super::AmdBackend;
 use super::drm::{Card, card_for_pci};
-use super::sensors::{clock_mhz, hwmon_dir, power_w, temperature_c};
+use super::sensors::{clock_mhz, hwmon_dir, power_w, ras_totals, temperature_c};
 use super::sysfs_files::{failed, read_opt_i64, read_u64};
 
 impl AmdBackend {
@@ -35,14 +35,15 @@ impl AmdBackend {
         };
         let utilization_percent = read_opt_i64(&dir.join("gpu_busy_percent"))?
             .and_then(|percent| u32::try_from(percent.clamp(0, 100)).ok());
+        let ras = ras_totals(dir);
         let mut telemetry = Telemetry {
-            temperature_c: None,
-            power_w: None,
-            graphics_clock_mhz: None,
-            memory_clock_mhz: None,
             utilization_percent,
             memory_used_bytes: used,
             memory_free_bytes: total.saturating_sub(used),
+            ecc_corrected_errors: ras.corrected,
+            ecc_uncorrected_errors: ras.uncorrected,
+            // Xid errors are NVIDIA's; amdgpu has nothing alike to count.
+            ..Telemetry::default()
         };
         if let Some(hwmon) = hwmon_dir(dir) {
             telemetry.temperature_c = temperature_c(&hwmon)?;

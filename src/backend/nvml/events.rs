@@ -1,5 +1,6 @@
-//! NVML events: critical Xid errors and double-bit ECC errors, registered
-//! once per GPU and drained on every health check, and the faults they leave.
+//! NVML events: Xid errors and double-bit ECC errors, registered once per
+//! GPU and drained on every telemetry read and health check, the faults they
+//! leave and the Xids they count.
 //!
 //! With `mig_raw`, this is the backend's unsafe code. `nvml-wrapper`'s
 //! `EventSet<'nvml>` borrows the `Nvml` it came from, and the backend must own
@@ -18,7 +19,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{EventSet, Nvml};
 
 use super::NvmlBackend;
-use super::xid::{xid_is_critical, xid_reason};
+use super::xid::{XidCounts, xid_is_critical, xid_reason};
 
 /// Events drained per call at most, so a storm cannot stall a poll.
 const MAX_EVENTS_PER_DRAIN: usize = 1024;
@@ -107,6 +108,12 @@ impl NvmlBackend {
                     std::mem::forget(set);
                     self.events = Some(DetachedEventSet(raw.cast::<c_void>()));
                     self.event_devices = devices;
+                    self.xids = XidCounts::watching(
+                        candidates
+                            .into_iter()
+                            .filter(|(_, _, mask)| mask.contains(EventTypes::CRITICAL_XID_ERROR))
+                            .map(|(_, id, _)| id),
+                    );
                     return;
                 }
                 Err((None, error)) => {
@@ -159,19 +166,24 @@ impl NvmlBackend {
             .unwrap_or_default();
         let now = Instant::now();
         for event in observed {
-            let Some(reason) = event_reason(&event) else {
-                tracing::debug!(xid = ?event.xid, "application-level Xid ignored");
-                continue;
-            };
             let ids: Vec<String> = match self
                 .event_devices
                 .get(&event.handle)
                 .cloned()
-                .or(event.uuid)
+                .or_else(|| event.uuid.clone())
             {
                 Some(id) => vec![id],
                 // An event NVML cannot attribute concerns every GPU.
                 None => self.event_devices.values().cloned().collect(),
+            };
+            if let Some(code) = xid_of(&event) {
+                for id in &ids {
+                    self.xids.record(id, code);
+                }
+            }
+            let Some(reason) = event_reason(&event) else {
+                tracing::debug!(xid = ?event.xid, "application-level Xid ignored");
+                continue;
             };
             for id in ids {
                 tracing::warn!(device = %id, %reason, "GPU fault reported by NVML");
@@ -222,6 +234,17 @@ fn build_event_set<'n>(
     Ok((set, devices))
 }
 
+/// `Some` for an Xid event, with its code when NVML gave one.
+fn xid_of(event: &ObservedEvent) -> Option<Option<u64>> {
+    if !event.types.contains(EventTypes::CRITICAL_XID_ERROR) {
+        return None;
+    }
+    Some(match event.xid {
+        Some(XidError::Value(code)) => Some(code),
+        Some(XidError::Unknown) | None => None,
+    })
+}
+
 /// Why an event makes its GPU unhealthy; `None` for application-level Xids.
 fn event_reason(event: &ObservedEvent) -> Option<String> {
     if event.types.contains(EventTypes::CRITICAL_XID_ERROR) {
@@ -235,4 +258,45 @@ fn event_reason(event: &ObservedEvent) -> Option<String> {
         return Some("double-bit (uncorrectable) ECC error".to_string());
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(types: EventTypes, xid: Option<XidError>) -> ObservedEvent {
+        ObservedEvent {
+            handle: 1,
+            uuid: None,
+            types,
+            xid,
+        }
+    }
+
+    #[test]
+    fn every_xid_event_is_counted_and_only_critical_ones_are_faults() {
+        let xid = |code| event(EventTypes::CRITICAL_XID_ERROR, Some(XidError::Value(code)));
+        assert_eq!(xid_of(&xid(79)), Some(Some(79)));
+        assert_eq!(
+            event_reason(&xid(79)).as_deref(),
+            Some("Xid 79: GPU has fallen off the bus")
+        );
+        assert_eq!(
+            xid_of(&xid(13)),
+            Some(Some(13)),
+            "an application Xid counts"
+        );
+        assert_eq!(event_reason(&xid(13)), None, "but is no fault");
+
+        let unknown = event(EventTypes::CRITICAL_XID_ERROR, Some(XidError::Unknown));
+        assert_eq!(xid_of(&unknown), Some(None));
+        assert_eq!(
+            event_reason(&unknown).as_deref(),
+            Some("Xid (code unknown)")
+        );
+
+        let ecc = event(EventTypes::DOUBLE_BIT_ECC_ERROR, None);
+        assert_eq!(xid_of(&ecc), None, "an ECC event is no Xid");
+        assert!(event_reason(&ecc).is_some_and(|r| r.contains("double-bit")));
+    }
 }

@@ -10,8 +10,13 @@
 //!   SM count, PCI bus id (`0000:17:00.0`), NUMA node (from sysfs), and two
 //!   estimates: dense FP16 tensor TFLOPS and memory bandwidth (see `specs` for
 //!   the formulas and tables).
-//! - **Telemetry**: temperature, power, clocks, utilisation, memory use. A
-//!   reading the device does not support is `None`, not an error.
+//! - **Telemetry**: temperature, power, clocks, utilisation, memory use,
+//!   corrected and uncorrected ECC errors since the driver loaded (volatile
+//!   counts), and the Xid events the GPU reported since the backend
+//!   registered it (every Xid, also those the application caused; see
+//!   `xid`). A reading the device does not support is `None`, not an error:
+//!   no ECC counts without ECC, no Xid count on a GPU not registered for Xid
+//!   events.
 //! - **Health**: NVML events (critical Xid errors, double-bit ECC errors; see
 //!   `events` and `xid`) plus polling (volatile uncorrected ECC count, GPU
 //!   lost). See [`NvmlBackend::health`].
@@ -74,7 +79,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
@@ -94,6 +99,7 @@ pub(crate) use devices::fallback_id;
 pub use devices::is_fallback_id;
 use errors::{device_failed, init_error, optional};
 use events::{DetachedEventSet, EventFault};
+use xid::XidCounts;
 
 /// The NVML library the backend loads unless told otherwise.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -109,6 +115,8 @@ pub struct NvmlBackend {
     /// registered in the event set.
     event_devices: HashMap<usize, String>,
     faults: HashMap<String, EventFault>,
+    /// Xid events per GPU registered for them, since registration.
+    xids: XidCounts,
     fault_hold: Duration,
     sysfs_root: PathBuf,
     /// The last good reading of each index, with the device count at the time.
@@ -139,6 +147,7 @@ impl NvmlBackend {
             events: None,
             event_devices: HashMap::new(),
             faults: HashMap::new(),
+            xids: XidCounts::default(),
             fault_hold: DEFAULT_FAULT_HOLD,
             sysfs_root: PathBuf::from(DEFAULT_SYSFS_ROOT),
             known: HashMap::new(),
@@ -187,6 +196,9 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn telemetry(&mut self, info: &DeviceInfo) -> Result<Telemetry, BackendError> {
+        // Events pending now are counted in this reading, not the next one.
+        self.drain_events();
+        let xids = self.xids.of(&info.id);
         let device = self
             .handle(info)
             .map_err(|error| device_failed(info, &error))?;
@@ -199,6 +211,14 @@ impl GpuBackend for NvmlBackend {
             .map_err(|error| device_failed(info, &error))?
             .map(|utilization| utilization.gpu);
         let memory = optional(device.memory_info()).map_err(|error| device_failed(info, &error))?;
+        // Volatile: since the driver loaded, like AMD's RAS counts, so both
+        // vendors' counters reset at the same event.
+        let ecc_count = |error_type| {
+            optional(device.total_ecc_errors(error_type, EccCounter::Volatile))
+                .map_err(|error| device_failed(info, &error))
+        };
+        let ecc_corrected_errors = ecc_count(MemoryError::Corrected)?;
+        let ecc_uncorrected_errors = ecc_count(MemoryError::Uncorrected)?;
         Ok(Telemetry {
             temperature_c,
             power_w,
@@ -207,6 +227,10 @@ impl GpuBackend for NvmlBackend {
             utilization_percent,
             memory_used_bytes: memory.as_ref().map_or(0, |memory| memory.used),
             memory_free_bytes: memory.as_ref().map_or(0, |memory| memory.free),
+            ecc_corrected_errors,
+            ecc_uncorrected_errors,
+            xid_errors: xids.map(|count| count.total),
+            last_xid: xids.and_then(|count| count.last),
         })
     }
 
