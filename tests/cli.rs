@@ -103,6 +103,38 @@ fn sample_run_places_all_three_instances() {
 }
 
 #[test]
+fn html_output_is_the_cluster_map_of_the_plan() {
+    let (code, page, stderr) = run(&["place", "-o", "html"], None);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(page.starts_with("<!DOCTYPE html>"), "{page}");
+    let report = json_report(&["place", "-o", "json"]);
+    for placement in report["placements"].as_array().unwrap() {
+        let name = placement["name"].as_str().unwrap();
+        for shard in placement["statusPlan"].as_array().unwrap() {
+            for device in shard["devices"].as_array().unwrap() {
+                let cell = format!("data-device=\"{}\"", device.as_str().unwrap());
+                let at = page.find(&cell).unwrap_or_else(|| panic!("no cell {cell}"));
+                let next = page[at + 1..]
+                    .find("<div class=\"gpu")
+                    .map_or(page.len(), |n| at + 1 + n);
+                let holder = format!(
+                    "data-instance=\"{name}\" data-replica=\"0\" data-shard=\"{}\"",
+                    shard["shard"]
+                );
+                assert!(
+                    page[at..next].contains(&holder),
+                    "{holder} not in {}",
+                    &page[at..next]
+                );
+            }
+        }
+    }
+    for node in ["a100-0", "h100-0", "mi300x-0", "rtx4090-0"] {
+        assert!(page.contains(&format!("data-node=\"{node}\"")), "{node}");
+    }
+}
+
+#[test]
 fn kubectl_cluster_gives_the_same_plans_as_the_sample_cluster() {
     let kubectl = repo_path("examples/cluster-mixed.kubectl.yaml");
     let mut from_kubectl = json_report(&["place", "-o", "json", "-c", kubectl.to_str().unwrap()]);

@@ -26,6 +26,10 @@ fn malformed_flags_are_refused() {
     for (args, needles) in [
         (&["controller", "--leader-elect=maybe"][..], &["maybe"][..]),
         (&["controller", "--listen", "localhost"], &["localhost"]),
+        (
+            &["controller", "--map-listen", "8082"],
+            &["8082", "--map-listen"],
+        ),
         (&["controller", "--node-grace-period", "-1"], &["-1"]),
         (
             &["controller", "--node-grace-period", "100000"],

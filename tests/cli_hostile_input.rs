@@ -164,6 +164,35 @@ fn devices_the_agent_reports_allocated_are_not_planned_again() {
 }
 
 #[test]
+fn markup_in_a_cluster_file_is_text_on_the_map() {
+    let dir = Scratch::new("hostile", "map");
+    let f = dir.file("m.yaml", &instance(SMALL_MODEL, ""));
+    let sick = h100("g0", 0, ", healthReason: '<script>alert(1)</script>'")
+        .replace("health: Healthy", "health: Unhealthy");
+    let odd = h100("g1", 1, "").replace(
+        "product: NVIDIA H100 80GB HBM3",
+        "product: '<img src=x onerror=alert(1)>'",
+    );
+    let hostile = cluster(
+        &[sick, odd, h100("g2", 2, "")],
+        "    allocated: {g0: '\"><script>alert(2)</script>'}\n",
+    );
+    let c = dir.file("c.yaml", &hostile);
+    let (code, page, stderr) = run(&["place", "-c", &c, "-f", &f, "-o", "html"], None);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        !page.contains("<script") && !page.contains("<img"),
+        "{page}"
+    );
+    assert!(page.contains("&lt;script&gt;alert(1)"), "{page}");
+    assert!(
+        page.contains("&lt;img src=x onerror=alert(1)&gt;"),
+        "{page}"
+    );
+    assert!(page.contains("&quot;&gt;&lt;script&gt;alert(2)"), "{page}");
+}
+
+#[test]
 fn a_cluster_of_hundreds_of_fully_linked_nodes_is_read() {
     // 600 nodes of 8 GPUs with a link between every pair: past the YAML
     // reader's default budget (refused at 570 nodes before).

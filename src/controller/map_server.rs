@@ -42,7 +42,8 @@ fn context(source: &MapSource) -> Option<Arc<Context>> {
 fn not_leader() -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
-        "this controller replica is not the leader: it has no caches to draw the map from\n",
+        "this controller replica stands by and has no caches to draw the map from: \
+         port-forward to the leader, the pod named by the controller's Lease (spec.holderIdentity)\n",
     )
         .into_response()
 }
