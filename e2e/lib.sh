@@ -226,6 +226,41 @@ scrape() {
   printf '%s\n' "$out"
 }
 
+# browse NAMESPACE POD PORT PATH DOM [SCREENSHOT]: the page PATH of the pod's PORT
+# loaded in headless Chromium through a port-forward (tried up to three times, as
+# scrape): the DOM the browser built goes to DOM, a picture of it to SCREENSHOT.
+browse() {
+  local port pf i attempt errors ok=0 url
+  errors=$(mktemp)
+  for attempt in 1 2 3; do
+    port=$((20000 + RANDOM % 20000))
+    url="http://127.0.0.1:$port$4"
+    kubectl -n "$1" port-forward "pod/$2" "$port:$3" >/dev/null 2>>"$errors" &
+    pf=$!
+    for i in $(seq 1 50); do
+      curl -sf --max-time 3 -o /dev/null "$url" && { ok=1; break; }
+      sleep 0.2
+    done
+    if [[ "$ok" == 1 ]]; then
+      # Root in CI: Chromium's sandbox needs user namespaces it may not have.
+      timeout 60 chromium --headless --no-sandbox --disable-gpu --dump-dom "$url" >"$5" 2>>"$errors" || ok=0
+      if [[ "$ok" == 1 && -n "${6:-}" ]]; then
+        timeout 60 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars \
+          --window-size=1280,1400 --screenshot="$6" "$url" >/dev/null 2>>"$errors" || ok=0
+      fi
+    fi
+    kill "$pf" 2>/dev/null || true
+    wait "$pf" 2>/dev/null || true
+    [[ "$ok" == 0 ]] || break
+  done
+  [[ "$ok" == 1 ]] || {
+    echo "no page $4 from $1/$2 port $3 in $attempt port-forwards: $(tail -3 "$errors")"
+    rm -f "$errors"
+    return 1
+  }
+  rm -f "$errors"
+}
+
 component_pods() {
   kubectl -n "$TESSERA_NAMESPACE" get pods -l "app.kubernetes.io/component=$1" -o json \
     | jq -r '.items[] | select(.metadata.deletionTimestamp == null) | .metadata.name'

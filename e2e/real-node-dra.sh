@@ -42,7 +42,12 @@
 #      the ReplicaFailure condition and a BackOff event name the failed rank and its exit
 #      code, and the third recreation comes 20 s after the second (no sooner, and
 #      within 30 s: a late one once waited on unrelated claim writes);
-#  11. least_privilege: what the agent and the controller requested of the API server
+#  11. cluster_map: the controller's map loaded in headless Chromium (Debian's package)
+#      through a port-forward: every node listed, every planned device's cell naming its
+#      instance and shard, an unhealthy device marked, a condition message holding a
+#      script element shown as text (screenshot: target/e2e/cluster-map.png); the agent's
+#      device series name the shard holding the device;
+#  12. least_privilege: what the agent and the controller requested of the API server
 #      over the run is exactly what the chart's roles grant them in DRA mode, and
 #      neither was refused anything ("forbidden" in their logs).
 # Needs what e2e/real-node.sh needs; DRA_MANAGER_STATE (kubelet's record,
@@ -437,7 +442,8 @@ spec:
         - name: shard
           image: busybox:1.37
           imagePullPolicy: IfNotPresent
-          command: [sh, -c, 'echo "rank \$TESSERA_SHARD_INDEX cannot start"; exit 1']
+          # The termination message carries markup: the map must show it as text.
+          command: [sh, -c, 'echo "rank \$TESSERA_SHARD_INDEX cannot start <script>alert(1)</script>" | tee /dev/termination-log; exit 1']
 EOF
 # restarts COUNT: crasher's replica has been recreated COUNT times or more, and waits.
 restarts() {
@@ -459,8 +465,53 @@ wait_until 120 "crasher's third recreation" restarts 3
 third=$(last_time)
 [[ $((third - second)) -ge 19 && $((third - second)) -le 30 ]] \
   || die "the third recreation came $((third - second)) s after the second, not 20"
-kubectl delete mi -n "$NAMESPACE" crasher --wait=false >/dev/null
 log "a replica that cannot start backs off: recreated at once, then after 10 s, then $((third - second)) s later; ReplicaFailure and a BackOff event name the rank: $message"
+
+current_test=cluster_map
+# The map as headless Chromium builds it through a port-forward to the controller, with
+# pair, meanwhile and crasher planned and a free device made unhealthy: every node has
+# its row, every planned device's cell names its instance and shard, the unhealthy
+# device is marked, and crasher's ReplicaFailure message (its container's termination
+# message holds a script element) shows as text. The screenshot is kept in target/e2e/.
+gpu_state() {
+  kubectl get node "$NODE" -o json | jq -c '.metadata.annotations["tessera.dev/gpu-state"] | fromjson'
+}
+planned=$(kubectl get mi -n "$NAMESPACE" -o json | jq -c '[.items[] | .metadata.name as $n
+  | .status.plan[]? | .replica as $r | .shard as $s | .devices[]
+  | {device: ., instance: ("'"$NAMESPACE"'/" + $n), replica: ($r // 0), shard: $s}]')
+free_device=$(gpu_state | jq -r --argjson planned "$planned" \
+  '[.devices[] | select(.id as $id | $planned | map(.device) | index($id) | not)][0] | "\(.index) \(.id)"')
+[[ "$free_device" != "null null" ]] || die "no free device to make unhealthy: $planned"
+read -r free_index free_id <<<"$free_device"
+inject_fault "$NODE" "$free_index"
+unhealthy_in_state() {
+  gpu_state | jq -e --arg id "$free_id" '.devices[] | select(.id == $id) | .health == "Unhealthy"' >/dev/null \
+    || { echo "$free_id is not Unhealthy in the node's GPU state yet"; return 1; }
+}
+wait_until "$TIMEOUT" "$free_id to be Unhealthy in the node's GPU state" unhealthy_in_state
+controller=$(component_pods controller | head -n 1)
+map_port=$(kubectl -n "$TESSERA_NAMESPACE" get pod "$controller" \
+  -o jsonpath='{.spec.containers[0].ports[?(@.name=="map")].containerPort}')
+[[ -n "$map_port" ]] || die "the controller pod has no map port"
+mkdir -p target/e2e
+browse "$TESSERA_NAMESPACE" "$controller" "$map_port" / target/e2e/map-dom.html target/e2e/cluster-map.png \
+  || die "the map did not load"
+expect=$(jq -nc --arg node "$NODE" --argjson cells "$planned" --arg sick "$free_id" \
+  '{nodes: [$node], cells: $cells, unhealthy: [$sick]}')
+summary=$(python3 e2e/map_check.py cluster target/e2e/map-dom.html "$expect") || die "the map: $summary"
+browse "$TESSERA_NAMESPACE" "$controller" "$map_port" "/instances/$NAMESPACE/crasher" target/e2e/map-crasher-dom.html \
+  || die "crasher's page did not load"
+shown=$(python3 e2e/map_check.py instance target/e2e/map-crasher-dom.html "<script>alert(1)</script>") \
+  || die "crasher's page: $shown"
+# The agent's device series name the shard holding each device (through DRA).
+agent=$(component_pods agent | head -n 1)
+text=$(scrape "$TESSERA_NAMESPACE" "$agent" "$(pod_port "$agent")") || die "$text"
+pair_device=$(mi pair | jq -r '.status.plan[0].devices[0]')
+grep -q "^tessera_gpu_memory_used_bytes{.*device=\"$pair_device\".*namespace=\"$NAMESPACE\",pod=\"pair-shard-0\",modelinstance=\"pair\",replica=\"0\",shard=\"0\"}" <<<"$text" \
+  || die "the agent's series of $pair_device do not name pair's shard 0: $(grep "device=\"$pair_device\"" <<<"$text" | head -2)"
+restore_fault
+kubectl delete mi -n "$NAMESPACE" crasher --wait=false >/dev/null
+log "the map in Chromium: $summary; crasher's page: $shown; screenshot target/e2e/cluster-map.png ($(stat -c %s target/e2e/cluster-map.png) bytes); the agent labels $pair_device with pair's shard 0"
 
 current_test=least_privilege
 # Grants a run may not use, with why they are needed all the same.
