@@ -2,9 +2,10 @@
 """Checks the cluster map as a browser built it (the DOM Chromium dumps).
 
   map_check.py cluster DOM EXPECT   EXPECT is JSON: {"nodes": [names],
-      "cells": [{"device", "instance", "replica", "shard"}], "unhealthy": [device IDs]}:
-      every node has its row, every planned device's cell names its instance and shard,
-      every unhealthy device's cell is marked.
+      "cells": [{"node", "index", "instance", "replica", "shard"}],
+      "unhealthy": [{"node", "index"}]}: every node has its row, the cell of every planned
+      GPU (by node and index) names its instance and shard, every unhealthy GPU's cell is
+      marked.
   map_check.py instance DOM TEXT    the instance page shows TEXT (markup included) as
       the text of a condition message, and the DOM holds no script element at all.
 
@@ -56,37 +57,52 @@ def classes(element):
     return element["attrs"].get("class", "").split()
 
 
+def shard_text(want):
+    """How a cell names a shard: `ns/name shard 1`, `ns/name replica 2 shard 1`."""
+    replica = f"replica {want['replica']} " if int(want["replica"]) > 0 else ""
+    return f"{want['instance']} {replica}shard {want['shard']}"
+
+
+def cells(dom):
+    """(node, GPU index) -> (the cell element, the texts of the holders inside it)."""
+    found = {}
+    for e in dom.elements:
+        if e["tag"] == "div" and "g" in classes(e):
+            row = next((p for p in reversed(e["parents"]) if "data-node" in p["attrs"]), None)
+            index = next((c for c in dom.elements if c["tag"] == "b" and c["parents"] and c["parents"][-1] is e), None)
+            if row is not None and index is not None:
+                found[(row["attrs"]["data-node"], index["text"].strip())] = (e, [])
+    for e in dom.elements:
+        if "h" in classes(e) and "o" not in classes(e):
+            cell = next((p for p in reversed(e["parents"]) if p["tag"] == "div" and "g" in classes(p)), None)
+            for key, (element, holders) in found.items():
+                if element is cell:
+                    holders.append(e["text"].strip())
+    return found
+
+
 def cluster(dom, expect):
     problems = []
     rows = {e["attrs"]["data-node"] for e in dom.elements if "data-node" in e["attrs"]}
     for node in expect["nodes"]:
         if node not in rows:
             problems.append(f"node {node} has no row")
-    # The innermost cell (a GPU or a partition) each holder sits in.
-    held = {}
-    for e in dom.elements:
-        if "data-instance" in e["attrs"] and "data-shard" in e["attrs"]:
-            cell = next((p for p in reversed(e["parents"]) if "data-device" in p["attrs"]), None)
-            if cell is not None:
-                held.setdefault(cell["attrs"]["data-device"], []).append(
-                    (e["attrs"]["data-instance"], e["attrs"].get("data-replica"), e["attrs"]["data-shard"], e["text"])
-                )
+    found = cells(dom)
     for want in expect["cells"]:
-        holders = held.get(want["device"], [])
-        match = [h for h in holders
-                 if h[0] == want["instance"] and h[1] == str(want["replica"]) and h[2] == str(want["shard"])
-                 and f"shard {want['shard']}" in h[3]]
-        if not match:
-            problems.append(f"the cell of {want['device']} does not name {want['instance']} shard "
-                            f"{want['shard']} (it has {holders})")
-    marked = {e["attrs"]["data-device"] for e in dom.elements
-              if "data-device" in e["attrs"] and "unhealthy" in classes(e)}
-    for device in expect["unhealthy"]:
-        if device not in marked:
-            problems.append(f"unhealthy device {device} is not marked")
+        key = (want["node"], str(want["index"]))
+        holders = found.get(key, (None, []))[1]
+        if shard_text(want) not in holders:
+            problems.append(f"the cell of {key[0]} GPU {key[1]} does not name {shard_text(want)!r} "
+                            f"(it has {holders})")
+    for sick in expect["unhealthy"]:
+        cell = found.get((sick["node"], str(sick["index"])), (None, []))[0]
+        if cell is None or "bad" not in classes(cell):
+            problems.append(f"unhealthy {sick['node']} GPU {sick['index']} is not marked")
     if dom.scripts:
         problems.append(f"the map holds {dom.scripts} script elements")
-    return problems, f"{len(rows)} node rows, {sum(len(v) for v in held.values())} holders, {len(marked)} unhealthy"
+    held = sum(len(h) for _, h in found.values())
+    marked = sum(1 for e, _ in found.values() if "bad" in classes(e))
+    return problems, f"{len(rows)} node rows, {len(found)} GPU cells, {held} holders, {marked} unhealthy"
 
 
 def instance(dom, text):

@@ -476,9 +476,11 @@ current_test=cluster_map
 gpu_state() {
   kubectl get node "$NODE" -o json | jq -c '.metadata.annotations["tessera.dev/gpu-state"] | fromjson'
 }
-planned=$(kubectl get mi -n "$NAMESPACE" -o json | jq -c '[.items[] | .metadata.name as $n
-  | .status.plan[]? | .replica as $r | .shard as $s | .devices[]
-  | {device: ., instance: ("'"$NAMESPACE"'/" + $n), replica: ($r // 0), shard: $s}]')
+# Every planned device by node and index (the map's cells), with the shard holding it.
+planned=$(kubectl get mi -n "$NAMESPACE" -o json | jq -c --argjson state "$(gpu_state)" --arg node "$NODE" \
+  '[.items[] | .metadata.name as $n | .status.plan[]? | .replica as $r | .shard as $s | .devices[]
+  | . as $id | {node: $node, index: ($state.devices[] | select(.id == $id) | .index), device: $id,
+    instance: ("'"$NAMESPACE"'/" + $n), replica: ($r // 0), shard: $s}]')
 free_device=$(gpu_state | jq -r --argjson planned "$planned" \
   '[.devices[] | select(.id as $id | $planned | map(.device) | index($id) | not)][0] | "\(.index) \(.id)"')
 [[ "$free_device" != "null null" ]] || die "no free device to make unhealthy: $planned"
@@ -496,8 +498,8 @@ map_port=$(kubectl -n "$TESSERA_NAMESPACE" get pod "$controller" \
 mkdir -p target/e2e
 browse "$TESSERA_NAMESPACE" "$controller" "$map_port" / target/e2e/map-dom.html target/e2e/cluster-map.png \
   || die "the map did not load"
-expect=$(jq -nc --arg node "$NODE" --argjson cells "$planned" --arg sick "$free_id" \
-  '{nodes: [$node], cells: $cells, unhealthy: [$sick]}')
+expect=$(jq -nc --arg node "$NODE" --argjson cells "$planned" --argjson sick "$free_index" \
+  '{nodes: [$node], cells: $cells, unhealthy: [{node: $node, index: $sick}]}')
 summary=$(python3 e2e/map_check.py cluster target/e2e/map-dom.html "$expect") || die "the map: $summary"
 browse "$TESSERA_NAMESPACE" "$controller" "$map_port" "/instances/$NAMESPACE/crasher" target/e2e/map-crasher-dom.html \
   || die "crasher's page did not load"

@@ -107,24 +107,25 @@ fn html_output_is_the_cluster_map_of_the_plan() {
     let (code, page, stderr) = run(&["place", "-o", "html"], None);
     assert_eq!(code, 0, "stderr: {stderr}");
     assert!(page.starts_with("<!DOCTYPE html>"), "{page}");
+    // The cell of GPU `index` of `node`: from its index to its end.
+    let cell = |node: &str, index: u64| {
+        let row = &page[page.find(&format!("data-node=\"{node}\"")).expect(node)..];
+        let row = &row[..row.find("</section>").unwrap()];
+        let at = row.find(&format!("<b>{index}</b>")).unwrap();
+        let end = row[at..].find("</div>").map_or(row.len(), |n| at + n);
+        row[at..end].to_string()
+    };
     let report = json_report(&["place", "-o", "json"]);
     for placement in report["placements"].as_array().unwrap() {
         let name = placement["name"].as_str().unwrap();
-        for shard in placement["statusPlan"].as_array().unwrap() {
-            for device in shard["devices"].as_array().unwrap() {
-                let cell = format!("data-device=\"{}\"", device.as_str().unwrap());
-                let at = page.find(&cell).unwrap_or_else(|| panic!("no cell {cell}"));
-                let next = page[at + 1..]
-                    .find("<div class=\"gpu")
-                    .map_or(page.len(), |n| at + 1 + n);
-                let holder = format!(
-                    "data-instance=\"{name}\" data-replica=\"0\" data-shard=\"{}\"",
-                    shard["shard"]
-                );
+        let stages = placement["plan"]["stages"].as_array().unwrap();
+        for (shard, stage) in stages.iter().enumerate() {
+            for index in stage["deviceIndices"].as_array().unwrap() {
+                let node = stage["node"].as_str().unwrap();
+                let text = cell(node, index.as_u64().unwrap());
                 assert!(
-                    page[at..next].contains(&holder),
-                    "{holder} not in {}",
-                    &page[at..next]
+                    text.contains(&format!(">{name} shard {shard}</span>")),
+                    "{node} GPU {index}: {text}"
                 );
             }
         }

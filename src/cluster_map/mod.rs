@@ -4,6 +4,8 @@
 //! conditions and last events. The controller serves it live from its
 //! caches; `tessera place -o html` writes it for a plan.
 
+mod instance_section;
+mod links;
 mod model;
 mod page;
 

@@ -2,17 +2,26 @@
 //! messages) goes through maud's splices, which escape it: a page never
 //! carries markup it did not write itself. No script: the page is read-only
 //! and works without JavaScript.
+//!
+//! A cell says little (the GPU's index, its holders, its marks) and a row
+//! names its node's products once: the map of a thousand 8-GPU nodes stays
+//! under a megabyte.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use super::model::{
-    ClusterView, Hold, MapInstance, MapNode, Prediction, colour, too_hot, unhealthy,
-};
+use super::instance_section::instance_section;
+use super::links::{anchor, encode_segment};
+use super::model::{ClusterView, Hold, MapInstance, MapNode, colour, too_hot, unhealthy};
 use tessera_core::api::{GpuDevice, PlannedShard, ShareKind};
 
 const STYLE: &str = include_str!("map.css");
 
-fn page(title: &str, body: Markup) -> String {
+type Holds<'v> = HashMap<(&'v str, &'v str), Vec<Hold<'v>>>;
+
+fn page(title: &str, extra_style: &str, body: Markup) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -20,7 +29,7 @@ fn page(title: &str, body: Markup) -> String {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { "tessera · " (title) }
-                style { (PreEscaped(STYLE)) }
+                style { (PreEscaped(STYLE)) (PreEscaped(extra_style)) }
             }
             body { (body) }
         }
@@ -32,12 +41,11 @@ fn page(title: &str, body: Markup) -> String {
 /// pages) every instance's details follow the map.
 pub(crate) fn cluster_page(view: &ClusterView<'_>) -> String {
     let holds = view.holds();
-    let held = holds.len();
     let body = html! {
         h1 { "tessera cluster map" }
         p.summary {
             (view.title) " · " (view.nodes.len()) " nodes · " (view.gpu_count()) " GPUs · "
-            (view.instances.len()) " instances · " (held) " devices planned"
+            (view.instances.len()) " instances · " (holds.len()) " devices planned"
         }
         (legend(view))
         @for node in &view.nodes {
@@ -49,7 +57,7 @@ pub(crate) fn cluster_page(view: &ClusterView<'_>) -> String {
             }
         }
     };
-    page(&view.title, body)
+    page(&view.title, &colour_classes(view.instances.len()), body)
 }
 
 /// One instance's own page (the live map links to it).
@@ -58,7 +66,16 @@ pub(crate) fn instance_page(instance: &MapInstance) -> String {
         p { a href="../../" { "← cluster map" } }
         (instance_section(instance))
     };
-    page(&instance.key(), body)
+    page(&instance.key(), "", body)
+}
+
+/// `.cN` gives the instance at index N its colour: once per page, not per cell.
+fn colour_classes(instances: usize) -> String {
+    let mut style = String::new();
+    for index in 0..instances {
+        let _ = write!(style, ".c{index}{{background:{}}}", colour(index));
+    }
+    style
 }
 
 fn instance_href(view: &ClusterView<'_>, instance: &MapInstance) -> String {
@@ -73,29 +90,11 @@ fn instance_href(view: &ClusterView<'_>, instance: &MapInstance) -> String {
     }
 }
 
-fn anchor(instance: &MapInstance) -> String {
-    format!("instance-{}", encode_segment(&instance.key()))
-}
-
-/// Percent-encodes everything but unreserved characters, for a path
-/// segment or fragment (Kubernetes names need none, but a cluster file may).
-fn encode_segment(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
 fn legend(view: &ClusterView<'_>) -> Markup {
     html! {
         ul.legend {
             @for (index, instance) in view.instances.iter().enumerate() {
-                li.key style={ "background:" (colour(index)) } data-instance=(instance.key()) {
+                li class={ "key c" (index) } data-instance=(instance.key()) {
                     a href=(instance_href(view, instance)) { (instance.key()) }
                     " " span.phase { (instance.phase) }
                     @if let Some(tps) = instance.predicted_tokens_per_second {
@@ -103,25 +102,40 @@ fn legend(view: &ClusterView<'_>) -> Markup {
                     }
                 }
             }
-            li.key.other { "held outside tessera" }
+            li.key.o { "held outside tessera" }
         }
     }
 }
 
-fn node_row(
-    view: &ClusterView<'_>,
-    node: &MapNode<'_>,
-    holds: &std::collections::HashMap<(&str, &str), Vec<Hold<'_>>>,
-) -> Markup {
+/// `8 × NVIDIA H100 80GB HBM3 · 80 GiB`, each kind of GPU the node has once.
+fn kinds(devices: &[GpuDevice]) -> String {
+    let mut kinds: Vec<(&str, u64, usize)> = Vec::new();
+    for gpu in devices {
+        let gib = gpu.memory_total_bytes >> 30;
+        match kinds
+            .iter_mut()
+            .find(|(product, memory, _)| *product == gpu.product && *memory == gib)
+        {
+            Some(kind) => kind.2 += 1,
+            None => kinds.push((&gpu.product, gib, 1)),
+        }
+    }
+    let parts: Vec<String> = kinds
+        .iter()
+        .map(|(product, gib, count)| format!("{count} × {product} · {gib} GiB"))
+        .collect();
+    parts.join(", ")
+}
+
+fn node_row(view: &ClusterView<'_>, node: &MapNode<'_>, holds: &Holds<'_>) -> Markup {
     let name = node.node.name.as_str();
     let state = &node.node.gpu_state;
     html! {
         section.node.excluded[node.excluded.is_some()] data-node=(name) {
             h2 {
-                (name)
-                span.backend { " " (state.backend) }
+                (name) " " span.k { (kinds(&state.devices)) " · " (state.backend) }
                 @if let Some(why) = &node.excluded {
-                    " " span.mark.excluded data-excluded=(why) { "excluded: " (why) }
+                    " " span.m.x data-excluded=(why) { "excluded: " (why) }
                 }
             }
             div.gpus {
@@ -136,43 +150,32 @@ fn node_row(
     }
 }
 
-fn gpu_cell(
-    view: &ClusterView<'_>,
-    node: &str,
-    gpu: &GpuDevice,
-    holds: &std::collections::HashMap<(&str, &str), Vec<Hold<'_>>>,
-) -> Markup {
+fn gpu_cell(view: &ClusterView<'_>, node: &str, gpu: &GpuDevice, holds: &Holds<'_>) -> Markup {
     let sick = unhealthy(gpu);
     let hot = too_hot(gpu);
-    let memory_gib = gpu.memory_total_bytes as f64 / (1u64 << 30) as f64;
     let partitions = gpu
         .mig
         .as_ref()
         .filter(|m| m.enabled)
         .map(|m| &m.partitions);
     html! {
-        div.gpu.unhealthy[sick.is_some()].hot[hot.is_some()] data-device=(gpu.id) {
-            div.head {
-                span.index { "GPU " (gpu.index) }
-                " " span.product { (gpu.product) }
-                " " span.memory { (format!("{memory_gib:.0}")) " GiB" }
-            }
+        div.g.bad[sick.is_some()].hot[hot.is_some()] {
+            b { (gpu.index) }
             @if let Some(why) = &sick {
-                div.mark.bad data-unhealthy=(why) { "unhealthy: " (why) }
+                p.m.u data-unhealthy=(why) { "unhealthy: " (why) }
             }
             @if let Some(t) = hot {
-                div.mark.warm { "too hot: " (format!("{t:.0}")) " °C" }
+                p.m.w { "too hot: " (format!("{t:.0}")) " °C" }
             }
             @match partitions {
                 Some(partitions) => {
                     @for partition in partitions {
-                        div.part data-device=(partition.id) {
-                            span.profile { (partition.profile) }
-                            (holders(view, node, &partition.id, holds))
+                        div.p data-device=(partition.id) {
+                            (partition.profile) " " (holders(view, node, &partition.id, holds))
                         }
                     }
                     @if partitions.is_empty() {
-                        div.free { "MIG mode, no partitions" }
+                        p.m { "MIG mode, no partitions" }
                     }
                 }
                 None => (holders(view, node, &gpu.id, holds)),
@@ -182,38 +185,31 @@ fn gpu_cell(
 }
 
 /// Who holds `device`: tessera's shards, else someone outside tessera, else
-/// nobody.
-fn holders(
-    view: &ClusterView<'_>,
-    node: &str,
-    device: &str,
-    holds: &std::collections::HashMap<(&str, &str), Vec<Hold<'_>>>,
-) -> Markup {
+/// nobody (an empty cell).
+fn holders(view: &ClusterView<'_>, node: &str, device: &str, holds: &Holds<'_>) -> Markup {
     let planned = holds.get(&(node, device));
     let other = view.others.get(&(node.to_string(), device.to_string()));
     html! {
         @if let Some(planned) = planned {
             @for hold in planned {
-                div.hold style={ "background:" (colour(hold.colour)) }
-                    data-instance=(hold.instance.key())
-                    data-replica=(hold.shard.replica)
-                    data-shard=(hold.shard.shard) {
-                    a href=(instance_href(view, hold.instance)) { (hold.instance.key()) }
-                    " " (shard_label(hold.shard))
+                // The legend links to the instance: a link per cell would double the
+                // page of a large cluster.
+                span class={ "h c" (hold.colour) } {
+                    (hold.instance.key()) " " (shard_label(hold.shard))
                     @if let Some(gib) = memory_share(hold.shard) {
                         " · " (gib) " GiB"
                     }
                 }
             }
         } @else if let Some(who) = other {
-            div.hold.other data-held-by=(who) { "held by " (who) }
-        } @else {
-            div.free { "free" }
+            span.h.o data-held-by=(who) { "held by " (who) }
         }
     }
 }
 
-fn shard_label(shard: &PlannedShard) -> String {
+/// `shard 1`, or `replica 2 shard 1` after the first replica: what the map's
+/// readers (and its browser test) find a shard by.
+pub(crate) fn shard_label(shard: &PlannedShard) -> String {
     if shard.replica > 0 {
         format!("replica {} shard {}", shard.replica, shard.shard)
     } else {
@@ -224,118 +220,6 @@ fn shard_label(shard: &PlannedShard) -> String {
 fn memory_share(shard: &PlannedShard) -> Option<u32> {
     let share = shard.share.as_ref()?;
     (share.kind == ShareKind::Memory).then_some(share.memory_gib?)
-}
-
-/// An instance's plan, predictions, conditions and last events.
-fn instance_section(instance: &MapInstance) -> Markup {
-    html! {
-        section.instance id=(anchor(instance)) data-instance=(instance.key()) {
-            h2 { (instance.key()) }
-            p {
-                "model " (instance.model) " · phase " strong { (instance.phase) }
-                @if let Some(tps) = instance.predicted_tokens_per_second {
-                    " · " (format!("{tps:.1}")) " tokens/s predicted"
-                }
-            }
-            @if let Some(message) = &instance.message {
-                p.message { (message) }
-            }
-            h3 { "Plan" }
-            @if instance.plan.is_empty() {
-                p.none { "no plan" }
-            } @else {
-                table {
-                    tr { th { "replica" } th { "shard" } th { "node" } th { "devices" } th { "layers" } th { "memory" } th { "share" } }
-                    @for shard in &instance.plan {
-                        tr {
-                            td { (shard.replica) } td { (shard.shard) } td { (shard.node) }
-                            td { (shard.devices.join(", ")) }
-                            td { (shard.layer_start) "–" (shard.layer_end) }
-                            td { (format!("{:.1}", shard.predicted_memory_gib)) " GiB" }
-                            td { (share_text(shard)) }
-                        }
-                    }
-                }
-            }
-            @for (replica, prediction) in &instance.predictions {
-                (prediction_table(*replica, prediction))
-            }
-            h3 { "Conditions" }
-            table {
-                tr { th { "type" } th { "status" } th { "reason" } th { "message" } }
-                @for condition in &instance.conditions {
-                    tr.condition {
-                        td { (condition.type_) } td { (condition.status) }
-                        td { (condition.reason) } td.message { (condition.message) }
-                    }
-                }
-            }
-            h3 { "Last events" }
-            @if instance.events.is_empty() {
-                p.none { "none since the controller started" }
-            } @else {
-                table {
-                    tr { th { "time" } th { "type" } th { "reason" } th { "message" } }
-                    @for event in instance.events.iter().rev() {
-                        tr.event.warning[event.warning] {
-                            td { (event.time) }
-                            td { @if event.warning { "Warning" } @else { "Normal" } }
-                            td { (event.reason) } td.message { (event.message) }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn share_text(shard: &PlannedShard) -> String {
-    let Some(share) = &shard.share else {
-        return "whole GPUs".to_string();
-    };
-    match share.kind {
-        ShareKind::Partition => format!(
-            "MIG {} of {}",
-            share.profile.as_deref().unwrap_or("partition"),
-            share.gpu
-        ),
-        ShareKind::Memory => format!(
-            "{} GiB of {} ({} other tenants)",
-            share.memory_gib.unwrap_or(0),
-            share.gpu,
-            share.tenants
-        ),
-    }
-}
-
-fn prediction_table(replica: u32, prediction: &Prediction) -> Markup {
-    html! {
-        h3 { "Replica " (replica) ": why this plan" }
-        @match prediction {
-            Err(why) => p.none { "not evaluated: " (why) },
-            Ok(plan) => {
-                @let score = &plan.score;
-                @let time = &plan.performance.token_time;
-                table.parts {
-                    tr { th { "score" } th { "compute" } th { "memory" } th { "network" } th { "thermal" } th { "bandwidth" } th { "sharing" } }
-                    tr {
-                        @for part in [score.total, score.compute, score.memory, score.network, score.thermal, score.bandwidth, score.sharing] {
-                            td { (format!("{part:.3}")) }
-                        }
-                    }
-                }
-                table.parts {
-                    tr { th { "token (ms)" } th { "weights" } th { "compute" } th { "layer overhead" } th { "all-reduce" } th { "hops" } th { "tokens/s" } }
-                    tr {
-                        @for part in [time.total_ms(), time.weights_ms, time.compute_ms, time.layer_overhead_ms, time.all_reduce_ms, time.hops_ms] {
-                            td { (format!("{part:.2}")) }
-                        }
-                        td { (format!("{:.1}", plan.performance.tokens_per_second)) }
-                    }
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -415,6 +299,15 @@ mod tests {
         }
     }
 
+    /// The cell of GPU `index` of `node`, from its index to its end.
+    fn cell<'p>(page: &'p str, node: &str, index: u32) -> &'p str {
+        let row = &page[page.find(&format!("data-node=\"{node}\"")).unwrap()..];
+        let row = &row[..row.find("</section>").unwrap()];
+        let at = row.find(&format!("<b>{index}</b>")).unwrap();
+        let end = row[at..].find("</div>").map_or(row.len(), |n| at + n);
+        &row[at..end]
+    }
+
     fn device(nodes: &[ClusterNode], node: &str, index: usize) -> String {
         let node = nodes.iter().find(|n| n.name == node).unwrap();
         node.gpu_state.devices[index].id.clone()
@@ -452,21 +345,12 @@ mod tests {
             vec![shard("h100-0", &a, 0, 0), shard("mi300x-0", &b, 1, 1)],
         );
         let page = cluster_page(&view(&nodes, vec![llama], false));
-        for (device, replica, index) in [(&a, 0, 0), (&b, 1, 1)] {
-            let cell = format!(
-                "data-instance=\"ml/llama\" data-replica=\"{replica}\" data-shard=\"{index}\""
-            );
-            let at = page.find(&format!("data-device=\"{device}\"")).unwrap();
-            let next = page[at..]
-                .find("class=\"gpu")
-                .map_or(page.len(), |n| at + n);
-            assert!(
-                page[at..next].contains(&cell),
-                "{device}: {}",
-                &page[at..next]
-            );
-        }
-        assert!(page.contains("replica 1 shard 1"));
+        assert!(cell(&page, "h100-0", 2).ends_with(">ml/llama shard 0</span>"));
+        assert!(cell(&page, "mi300x-0", 5).ends_with(">ml/llama replica 1 shard 1</span>"));
+        assert!(
+            cell(&page, "mi300x-0", 4).ends_with("<b>4</b>"),
+            "a free cell is empty"
+        );
         for node in &nodes {
             assert!(page.contains(&format!("data-node=\"{}\"", node.name)));
         }
@@ -484,6 +368,12 @@ mod tests {
         assert!(page.contains("data-unhealthy=\"Xid 79"), "{page}");
         assert!(page.contains("too hot: 88 °C"));
         assert!(page.contains("class=\"node excluded\" data-node=\"a100-0\""));
+        assert!(
+            page.contains(
+                "<h2>a100-0 <span class=\"k\">4 × NVIDIA A100-PCIE-40GB · 40 GiB · fake</span>"
+            ),
+            "{page}"
+        );
         assert!(page.contains("data-excluded=\"cordoned &lt;script&gt;"));
 
         // A user's claim, a MIG GPU's partitions and memory shares.
@@ -530,14 +420,15 @@ mod tests {
         let page = cluster_page(&view);
         assert!(page.contains("data-held-by=\"team/notebook\""), "{page}");
         assert!(page.contains("shard 0 · 9 GiB"), "{page}");
-        let at = page.find("data-device=\"MIG-p1\"").unwrap();
         assert!(
-            page[at..].starts_with(
-                "data-device=\"MIG-p1\"><span class=\"profile\">3g.40gb</span><div class=\"hold\""
+            page.contains(
+                "data-device=\"MIG-p1\">3g.40gb <span class=\"h c1\">ml/part shard 0</span>"
             ),
-            "{}",
-            &page[at..at + 200]
+            "{page}"
         );
-        assert!(page[at..at + 400].contains("data-instance=\"ml/part\""));
+        assert!(
+            page.contains(".c1{background:hsl("),
+            "the colour is a class, once"
+        );
     }
 }

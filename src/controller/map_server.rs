@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kube::ResourceExt;
 
-use super::held::Claims;
+use super::held::{Claims, Held};
 use super::nodes::{NodeInfo, Readiness};
 use super::reconcile::{Context, held_except, observe_cluster};
 use crate::cluster_map::{
@@ -88,15 +88,25 @@ async fn instance(
 }
 
 /// The map of the whole cluster as the caches have it now.
-pub(crate) fn render_cluster(ctx: &Context) -> String {
+fn render_cluster(ctx: &Context) -> String {
     let observed = observe_cluster(ctx);
-    let mut instances = ctx.caches.instances.state();
-    instances.sort_by_key(|mi| (mi.namespace(), mi.name_any()));
+    let instances = ctx.caches.instances.state();
     let held = held_except(ctx, "", &instances, &Claims::default(), &observed);
+    cluster_map(&observed.nodes, &instances, held)
+}
+
+/// The map of `nodes` with the plans of `instances`; `held` names who holds
+/// devices outside them.
+pub fn cluster_map(
+    nodes: &[Arc<NodeInfo>],
+    instances: &[Arc<ModelInstance>],
+    held: Held,
+) -> String {
+    let mut instances: Vec<&ModelInstance> = instances.iter().map(AsRef::as_ref).collect();
+    instances.sort_by_key(|mi| (mi.namespace(), mi.name_any()));
     let mut others = held.devices;
     add_shares(&mut others, &held.shares);
-    let mut nodes: Vec<MapNode<'_>> = observed
-        .nodes
+    let mut nodes: Vec<MapNode<'_>> = nodes
         .iter()
         .map(|info| MapNode {
             node: &info.gpus,
@@ -109,7 +119,7 @@ pub(crate) fn render_cluster(ctx: &Context) -> String {
         nodes,
         instances: instances
             .iter()
-            .map(|mi| map_instance(ctx, mi, Vec::new()))
+            .map(|mi| map_instance(mi, Vec::new(), Vec::new()))
             .collect(),
         others,
         instance_pages: true,
@@ -117,7 +127,7 @@ pub(crate) fn render_cluster(ctx: &Context) -> String {
 }
 
 /// One instance's page, `None` when the cache has no such instance.
-pub(crate) fn render_instance(ctx: &Context, namespace: &str, name: &str) -> Option<String> {
+fn render_instance(ctx: &Context, namespace: &str, name: &str) -> Option<String> {
     let mi = ctx
         .caches
         .instances
@@ -127,7 +137,18 @@ pub(crate) fn render_instance(ctx: &Context, namespace: &str, name: &str) -> Opt
     let observed = observe_cluster(ctx);
     let nodes: Vec<&ClusterNode> = observed.nodes.iter().map(|info| &info.gpus).collect();
     let predictions = predictions(&mi, &nodes);
-    Some(instance_page(&map_instance(ctx, &mi, predictions)))
+    let events = ctx
+        .event_log
+        .recent(mi.metadata.uid.as_deref().unwrap_or_default())
+        .into_iter()
+        .map(|e| MapEvent {
+            time: e.time.to_string(),
+            warning: e.warning,
+            reason: e.reason.to_string(),
+            message: e.message,
+        })
+        .collect();
+    Some(instance_page(&map_instance(&mi, predictions, events)))
 }
 
 /// Memory shares held outside the plans, named on the GPU they share.
@@ -162,12 +183,11 @@ fn excluded(info: &NodeInfo) -> Option<String> {
 }
 
 fn map_instance(
-    ctx: &Context,
     mi: &ModelInstance,
     predictions: Vec<(u32, Prediction)>,
+    events: Vec<MapEvent>,
 ) -> MapInstance {
     let status = mi.status.clone().unwrap_or_default();
-    let uid = mi.metadata.uid.clone().unwrap_or_default();
     MapInstance {
         namespace: mi.namespace().unwrap_or_default(),
         name: mi.name_any(),
@@ -189,17 +209,7 @@ fn map_instance(
                 message: c.message,
             })
             .collect(),
-        events: ctx
-            .event_log
-            .recent(&uid)
-            .into_iter()
-            .map(|e| MapEvent {
-                time: e.time.to_string(),
-                warning: e.warning,
-                reason: e.reason.to_string(),
-                message: e.message,
-            })
-            .collect(),
+        events,
     }
 }
 
@@ -398,8 +408,7 @@ mod tests {
         for wanted in [
             "data-node=\"a\"",
             "data-node=\"b\"",
-            "data-device=\"a-g0\"><div class=\"head\">",
-            "data-instance=\"ml/llama\" data-replica=\"0\" data-shard=\"0\"",
+            "<b>0</b><span class=\"h c0\">ml/llama shard 0</span>",
             "data-unhealthy=\"Xid 79\"",
             "data-excluded=\"cordoned\"",
             "data-held-by=",

@@ -19,7 +19,7 @@ mod events;
 pub mod hashes;
 pub mod held;
 mod instance_metrics;
-mod map_server;
+pub mod map_server;
 pub mod metrics;
 pub mod model_cache;
 pub mod node_cache;
