@@ -53,7 +53,7 @@ LABEL org.opencontainers.image.title="tessera" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /out/tessera /usr/local/bin/tessera
 USER 65532:65532
-# 8080: agent /healthz, /readyz, /metrics; 8081: controller.
-EXPOSE 8080 8081
+# 8080: agent /healthz, /readyz, /metrics; 8081: controller; 8082: the controller's cluster map.
+EXPOSE 8080 8081 8082
 ENTRYPOINT ["/usr/local/bin/tessera"]
 CMD ["--help"]

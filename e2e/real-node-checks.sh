@@ -335,7 +335,12 @@ $(grep tessera_controller_instances <<<"$text")"
 $(grep tessera_agent_devices <<<"$text")"
   [[ "$(metric "$text" tessera_agent_allocated_devices)" == 3 ]] \
     || die "the agent's tessera_agent_allocated_devices is not 3: $(grep allocated_devices <<<"$text")"
-  log "metrics: controller leader with 2 instances Running; agent with $GPUS healthy GPUs, 3 handed out"
+  # Through the device plugin too, a handed-out device's series name the shard holding it.
+  local device
+  device=$(mi pair | jq -r '.status.plan[1].devices[0]')
+  grep -q "^tessera_gpu_memory_used_bytes{.*device=\"$device\".*namespace=\"$NAMESPACE\",pod=\"pair-shard-1\",modelinstance=\"pair\",replica=\"0\",shard=\"1\"}" <<<"$text" \
+    || die "the agent's series of $device do not name pair's shard 1: $(grep "device=\"$device\"" <<<"$text" | head -2)"
+  log "metrics: controller leader with 2 instances Running; agent with $GPUS healthy GPUs, 3 handed out, $device labelled with pair's shard 1"
 }
 
 # field_is KIND NAME JSONPATH VALUE: the object in the test namespace has VALUE there.

@@ -22,8 +22,7 @@ use crate::cluster_map::{
     instance_page,
 };
 use tessera_core::api::{ModelInstance, PlannedShard};
-use tessera_core::placement::{StageChoice, evaluate};
-use tessera_core::translate::{ClusterNode, HeldShares, build_problem};
+use tessera_core::translate::{ClusterNode, HeldShares, build_problem, evaluate_placed};
 
 /// Where the map finds the controller's caches once this replica leads.
 pub(crate) type MapSource = Arc<Mutex<Option<Arc<Context>>>>;
@@ -230,21 +229,13 @@ fn predictions(mi: &ModelInstance, nodes: &[&ClusterNode]) -> Vec<(u32, Predicti
 }
 
 fn predict(mi: &ModelInstance, shards: &[&PlannedShard], nodes: &[&ClusterNode]) -> Prediction {
-    let mut problem = build_problem(
+    let problem = build_problem(
         &mi.spec,
         nodes.iter().copied(),
         &HashMap::new(),
         &HeldShares::new(),
     );
-    problem.tensor = shards.first().map_or(1, |s| s.devices.len() as u32);
-    let choices: Vec<StageChoice> = shards
-        .iter()
-        .map(|s| StageChoice {
-            node: s.node.clone(),
-            devices: s.devices.clone(),
-        })
-        .collect();
-    evaluate(&problem, &choices)
+    evaluate_placed(problem, shards)
 }
 
 #[cfg(test)]

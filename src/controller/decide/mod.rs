@@ -17,10 +17,9 @@ use super::settings::Settings;
 use crate::wall_deadline::WallDeadline;
 use tessera_core::api::{GpuDevice, GpuPartition, Health, ModelInstanceSpec, PlannedShard, Vendor};
 use tessera_core::placement::{
-    Deadline, Problem, SolveOptions, StageChoice, Stages, Unsatisfiable, evaluate, solve,
-    solve_parallelism,
+    Deadline, Problem, SolveOptions, Stages, Unsatisfiable, solve, solve_parallelism,
 };
-use tessera_core::translate::{build_problem, planned_shards, tensor_choice};
+use tessera_core::translate::{build_problem, evaluate_placed, planned_shards, tensor_choice};
 
 mod replicas;
 pub use replicas::{ReplicaDecision, Replicas, decide_replicas};
@@ -379,16 +378,9 @@ fn repair(
         moved.push(shard);
     }
     // The prediction for the repaired pipeline, with this instance's devices free.
-    let (mut problem, _) = problem_for(spec, tolerations, inputs, std::iter::empty());
-    problem.tensor = new_plan.first().map_or(1, |s| s.devices.len() as u32);
-    let choices: Vec<StageChoice> = new_plan
-        .iter()
-        .map(|s| StageChoice {
-            node: s.node.clone(),
-            devices: s.devices.clone(),
-        })
-        .collect();
-    let tokens_per_second = evaluate(&problem, &choices)
+    let (problem, _) = problem_for(spec, tolerations, inputs, std::iter::empty());
+    let shards: Vec<&PlannedShard> = new_plan.iter().collect();
+    let tokens_per_second = evaluate_placed(problem, &shards)
         .ok()
         .map(|p| p.performance.tokens_per_second);
     Some(NewPlan {

@@ -14,7 +14,7 @@ use crate::api::{
 };
 use crate::placement::{
     Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector, SpeedGoal,
-    Stages, Strategy, TensorChoice, Weights,
+    StageChoice, Stages, Strategy, TensorChoice, Weights, evaluate,
 };
 
 /// A node as the planner needs it: name, labels and published GPU state.
@@ -215,6 +215,22 @@ pub fn planned_shards(plan: &Plan, replica: u32) -> Vec<PlannedShard> {
         .collect()
 }
 
+/// The speed model's judgement of one replica placed already (by tessera or
+/// anyone else): its `shards`, in pipeline order, evaluated on `problem`'s
+/// nodes with the tensor size they have. An error says why they cannot hold
+/// the model (a device missing or excluded, memory short).
+pub fn evaluate_placed(mut problem: Problem, shards: &[&PlannedShard]) -> Result<Plan, String> {
+    problem.tensor = shards.first().map_or(1, |s| s.devices.len() as u32);
+    let choices: Vec<StageChoice> = shards
+        .iter()
+        .map(|s| StageChoice {
+            node: s.node.clone(),
+            devices: s.devices.clone(),
+        })
+        .collect();
+    evaluate(&problem, &choices)
+}
+
 /// The solver's name for a link kind; `None` for a kind this build does not know.
 fn interconnect(kind: LinkKind) -> Option<Interconnect> {
     match kind {
@@ -343,6 +359,33 @@ mod tests {
         assert_eq!(p.model.kv_bytes_per_layer, 4.0 * GIB / 32.0);
         assert_eq!(p.selector.vendors, vec!["nvidia".to_string()]);
         assert_eq!(p.stages, Stages::Auto);
+    }
+
+    #[test]
+    fn a_placement_made_elsewhere_is_judged_by_the_speed_model() {
+        let nodes = vec![ClusterNode {
+            name: "a".into(),
+            labels: BTreeMap::new(),
+            gpu_state: state(),
+        }];
+        let problem = || build_problem(&spec(), &nodes, &HashMap::new(), &HeldShares::new());
+        let shard = |devices: &[&str]| PlannedShard {
+            replica: 0,
+            shard: 0,
+            node: "a".into(),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+            layer_start: 0,
+            layer_end: 32,
+            predicted_memory_gib: 0.0,
+            share: None,
+        };
+        let placed = shard(&["g0"]);
+        let plan = evaluate_placed(problem(), &[&placed]).unwrap();
+        assert!(plan.performance.tokens_per_second > 0.0);
+        assert_eq!(plan.stages[0].devices, ["g0"]);
+        // An unknown vendor's device is never a place for the shard.
+        let elsewhere = shard(&["g1"]);
+        assert!(evaluate_placed(problem(), &[&elsewhere]).is_err());
     }
 
     #[test]
