@@ -389,20 +389,23 @@ after:  $(pods_of pair solo)"
 }
 
 test_controller_failover() {
-  local leader pod_json port before
+  local leader pod_json before
   leader=$(lease_holder)
   [[ -n "$leader" ]] || die "nobody holds the controller's Lease"
-  port=$(($(pod_port "$leader") + 100))
-  # A second replica as the Deployment would run it, on another port (two replicas with
-  # host networking on one node cannot share one), and without the Deployment's labels
-  # so that its ReplicaSet leaves it alone.
+  # A second replica as the Deployment would run it, on other ports (two replicas with
+  # host networking on one node cannot share one: metrics and map each 100 up), and
+  # without the Deployment's labels so that its ReplicaSet leaves it alone.
   pod_json=$(kubectl -n "$TESSERA_NAMESPACE" get deploy -l app.kubernetes.io/component=controller -o json \
-    | jq --arg name "$STANDBY" --arg node "$NODE" --argjson port "$port" '.items[0].spec.template
+    | jq --arg name "$STANDBY" --arg node "$NODE" '.items[0].spec.template
       | {apiVersion: "v1", kind: "Pod",
          metadata: {name: $name, labels: {"app.kubernetes.io/name": "tessera-e2e-standby"}},
          spec: (.spec | .nodeName = $node
-           | .containers[0].args |= map(if startswith("--listen=") then "--listen=0.0.0.0:\($port)" else . end)
-           | .containers[0].ports[0] |= (.containerPort = $port | if .hostPort then .hostPort = $port else . end))}')
+           | .containers[0].args |= map(
+               if test("^--(map-)?listen=") then
+                 (capture("^(?<flag>[^=]+)=(?<host>.*):(?<port>[0-9]+)$")
+                   | "\(.flag)=\(.host):\(.port | tonumber + 100)")
+               else . end)
+           | .containers[0].ports |= map(.containerPort += 100 | if .hostPort then .hostPort += 100 else . end))}')
   kubectl -n "$TESSERA_NAMESPACE" apply -f - >/dev/null <<<"$pod_json"
   wait_until "$TIMEOUT" "the standby replica to be Ready" pod_ready "$TESSERA_NAMESPACE" "$STANDBY"
   holder_is "$leader" || die "the standby took the Lease from a live leader"
