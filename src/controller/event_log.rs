@@ -27,18 +27,14 @@ pub(crate) struct EventLog {
 
 impl EventLog {
     /// Keeps `notes` about the instance with UID `uid`, the oldest beyond
-    /// [`KEPT`] dropped; forgets instances not in `live` once the log holds
-    /// more than them.
+    /// [`KEPT`] dropped, and forgets instances not among the `live` UIDs.
     pub(crate) fn record<'a>(
         &self,
         uid: &str,
         notes: &[EventNote],
         now: Timestamp,
-        live: impl FnOnce() -> HashSet<&'a str>,
+        live: impl IntoIterator<Item = &'a str>,
     ) {
-        if notes.is_empty() {
-            return;
-        }
         let mut log = self.lock();
         let kept = log.entry(uid.to_string()).or_default();
         for note in notes {
@@ -52,10 +48,8 @@ impl EventLog {
                 message: note.message.clone(),
             });
         }
-        let live = live();
-        if log.len() > live.len() {
-            log.retain(|uid, _| live.contains(uid.as_str()));
-        }
+        let live: HashSet<&str> = live.into_iter().collect();
+        log.retain(|uid, _| live.contains(uid.as_str()));
     }
 
     /// The events kept about the instance with UID `uid`, oldest first.
@@ -90,7 +84,7 @@ mod tests {
         let log = EventLog::default();
         let now = Timestamp::UNIX_EPOCH;
         let notes: Vec<EventNote> = (0..12).map(|i| note(&format!("n{i}"))).collect();
-        log.record("a", &notes, now, || HashSet::from(["a"]));
+        log.record("a", &notes, now, ["a"]);
         let kept = log.recent("a");
         assert_eq!(kept.len(), KEPT);
         assert_eq!(
@@ -98,8 +92,8 @@ mod tests {
             ("n2", "n11")
         );
 
-        // "a" is deleted: the next record about another instance forgets it.
-        log.record("b", &notes[..1], now, || HashSet::from(["b"]));
+        // "a" is deleted: the next record, about another instance, forgets it.
+        log.record("b", &notes[..1], now, ["b"]);
         assert!(log.recent("a").is_empty());
         assert_eq!(log.recent("b").len(), 1);
         assert!(log.recent("nobody").is_empty());

@@ -383,7 +383,7 @@ mod tests {
                 message: format!("moved {HOSTILE}"),
             }],
             now(),
-            || ["uid-llama"].into(),
+            ["uid-llama"],
         );
         let source: MapSource = Arc::new(Mutex::new(None));
         let (status, _) = get(router(Arc::clone(&source)), "/").await;

@@ -210,13 +210,11 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     // What was done stays done when a later write fails (a pod bound, then
     // the status refused), and is told now: the retry finds nothing to do.
     events::publish(&ctx.recorder, mi, &notes).await;
-    let instances = ctx.caches.instances.state();
-    ctx.event_log.record(&instance.uid, &notes, now, || {
-        instances
-            .iter()
-            .filter_map(|i| i.metadata.uid.as_deref())
-            .collect()
-    });
+    if !notes.is_empty() {
+        let instances = ctx.caches.instances.state();
+        let live = instances.iter().filter_map(|i| i.metadata.uid.as_deref());
+        ctx.event_log.record(&instance.uid, &notes, now, live);
+    }
     let applied = applied?;
     written?;
 
