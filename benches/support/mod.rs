@@ -6,6 +6,7 @@ pub(crate) mod arrivals;
 pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod replay;
+pub(crate) mod user_claims;
 
 use std::collections::{BTreeMap, HashSet};
 
