@@ -13,7 +13,7 @@ use tessera::placement::{
     TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
 };
 
-use super::arrivals::{Arrival, Event};
+use super::arrivals::{Arrival, Event, MODEL_405B};
 use super::{MAX_TEMPERATURE_C, first_fit, model_shape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -359,6 +359,35 @@ fn count_replica_pairs(state: &ClusterState, plans: &[Option<Plan>], pairs: &mut
             pairs[closest] += 1;
         }
     }
+}
+
+/// Large models arriving once the sequence has filled the cluster and
+/// deletions have fragmented it: every other instance still running (by
+/// arrival) is deleted, then `count` 405B-class instances (8 GPUs a shard,
+/// pipeline `auto`) are placed one after the other under `policy`; how many
+/// fit. What `pack` keeps room for.
+pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> usize {
+    let mut running: Vec<usize> = state.held.keys().copied().collect();
+    running.sort_unstable();
+    for id in running.into_iter().step_by(2) {
+        state.release(id);
+    }
+    let mut fitted = 0;
+    for k in 0..count {
+        let arrival = Arrival {
+            id: usize::MAX - k,
+            class: "405B",
+            model: MODEL_405B,
+            tensor: TensorChoice::Fixed(8),
+            replicas: 1,
+        };
+        let (plans, _, _) = place(&state, &arrival, policy);
+        if let Some(Some(plan)) = plans.first() {
+            state.hold(arrival.id, 0, plan);
+            fitted += 1;
+        }
+    }
+    fitted
 }
 
 /// Plans every replica of `arrival` (`None` where there is no plan), the
