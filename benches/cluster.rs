@@ -64,7 +64,11 @@ fn burst_line(scenario: &str, fitted: &[usize]) -> String {
     format!(
         "REPORT cluster/{scenario} large-model burst after the sequence and every other running instance deleted ({BURST} 405B-class, 8 GPUs a shard): fit {}; pack vs score-only x{ratio:.2} (target >= {BURST_TARGET}: {})",
         each.join(" "),
-        if ratio >= BURST_TARGET { "met" } else { "MISSED" }
+        if ratio >= BURST_TARGET {
+            "met"
+        } else {
+            "MISSED"
+        }
     )
 }
 
