@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::place::Report;
 use crate::cluster_map::{ClusterView, MapInstance, MapNode, cluster_page};
+use tessera_core::translate::pod_holder;
 
 pub(super) fn html(report: &Report) -> String {
     let mut nodes: Vec<MapNode<'_>> = report
@@ -16,7 +17,8 @@ pub(super) fn html(report: &Report) -> String {
         })
         .collect();
     nodes.sort_by(|a, b| a.node.name.cmp(&b.node.name));
-    // Devices the cluster file says agents handed to pods: held outside the plans.
+    // Devices the cluster file says agents handed to pods: held outside the plans,
+    // named as place's refusals name them.
     let others: HashMap<(String, String), String> = report
         .nodes
         .iter()
@@ -24,7 +26,7 @@ pub(super) fn html(report: &Report) -> String {
             n.gpu_state
                 .allocated
                 .iter()
-                .map(|(device, uid)| ((n.name.clone(), device.clone()), format!("pod {uid}")))
+                .map(|(device, uid)| ((n.name.clone(), device.clone()), pod_holder(&n.name, uid)))
         })
         .collect();
     // Replicas of one instance are consecutive placements; keep first-seen order.
