@@ -47,6 +47,32 @@ fn flags_parse_and_bad_values_name_the_flag() {
             .nodes_per_connection,
         20
     );
+    assert!(options.compare.is_empty(), "no comparison unless asked");
+    assert_eq!(options.events, 300, "the cluster benchmark's sequence");
+    let compare = parse(&[
+        "--allocation",
+        "device-plugin",
+        "--compare",
+        "kube-scheduler,tessera",
+    ])
+    .unwrap();
+    assert_eq!(
+        compare.compare,
+        [options::Placer::KubeScheduler, options::Placer::Tessera]
+    );
+    assert!(
+        compare.dra,
+        "users' claims need DRA whatever --allocation says"
+    );
+    for placer in [
+        options::Placer::Tessera,
+        options::Placer::KubeScheduler,
+        options::Placer::KubeSchedulerGang,
+    ] {
+        assert_eq!(options::Placer::parse(placer.name()), Ok(placer));
+    }
+    assert!(options::USAGE.contains("--compare"));
+    assert!(options::USAGE.contains("kube-scheduler-gang"));
     assert_eq!(
         options.steady_for(Duration::from_secs(300)),
         Duration::from_secs(360),
@@ -61,6 +87,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
         "--faults",
         "--restarts",
         "--nodes-per-connection",
+        "--events",
     ] {
         assert!(options::USAGE.contains(flag), "the usage names {flag}");
         assert!(parse(&[flag, "7"]).is_ok(), "{flag} 7");
@@ -83,6 +110,11 @@ fn flags_parse_and_bad_values_name_the_flag() {
         &["--nodes-per-connection", "0"],
         &["--nodes-per-connection", "1001"],
         &["--what", "1"],
+        &["--compare", "slurm"],
+        &["--compare", "tessera,"],
+        &["--compare", "Tessera"],
+        &["--compare"],
+        &["--events", "0"],
     ] {
         let error = parse(bad).unwrap_err();
         assert!(error.contains(bad[0]), "{bad:?}: {error}");

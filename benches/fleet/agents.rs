@@ -138,6 +138,15 @@ impl Fleet {
         }
     }
 
+    /// The memory of the fleet's largest GPU.
+    pub(crate) fn largest_gpu_bytes(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|node| lock(&node.gpus).kind().memory_bytes())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Slices written and failed attempts, summed over the fleet, and how
     /// many nodes have published their pool.
     pub(crate) fn slices_published(&self) -> (u64, u64, usize) {

@@ -26,6 +26,12 @@ pub(crate) struct Kind {
     busy_w: f64,
 }
 
+impl Kind {
+    pub(crate) fn memory_bytes(self) -> u64 {
+        self.memory_gib * GIB
+    }
+}
+
 pub(crate) const KINDS: [(Kind, u32); 4] = [
     (
         Kind {

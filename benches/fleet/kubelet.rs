@@ -19,7 +19,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tessera::api::DEVICES_ANNOTATION;
+use tessera::api::{DEVICES_ANNOTATION, REPLICA_LABEL, SHARD_ANNOTATION};
 use tokio::time::Instant;
 
 use crate::agents::Fleet;
@@ -32,6 +32,9 @@ pub(crate) const INSTANCE_LABEL: &str = "tessera.dev/instance";
 pub(crate) struct Bound {
     pub(crate) pod: String,
     pub(crate) instance: String,
+    /// The replica and shard its labels name (0 where they name none).
+    pub(crate) replica: u32,
+    pub(crate) shard: u32,
     pub(crate) node: String,
     pub(crate) devices: Vec<String>,
     pub(crate) at: Instant,
@@ -156,7 +159,10 @@ pub(crate) async fn run(
             let allocated = claimed_devices(&claims, &pod, &fleet, &node).await;
             let counter = match &allocated {
                 None => Some(&bindings.unallocated),
-                Some(devices) if sorted(devices) != sorted(&planned) => Some(&bindings.off_plan),
+                // A user's pod (kube-scheduler's) has no plan to be off.
+                Some(devices) if !planned.is_empty() && sorted(devices) != sorted(&planned) => {
+                    Some(&bindings.off_plan)
+                }
                 Some(_) => None,
             };
             if let Some(counter) = counter {
@@ -166,16 +172,16 @@ pub(crate) async fn run(
         } else {
             planned
         };
-        let instance = pod
-            .labels()
-            .get(INSTANCE_LABEL)
-            .cloned()
-            .unwrap_or_default();
+        let labels = pod.labels();
+        let instance = labels.get(INSTANCE_LABEL).cloned().unwrap_or_default();
+        let number = |label: &str| labels.get(label).and_then(|v| v.parse().ok()).unwrap_or(0);
         lock(&bindings.live).insert(
             uid.clone(),
             Bound {
                 pod: pod.name_any(),
                 instance,
+                replica: number(REPLICA_LABEL),
+                shard: number(SHARD_ANNOTATION),
                 node: node.clone(),
                 devices: devices.clone(),
                 at: seen,
@@ -193,21 +199,32 @@ pub(crate) async fn run(
 }
 
 /// The device IDs the pod's (first) claim is allocated on `node`; `None`
-/// when it names no claim or the claim is not allocated.
+/// when it names no claim or the claim is not allocated. A claim made from a
+/// template is named in the pod's status.
 async fn claimed_devices(
     claims: &Api<ResourceClaim>,
     pod: &Pod,
     fleet: &Fleet,
     node: &str,
 ) -> Option<Vec<String>> {
-    let name = pod
+    let named = pod
         .spec
         .as_ref()?
         .resource_claims
         .as_ref()?
         .first()?
         .resource_claim_name
-        .clone()?;
+        .clone();
+    let from_template = || {
+        pod.status
+            .as_ref()?
+            .resource_claim_statuses
+            .as_ref()?
+            .first()?
+            .resource_claim_name
+            .clone()
+    };
+    let name = named.or_else(from_template)?;
     let claim = claims.get(&name).await.ok()?;
     let results = claim.status?.allocation?.devices?.results;
     Some(

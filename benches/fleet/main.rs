@@ -42,6 +42,7 @@ mod real_cluster;
 mod support;
 
 mod agents;
+mod compare;
 mod gpus;
 mod kubelet;
 mod measure;
@@ -49,6 +50,7 @@ mod nodes;
 mod options;
 mod restart;
 mod transport;
+mod user_pods;
 mod workload;
 
 use std::path::Path;
@@ -206,13 +208,62 @@ async fn run(
         Arc::clone(&bindings),
         options.dra,
     ));
+    if !options.compare.is_empty() {
+        let bench = compare::Bench {
+            client,
+            kubeconfig,
+            namespace: &namespace,
+            run: &run,
+            driver: tessera::agent::dra::DEFAULT_DRIVER_NAME,
+            fleet: &fleet,
+            bindings: &bindings,
+            initial_list: &options.initial_list,
+            events: options.events,
+            nodes: count,
+        };
+        for &placer in &options.compare {
+            compare::run(&bench, placer).await;
+        }
+    } else {
+        churn(
+            client, kubeconfig, count, options, &scenario, &run, &namespace, &names, &fleet,
+            &bindings,
+        )
+        .await;
+    }
+    let _ = stop.send(true);
+    for task in [poller, leases, statuses, kubelets] {
+        task.abort();
+    }
+    let _ = namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await;
+    nodes::delete(client, &names).await;
+}
+
+/// The steady state, the churn and the API server restarts, measured with
+/// this build's controller placing instances.
+#[allow(clippy::too_many_arguments)]
+async fn churn(
+    client: &Client,
+    kubeconfig: &Path,
+    count: usize,
+    options: &Options,
+    scenario: &str,
+    run: &str,
+    namespace: &str,
+    names: &[String],
+    fleet: &Arc<Fleet>,
+    bindings: &Arc<Bindings>,
+) {
+    let scenario = scenario.to_string();
     let log = std::env::temp_dir().join(format!("tessera-fleet-{run}-controller.log"));
     let api_before = measure::api_server(client).await;
     let peak = ApiServerPeak::watch(client.clone());
     let started = Instant::now();
     let mut controller = ControllerProcess::start(
         kubeconfig,
-        &namespace,
+        namespace,
         &options.initial_list,
         options.dra,
         log,
@@ -234,7 +285,7 @@ async fn run(
         api_before.rss_bytes / (1 << 20) as f64,
         api_peak / (1 << 20) as f64,
     );
-    let instances: Api<ModelInstance> = Api::namespaced(client.clone(), &namespace);
+    let instances: Api<ModelInstance> = Api::namespaced(client.clone(), namespace);
     let mut rng = SplitMix64::new(SEED ^ count as u64);
     let weights = workload::class_weights();
 
@@ -242,10 +293,10 @@ async fn run(
     let load = (count / 20).max(1);
     let started = Instant::now();
     let mis: Vec<ModelInstance> = (0..load)
-        .map(|serial| workload::instance("load", serial, rng.weighted(&weights), &namespace, &run))
+        .map(|serial| workload::instance("load", serial, rng.weighted(&weights), namespace, run))
         .collect();
     let placed: Vec<Option<Duration>> = stream::iter(&mis)
-        .map(|mi| workload::create_and_wait(&instances, mi, &bindings, Duration::from_secs(120)))
+        .map(|mi| workload::create_and_wait(&instances, mi, bindings, Duration::from_secs(120)))
         .buffer_unordered(4)
         .collect()
         .await;
@@ -260,9 +311,9 @@ async fn run(
     let interval = options
         .publish_interval
         .unwrap_or(PublisherConfig::new("default").min_interval);
-    let before = Sample::take(client, &fleet, &controller).await;
+    let before = Sample::take(client, fleet, &controller).await;
     tokio::time::sleep(options.steady_for(interval)).await;
-    let after = Sample::take(client, &fleet, &controller).await;
+    let after = Sample::take(client, fleet, &controller).await;
     let node_bytes = node_size(client, &names[0]).await;
     print_steady(
         &scenario,
@@ -278,9 +329,9 @@ async fn run(
     // older ones leave; devices fail.
     let mut create_to_bound = Vec::new();
     for serial in 0..options.arrivals {
-        let mi = workload::instance("arrival", serial, rng.weighted(&weights), &namespace, &run);
+        let mi = workload::instance("arrival", serial, rng.weighted(&weights), namespace, run);
         if let Some(took) =
-            workload::create_and_wait(&instances, &mi, &bindings, Duration::from_secs(60)).await
+            workload::create_and_wait(&instances, &mi, bindings, Duration::from_secs(60)).await
         {
             create_to_bound.push(took);
         }
@@ -311,7 +362,7 @@ async fn run(
         if let Some(took) = workload::all_bound(
             &instances,
             &victim.instance,
-            &bindings,
+            bindings,
             started,
             Duration::from_secs(90),
             std::slice::from_ref(&device),
@@ -354,9 +405,9 @@ async fn run(
         for _ in 0..options.restarts {
             restart_api_server(
                 client,
-                &run,
-                &fleet,
-                &bindings,
+                run,
+                fleet,
+                bindings,
                 &instances,
                 &mut controller,
                 pidfile,
@@ -377,7 +428,7 @@ async fn run(
     {
         workload::delete(&instances, &mi.metadata.name.unwrap_or_default()).await;
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(60)
         && pods
@@ -388,14 +439,6 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     drop(controller);
-    let _ = stop.send(true);
-    for task in [poller, leases, statuses, kubelets] {
-        task.abort();
-    }
-    let _ = namespaces
-        .delete(&namespace, &DeleteParams::default())
-        .await;
-    nodes::delete(client, &names).await;
 }
 
 /// The API server goes away for a while and comes back; meanwhile a device

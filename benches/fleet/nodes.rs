@@ -69,14 +69,20 @@ pub(crate) async fn create(client: &Client, run: &str, count: usize) -> Vec<Stri
     names
 }
 
-/// Posts the Node's status Ready, as its kubelet would.
+/// Posts the Node's status Ready, as its kubelet would, with the CPU, memory
+/// and pod room of a GPU server, so kube-scheduler's resource filters pass
+/// (pods of the comparison ask for none).
 async fn mark_ready(nodes: &Api<Node>, name: &str) -> Result<Node, kube::Error> {
     let now = Timestamp::now().to_string();
-    let status = json!({"status": {"conditions": [{
-        "type": "Ready", "status": "True", "reason": "KubeletReady",
-        "message": "simulated by the tessera fleet benchmark",
-        "lastHeartbeatTime": now, "lastTransitionTime": now,
-    }]}});
+    let room = json!({"cpu": "128", "memory": "1Ti", "pods": "110"});
+    let status = json!({"status": {
+        "capacity": room, "allocatable": room,
+        "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "simulated by the tessera fleet benchmark",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }],
+    }});
     nodes
         .patch_status(name, &PatchParams::default(), &Patch::Strategic(&status))
         .await

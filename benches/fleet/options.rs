@@ -15,7 +15,10 @@ dra needs an API server serving resource.k8s.io/v1; default device-plugin) --age
 http1|http2 (http1: the agents' connections as a real agent's, kube-rs's HTTP/1.1; http2: the \
 each node's agent and its Lease renewals multiplex over one HTTP/2 connection, for fleets whose HTTP/1.1 sockets would \
 pass this process's open-file limit; default http1) --nodes-per-connection N (with http2: nodes sharing one connection; \
-default 1)";
+default 1) --compare PLACER[,PLACER...] (instead of the steady state and churn: replay the cluster benchmark's \
+arrivals and a burst of large models under each placer in turn, tessera, kube-scheduler or kube-scheduler-gang, \
+with DRA; kube-scheduler-gang needs the API server's and scheduler's gang-scheduling gates on) --events N \
+(events of the replayed sequence; default 300)";
 
 /// Nodes to one HTTP/2 connection by default: one, as each kubelet has its
 /// own. Shared by 20, connections stalled at 5,000 DRA nodes until the slice
@@ -42,6 +45,10 @@ pub(crate) struct Options {
     pub(crate) agent_http2: bool,
     /// Nodes to one HTTP/2 connection.
     pub(crate) nodes_per_connection: usize,
+    /// Compare placers instead of measuring the steady state and churn.
+    pub(crate) compare: Vec<Placer>,
+    /// Events of the replayed sequence.
+    pub(crate) events: usize,
 }
 
 impl Options {
@@ -59,6 +66,8 @@ impl Options {
             dra: false,
             agent_http2: false,
             nodes_per_connection: NODES_PER_CONNECTION,
+            compare: Vec::new(),
+            events: 300,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -105,12 +114,21 @@ impl Options {
                     options.agent_http2 = either(&flag, &value, "http1", "http2")?;
                 }
                 "--nodes-per-connection" => options.nodes_per_connection = number(1_000)? as usize,
+                "--compare" => {
+                    options.compare = value
+                        .split(',')
+                        .map(|name| Placer::parse(name.trim()))
+                        .collect::<Result<_, _>>()?;
+                }
+                "--events" => options.events = number(100_000)? as usize,
                 "--restart-api-server" if !value.is_empty() => {
                     options.restart_api_server = Some(value.clone().into());
                 }
                 _ => return Err(format!("unknown flag {flag}")),
             }
         }
+        // Users' claims are allocated by kube-scheduler only with DRA.
+        options.dra |= !options.compare.is_empty();
         Ok(options)
     }
 
@@ -128,5 +146,35 @@ fn either(flag: &str, value: &str, no: &str, yes: &str) -> Result<bool, String> 
         v if v == yes => Ok(true),
         v if v == no => Ok(false),
         _ => Err(format!("{flag} {value:?}: expected {no} or {yes}")),
+    }
+}
+
+/// Who places the replayed arrivals in a comparison run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Placer {
+    Tessera,
+    KubeScheduler,
+    /// kube-scheduler with each replica's pods in one gang (PodGroup).
+    KubeSchedulerGang,
+}
+
+impl Placer {
+    pub(crate) fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "tessera" => Ok(Placer::Tessera),
+            "kube-scheduler" => Ok(Placer::KubeScheduler),
+            "kube-scheduler-gang" => Ok(Placer::KubeSchedulerGang),
+            _ => Err(format!(
+                "--compare {name:?}: expected tessera, kube-scheduler or kube-scheduler-gang"
+            )),
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Placer::Tessera => "tessera",
+            Placer::KubeScheduler => "kube-scheduler",
+            Placer::KubeSchedulerGang => "kube-scheduler-gang",
+        }
     }
 }

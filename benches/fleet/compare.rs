@@ -1,0 +1,667 @@
+//! tessera against kube-scheduler with DRA on the same simulated nodes and
+//! ResourceSlices: the cluster benchmark's seeded arrivals and deletions are
+//! replayed once per placer, as ModelInstances for tessera's controller or
+//! as a user would write them for kube-scheduler (`user_pods`), then a burst
+//! of 405B-class arrivals tests the room left for large models. Every
+//! replica either placer bound is judged by the same call
+//! (`translate::evaluate_placed`) on the nodes as published.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use tessera::api::{ModelInstance, ModelInstanceSpec, PlannedShard};
+use tessera::placement::TensorChoice;
+use tessera::translate::{ClusterNode, HeldShares, build_problem, evaluate_placed};
+use tokio::time::Instant;
+
+use crate::agents::Fleet;
+use crate::kubelet::{Bindings, Bound};
+use crate::nodes::{RUN_LABEL, TAINT_KEY};
+use crate::options::Placer;
+use crate::support::arrivals::{Arrival, Event, MODEL_405B, describe, sequence};
+use crate::support::user_claims::user_shards;
+use crate::user_pods::UserPods;
+use crate::workload::{self, ControllerProcess};
+
+/// The cluster benchmark's arrival sequence (`benches/cluster.rs`).
+pub(crate) const SEQUENCE_SEED: u64 = 0xc1a5_7e55_0000_0013;
+/// Large models in the burst after the sequence.
+const BURST: usize = 16;
+/// How long a replica may take to be bound or refused.
+const SETTLE: Duration = Duration::from_secs(30);
+/// A replica found unplaceable is looked at once more after this, in case
+/// its placer was still working on it.
+const RECHECK: Duration = Duration::from_millis(1500);
+
+/// What the runs share: the cluster, the run's namespace and the stand-in
+/// kubelets' record of bound pods.
+pub(crate) struct Bench<'a> {
+    pub(crate) client: &'a Client,
+    pub(crate) kubeconfig: &'a Path,
+    pub(crate) namespace: &'a str,
+    pub(crate) run: &'a str,
+    pub(crate) driver: &'a str,
+    pub(crate) fleet: &'a Fleet,
+    pub(crate) bindings: &'a Bindings,
+    pub(crate) initial_list: &'a str,
+    pub(crate) events: usize,
+    pub(crate) nodes: usize,
+}
+
+/// The placer under test. One per run, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Side {
+    Tessera {
+        api: Api<ModelInstance>,
+        controller: ControllerProcess,
+    },
+    Users {
+        pods: UserPods,
+        scheduler_pid: Option<u32>,
+    },
+}
+
+impl Side {
+    /// Creates one arrival's replicas and waits until each is bound or
+    /// refused: per replica, how long it took to be bound; and the shards a
+    /// replica has where the user fixed them (tessera plans them whole).
+    async fn place(
+        &self,
+        bench: &Bench<'_>,
+        name: &str,
+        spec: &ModelInstanceSpec,
+        replicas: u32,
+    ) -> (Option<usize>, Vec<Option<Duration>>) {
+        let created = Instant::now();
+        let refused = vec![None; replicas as usize];
+        match self {
+            Side::Tessera { api, .. } => {
+                let mi: ModelInstance = ModelInstance::new(name, spec.clone());
+                if let Err(e) = api.create(&PostParams::default(), &mi).await {
+                    eprintln!("creating {name}: {e}");
+                    return (None, refused);
+                }
+                (
+                    None,
+                    tessera_settled(api, bench.bindings, name, replicas, created).await,
+                )
+            }
+            Side::Users { pods, .. } => {
+                let largest = bench.fleet.largest_gpu_bytes();
+                let shards = match user_shards(spec, largest) {
+                    Ok(shards) => shards,
+                    Err(e) => {
+                        eprintln!("{name}: {e}");
+                        return (Some(0), refused);
+                    }
+                };
+                for replica in 0..replicas {
+                    if let Err(e) = pods.create(name, replica, &shards, spec).await {
+                        eprintln!("{e}");
+                    }
+                }
+                let mut out = Vec::new();
+                for replica in 0..replicas {
+                    out.push(
+                        users_settled(pods, bench.bindings, name, replica, shards.len(), created)
+                            .await,
+                    );
+                }
+                (Some(shards.len()), out)
+            }
+        }
+    }
+
+    async fn delete(&self, name: &str) {
+        match self {
+            Side::Tessera { api, .. } => workload::delete(api, name).await,
+            Side::Users { pods, .. } => pods.delete(name).await,
+        }
+    }
+
+    /// CPU seconds the placer's process has used.
+    fn cpu_seconds(&self) -> f64 {
+        match self {
+            Side::Tessera { controller, .. } => {
+                crate::measure::controller(controller.pid(), controller.port).cpu_seconds
+            }
+            Side::Users { scheduler_pid, .. } => scheduler_pid.map_or(f64::NAN, |pid| {
+                crate::measure::controller(pid, 0).cpu_seconds
+            }),
+        }
+    }
+}
+
+/// Waits for tessera's decision on every replica (the status of this
+/// generation), then for the planned replicas' pods to be bound.
+async fn tessera_settled(
+    api: &Api<ModelInstance>,
+    bindings: &Bindings,
+    name: &str,
+    replicas: u32,
+    created: Instant,
+) -> Vec<Option<Duration>> {
+    let mut planned: Option<BTreeMap<u32, usize>> = None;
+    while planned.is_none() && created.elapsed() < SETTLE {
+        if let Ok(mi) = api.get(name).await
+            && let Some(status) = &mi.status
+            && status.observed_generation.is_some()
+            && status.observed_generation == mi.metadata.generation
+        {
+            let mut shards = BTreeMap::new();
+            for shard in &status.plan {
+                *shards.entry(shard.replica).or_insert(0) += 1;
+            }
+            planned = Some(shards);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let planned = planned.unwrap_or_default();
+    let mut out = Vec::new();
+    for replica in 0..replicas {
+        let Some(&shards) = planned.get(&replica) else {
+            out.push(None);
+            continue;
+        };
+        out.push(bound_within(bindings, name, replica, shards, created).await);
+    }
+    out
+}
+
+/// Waits for kube-scheduler's decision on every pod of the replica; bound
+/// in whole, or `None`.
+async fn users_settled(
+    pods: &UserPods,
+    bindings: &Bindings,
+    name: &str,
+    replica: u32,
+    shards: usize,
+    created: Instant,
+) -> Option<Duration> {
+    let mut unsettled_since = None;
+    while created.elapsed() < SETTLE {
+        let standing = pods.standing(name, replica).await;
+        if standing.bound == shards {
+            return bound_within(bindings, name, replica, shards, created).await;
+        }
+        if standing.settled(shards) {
+            let since = *unsettled_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= RECHECK {
+                return None;
+            }
+        } else {
+            unsettled_since = None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// The time from `created` to the last of the replica's pods bound, once
+/// the stand-in kubelets have seen all `shards` of them.
+async fn bound_within(
+    bindings: &Bindings,
+    name: &str,
+    replica: u32,
+    shards: usize,
+    created: Instant,
+) -> Option<Duration> {
+    while created.elapsed() < SETTLE {
+        let bound = replica_pods(bindings, name, replica);
+        if bound.len() >= shards {
+            let last = bound.iter().map(|pod| pod.at).max()?;
+            return Some(last.saturating_duration_since(created));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+fn gpus(pods: &[Bound]) -> usize {
+    pods.iter().map(|pod| pod.devices.len()).sum()
+}
+
+fn replica_pods(bindings: &Bindings, name: &str, replica: u32) -> Vec<Bound> {
+    bindings
+        .of_instance(name)
+        .into_iter()
+        .filter(|pod| pod.replica == replica)
+        .collect()
+}
+
+/// One replica the sequence asked for.
+struct Replica {
+    instance: String,
+    replica: u32,
+    /// Its shards where the user fixed them; tessera binds a replica's
+    /// planned shards together, so any bound pod of its is a whole replica's.
+    expected: Option<usize>,
+    /// Bound in whole when it settled.
+    placed: bool,
+}
+
+impl Replica {
+    /// Some of its shards are bound and others are not: GPUs held for nothing.
+    fn partial(&self, bound: usize) -> bool {
+        bound > 0 && self.expected.is_some_and(|shards| bound < shards)
+    }
+}
+
+/// What one placer's run measured.
+#[derive(Default)]
+struct Figures {
+    asked: usize,
+    placed: usize,
+    before_first_refusal: usize,
+    refused_seen: bool,
+    create_to_bound: Vec<Duration>,
+    /// GPU-seconds held by replicas with some shards bound and others not.
+    partial_gpu_seconds: f64,
+}
+
+/// Runs the sequence and the burst under `placer` and prints its REPORT
+/// lines; everything it created is deleted before it returns.
+pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
+    let scenario = format!("compare/{}_nodes/{}", bench.nodes, placer.name());
+    ensure_device_class(bench.client, bench.driver).await;
+    let side = match placer {
+        Placer::Tessera => {
+            let log =
+                std::env::temp_dir().join(format!("tessera-compare-{}-controller.log", bench.run));
+            let controller = ControllerProcess::start(
+                bench.kubeconfig,
+                bench.namespace,
+                bench.initial_list,
+                true,
+                log,
+            );
+            if !controller.ready(Duration::from_secs(300)).await {
+                eprintln!(
+                    "{scenario}: the controller did not become ready; its log: {}",
+                    controller.log.display()
+                );
+                return;
+            }
+            Side::Tessera {
+                api: Api::namespaced(bench.client.clone(), bench.namespace),
+                controller,
+            }
+        }
+        Placer::KubeScheduler | Placer::KubeSchedulerGang => Side::Users {
+            pods: UserPods::new(
+                bench.client,
+                bench.namespace,
+                bench.run,
+                bench.driver,
+                placer == Placer::KubeSchedulerGang,
+            ),
+            scheduler_pid: process_named("kube-scheduler"),
+        },
+    };
+    let events = sequence(bench.events, SEQUENCE_SEED);
+    eprintln!("{scenario}: {}", describe(&events));
+    let cpu_before = side.cpu_seconds();
+    let mut figures = Figures::default();
+    let mut replicas: Vec<Replica> = Vec::new();
+    let mut specs: HashMap<String, ModelInstanceSpec> = HashMap::new();
+    let mut live: Vec<String> = Vec::new();
+    let mut partial = PartialClock::new();
+    for (step, event) in events.iter().enumerate() {
+        match event {
+            Event::Arrive(arrival) => {
+                let name = format!("a{:03}-{}", arrival.id, arrival.class.to_lowercase());
+                let spec = arrival_spec(arrival, bench.run);
+                let (expected, results) = side.place(bench, &name, &spec, arrival.replicas).await;
+                for (replica, result) in results.iter().enumerate() {
+                    figures.asked += 1;
+                    if let Some(took) = result {
+                        figures.create_to_bound.push(*took);
+                        figures.placed += 1;
+                        if !figures.refused_seen {
+                            figures.before_first_refusal += 1;
+                        }
+                    } else {
+                        figures.refused_seen = true;
+                    }
+                    replicas.push(Replica {
+                        instance: name.clone(),
+                        replica: replica as u32,
+                        expected,
+                        placed: result.is_some(),
+                    });
+                }
+                specs.insert(name.clone(), spec);
+                live.push(name);
+            }
+            Event::Delete(id) => {
+                if let Some(at) = live
+                    .iter()
+                    .position(|name| name.starts_with(&format!("a{id:03}-")))
+                {
+                    let name = live.remove(at);
+                    side.delete(&name).await;
+                    replicas.retain(|r| r.instance != name);
+                }
+            }
+        }
+        partial.tick(bench.bindings, &replicas);
+        if step % 50 == 49 {
+            eprintln!(
+                "{scenario}: {} events, {} of {} replicas placed",
+                step + 1,
+                figures.placed,
+                figures.asked
+            );
+        }
+    }
+    figures.partial_gpu_seconds = partial.gpu_seconds;
+    let cpu = side.cpu_seconds() - cpu_before;
+    let nodes = nominal_nodes(bench.client, bench.run).await;
+    let end = judge(bench.bindings, &replicas, &specs, &nodes);
+    println!(
+        "REPORT {scenario} sequence ({} events, seed {SEQUENCE_SEED:#x}): replicas placed before the first refusal {}, placed {} of {} asked; at the end {} replicas bound in whole ({} of them after waiting) on {} GPUs, predicted tokens/s per GPU {:.1}, per replica {:.1}; bound but unable to hold their shards {}; partial replicas at the end {} holding {} GPUs ({:.0} GPU-seconds held by partial replicas over the sequence); created to all shards bound {}; placer CPU {:.1} s",
+        bench.events,
+        figures.before_first_refusal,
+        figures.placed,
+        figures.asked,
+        end.replicas,
+        end.late,
+        end.gpus,
+        end.tokens_per_second / end.gpus.max(1) as f64,
+        end.tokens_per_second / end.replicas.max(1) as f64,
+        end.cannot_hold,
+        end.partial,
+        end.partial_gpus,
+        figures.partial_gpu_seconds,
+        crate::summary(&figures.create_to_bound),
+        cpu,
+    );
+    println!(
+        "REPORT {scenario} at the end by class and GPU: {}",
+        end.breakdown()
+    );
+    if !end.cannot_hold_examples.is_empty() {
+        eprintln!(
+            "{scenario}: bound but unable to hold their shards: {}",
+            end.cannot_hold_examples.join("; ")
+        );
+    }
+
+    // Room for large models: every other instance still running goes, then
+    // 405B-class arrivals come one after the other.
+    let deleted: Vec<String> = live.iter().step_by(2).cloned().collect();
+    for name in &deleted {
+        side.delete(name).await;
+    }
+    live.retain(|name| !deleted.contains(name));
+    wait_gone(bench.bindings, &deleted, Duration::from_secs(60)).await;
+    // The claims of deleted pods are freed after the pods go.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut fitted = 0;
+    for k in 0..BURST {
+        let arrival = Arrival {
+            id: 900 + k,
+            class: "405B",
+            model: MODEL_405B,
+            tensor: TensorChoice::Fixed(8),
+            replicas: 1,
+        };
+        let name = format!("burst-{k:02}");
+        let spec = arrival_spec(&arrival, bench.run);
+        if side.place(bench, &name, &spec, 1).await.1[0].is_some() {
+            fitted += 1;
+        }
+        live.push(name);
+    }
+    println!(
+        "REPORT {scenario} burst: {fitted} of {BURST} 405B-class replicas (tensor 8, pipeline auto) fit after every other instance was deleted"
+    );
+
+    for name in &live {
+        side.delete(name).await;
+    }
+    if let Side::Users { pods, .. } = &side {
+        for name in pods.instances().await {
+            pods.delete(&name).await;
+        }
+    }
+    wait_gone(bench.bindings, &live, Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+}
+
+/// The ModelInstance spec of an arrival, confined to the run's nodes.
+fn arrival_spec(arrival: &Arrival, run: &str) -> ModelInstanceSpec {
+    let model = arrival.model;
+    let tensor = match arrival.tensor {
+        TensorChoice::Fixed(size) => json!(size),
+        TensorChoice::Auto => json!("auto"),
+    };
+    serde_json::from_value(json!({
+        "model": {"name": format!("bench/{}", arrival.class), "parametersBillions": model.parameters / 1e9,
+                  "layers": model.layers, "dtype": "bf16", "hiddenSize": model.hidden,
+                  "kvCacheGiB": model.kv_cache_gib, "overheadGiB": model.overhead_gib},
+        "parallelism": {"tensor": tensor, "pipeline": "auto"},
+        "replicas": arrival.replicas,
+        "placement": {"nodeSelector": {RUN_LABEL: run}},
+        "template": {"spec": {
+            "containers": [{"name": "shard", "image": "busybox:1.37"}],
+            "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        }},
+    }))
+    .expect("a valid ModelInstance spec")
+}
+
+/// Accumulates the GPU-seconds that replicas bound in part hold.
+struct PartialClock {
+    last: Instant,
+    gpu_seconds: f64,
+}
+
+impl PartialClock {
+    fn new() -> Self {
+        Self {
+            last: Instant::now(),
+            gpu_seconds: 0.0,
+        }
+    }
+
+    fn tick(&mut self, bindings: &Bindings, replicas: &[Replica]) {
+        let held: usize = replicas
+            .iter()
+            .filter_map(|r| {
+                let pods = replica_pods(bindings, &r.instance, r.replica);
+                r.partial(pods.len()).then(|| gpus(&pods))
+            })
+            .sum();
+        let now = Instant::now();
+        self.gpu_seconds += held as f64 * now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+    }
+}
+
+/// The end of the sequence as the speed model sees it.
+#[derive(Default)]
+struct End {
+    replicas: usize,
+    gpus: usize,
+    tokens_per_second: f64,
+    cannot_hold: usize,
+    cannot_hold_examples: Vec<String>,
+    partial: usize,
+    partial_gpus: usize,
+    /// Replicas refused when they arrived and bound later (room freed).
+    late: usize,
+    /// By model class: replicas, GPUs, tokens/s.
+    by_class: BTreeMap<String, (usize, usize, f64)>,
+    /// By GPU product: GPUs, their replicas' tokens/s split evenly over them.
+    by_product: BTreeMap<String, (usize, f64)>,
+}
+
+impl End {
+    /// One line: per class and per GPU product, GPUs and tokens/s per GPU.
+    fn breakdown(&self) -> String {
+        let classes = self
+            .by_class
+            .iter()
+            .map(|(class, (replicas, gpus, speed))| {
+                format!(
+                    "{class}: {replicas} replicas on {gpus} GPUs, {:.1} tokens/s per GPU",
+                    speed / (*gpus).max(1) as f64
+                )
+            });
+        let products = self.by_product.iter().map(|(product, (gpus, speed))| {
+            format!(
+                "{product}: {gpus} GPUs, {:.1} tokens/s per GPU",
+                speed / (*gpus).max(1) as f64
+            )
+        });
+        classes.chain(products).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// Every replica bound now, judged by `evaluate_placed` on `nodes`.
+fn judge(
+    bindings: &Bindings,
+    replicas: &[Replica],
+    specs: &HashMap<String, ModelInstanceSpec>,
+    nodes: &[ClusterNode],
+) -> End {
+    let mut end = End::default();
+    let products: HashMap<&str, &str> = nodes
+        .iter()
+        .filter_map(|node| {
+            Some((
+                node.name.as_str(),
+                node.gpu_state.devices.first()?.product.as_str(),
+            ))
+        })
+        .collect();
+    for r in replicas {
+        let mut pods = replica_pods(bindings, &r.instance, r.replica);
+        if pods.is_empty() {
+            continue;
+        }
+        pods.sort_by_key(|pod| pod.shard);
+        let Some(spec) = specs.get(&r.instance) else {
+            continue;
+        };
+        if r.partial(pods.len()) {
+            end.partial += 1;
+            end.partial_gpus += gpus(&pods);
+            continue;
+        }
+        let shards: Vec<PlannedShard> = pods
+            .iter()
+            .map(|pod| PlannedShard {
+                replica: r.replica,
+                shard: pod.shard,
+                node: pod.node.clone(),
+                devices: pod.devices.clone(),
+                layer_start: 0,
+                layer_end: 0,
+                predicted_memory_gib: 0.0,
+                share: None,
+            })
+            .collect();
+        let refs: Vec<&PlannedShard> = shards.iter().collect();
+        let problem = build_problem(spec, nodes, &HashMap::new(), &HeldShares::new());
+        match evaluate_placed(problem, &refs) {
+            Ok(plan) => {
+                let (held, speed) = (gpus(&pods), plan.performance.tokens_per_second);
+                end.replicas += 1;
+                end.late += usize::from(!r.placed);
+                end.gpus += held;
+                end.tokens_per_second += speed;
+                let class = r.instance.rsplit('-').next().unwrap_or("").to_string();
+                let of_class = end.by_class.entry(class).or_default();
+                of_class.0 += 1;
+                of_class.1 += held;
+                of_class.2 += speed;
+                for pod in &pods {
+                    let product = products.get(pod.node.as_str()).copied().unwrap_or("?");
+                    let of_product = end.by_product.entry(product.to_string()).or_default();
+                    of_product.0 += pod.devices.len();
+                    // A replica's speed counts for each of its GPUs alike.
+                    of_product.1 += speed * pod.devices.len() as f64 / held.max(1) as f64;
+                }
+            }
+            Err(e) => {
+                end.cannot_hold += 1;
+                if end.cannot_hold_examples.len() < 3 {
+                    end.cannot_hold_examples
+                        .push(format!("{} replica {}: {e}", r.instance, r.replica));
+                }
+            }
+        }
+    }
+    end
+}
+
+/// The run's nodes as their agents publish them, with every GPU free: the
+/// speed model judges a placement, not the competition for it.
+async fn nominal_nodes(client: &Client, run: &str) -> Vec<ClusterNode> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let list = nodes
+        .list(&ListParams::default().labels(&format!("{RUN_LABEL}={run}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.iter()
+        .filter_map(|node| ClusterNode::from_node(node).ok().flatten())
+        .map(|mut node| {
+            node.gpu_state.allocated.clear();
+            for device in &mut node.gpu_state.devices {
+                device.memory_free_bytes = device.memory_total_bytes;
+            }
+            node
+        })
+        .collect()
+}
+
+/// Waits until no pod of `instances` is bound any more.
+async fn wait_gone(bindings: &Bindings, instances: &[String], limit: Duration) {
+    let started = Instant::now();
+    while started.elapsed() < limit
+        && instances
+            .iter()
+            .any(|name| !bindings.of_instance(name).is_empty())
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The DeviceClass users' claims name (the chart's, which this benchmark
+/// does not install), created unless it exists.
+async fn ensure_device_class(client: &Client, driver: &str) {
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    if classes.get_opt(driver).await.ok().flatten().is_some() {
+        return;
+    }
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": driver},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{driver}'")}}]},
+    }))
+    .expect("a valid DeviceClass");
+    if let Err(e) = classes.create(&PostParams::default(), &class).await {
+        eprintln!("creating DeviceClass {driver}: {e}");
+    }
+}
+
+/// The pid of the process whose command name is `name`, if one runs on
+/// this machine (the kit's kube-scheduler does).
+fn process_named(name: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            (comm.trim() == name).then_some(pid)
+        })
+}
