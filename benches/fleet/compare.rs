@@ -184,19 +184,19 @@ async fn users_settled(
     shards: usize,
     created: Instant,
 ) -> Option<Duration> {
-    let mut unsettled_since = None;
+    let mut settled_since = None;
     while created.elapsed() < SETTLE {
         let standing = pods.standing(name, replica).await;
         if standing.bound == shards {
             return bound_within(bindings, name, replica, shards, created).await;
         }
         if standing.settled(shards) {
-            let since = *unsettled_since.get_or_insert_with(Instant::now);
+            let since = *settled_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= RECHECK {
                 return None;
             }
         } else {
-            unsettled_since = None;
+            settled_since = None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -501,6 +501,8 @@ struct End {
     by_class: BTreeMap<String, (usize, usize, f64)>,
     /// By GPU product: GPUs, their replicas' tokens/s split evenly over them.
     by_product: BTreeMap<String, (usize, f64)>,
+    /// GPUs by model class and GPU product.
+    class_on_product: BTreeMap<String, usize>,
 }
 
 impl End {
@@ -521,7 +523,15 @@ impl End {
                 speed / (*gpus).max(1) as f64
             )
         });
-        classes.chain(products).collect::<Vec<_>>().join("; ")
+        let mix = self
+            .class_on_product
+            .iter()
+            .map(|(what, gpus)| format!("{what}: {gpus} GPUs"));
+        classes
+            .chain(products)
+            .chain(mix)
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 
@@ -585,6 +595,12 @@ fn judge(
                 of_class.2 += speed;
                 for pod in &pods {
                     let product = products.get(pod.node.as_str()).copied().unwrap_or("?");
+                    *end.class_on_product
+                        .entry(format!(
+                            "{} on {product}",
+                            r.instance.rsplit('-').next().unwrap_or("")
+                        ))
+                        .or_default() += pod.devices.len();
                     let of_product = end.by_product.entry(product.to_string()).or_default();
                     of_product.0 += pod.devices.len();
                     // A replica's speed counts for each of its GPUs alike.
