@@ -665,12 +665,14 @@ async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
             instance: None,
         },
     );
+    let metrics = Metrics::default();
+    metrics.mark_synced(true);
     let ctx = Arc::new(Context::new(
         client,
         Settings::default(),
         caches,
         recorder,
-        Arc::new(Metrics::default()),
+        Arc::new(metrics),
     ));
 
     // First pass: Service, both pods, one binding, status, events.
@@ -1281,23 +1283,39 @@ async fn a_running_dra_shard_keeps_its_claim_while_its_nodes_slices_are_gone() {
 }
 
 #[tokio::test]
-async fn with_dra_nothing_is_decided_before_every_cache_has_listed() {
-    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
-    let mi = instance();
-    let ctx = dra_context(client, &mi, vec![]);
-    ctx.metrics.mark_synced(false);
-    let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mi), ctx))
-        .await
-        .expect("a reconcile before the caches listed must not wait on the API server")
-        .unwrap();
-    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
-    // Whether the client went away (None) or no request came (timeout): none was made.
-    let request = tokio::time::timeout(Duration::from_millis(100), api.next_request()).await;
-    assert!(
-        !matches!(request, Ok(Some(_))),
-        "no request before the caches listed"
-    );
+async fn nothing_is_decided_before_every_cache_has_listed() {
+    // With DRA and with the device plugin alike: before the pod cache has
+    // listed, the instance's own running shards look like others' holds.
+    for dra in [true, false] {
+        let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let mi = instance();
+        let ctx = if dra {
+            dra_context(client, &mi, vec![])
+        } else {
+            context(
+                World {
+                    nodes: vec![node("a", 2)],
+                    pods: vec![],
+                    services: vec![],
+                    instances: vec![mi.clone()],
+                },
+                client,
+            )
+        };
+        ctx.metrics.mark_synced(false);
+        let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mi), ctx))
+            .await
+            .expect("a reconcile before the caches listed must not wait on the API server")
+            .unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(1)), "dra {dra}");
+        // Whether the client went away (None) or no request came (timeout): none was made.
+        let request = tokio::time::timeout(Duration::from_millis(100), api.next_request()).await;
+        assert!(
+            !matches!(request, Ok(Some(_))),
+            "no request before the caches listed (dra {dra})"
+        );
+    }
 }
 
 /// A running two-stage instance, one stage on node `a` and one on `b`, with

@@ -134,14 +134,16 @@ pub async fn reconcile(mi: Arc<ModelInstance>, ctx: Arc<Context>) -> Result<Acti
         // Owner references take the pods and the Service with it.
         return Ok(Action::await_change());
     }
-    // A shard's devices reach it one way or the other depending on whether its
-    // node publishes ResourceSlices: judged before the slice cache has its first
-    // list, every running DRA shard would look changed and be replaced.
-    if ctx.caches.dra.is_some()
-        && !ctx
-            .metrics
-            .synced
-            .load(std::sync::atomic::Ordering::Relaxed)
+    // Nothing is judged before every cache has its first list. Before the pod
+    // cache has it, the instance's own shard pods are unknown and the devices
+    // the agents report them holding look taken by others: a new leader
+    // re-planned every running shard on a failover (seen once the debounce
+    // was short enough to beat the pod list). Before the slice cache has it,
+    // every running DRA shard would look changed and be replaced.
+    if !ctx
+        .metrics
+        .synced
+        .load(std::sync::atomic::Ordering::Relaxed)
     {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
