@@ -87,6 +87,16 @@ struct World {
     instances: Vec<ModelInstance>,
 }
 
+/// Node `a` with two GPUs and `mi`, nothing else yet.
+fn fresh_world(mi: &ModelInstance) -> World {
+    World {
+        nodes: vec![node("a", 2)],
+        pods: vec![],
+        services: vec![],
+        instances: vec![mi.clone()],
+    }
+}
+
 fn context(world: World, client: kube::Client) -> Arc<Context> {
     context_with(world, client, None, Settings::default())
 }
@@ -188,15 +198,7 @@ async fn a_new_instance_gets_service_pod_binding_status_and_events() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let mi = instance();
-    let ctx = context(
-        World {
-            nodes: vec![node("a", 2)],
-            pods: vec![],
-            services: vec![],
-            instances: vec![mi.clone()],
-        },
-        client,
-    );
+    let ctx = context(fresh_world(&mi), client);
     let run = tokio::spawn(reconcile(Arc::new(mi), ctx));
 
     let c = next(&mut api).await;
@@ -1038,13 +1040,7 @@ fn dra_context(
         dra_driver: Some("gpu.tessera.dev".into()),
         ..Settings::default()
     };
-    let world = World {
-        nodes: vec![node("a", 2)],
-        pods: vec![],
-        services: vec![],
-        instances: vec![mi.clone()],
-    };
-    context_with(world, client, Some(dra), settings)
+    context_with(fresh_world(mi), client, Some(dra), settings)
 }
 
 /// A user's claim kube-scheduler allocated device `dev-<i>` of node `node`.
@@ -1293,15 +1289,7 @@ async fn nothing_is_decided_before_every_cache_has_listed() {
         let ctx = if dra {
             dra_context(client, &mi, vec![])
         } else {
-            context(
-                World {
-                    nodes: vec![node("a", 2)],
-                    pods: vec![],
-                    services: vec![],
-                    instances: vec![mi.clone()],
-                },
-                client,
-            )
+            context(fresh_world(&mi), client)
         };
         ctx.metrics.mark_synced(false);
         let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(mi), ctx))
