@@ -472,11 +472,18 @@ impl PartialClock {
     }
 
     fn tick(&mut self, bindings: &Bindings, replicas: &[Replica]) {
+        // One pass over the bound pods, not one per replica.
+        let mut bound: HashMap<(String, u32), (usize, usize)> = HashMap::new();
+        for pod in bindings.all() {
+            let entry = bound.entry((pod.instance, pod.replica)).or_default();
+            entry.0 += 1;
+            entry.1 += pod.devices.len();
+        }
         let held: usize = replicas
             .iter()
             .filter_map(|r| {
-                let pods = replica_pods(bindings, &r.instance, r.replica);
-                r.partial(pods.len()).then(|| gpus(&pods))
+                let &(pods, gpus) = bound.get(&(r.instance.clone(), r.replica))?;
+                r.partial(pods).then_some(gpus)
             })
             .sum();
         let now = Instant::now();
@@ -588,18 +595,16 @@ fn judge(
                 end.late += usize::from(!r.placed);
                 end.gpus += held;
                 end.tokens_per_second += speed;
-                let class = r.instance.rsplit('-').next().unwrap_or("").to_string();
-                let of_class = end.by_class.entry(class).or_default();
+                // Instances are named `a<id>-<class>`.
+                let class = r.instance.rsplit('-').next().unwrap_or("");
+                let of_class = end.by_class.entry(class.to_string()).or_default();
                 of_class.0 += 1;
                 of_class.1 += held;
                 of_class.2 += speed;
                 for pod in &pods {
                     let product = products.get(pod.node.as_str()).copied().unwrap_or("?");
                     *end.class_on_product
-                        .entry(format!(
-                            "{} on {product}",
-                            r.instance.rsplit('-').next().unwrap_or("")
-                        ))
+                        .entry(format!("{class} on {product}"))
                         .or_default() += pod.devices.len();
                     let of_product = end.by_product.entry(product.to_string()).or_default();
                     of_product.0 += pod.devices.len();

@@ -19,13 +19,10 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tessera::api::{DEVICES_ANNOTATION, REPLICA_LABEL, SHARD_ANNOTATION};
+use tessera::api::{DEVICES_ANNOTATION, INSTANCE_LABEL, REPLICA_LABEL, SHARD_ANNOTATION};
 use tokio::time::Instant;
 
 use crate::agents::Fleet;
-
-/// The label the controller puts on every shard pod: the instance's name.
-pub(crate) const INSTANCE_LABEL: &str = "tessera.dev/instance";
 
 /// A shard pod bound to a fleet node.
 #[derive(Clone, Debug)]
