@@ -212,6 +212,7 @@ fn missing_node_name_and_bad_flags_are_one_line_errors() {
             "NODE_NAME",
         ),
         (vec!["agent", "--listen", "not-an-address"], "--listen"),
+        (vec!["agent", "--memory-shares=maybe"], "--memory-shares"),
         (
             vec!["agent", "--poll-interval-ms", "1"],
             "--poll-interval-ms",
