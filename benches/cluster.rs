@@ -30,7 +30,7 @@ use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use tessera::placement::{NodeState, SolveOptions, Strategy, TensorChoice, solve_replicas};
 
 use support::arrivals::{Arrival, Event, MODEL_70B, describe as describe_events, sequence};
-use support::replay::{Outcome, Policy, burst, replay};
+use support::replay::{Outcome, Policy, Room, burst, replay};
 use support::{cluster, describe};
 
 /// The placement benchmark's clusters.
@@ -69,6 +69,23 @@ fn burst_line(scenario: &str, fitted: &[usize]) -> String {
         } else {
             "MISSED"
         }
+    )
+}
+
+/// Why the burst fit what it did: the deletions free a node whole only when
+/// every instance on it goes.
+fn room_line(scenario: &str, policy: Policy, room: &Room) -> String {
+    let [one, two, more] = room.instances_per_node;
+    let products: Vec<String> = room
+        .by_product
+        .iter()
+        .map(|(product, (whole, free))| format!("{product} {whole} ({free} GPUs)"))
+        .collect();
+    format!(
+        "REPORT cluster/{scenario} {} room for the burst: nodes in use held by 1/2/3+ instances={one}/{two}/{more} whole nodes the deletions should free={:.1} nodes free whole after them (free GPUs)={}",
+        policy.name(),
+        room.expected_whole,
+        products.join(", "),
     )
 }
 
@@ -146,13 +163,18 @@ fn time_line(scenario: &str, nodes: usize, outcomes: &[Outcome]) -> String {
     )
 }
 
-/// The ratios over further sequences: mean and the worst.
+/// The ratios over further sequences: mean and the worst; and the burst
+/// after each, summed.
 fn more_sequences_line(nodes: &[NodeState]) -> String {
+    let mut fitted = [0, 0];
     let all: Vec<[f64; 4]> = MORE_SEQUENCES
         .map(|seed| {
             let events = sequence(EVENTS, seed);
-            let (score_only, _) = replay(nodes, &events, Policy::Solver(Strategy::ScoreOnly));
-            let (pack, _) = replay(nodes, &events, Policy::Solver(Strategy::Pack));
+            let (score_only, score_only_left) =
+                replay(nodes, &events, Policy::Solver(Strategy::ScoreOnly));
+            let (pack, pack_left) = replay(nodes, &events, Policy::Solver(Strategy::Pack));
+            fitted[0] += burst(score_only_left, Policy::Solver(Strategy::ScoreOnly), BURST).fitted;
+            fitted[1] += burst(pack_left, Policy::Solver(Strategy::Pack), BURST).fitted;
             ratios(&score_only, &pack)
         })
         .collect();
@@ -165,12 +187,15 @@ fn more_sequences_line(nodes: &[NodeState]) -> String {
         )
     };
     format!(
-        "REPORT cluster/64_nodes over {} more sequences, pack vs score-only: placed before first refusal {}, placed {}, tokens/s per GPU {}, mean tokens/s per placement {}",
+        "REPORT cluster/64_nodes over {} more sequences, pack vs score-only: placed before first refusal {}, placed {}, tokens/s per GPU {}, mean tokens/s per placement {}, large-model burst fit {} vs {} (x{:.2})",
         all.len(),
         summary(0),
         summary(1),
         summary(2),
         summary(3),
+        fitted[1],
+        fitted[0],
+        fitted[1] as f64 / fitted[0].max(1) as f64,
     )
 }
 
@@ -204,7 +229,9 @@ fn cluster_benches(c: &mut Criterion) {
             let (outcome, left) = replay(&generated, &events, policy);
             eprintln!("{}", report_line(&scenario, policy, &outcome));
             outcomes.push(outcome);
-            fitted.push(burst(left, policy, BURST));
+            let room = burst(left, policy, BURST);
+            eprintln!("{}", room_line(&scenario, policy, &room));
+            fitted.push(room.fitted);
         }
         eprintln!("{}", burst_line(&scenario, &fitted));
         eprintln!(

@@ -5,7 +5,7 @@
 // Only the cluster benchmark uses it.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use tessera::placement::{
@@ -361,16 +361,44 @@ fn count_replica_pairs(state: &ClusterState, plans: &[Option<Plan>], pairs: &mut
     }
 }
 
+/// What the burst found: how many fit, and why (the room the deletions left).
+pub(crate) struct Room {
+    pub(crate) fitted: usize,
+    /// Nodes with a device held before the deletions, by how many instances
+    /// held them: one, two, three or more.
+    pub(crate) instances_per_node: [usize; 3],
+    /// Whole nodes the deletions are expected to free: each instance goes
+    /// with even odds, so a node held by `k` instances comes free whole with
+    /// odds `2^-k`.
+    pub(crate) expected_whole: f64,
+    /// By GPU product, after the deletions: nodes free whole, and free GPUs.
+    pub(crate) by_product: BTreeMap<String, (usize, usize)>,
+}
+
 /// Large models arriving once the sequence has filled the cluster and
 /// deletions have fragmented it: every other instance still running (by
 /// arrival) is deleted, then `count` 405B-class instances (8 GPUs a shard,
 /// pipeline `auto`) are placed one after the other under `policy`; how many
 /// fit. What `pack` keeps room for.
-pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> usize {
+pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> Room {
+    let (instances_per_node, expected_whole) = instances_per_node(&state);
     let mut running: Vec<usize> = state.held.keys().copied().collect();
     running.sort_unstable();
     for id in running.into_iter().step_by(2) {
         state.release(id);
+    }
+    let mut by_product: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for node in &state.nodes {
+        let free = node
+            .devices
+            .iter()
+            .filter(|device| usable(device) && device.allocated_to.is_none())
+            .count();
+        if let Some(first) = node.devices.first() {
+            let entry = by_product.entry(first.product.clone()).or_default();
+            entry.0 += usize::from(free == node.devices.len());
+            entry.1 += free;
+        }
     }
     let mut fitted = 0;
     for k in 0..count {
@@ -387,7 +415,30 @@ pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> us
             fitted += 1;
         }
     }
-    fitted
+    Room {
+        fitted,
+        instances_per_node,
+        expected_whole,
+        by_product,
+    }
+}
+
+/// Nodes in use by how many instances hold them (one, two, three or more),
+/// and the whole nodes deleting each instance with even odds frees on average.
+fn instances_per_node(state: &ClusterState) -> ([usize; 3], f64) {
+    let mut holders: Vec<HashSet<usize>> = vec![HashSet::new(); state.nodes.len()];
+    for (arrival, replicas) in &state.held {
+        for (node, _) in replicas.iter().flat_map(|replica| &replica.devices) {
+            holders[*node].insert(*arrival);
+        }
+    }
+    let mut counts = [0; 3];
+    let mut expected = 0.0;
+    for held_by in holders.iter().map(HashSet::len).filter(|n| *n > 0) {
+        counts[held_by.min(3) - 1] += 1;
+        expected += 0.5f64.powi(i32::try_from(held_by).unwrap_or(i32::MAX));
+    }
+    (counts, expected)
 }
 
 /// Plans every replica of `arrival` (`None` where there is no plan), the

@@ -16,7 +16,7 @@
 
 use super::hops::hop_between_nodes;
 use super::links::link_positions;
-use super::problem::{NodeState, Problem, Strategy};
+use super::problem::{DeviceShare, NodeState, Problem, Strategy};
 
 /// Share of the total the sharing part takes under `Pack` and `Spread`. Tuned
 /// with the cluster benchmark (`benches/cluster.rs`): enough that the cluster
@@ -27,10 +27,17 @@ pub(crate) const SHARING_WEIGHT: f64 = 0.35;
 /// How a `Pack` cost is made of its three measures (they add up to one).
 /// Best fit: the device with the least free memory that still holds the stage.
 const PACK_FIT: f64 = 0.3;
-/// Breaking a node no other workload uses yet.
+/// Taking a device of a large node.
 const PACK_NODE: f64 = 0.35;
-/// Breaking an NVLink/xGMI domain no other workload uses yet.
+/// Taking a device of a large NVLink/xGMI domain.
 const PACK_DOMAIN: f64 = 0.35;
+/// Intact nodes at least as large as a device's node that `Pack` keeps for
+/// large models: while more of them are free, taking the device costs only
+/// this many ÷ their number of its cost. Tuned with the cluster benchmark:
+/// on a cluster with room to spare (1,000 nodes) `pack` then places as fast
+/// as the score alone, and on a full one (64 nodes) it places more and
+/// keeps more room for a later burst of large models than with no reserve.
+const PACK_RESERVE: f64 = 4.0;
 /// What a device on a node the instance's other replicas run on costs, as a
 /// share of what it would cost elsewhere: pack fills those nodes first.
 const PACK_REPLICA_NODE: f64 = 0.5;
@@ -113,14 +120,20 @@ fn root(parent: &mut [usize], mut item: usize) -> usize {
 /// `Pack`: take the devices whose loss costs later instances least. The value
 /// is `1 - cost`, the cost a mix of three measures in 0..=1:
 /// - fit: the device's free memory ÷ the most any eligible device has;
-/// - node: 0 when another workload already holds one of the node's devices,
-///   else the node's free memory ÷ the most any such intact node has;
+/// - node: the memory of the node's healthy GPUs ÷ the most any node has;
 /// - domain: the same for the device's NVLink/xGMI domain (a device without
 ///   fast links is a domain of its own).
 ///
-/// Free memory counts the healthy devices no workload holds. Breaking an
-/// intact 8-GPU MI300X node costs most, a single RTX 4090 least, and a
-/// device on a node and domain already in use costs only its own size.
+/// An MI300X on an 8-GPU node costs most, a single RTX 4090 least, whether
+/// or not the node is in use: a small instance added to a node a large one
+/// holds keeps that node from coming free whole when the large one goes, so
+/// `pack` does not prefer nodes in use (the cluster benchmark kept less room
+/// for large models when it did).
+///
+/// Room is kept only where it is short: with `n` intact nodes at least as
+/// large as the device's free, the cost is scaled by `PACK_RESERVE ÷ n`
+/// (at most 1). A cluster with dozens of free MI300X nodes gives an 8B model
+/// one; a cluster with its last few keeps them.
 ///
 /// The nodes the instance's other replicas run on are read as `spread`
 /// reads them, to the opposite end: a device there costs half. Replicas of
@@ -136,37 +149,39 @@ fn pack_values(problem: &Problem, eligible: &dyn Fn(usize, usize) -> bool) -> Ve
             }
         }
     }
-    let capacities: Vec<NodeCapacity> = problem.nodes.iter().map(NodeCapacity::new).collect();
+    let sizes: Vec<NodeSize> = problem.nodes.iter().map(NodeSize::new).collect();
     let (mut max_node, mut max_domain): (f64, f64) = (0.0, 0.0);
-    for capacity in &capacities {
-        max_node = max_node.max(capacity.node_free.unwrap_or(0.0));
-        for domain_free in capacity.domain_free.iter().flatten() {
-            max_domain = max_domain.max(*domain_free);
-        }
+    for size in &sizes {
+        max_node = max_node.max(size.node);
+        max_domain = size.domain.iter().copied().fold(max_domain, f64::max);
     }
+    let mut intact: Vec<f64> = sizes
+        .iter()
+        .filter(|size| size.intact)
+        .map(|size| size.node)
+        .collect();
+    intact.sort_by(f64::total_cmp);
     problem
         .nodes
         .iter()
-        .zip(&capacities)
+        .zip(&sizes)
         .enumerate()
-        .map(|(node_index, (node, capacity))| {
-            let node_cost = share(capacity.node_free, max_node);
-            let scale = if problem.replica_nodes.contains(&node.name) {
-                PACK_REPLICA_NODE
-            } else {
-                1.0
-            };
+        .map(|(node_index, (node, size))| {
+            let at_least_as_large =
+                intact.len() - intact.partition_point(|other| *other < size.node);
+            let mut scale = (PACK_RESERVE / at_least_as_large.max(1) as f64).min(1.0);
+            if problem.replica_nodes.contains(&node.name) {
+                scale *= PACK_REPLICA_NODE;
+            }
+            let node_cost = share(size.node, max_node);
             (0..node.devices.len())
                 .map(|device| {
                     if !eligible(node_index, device) {
                         return 0.0;
                     }
-                    let fit_cost = share(
-                        Some(node.devices[device].memory_free_bytes as f64),
-                        max_free,
-                    );
-                    let domain = capacity.domains.of_device[device];
-                    let domain_cost = share(capacity.domain_free[domain], max_domain);
+                    let fit_cost = share(node.devices[device].memory_free_bytes as f64, max_free);
+                    let domain_cost =
+                        share(size.domain[size.domains.of_device[device]], max_domain);
                     1.0 - scale
                         * (PACK_FIT * fit_cost + PACK_NODE * node_cost + PACK_DOMAIN * domain_cost)
                 })
@@ -175,46 +190,48 @@ fn pack_values(problem: &Problem, eligible: &dyn Fn(usize, usize) -> bool) -> Ve
         .collect()
 }
 
-/// `value ÷ max` in 0..=1; nothing (a node or domain already in use) costs 0.
-fn share(value: Option<f64>, max: f64) -> f64 {
-    match value {
-        Some(value) if max > 0.0 => (value / max).clamp(0.0, 1.0),
-        _ => 0.0,
+/// `value ÷ max` in 0..=1 (0 when nothing is worth anything).
+fn share(value: f64, max: f64) -> f64 {
+    if max > 0.0 {
+        (value / max).clamp(0.0, 1.0)
+    } else {
+        0.0
     }
 }
 
-/// What breaking a node or one of its fast-link domains would cost.
-struct NodeCapacity {
+/// A node, and its fast-link domains, as room for a large model: the memory
+/// of their healthy GPUs.
+struct NodeSize {
     domains: FastDomains,
-    /// Free memory of the node's usable devices; `None` once another
-    /// workload holds one of its devices.
-    node_free: Option<f64>,
-    /// The same per domain.
-    domain_free: Vec<Option<f64>>,
+    node: f64,
+    /// By domain (an index into `domains.sizes`).
+    domain: Vec<f64>,
+    /// No workload holds any of its devices, and none of its GPUs is split
+    /// (partitions, memory shares).
+    intact: bool,
 }
 
-impl NodeCapacity {
+impl NodeSize {
     fn new(node: &NodeState) -> Self {
         let domains = FastDomains::new(node);
-        let mut node_free = Some(0.0);
-        let mut domain_free = vec![Some(0.0); domains.sizes.len()];
-        for (device, state) in node.devices.iter().enumerate() {
-            let slot = &mut domain_free[domains.of_device[device]];
-            // A GPU split already (partitions, memory shares) is broken:
-            // its node and domain are in use like a held device's.
-            if state.allocated_to.is_some() || state.on_split_gpu() {
-                node_free = None;
-                *slot = None;
-            } else if state.healthy {
-                let free = state.memory_free_bytes as f64;
-                node_free = node_free.map(|sum| sum + free);
-                *slot = slot.map(|sum| sum + free);
+        let mut total = 0.0;
+        let mut domain = vec![0.0; domains.sizes.len()];
+        let mut intact = true;
+        for (index, device) in node.devices.iter().enumerate() {
+            intact &= device.allocated_to.is_none() && !device.on_split_gpu();
+            // A partition's memory is its GPU's, counted once with the GPU.
+            let partition = matches!(device.share, Some(DeviceShare::Partition { .. }));
+            if device.healthy && !partition {
+                let memory = device.memory_total_bytes as f64;
+                total += memory;
+                domain[domains.of_device[index]] += memory;
             }
         }
         Self {
             domains,
-            node_free,
-            domain_free,
+            node: total,
+            domain,
+            intact,
         }
     }
 }
@@ -276,7 +293,7 @@ mod tests {
     }
 
     #[test]
-    fn pack_prefers_small_devices_and_broken_nodes_and_domains() {
+    fn pack_prefers_small_devices_nodes_and_domains_in_use_or_not() {
         let mut problem = problem(
             vec![
                 node("h", 4, H100),
@@ -294,18 +311,61 @@ mod tests {
         let (h100, mi300x, rtx4090, used_h100) =
             (values[0][0], values[1][0], values[2][0], values[3][1]);
         assert!(rtx4090 > h100 && h100 > mi300x, "{values:?}");
-        assert!(used_h100 > h100, "{values:?}");
-        // The intact MI300X node is the largest node and domain there is.
+        // The MI300X node is the largest device, node and domain there is.
         assert!((mi300x - (1.0 - PACK_FIT - PACK_NODE - PACK_DOMAIN)).abs() < 1e-12);
-        // An intact H100 node: its device, node and domain at 80/192 of the largest.
+        // An H100: its device, node and domain at 80/192 of the largest.
         let h100_share = 80.0 / 192.0;
         assert!((h100 - (1.0 - h100_share)).abs() < 1e-12);
         // The RTX 4090s have no fast links: each is a domain of its own.
         let want = 1.0 - (PACK_FIT + PACK_NODE) * 24.0 / 192.0 - PACK_DOMAIN * 24.0 / 768.0;
         assert!((rtx4090 - want).abs() < 1e-12, "{rtx4090} vs {want}");
-        // A node and domain already in use cost nothing more to break.
-        assert!((used_h100 - (1.0 - PACK_FIT * h100_share)).abs() < 1e-12);
+        // A node in use is worth what an intact one of its size is: what
+        // another workload holds there comes back, the node whole with it.
+        assert_eq!(used_h100, h100, "{values:?}");
         assert_eq!(values[3][0], 0.0, "a held device is not eligible");
+    }
+
+    #[test]
+    fn pack_keeps_the_last_large_nodes_and_spends_plentiful_ones() {
+        use super::super::{SolveOptions, solve};
+        let mut problem = problem(
+            vec![node("a", 4, H100), node("m0", 4, MI300X)],
+            7,
+            1,
+            Stages::Fixed(1),
+        );
+        let score_only = solve(&problem, &SolveOptions::default()).unwrap();
+        assert_eq!(
+            score_only.stages[0].node, "m0",
+            "the score alone takes the MI300X"
+        );
+        assert_eq!(score_only.score.sharing, 0.0);
+        problem.strategy = Strategy::Pack;
+        let packed = solve(&problem, &SolveOptions::default()).unwrap();
+        assert_eq!(packed.stages[0].node, "a", "{packed:?}");
+        assert!(packed.score.sharing > 0.0);
+        assert_eq!(packed.stages[0].parts.sharing, packed.score.sharing);
+        // With eight MI300X nodes intact, each costs half (a reserve of four
+        // of eight); the H100 node is one of nine at least its size.
+        for index in 1..8 {
+            problem.nodes.push(node(&format!("m{index}"), 4, MI300X));
+        }
+        let values = values(&problem);
+        assert!((values[1][0] - 0.5).abs() < 1e-12, "{values:?}");
+        let h100_share = 80.0 / 192.0;
+        assert!((values[0][0] - (1.0 - PACK_RESERVE / 9.0 * h100_share)).abs() < 1e-12);
+        // With dozens free, an MI300X costs little and the score decides.
+        for index in 8..40 {
+            problem.nodes.push(node(&format!("m{index}"), 4, MI300X));
+        }
+        let plentiful = solve(&problem, &SolveOptions::default()).unwrap();
+        assert!(plentiful.stages[0].node.starts_with('m'), "{plentiful:?}");
+        // Once all but a few are held, the last ones are kept again.
+        for held in &mut problem.nodes[2..] {
+            held.devices[0].allocated_to = Some("ns/other".into());
+        }
+        let scarce = solve(&problem, &SolveOptions::default()).unwrap();
+        assert_eq!(scarce.stages[0].node, "a", "{scarce:?}");
     }
 
     #[test]
@@ -353,29 +413,6 @@ mod tests {
             by_node,
             vec![0.0, HOP_SAME_RACK, HOP_SAME_ZONE, HOP_CROSS_ZONE]
         );
-    }
-
-    #[test]
-    fn pack_fills_a_node_in_use_before_breaking_an_intact_one() {
-        use super::super::{SolveOptions, solve};
-        let mut problem = problem(
-            vec![node("a", 4, H100), node("b", 4, H100), node("m", 4, MI300X)],
-            7,
-            1,
-            Stages::Fixed(1),
-        );
-        problem.nodes[1].devices[0].allocated_to = Some("ns/other".into());
-        let score_only = solve(&problem, &SolveOptions::default()).unwrap();
-        assert_eq!(
-            score_only.stages[0].node, "m",
-            "the score alone takes the MI300X"
-        );
-        assert_eq!(score_only.score.sharing, 0.0);
-        problem.strategy = Strategy::Pack;
-        let packed = solve(&problem, &SolveOptions::default()).unwrap();
-        assert_eq!(packed.stages[0].node, "b", "{packed:?}");
-        assert!(packed.score.sharing > 0.0);
-        assert_eq!(packed.stages[0].parts.sharing, packed.score.sharing);
     }
 
     #[test]
