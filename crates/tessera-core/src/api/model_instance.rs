@@ -468,8 +468,8 @@ impl Strategy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
-    /// The smallest sufficient devices, on nodes and NVLink/xGMI domains
-    /// already in use, so whole nodes and domains stay free for large models.
+    /// The smallest sufficient devices, on the smallest nodes and NVLink/xGMI
+    /// domains, so large ones stay free for large models where few are left.
     #[default]
     Pack,
     /// Replicas on different nodes, racks and zones, so one failure takes
