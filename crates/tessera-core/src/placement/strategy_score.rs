@@ -130,10 +130,10 @@ fn root(parent: &mut [usize], mut item: usize) -> usize {
 /// `pack` does not prefer nodes in use (the cluster benchmark kept less room
 /// for large models when it did).
 ///
-/// Room is kept only where it is short: with `n` intact nodes at least as
-/// large as the device's free, the cost is scaled by `PACK_RESERVE ÷ n`
-/// (at most 1). A cluster with dozens of free MI300X nodes gives an 8B model
-/// one; a cluster with its last few keeps them.
+/// Room is kept only where it is short: while `n` intact nodes at least as
+/// large as the device's node are free, the cost is scaled by
+/// `PACK_RESERVE ÷ n` (at most 1). A cluster with dozens of free MI300X
+/// nodes gives an 8B model one; a cluster with its last few keeps them.
 ///
 /// The nodes the instance's other replicas run on are read as `spread`
 /// reads them, to the opposite end: a device there costs half. Replicas of
