@@ -115,6 +115,11 @@ fn context_with(
         instances: filled(world.instances).0,
         dra,
     };
+    context_of(client, settings, caches)
+}
+
+/// A context over `caches` that have all listed, as after a controller's start.
+fn context_of(client: kube::Client, settings: Settings, caches: Caches) -> Arc<Context> {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -660,22 +665,7 @@ async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
         instances: filled(vec![mi.clone()]).0,
         dra: None,
     };
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "tessera-controller".into(),
-            instance: None,
-        },
-    );
-    let metrics = Metrics::default();
-    metrics.mark_synced(true);
-    let ctx = Arc::new(Context::new(
-        client,
-        Settings::default(),
-        caches,
-        recorder,
-        Arc::new(metrics),
-    ));
+    let ctx = context_of(client, Settings::default(), caches);
 
     // First pass: Service, both pods, one binding, status, events.
     let run = tokio::spawn(reconcile(Arc::new(mi.clone()), Arc::clone(&ctx)));

@@ -472,18 +472,12 @@ impl PartialClock {
     }
 
     fn tick(&mut self, bindings: &Bindings, replicas: &[Replica]) {
-        // One pass over the bound pods, not one per replica.
-        let mut bound: HashMap<(String, u32), (usize, usize)> = HashMap::new();
-        for pod in bindings.all() {
-            let entry = bound.entry((pod.instance, pod.replica)).or_default();
-            entry.0 += 1;
-            entry.1 += pod.devices.len();
-        }
+        let bound = bindings.by_replica();
         let held: usize = replicas
             .iter()
             .filter_map(|r| {
-                let &(pods, gpus) = bound.get(&(r.instance.clone(), r.replica))?;
-                r.partial(pods).then_some(gpus)
+                let pods = bound.get(&(r.instance.clone(), r.replica))?;
+                r.partial(pods.len()).then(|| gpus(pods))
             })
             .sum();
         let now = Instant::now();
@@ -559,11 +553,11 @@ fn judge(
             ))
         })
         .collect();
+    let mut bound = bindings.by_replica();
     for r in replicas {
-        let mut pods = replica_pods(bindings, &r.instance, r.replica);
-        if pods.is_empty() {
+        let Some(mut pods) = bound.remove(&(r.instance.clone(), r.replica)) else {
             continue;
-        }
+        };
         pods.sort_by_key(|pod| pod.shard);
         let Some(spec) = specs.get(&r.instance) else {
             continue;

@@ -59,6 +59,18 @@ impl Bindings {
             .collect()
     }
 
+    /// The pods bound now, by instance and replica, in one pass.
+    pub(crate) fn by_replica(&self) -> HashMap<(String, u32), Vec<Bound>> {
+        let mut grouped: HashMap<(String, u32), Vec<Bound>> = HashMap::new();
+        for bound in lock(&self.live).values() {
+            grouped
+                .entry((bound.instance.clone(), bound.replica))
+                .or_default()
+                .push(bound.clone());
+        }
+        grouped
+    }
+
     pub(crate) fn all(&self) -> Vec<Bound> {
         lock(&self.live).values().cloned().collect()
     }

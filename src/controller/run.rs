@@ -276,9 +276,9 @@ async fn lead(
 /// a Node wakes the instances planned on it, and those waiting for room at
 /// most once a second (`node_changes`, `room_wakes`). So it is kept short: at
 /// 500 ms it was a fifth of a DRA instance's apply → Running on one node, and
-/// at 100 ms it made tessera's median created → bound at 1,000 nodes (214 ms)
-/// slower than kube-scheduler's (207 ms); at 25 ms it is 123 ms, with less
-/// controller CPU over the same sequence (docs/benchmarks.md).
+/// at 100 ms tessera's median created → bound at 1,000 nodes was slower than
+/// kube-scheduler's; at 25 ms it is well below, with less controller CPU over
+/// the same sequence (docs/benchmarks.md, "tessera and kube-scheduler").
 const RECONCILE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// The least time between two wakes of the instances waiting for room.
