@@ -18,22 +18,17 @@
 //! The modules stay public so that the integration tests and benchmarks drive the
 //! same code paths as the binary; within them, what only the crate uses is
 //! `pub(crate)`. Layers: the core below everything, `backend` below `agent`;
-//! `agent` and `controller` never use each other; `cli` uses the core and `backend`.
+//! `agent` and `controller` never use each other, and share the Kubernetes plumbing
+//! in `kubernetes` and the process plumbing in `process`; `cli` uses the core and
+//! `backend`.
 
 pub mod agent;
-pub mod allocation_mode;
-pub mod api_requests;
 pub mod backend;
 pub mod cli;
 pub(crate) mod cluster_map;
 pub mod controller;
-pub mod initial_list;
-#[cfg(test)]
-mod monitoring_names;
+pub mod kubernetes;
 pub mod process;
-pub(crate) mod quantity;
-pub mod wall_deadline;
-pub mod watch_backoff;
 
 // The pure core lives in its own crate so the compiler keeps it free of I/O; it is
 // re-exported under the paths the rest of tessera and its users have always used.
@@ -42,8 +37,8 @@ pub use tessera_core::{api, placement, translate};
 pub use agent::device_plugin::registration::PluginConfig;
 pub use agent::dra::DraConfig;
 pub use agent::run::{AgentConfig, PublishOptions, run as run_agent};
-pub use allocation_mode::AllocationMode;
 pub use cli::discover::{DiscoverArgs, run as discover, summary as discover_summary};
 pub use cli::place::{PlaceArgs, run as place};
 pub use controller::reconcile::Settings as ControllerSettings;
 pub use controller::run::{ControllerConfig, LeaderElection, run as run_controller};
+pub use kubernetes::AllocationMode;

@@ -406,7 +406,7 @@ async fn the_api_server_keeps_partitions_counters_and_memory_shares_as_published
 /// Whether the API server serves DRA as the agent decides it; says the test
 /// is skipped when not.
 async fn serves_slices(client: &Client) -> bool {
-    let served = tessera::allocation_mode::serves_dra(client)
+    let served = tessera::kubernetes::allocation_mode::serves_dra(client)
         .await
         .unwrap_or(false);
     if !served {

@@ -15,7 +15,7 @@ use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use real_cluster::{kubeconfig_path, load_config};
-use tessera::initial_list::offers_streaming_lists;
+use tessera::kubernetes::initial_list::offers_streaming_lists;
 use tokio::time::timeout;
 
 #[tokio::test]

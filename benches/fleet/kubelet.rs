@@ -107,7 +107,7 @@ pub(crate) async fn run(
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     // Retried as the agent's and controller's watches are.
-    let stream = tessera::watch_backoff::with_backoff(
+    let stream = tessera::kubernetes::watch_backoff::with_backoff(
         "pods (simulated kubelet)",
         watcher(pods.clone(), watcher::Config::default()),
     )

@@ -19,13 +19,14 @@ use super::dra::{DraConfig, DraHandle};
 use super::http::{AgentMetrics, Counters, router, serve as serve_http};
 use super::publisher::{PublisherConfig, PublisherStats, run_publisher};
 use super::state::{ViewRx, ViewTx, channel, spawn_poller_with_ids};
-pub use crate::allocation_mode::AllocationMode;
-use crate::allocation_mode::serves_dra;
-use crate::api_requests::ApiRequests;
 use crate::backend::detect::{DetectOptions, detect};
 use crate::backend::health::{HealthPolicy, HealthTracker};
 use crate::backend::registry::Registry;
-use crate::process::{kube_client, terminated};
+pub use crate::kubernetes::allocation_mode::AllocationMode;
+use crate::kubernetes::allocation_mode::serves_dra;
+use crate::kubernetes::api_requests::ApiRequests;
+use crate::kubernetes::client::kube_client;
+use crate::process::signal::terminated;
 use tessera_core::api::{ResourceName, Vendor};
 
 /// How long `auto` waits for kubelet to register the DRA driver before it

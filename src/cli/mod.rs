@@ -1,7 +1,9 @@
-//! The library side of the `tessera` subcommands: reading input files, running
-//! the library, rendering results. `main.rs` only parses flags and calls these.
+//! The library side of the `tessera` subcommands: their flags and how each
+//! becomes its configuration (`flags`), reading input files, running the
+//! library, rendering results. `main.rs` only parses and dispatches.
 
 pub mod discover;
+pub mod flags;
 mod html;
 pub mod input;
 pub mod place;

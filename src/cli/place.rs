@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
-use crate::wall_deadline::WallDeadline;
+use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard};
 use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
 use tessera_core::translate::{

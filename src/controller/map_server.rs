@@ -14,9 +14,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kube::ResourceExt;
 
+use super::context::Context;
 use super::held::{Claims, Held};
 use super::nodes::{NodeInfo, Readiness};
-use super::reconcile::{Context, held_except, observe_cluster};
+use super::observe::{held_except, observe_cluster};
 use crate::cluster_map::{
     ClusterView, MapCondition, MapEvent, MapInstance, MapNode, Prediction, cluster_page,
     instance_page,
@@ -251,10 +252,10 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::controller::context::Caches;
     use crate::controller::events::EventNote;
     use crate::controller::metrics::Metrics;
     use crate::controller::node_cache::CachedNode;
-    use crate::controller::reconcile::Caches;
     use crate::controller::testkit::{H100, SMALL, instance, node, node_with, now, state};
     use tessera_core::api::{DEVICES_ANNOTATION, ModelInstanceStatus, Phase};
 

@@ -1,16 +1,20 @@
 //! The controller: reconciles ModelInstances into placed, bound shard pods.
 //!
 //! A reconcile runs in stages, the pure ones apart from the API calls:
-//! observe (`node_cache`, `nodes`, `held`) → `validate` → `decide` → build (`desired`) → `apply`
-//! (with `node_gate`, and `dra` for shards on DRA nodes) → `status`, then `events`. `reconcile` calls them in that
-//! order and nothing else does; `hashes` holds every hash they compare;
+//! `observe` (with `node_cache`, `nodes`, `held`) → `validate` → `decide` (its
+//! `stage` runs the pure decision) → `build` (with `desired`) → `apply` (its
+//! `stage`, with `node_gate`, and `dra` for shards on DRA nodes) → `status`
+//! (its `write`), then `events` and `requeue`. Each stage is handed the
+//! `context`; `reconcile` calls them in that order and nothing else does; `hashes` holds every hash they compare;
 //! `tessera_core::translate` (shared with `tessera place`) turns Kubernetes objects
 //! into the solver's problem; `run` wires caches (`synced`, `triggers`, `room_wakes`), leader election
 //! and the HTTP endpoints.
 
 pub(crate) mod apply;
+mod build;
 mod cached_resource;
 mod claim_changes;
+pub mod context;
 pub mod decide;
 pub mod desired;
 pub mod dra;
@@ -26,8 +30,10 @@ pub mod node_cache;
 mod node_changes;
 mod node_gate;
 pub mod nodes;
+pub(crate) mod observe;
 mod pod_repair;
 pub mod reconcile;
+mod requeue;
 mod restart_backoff;
 mod room_wakes;
 pub mod run;

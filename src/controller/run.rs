@@ -19,20 +19,22 @@ use kube_lease_manager::LeaseManagerBuilder;
 
 use super::apply::{MANAGER, managed_selector};
 use super::claim_changes::ClaimChanges;
+use super::context::{Caches, Context};
 use super::dra::{CachedSlice, DraCaches};
 use super::map_server::{self, MapSource};
 use super::metrics::{InstanceCache, Metrics, router};
 use super::node_cache::{StateReports, cached};
 use super::node_changes::NodeChanges;
-use super::reconcile::{Caches, Context, Settings, error_policy, reconcile};
+use super::reconcile::{Settings, error_policy, reconcile};
 use super::room_wakes::room_wakes;
 use super::status::PLACED;
 use super::synced::{ALWAYS, Cache, CacheSync};
 use super::triggers::{Touch, triggers};
-use crate::api_requests::ApiRequests;
-use crate::initial_list::InitialList;
-use crate::process::{kube_client, terminated};
-use crate::watch_backoff::with_backoff;
+use crate::kubernetes::api_requests::ApiRequests;
+use crate::kubernetes::client::kube_client;
+use crate::kubernetes::initial_list::InitialList;
+use crate::kubernetes::watch_backoff::with_backoff;
+use crate::process::signal::terminated;
 use tessera_core::api::{ModelInstance, ModelInstanceStatus};
 
 pub struct ControllerConfig {
@@ -50,7 +52,7 @@ pub struct ControllerConfig {
     /// Whether shards on DRA nodes get claims (`settings.dra_driver` names
     /// the driver): never (`DevicePlugin`), or where the API server serves
     /// `resource.k8s.io/v1` (`Auto`; `Dra` insists on it).
-    pub allocation: crate::allocation_mode::AllocationMode,
+    pub allocation: crate::kubernetes::allocation_mode::AllocationMode,
 }
 
 pub struct LeaderElection {
@@ -81,12 +83,12 @@ async fn resolve_allocation(
     mut config: ControllerConfig,
     client: &Client,
 ) -> Result<ControllerConfig, ControllerError> {
-    use crate::allocation_mode::AllocationMode;
+    use crate::kubernetes::allocation_mode::AllocationMode;
     if config.allocation == AllocationMode::DevicePlugin {
         config.settings.dra_driver = None;
         return Ok(config);
     }
-    let served = crate::allocation_mode::serves_dra(client)
+    let served = crate::kubernetes::allocation_mode::serves_dra(client)
         .await
         .map_err(|e| {
             ControllerError::Kube(format!("asking whether the API server serves DRA: {e}"))

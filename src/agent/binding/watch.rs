@@ -66,7 +66,10 @@ fn pods_on_node(
 ) -> impl Stream<Item = Result<Event<Pod>, watcher::Error>> + use<> {
     let pods: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&node_field_selector(node_name));
-    crate::watch_backoff::with_backoff("pods on this node", watcher::watcher(pods, config))
+    crate::kubernetes::watch_backoff::with_backoff(
+        "pods on this node",
+        watcher::watcher(pods, config),
+    )
 }
 
 /// Holds that only time ends (an `unbound` hold past its grace) must end

@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::device_names::pool_device_names;
 use super::slice_fields::MEMORY_CAPACITY;
 use crate::backend::{DeviceState, RawHealth, Snapshot};
-use crate::quantity::whole_units;
+use crate::kubernetes::quantity::whole_units;
 use tessera_core::api::GpuPartition;
 
 /// One device of this node a claim was given.

@@ -112,7 +112,7 @@ pub async fn run_slice_publisher(
     let slice_names: Api<PartialObjectMeta<ResourceSlice>> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
     // Names are all it needs to see go: the metadata alone is watched.
-    let mut watched = pin!(crate::watch_backoff::with_backoff(
+    let mut watched = pin!(crate::kubernetes::watch_backoff::with_backoff(
         "this node's ResourceSlices",
         watcher::watcher(
             slice_names,

@@ -14,7 +14,7 @@ use super::hashes::{placement_hash, problem_hash};
 use super::held::Held;
 use super::nodes::NodeInfo;
 use super::settings::Settings;
-use crate::wall_deadline::WallDeadline;
+use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{GpuDevice, GpuPartition, Health, ModelInstanceSpec, PlannedShard, Vendor};
 use tessera_core::placement::{
     Deadline, Problem, SolveOptions, Stages, Unsatisfiable, solve, solve_parallelism,
@@ -22,6 +22,7 @@ use tessera_core::placement::{
 use tessera_core::translate::{build_problem, evaluate_placed, planned_shards, tensor_choice};
 
 mod replicas;
+pub(crate) mod stage;
 pub use replicas::{ReplicaDecision, Replicas, decide_replicas};
 
 /// Everything the plan stage reads besides the instance.

@@ -138,7 +138,7 @@ fn memory_capacity<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<
     Ok(capacity
         .and_then(|c| c.memory)
         .and_then(|m| m.value)
-        .and_then(|value| crate::quantity::whole_units(&value)))
+        .and_then(|value| crate::kubernetes::quantity::whole_units(&value)))
 }
 
 cached_resource!(CachedSlice, ResourceSlice);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 
 use super::pools::Pools;
-use crate::quantity::whole_units;
+use crate::kubernetes::quantity::whole_units;
 use tessera_core::api::DRA_MEMORY_CAPACITY as MEMORY_CAPACITY;
 
 /// What one allocated claim holds of one device.

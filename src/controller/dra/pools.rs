@@ -34,7 +34,8 @@ fn amounts(
     counters
         .iter()
         .map(|(name, counter)| {
-            let amount = crate::quantity::whole_units(&counter.value).unwrap_or(unreadable);
+            let amount =
+                crate::kubernetes::quantity::whole_units(&counter.value).unwrap_or(unreadable);
             (name.clone(), amount)
         })
         .collect()

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 mod merge;
+pub(crate) mod write;
 
 use super::apply::ShardState;
 use tessera_core::api::{

@@ -1,10 +1,9 @@
-//! Process plumbing shared by the long-running subcommands (`agent`,
-//! `controller`): the Kubernetes client their flags describe, and the signal
-//! that ends them.
+//! The Kubernetes client the long-running subcommands (`agent`, `controller`)
+//! talk through: the one their flags describe, with every request counted.
 
 use std::path::Path;
 
-use crate::api_requests::ApiRequests;
+use super::api_requests::ApiRequests;
 
 /// A client from `--kubeconfig`, or else the in-cluster configuration (or
 /// `KUBECONFIG`). The error is one line naming the file and what is wrong
@@ -43,26 +42,4 @@ async fn client(kubeconfig: Option<&Path>, requests: &ApiRequests) -> Result<kub
         .map_err(|e| e.to_string())?
         .with_layer(&counting)
         .build())
-}
-
-/// Resolves on SIGTERM (how Kubernetes stops a pod) or SIGINT.
-pub(crate) async fn terminated() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }

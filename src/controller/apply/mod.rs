@@ -4,6 +4,8 @@
 //! Writes that hit a conflict, a throttle or a server error are retried a few
 //! times; the rest of the error handling is the controller's backoff.
 
+pub(crate) mod stage;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -17,10 +19,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::desired::INSTANCE_LABEL;
-use super::events::EventNote;
-use super::pod_repair::{lost_rank, replace_reason};
-use super::restart_backoff::Backoff;
+use crate::controller::desired::INSTANCE_LABEL;
+use crate::controller::events::EventNote;
+use crate::controller::pod_repair::{lost_rank, replace_reason};
+use crate::controller::restart_backoff::Backoff;
 use tessera_core::api::{
     DEVICES_ANNOTATION, ModelInstance, ModelInstanceStatus, ReplicaRestarts, RestartPolicy,
     SHARD_ANNOTATION,

@@ -1,0 +1,131 @@
+//! `tessera controller`'s flags and the controller configuration they make.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::exit::block_on;
+use super::values::{
+    AllocationFlag, driver_name, host_name, model_cache_dir, non_empty, resource_name,
+};
+use crate::api::ResourceName;
+use crate::controller::model_cache::ModelCacheDir;
+use crate::controller::reconcile::Settings;
+use crate::controller::run::{ControllerConfig, LeaderElection, run};
+use crate::kubernetes::initial_list::InitialList;
+
+#[derive(clap::Args)]
+pub struct ControllerFlags {
+    /// Kubeconfig file; default: in-cluster configuration or KUBECONFIG.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch ModelInstances (and their pods) in this namespace only; default all.
+    #[arg(long, value_name = "NS", value_parser = non_empty)]
+    namespace: Option<String>,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
+    listen: std::net::SocketAddr,
+    /// Address of the read-only cluster map (HTML: every node's GPUs and who
+    /// holds them, each instance's plan); default: not served.
+    #[arg(long, value_name = "ADDR")]
+    map_listen: Option<std::net::SocketAddr>,
+    /// Act only while holding a coordination.k8s.io Lease, so that replicas
+    /// never act at once.
+    #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, value_name = "NAME", default_value = "tessera-controller", value_parser = non_empty)]
+    lease_name: String,
+    /// Namespace of the Lease (the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS", value_parser = non_empty)]
+    lease_namespace: Option<String>,
+    /// This replica's name in the Lease; default: the host name.
+    #[arg(long, env = "POD_NAME", value_name = "ID", value_parser = non_empty)]
+    identity: Option<String>,
+    /// Extended resource the node agents register the GPUs as (the same
+    /// value as theirs, `{vendor}` included).
+    #[arg(long, value_name = "NAME", default_value = crate::api::DEFAULT_RESOURCE_NAME, value_parser = resource_name)]
+    resource_name: ResourceName,
+    /// Seconds a NotReady node keeps its shards before they are re-placed.
+    #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    node_grace_period: u64,
+    /// Solver steps per plan before the best plan found is taken.
+    #[arg(long, value_name = "N", default_value = "250000", value_parser = clap::value_parser!(u64).range(1..))]
+    max_steps: u64,
+    /// How the caches' watches get their first copy of everything: `stream`
+    /// (WatchList, Kubernetes 1.32+, a server on etcd 3.5.13+), `list` (one
+    /// paged LIST), or `auto`: stream where the API server offers it.
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = InitialList::Auto)]
+    initial_list: InitialList,
+    /// How shards get their devices: `device-plugin` (the extended resource),
+    /// `dra` (a ResourceClaim the controller allocates, on nodes whose agent
+    /// publishes ResourceSlices of the driver; needs resource.k8s.io/v1), or
+    /// `auto`: `dra` where the API server serves resource.k8s.io/v1.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = AllocationFlag::DevicePlugin)]
+    allocation: AllocationFlag,
+    /// The DRA driver of the node agents (the same value as theirs).
+    #[arg(long, value_name = "NAME", default_value = crate::agent::dra::DEFAULT_DRIVER_NAME, value_parser = driver_name)]
+    dra_driver_name: String,
+    /// Host directory for model weights that outlive a pod: a shard pod whose
+    /// template mounts the volume `tessera-model-cache` without defining it
+    /// gets `<DIR>/<namespace>` of its node (created if missing). Unset: such
+    /// templates are refused.
+    #[arg(long, value_name = "DIR", value_parser = model_cache_dir)]
+    model_cache_dir: Option<ModelCacheDir>,
+}
+
+impl ControllerFlags {
+    pub fn run(self) -> ExitCode {
+        let Self {
+            kubeconfig,
+            namespace,
+            listen,
+            map_listen,
+            leader_elect,
+            lease_name,
+            lease_namespace,
+            identity,
+            resource_name,
+            node_grace_period,
+            max_steps,
+            initial_list,
+            allocation,
+            dra_driver_name,
+            model_cache_dir,
+        } = self;
+        let leader_election = if leader_elect {
+            let Some(lease_namespace) = lease_namespace else {
+                eprintln!(
+                    "error: leader election needs the Lease's namespace: set POD_NAMESPACE or --lease-namespace, or use --leader-elect=false"
+                );
+                return ExitCode::from(1);
+            };
+            let Some(identity) = identity.or_else(host_name) else {
+                eprintln!("error: no identity for the Lease: set POD_NAME or --identity");
+                return ExitCode::from(1);
+            };
+            Some(LeaderElection {
+                lease_name,
+                lease_namespace,
+                identity,
+            })
+        } else {
+            None
+        };
+        block_on(run(ControllerConfig {
+            kubeconfig,
+            namespace,
+            listen,
+            map_listen,
+            leader_election,
+            settings: Settings {
+                resource_name,
+                node_grace: std::time::Duration::from_secs(node_grace_period),
+                max_steps,
+                dra_driver: Some(dra_driver_name),
+                model_cache: model_cache_dir,
+            },
+            initial_list,
+            allocation: allocation.into(),
+        }))
+    }
+}

@@ -1,0 +1,56 @@
+//! `tessera place`'s flags and the report they run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::cli::place::{PlaceArgs, PlaceOutput};
+
+#[derive(clap::Args)]
+pub struct PlaceFlags {
+    /// ModelInstance YAML file (several documents allowed; repeat the flag for
+    /// more files; `-` reads stdin). Default: the built-in samples.
+    #[arg(short = 'f', long = "instance", value_name = "FILE")]
+    instances: Vec<PathBuf>,
+    /// Cluster description: a `nodes:` list of NodeGpuStates with labels, or
+    /// `kubectl get nodes -o yaml` output. Default: the built-in sample cluster.
+    #[arg(short, long, value_name = "FILE")]
+    cluster: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: PlaceOutput,
+    /// Search steps the solver may spend per instance before it returns the
+    /// best plan found (the instance's deadlineMs also applies).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_steps: Option<u64>,
+}
+
+impl PlaceFlags {
+    pub fn run(self) -> ExitCode {
+        let Self {
+            instances,
+            cluster,
+            output,
+            max_steps,
+        } = self;
+        let args = PlaceArgs {
+            instances,
+            cluster,
+            output,
+            max_steps,
+        };
+        match crate::cli::place::run(&args) {
+            Ok(report) => {
+                print!("{}", report.render(output));
+                if report.all_placed() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(2)
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The apply stage as a reconcile runs it: the Service, then each replica's
+//! pods and bindings (and their claims on DRA nodes), through the writes in
+//! this module's parent.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+
+use super::{BindAtOnce, Repair, ReplicaApplied, ShardState};
+use crate::controller::build::Desired;
+use crate::controller::context::{Context, Error, Instance};
+use crate::controller::decide::stage::Decided;
+use crate::controller::desired::headless_service;
+use crate::controller::dra::apply::{ShardClaims, claim_of};
+use crate::controller::events::EventNote;
+use crate::controller::hashes::{recorded_pod_hash, replica_pod_hash};
+use crate::controller::node_gate::may_bind;
+use crate::controller::observe::Observed;
+use crate::controller::restart_backoff::Backoff;
+use crate::controller::status::REPLICA_FAILURE;
+use tessera_core::api::ModelInstance;
+
+/// The apply stage: the Service, the pods, their bindings; pods of replicas
+/// no longer wanted go. Returns each replica's shard states; broken shards of
+/// a degraded plan count as missing. Each replica is bound all or nothing on
+/// its own, so one replica short of a pod holds no other back.
+pub(crate) async fn apply(
+    mi: &ModelInstance,
+    ctx: &Context,
+    instance: &Instance,
+    observed: &Observed,
+    desired: &Desired,
+    decided: &Decided,
+    notes: &mut Vec<EventNote>,
+) -> Result<Vec<ReplicaApplied>, Error> {
+    let namespace = instance.namespace.as_str();
+    if decided
+        .replicas
+        .iter()
+        .any(|replica| !replica.outcome.plan().is_empty())
+    {
+        let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+        let existing =
+            ctx.caches.services.state().into_iter().find(|s| {
+                s.namespace().as_deref() == Some(namespace) && s.name_any() == instance.name
+            });
+        super::service(
+            &services,
+            &headless_service(mi),
+            existing.as_deref(),
+            &instance.uid,
+            notes,
+        )
+        .await?;
+    }
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let every_desired: Vec<(Pod, String)> = desired.pods.iter().flatten().cloned().collect();
+    super::remove_extra(&pods_api, &observed.mine, &every_desired).await?;
+    let gate = may_bind(
+        &ctx.node_gate,
+        &observed.nodes,
+        &observed.pods,
+        Instant::now(),
+    );
+    // The bind gate guards the device plugin's guess; a claim names its pod.
+    let gate = |node: &str, pod: &Pod| claim_of(pod).is_some() || gate(node, pod);
+    let shard_claims = match &ctx.settings.dra_driver {
+        Some(driver) if ctx.caches.dra.is_some() => {
+            let mine = observed.claims.iter().filter(|c| {
+                c.namespace().as_deref() == Some(namespace)
+                    && c.owner_references().iter().any(|o| o.uid == instance.uid)
+            });
+            let mut claims = ShardClaims::new(
+                Api::namespaced(ctx.client.clone(), namespace),
+                driver,
+                &observed.pools,
+                &observed.claims,
+                mine.cloned(),
+                desired.dra.clone(),
+            );
+            claims.sync(&observed.mine).await?;
+            Some(claims)
+        }
+        _ => None,
+    };
+    let mut states = Vec::with_capacity(desired.pods.len());
+    let now = Timestamp::now();
+    for (index, (replica_desired, replica)) in
+        desired.pods.iter().zip(&decided.replicas).enumerate()
+    {
+        let repair = Repair {
+            policy: mi.spec.restart_policy,
+            backoff: backoff(mi, index as u32, replica_desired, now),
+        };
+        let replica_desired = (replica_desired.as_slice(), &repair);
+        let mut applied = match &shard_claims {
+            Some(claims) => {
+                super::pods(
+                    &pods_api,
+                    replica_desired,
+                    &observed.mine,
+                    &gate,
+                    claims,
+                    notes,
+                )
+                .await?
+            }
+            None => {
+                super::pods(
+                    &pods_api,
+                    replica_desired,
+                    &observed.mine,
+                    &gate,
+                    &BindAtOnce,
+                    notes,
+                )
+                .await?
+            }
+        };
+        applied
+            .states
+            .extend(replica.broken.keys().map(|_| ShardState::Missing));
+        states.push(applied);
+    }
+    if let Some(claims) = &shard_claims {
+        notes.extend(claims.take_notes());
+    }
+    notes.extend(backoff_notes(mi, &states));
+    Ok(states)
+}
+
+/// A replica's restart backoff, from its record in the status and the
+/// hashes of its desired pods.
+fn backoff<'a>(
+    mi: &'a ModelInstance,
+    replica: u32,
+    desired: &[(Pod, String)],
+    now: Timestamp,
+) -> Backoff<'a> {
+    Backoff {
+        replica,
+        previous: mi
+            .status
+            .as_ref()
+            .and_then(|s| s.restarts.iter().find(|r| r.replica == replica)),
+        pod_hash: replica_pod_hash(
+            desired
+                .iter()
+                .map(|(pod, _)| recorded_pod_hash(pod).unwrap_or_default()),
+        ),
+        now,
+    }
+}
+
+/// One event as a replica starts waiting out its backoff: one whose line is
+/// already in the status was told before.
+fn backoff_notes(mi: &ModelInstance, applied: &[ReplicaApplied]) -> Vec<EventNote> {
+    let told = mi
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == REPLICA_FAILURE))
+        .map(|c| c.message.as_str())
+        .unwrap_or_default();
+    applied
+        .iter()
+        .filter_map(|a| a.waiting.as_ref())
+        .filter(|(message, _)| !told.contains(message.as_str()))
+        .map(|(message, _)| EventNote {
+            warning: true,
+            reason: "BackOff",
+            message: message.clone(),
+        })
+        .collect()
+}

@@ -1,0 +1,318 @@
+//! The decide stage as a reconcile runs it: the pure decision for every
+//! replica (`decide_replicas`) off the async workers, each outcome with its
+//! Events, and the cache of unsatisfiable attempts brought up to date; or the
+//! refusal of an invalid spec.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::{PlanDecision, PlanInputs, Replicas, decide_replicas};
+use crate::controller::apply;
+use crate::controller::context::{Context, Error, Instance};
+use crate::controller::desired::REPLICA_LABEL;
+use crate::controller::events::{EventNote, plan_notes, unsatisfiable_text};
+use crate::controller::held::Held;
+use crate::controller::lock;
+use crate::controller::observe::Observed;
+use crate::controller::status::{Outcome, PLACED};
+use tessera_core::api::{
+    DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
+    SHARD_ANNOTATION,
+};
+use tessera_core::placement::Unsatisfiable;
+
+/// What validate and decide settled on: one entry per wanted replica, in
+/// replica order (a single entry for all of them when the spec is invalid).
+pub(crate) struct Decided {
+    pub(crate) replicas: Vec<ReplicaDecided>,
+}
+
+/// One replica's outcome.
+pub(crate) struct ReplicaDecided {
+    pub(crate) outcome: Outcome,
+    /// Shards of a degraded plan that lost their devices, with why: kept in
+    /// the plan, but no pod is made for them.
+    pub(crate) broken: BTreeMap<u32, String>,
+}
+
+impl Decided {
+    /// Every replica's plan, replica by replica.
+    pub(crate) fn plan(&self) -> Vec<PlannedShard> {
+        self.replicas
+            .iter()
+            .flat_map(|replica| replica.outcome.plan().iter().cloned())
+            .collect()
+    }
+}
+
+/// An invalid spec: no plan, and an Event when the reason is new.
+pub(crate) fn refuse(
+    mi: &ModelInstance,
+    invalid: InvalidSpec,
+    notes: &mut Vec<EventNote>,
+) -> Decided {
+    let text = format!("invalid spec: {}", invalid.problems.join("; "));
+    let unchanged = mi
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == PLACED))
+        .is_some_and(|c| c.message == text);
+    if !unchanged {
+        notes.push(EventNote {
+            warning: true,
+            reason: "InvalidSpec",
+            message: text,
+        });
+    }
+    Decided {
+        replicas: vec![ReplicaDecided {
+            outcome: Outcome::Invalid {
+                problems: invalid.problems,
+            },
+            broken: BTreeMap::new(),
+        }],
+    }
+}
+
+/// The decide stage for every replica (`decide_replicas`), run off the async
+/// workers because the solver may search up to the instance's deadline.
+pub(crate) async fn plan(
+    mi: &ModelInstance,
+    ctx: &Context,
+    instance: &Instance,
+    observed: &Observed,
+    held: Held,
+    now: Timestamp,
+    notes: &mut Vec<EventNote>,
+) -> Result<Decided, Error> {
+    let previous = mi.status.as_ref();
+    let wanted = mi.spec.replicas;
+    let current_plan: Vec<PlannedShard> = previous.map(|s| s.plan.clone()).unwrap_or_default();
+    let failed = failed_admissions(&observed.mine, &current_plan);
+    let known: Vec<Option<(u64, Unsatisfiable)>> = {
+        let mut cache = lock(&ctx.unsatisfiable);
+        // Replicas scaled away leave nothing behind.
+        cache.retain(|(uid, replica), _| uid != &instance.uid || *replica < wanted);
+        (0..wanted)
+            .map(|replica| cache.get(&(instance.uid.clone(), replica)).cloned())
+            .collect()
+    };
+    let tolerations = mi
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    let current_hash = previous.and_then(|s| s.placement_hash.clone());
+    // When nothing fits, a running plan of the same spec that only lost
+    // shards keeps the rest.
+    let keep = current_hash.as_deref() == Some(instance.placement_hash.as_str());
+    // Each wanted replica's current shards, split once.
+    let by_replica: Vec<Vec<PlannedShard>> = (0..wanted)
+        .map(|replica| replica_plan(&current_plan, replica))
+        .collect();
+    let job = {
+        let (spec, nodes, by_replica) =
+            (mi.spec.clone(), observed.nodes.clone(), by_replica.clone());
+        let (node_grace, max_steps) = (ctx.settings.node_grace, ctx.settings.max_steps);
+        move || {
+            let replicas = Replicas {
+                spec: &spec,
+                tolerations: &tolerations,
+                current: &by_replica,
+                placement_hash: current_hash.as_deref(),
+                keep_when_unsatisfiable: keep,
+                failed_admission: &failed,
+                known_unsatisfiable: &known,
+            };
+            let base = PlanInputs {
+                nodes: &nodes,
+                held: &held,
+                now,
+                node_grace,
+                max_steps,
+                known_unsatisfiable: None,
+                replica: 0,
+                replica_nodes: &[],
+            };
+            decide_replicas(&replicas, &base)
+        }
+    };
+    let planning = Instant::now();
+    let decisions = tokio::task::spawn_blocking(job)
+        .await
+        .map_err(|e| Error::Planning(e.to_string()))?;
+    if decisions
+        .iter()
+        .any(|(decision, _)| *decision != PlanDecision::Keep)
+    {
+        ctx.metrics
+            .plan_seconds
+            .observe(planning.elapsed().as_secs_f64());
+    }
+    let replicas = decisions
+        .into_iter()
+        .enumerate()
+        .map(|(index, (decision, broken))| {
+            let replica = index as u32;
+            let mut replica_notes = Vec::new();
+            let decided = replica_decided(
+                ctx,
+                (instance, replica),
+                previous,
+                by_replica[index].clone(),
+                (decision, broken),
+                keep,
+                &mut replica_notes,
+            );
+            if wanted > 1 {
+                for note in &mut replica_notes {
+                    note.message = format!("replica {replica}: {}", note.message);
+                }
+            }
+            notes.extend(replica_notes);
+            decided
+        })
+        .collect();
+    Ok(Decided { replicas })
+}
+
+/// The shards of `replica` in a plan of all replicas.
+fn replica_plan(plan: &[PlannedShard], replica: u32) -> Vec<PlannedShard> {
+    plan.iter()
+        .filter(|shard| shard.replica == replica)
+        .cloned()
+        .collect()
+}
+
+/// One replica's decision as an outcome, with its Events and the
+/// unsatisfiable cache brought up to date.
+fn replica_decided(
+    ctx: &Context,
+    (instance, replica): (&Instance, u32),
+    previous: Option<&ModelInstanceStatus>,
+    current_plan: Vec<PlannedShard>,
+    (decision, broken): (PlanDecision, BTreeMap<u32, String>),
+    keep: bool,
+    notes: &mut Vec<EventNote>,
+) -> ReplicaDecided {
+    let key = (instance.uid.clone(), replica);
+    match decision {
+        PlanDecision::Keep => ReplicaDecided {
+            outcome: Outcome::Placed {
+                // Kept plans keep their prediction; one replica's share of the total.
+                tokens_per_second: previous
+                    .and_then(|s| s.predicted_tokens_per_second)
+                    .map(|total| total / f64::from(replica_count(previous).max(1))),
+                plan: current_plan,
+                replanned: Vec::new(),
+            },
+            broken: BTreeMap::new(),
+        },
+        PlanDecision::Planned(new) => {
+            lock(&ctx.unsatisfiable).remove(&key);
+            notes.extend(plan_notes(
+                &current_plan,
+                &new.plan,
+                &new.moved,
+                &new.reasons,
+                new.whole,
+            ));
+            if let Some(parallelism) = new.parallelism {
+                notes.push(EventNote {
+                    warning: false,
+                    reason: "ParallelismChosen",
+                    message: parallelism,
+                });
+            }
+            ReplicaDecided {
+                outcome: Outcome::Placed {
+                    plan: new.plan,
+                    tokens_per_second: new.tokens_per_second,
+                    replanned: new.reasons,
+                },
+                broken: BTreeMap::new(),
+            }
+        }
+        PlanDecision::Unsatisfiable {
+            explanation,
+            reasons,
+            inputs: tried,
+            repeated,
+        } => {
+            let text = unsatisfiable_text(&explanation);
+            if !repeated {
+                notes.push(EventNote {
+                    warning: true,
+                    reason: "Unsatisfiable",
+                    message: text.clone(),
+                });
+            }
+            lock(&ctx.unsatisfiable).insert(key, (tried, explanation));
+            ReplicaDecided {
+                outcome: Outcome::Unsatisfiable {
+                    explanation: text,
+                    plan: if keep { current_plan } else { Vec::new() },
+                    lost: if keep { reasons } else { Vec::new() },
+                },
+                broken: if keep { broken } else { BTreeMap::new() },
+            }
+        }
+    }
+}
+
+/// How many replicas the previous status planned.
+fn replica_count(previous: Option<&ModelInstanceStatus>) -> u32 {
+    previous
+        .map(|status| {
+            status
+                .plan
+                .iter()
+                .map(|shard| shard.replica)
+                .collect::<HashSet<u32>>()
+                .len() as u32
+        })
+        .unwrap_or(0)
+}
+
+/// Shards whose pod failed admission on its planned devices, as (replica,
+/// shard). Only a pod made for the current plan says something about it: an
+/// old one still in the cache must not move the shard a second time.
+fn failed_admissions(
+    mine: &BTreeMap<String, Arc<Pod>>,
+    current_plan: &[PlannedShard],
+) -> Vec<(u32, u32)> {
+    mine.values()
+        .filter(|p| apply::failed_admission(p))
+        .filter_map(|p| {
+            let (replica, shard) = (replica_of(p), shard_of(p)?);
+            let planned = current_plan
+                .iter()
+                .find(|s| s.replica == replica && s.shard == shard)?;
+            let devices = p.annotations().get(DEVICES_ANNOTATION)?;
+            (*devices == planned.devices.join(",")).then_some((replica, shard))
+        })
+        .collect()
+}
+
+fn shard_of(pod: &Pod) -> Option<u32> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SHARD_ANNOTATION))
+        .and_then(|s| s.parse().ok())
+}
+
+/// The replica a shard pod belongs to (the first one's carry no label).
+fn replica_of(pod: &Pod) -> u32 {
+    pod.labels()
+        .get(REPLICA_LABEL)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,48 @@
+//! The status stage as a reconcile runs it: the status computed from the
+//! replicas' outcomes and shard states, and written.
+
+use kube::api::Api;
+
+use super::{ReplicaStatus, StatusInputs};
+use crate::controller::apply::ReplicaApplied;
+use crate::controller::context::{Context, Error, Instance};
+use crate::controller::decide::stage::Decided;
+use crate::controller::desired::INSTANCE_LABEL;
+use k8s_openapi::jiff::Timestamp;
+use tessera_core::api::ModelInstance;
+
+/// The status stage: computed from the replicas' outcomes and shard states.
+pub(crate) async fn write_status(
+    mi: &ModelInstance,
+    ctx: &Context,
+    instance: &Instance,
+    decided: &Decided,
+    applied: &[ReplicaApplied],
+    now: Timestamp,
+) -> Result<(), Error> {
+    let replicas: Vec<ReplicaStatus> = decided
+        .replicas
+        .iter()
+        .zip(applied)
+        .map(|(replica, applied)| ReplicaStatus {
+            outcome: &replica.outcome,
+            shards: &applied.states,
+        })
+        .collect();
+    let new_status = super::compute(&StatusInputs {
+        previous: mi.status.as_ref(),
+        generation: mi.metadata.generation,
+        placement_hash: Some(instance.placement_hash.clone()),
+        replicas: &replicas,
+        selector: Some(format!("{INSTANCE_LABEL}={}", instance.name)),
+        restarts: applied.iter().filter_map(|a| a.restarts.clone()).collect(),
+        waiting: applied
+            .iter()
+            .filter_map(|a| a.waiting.as_ref().map(|(message, _)| message.clone()))
+            .collect(),
+        now,
+    });
+    let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);
+    crate::controller::apply::status(&api, mi, &new_status).await?;
+    Ok(())
+}
