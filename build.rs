@@ -17,6 +17,8 @@ const PROTOS: &[&str] = &[
     "dra/v1/api.proto",
     "dra/v1beta1/api.proto",
     "dra-health/v1alpha1/api.proto",
+    // Kubelet's PodResources `List` (a client: what kubelet says each pod holds).
+    "podresources/v1/api.proto",
 ];
 const INCLUDE: &str = "proto";
 

@@ -113,7 +113,7 @@ shards_match_plan() {
 }
 
 print_plan() {
-  mi "$1" | jq -r '.status.plan[] | "  shard \(.shard): \(.node) [\(.devices | join(","))] layers \(.layerStart)-\(.layerEnd)"'
+  mi "$1" | jq -r '.status.plan[] | "  shard \(.shard): \(.node) [\(.devices | join(","))] layers \(.layerStart)-\(.layerEnd - 1)"'
 }
 
 # inject_fault NODE INDEX...: marks NODE's fake devices INDEX unhealthy in the fake GPU

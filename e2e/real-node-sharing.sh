@@ -10,8 +10,9 @@
 #      GPU already split) and its container is given the partition's MIG ID;
 #   3. memory_shares: two more Shared 8B instances share one whole GPU by memory: two
 #      claims with distinct share IDs, 25 GiB consumed each (at most the GPU's 80 GiB),
-#      both prepared by kubelet, and each container sees TESSERA_GPU_MEMORY_GIB=25 and its
-#      fraction;
+#      both prepared by kubelet, which records each claim's share ID and names it in its
+#      PodResources API for each pod, and each container sees TESSERA_GPU_MEMORY_GIB=25
+#      and its fraction;
 #   4. isolated_and_users: an Isolated 1.5B instance (whose smallest piece is the 1g.10gb)
 #      and a user's claim for that same 1g.10gb (allocated by kube-scheduler) applied at
 #      the same moment: whichever allocator comes first keeps it; the instance runs on the
@@ -85,6 +86,12 @@ kubectl delete resourceslices --field-selector "spec.driver=$DRIVER" >/dev/null
   --wait --timeout 180s >/dev/null \
   || die "helm install did not become ready: $(kubectl -n "$TESSERA_NAMESPACE" get pods -o wide 2>&1)"
 kubectl create namespace "$NAMESPACE" >/dev/null
+
+# What kubelet's PodResources API says each container holds, a JSON object a line.
+readonly POD_RESOURCES_SOCKET="${POD_RESOURCES_SOCKET:-/var/lib/kubelet/pod-resources/kubelet.sock}"
+cargo build --release --locked --example pod-resources >/dev/null 2>&1 \
+  || die "cannot build the PodResources reader (cargo build --release --example pod-resources)"
+pod_resources() { target/release/examples/pod-resources "$POD_RESOURCES_SOCKET"; }
 
 # The node's slices of the driver as one JSON list.
 node_slices() {
@@ -185,7 +192,21 @@ prepared=$(jq --arg b "$(kubectl get resourceclaim -n "$NAMESPACE" chat-b-shard-
   --arg c "$(kubectl get resourceclaim -n "$NAMESPACE" chat-c-shard-0-gpus -o jsonpath='{.metadata.uid}')" \
   '.Data | fromjson | [.ClaimInfoStateList[]? | select(.ClaimUID == $b or .ClaimUID == $c)] | length' "$DRA_MANAGER_STATE")
 [[ "$prepared" == 2 ]] || die "kubelet prepared $prepared of the two shared claims"
-log "two Shared 8B instances share $gpu_b: distinct share IDs, 25 + 25 of 80 GiB consumed, both prepared, each sees 25 GiB (0.312)"
+# kubelet was told each claim's share ID (NodePrepareResources), so it records it, and
+# its PodResources API (what monitoring agents such as DCGM-exporter read) tells each
+# pod its own share of the one GPU.
+for name in chat-b chat-c; do
+  uid=$(kubectl get resourceclaim -n "$NAMESPACE" "$name-shard-0-gpus" -o jsonpath='{.metadata.uid}')
+  want=$(claim_results "$name" | jq -r '.[0].shareID')
+  recorded=$(jq -r --arg uid "$uid" --arg d "$DRIVER" \
+    '.Data | fromjson | [.ClaimInfoStateList[]? | select(.ClaimUID == $uid) | .DriverState[$d].Devices[]?.ShareID] | .[0] // "null"' \
+    "$DRA_MANAGER_STATE")
+  [[ "$recorded" == "$want" ]] || die "kubelet recorded share ID $recorded for $name's claim, not $want"
+  listed=$(pod_resources | jq -r --arg ns "$NAMESPACE" --arg pod "$name-shard-0" --arg d "$DRIVER" \
+    'select(.namespace == $ns and .pod == $pod and .source == $d) | .shareId // "none"' | sort -u)
+  [[ "$listed" == "$want" ]] || die "PodResources lists $name-shard-0 with share ID ${listed:-nothing}, not $want"
+done
+log "two Shared 8B instances share $gpu_b: distinct share IDs (kubelet's record and PodResources name each pod's own), 25 + 25 of 80 GiB consumed, both prepared, each sees 25 GiB (0.312)"
 
 current_test=isolated_and_users
 kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML

@@ -580,6 +580,14 @@ fn a_corrupt_or_foreign_checkpoint_is_ignored() {
         assert!(load_checkpoint(&dir.checkpoint()).is_err(), "{name}");
         let index = index_at(&dir.checkpoint());
         assert!(index.checkpoint().pods.is_empty(), "{name}");
+        // The unreadable file is kept for a person to read before it is replaced.
+        let mut aside = dir.checkpoint().into_os_string();
+        aside.push(".bad");
+        assert_eq!(
+            std::fs::read_to_string(&aside).ok().as_deref(),
+            Some(content),
+            "{name}: not kept at {aside:?}"
+        );
         // It works, and the next change replaces the file with a good one.
         index.resync([spec("ml", "a", 1).planned("g0").pod()]);
         index.check_allocate(&s(&["g0"])).unwrap();

@@ -521,6 +521,17 @@ fn registry_is_written_and_a_corrupt_one_is_replaced() {
     assert!(stdout.starts_with("backend fake: 2 GPUs"), "{stdout}");
     assert!(!stderr.contains("error:"), "{stderr}");
     check("after a corrupt registry");
+    // The corrupt file is kept for a person to read, and the warning says where.
+    let aside = format!("{reg}.bad");
+    assert_eq!(
+        std::fs::read_to_string(&aside).ok().as_deref(),
+        Some("{"),
+        "the corrupt registry was not kept at {aside}"
+    );
+    assert!(
+        stderr.contains(&aside),
+        "the warning does not name {aside}: {stderr}"
+    );
 }
 
 #[test]

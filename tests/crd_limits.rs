@@ -185,7 +185,7 @@ fn cases() -> Vec<Case> {
         (json!("Exclusive"), json!(2), json!("auto"), true),
         (json!("Isolated"), json!(1), json!(1), true),
         (json!("Shared"), json!(1), json!(1), true),
-        (json!("Shared"), json!(1), json!("auto"), false),
+        (json!("Shared"), json!(1), json!("auto"), true),
         (json!("Isolated"), json!(2), json!(1), false),
         (json!("Shared"), json!("auto"), json!(1), false),
         (json!("Isolated"), json!(1), json!(2), false),

@@ -3,7 +3,9 @@
 //! as a DRA driver — so kubelet can hand devices to containers, and publishes
 //! the node's GPU state on its Node object for the controller.
 //!
-//! Each kubelet-facing plugin has its own folder (`device_plugin`, `dra`);
+//! Each kubelet-facing plugin has its own folder (`device_plugin`, `dra`),
+//! and so has kubelet's PodResources API, which the end-to-end checks read
+//! (`pod_resources`);
 //! what they share sits beside them: the device view (`state`), what a
 //! container needs for its devices (`container_devices`), the gRPC server on
 //! a unix socket (`unix_server`), the planned bindings of the device plugin
@@ -18,6 +20,7 @@ pub mod device_plugin;
 pub mod dra;
 pub mod holders;
 pub(crate) mod http;
+pub mod pod_resources;
 pub mod publisher;
 pub mod run;
 pub mod state;

@@ -2,13 +2,16 @@
 //! disk, so a restarted agent keeps every device's ID — even for a device that
 //! can no longer tell its UUID — and does not repeat a slow probe for devices it
 //! has measured before. A corrupt or unreadable registry is ignored with a
-//! warning: it is a cache, never a reason not to start.
+//! warning: it is a cache, never a reason not to start. A corrupt one (or one
+//! of another version) is kept at `<file>.bad` first, so the next save does
+//! not destroy it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::{DeviceInfo, Snapshot};
+use crate::process::state_file::{set_aside_text, write_atomically};
 
 /// Where the node agent keeps its registry (a hostPath in the chart).
 pub const DEFAULT_PATH: &str = "/var/lib/tessera/registry.json";
@@ -51,11 +54,13 @@ impl Registry {
         match serde_json::from_str::<Registry>(&text) {
             Ok(r) if r.version == VERSION => Some(r),
             Ok(r) => {
-                tracing::warn!(path = %path.display(), version = r.version, "device registry has another version; ignoring it");
+                let kept = set_aside_text(path);
+                tracing::warn!(path = %path.display(), version = r.version, "device registry has another version; ignoring it ({kept})");
                 None
             }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "device registry is corrupt; ignoring it");
+                let kept = set_aside_text(path);
+                tracing::warn!(path = %path.display(), error = %e, "device registry is corrupt; ignoring it ({kept})");
                 None
             }
         }
@@ -63,15 +68,8 @@ impl Registry {
 
     /// Writes atomically (temp file + rename) so a crash never leaves half a file.
     pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(dir) = path.parent()
-            && !dir.as_os_str().is_empty()
-        {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = PathBuf::from(format!("{}.tmp", path.display()));
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, path)
+        write_atomically(path, text.as_bytes(), false)
     }
 
     /// Gives devices the IDs they had before when they now report no proper
@@ -157,6 +155,7 @@ impl Registry {
 mod tests {
     use super::super::{GpuBackend, fake::FakeBackend};
     use super::*;
+    use std::path::PathBuf;
 
     fn dir(name: &str) -> PathBuf {
         let d =
@@ -198,6 +197,15 @@ mod tests {
             let p = d.join(format!("r{i}.json"));
             std::fs::write(&p, text).unwrap();
             assert_eq!(Registry::load(&p), None, "{text}");
+        }
+        // Each one unreadable as a registry was kept aside, as it was.
+        for (i, text) in ["{", "[]", "{\"version\": 9, \"devices\": []}", ""]
+            .iter()
+            .enumerate()
+        {
+            let aside = d.join(format!("r{i}.json.bad"));
+            assert_eq!(std::fs::read_to_string(&aside).unwrap(), *text);
+            assert!(!d.join(format!("r{i}.json")).exists());
         }
         assert_eq!(Registry::load(&d.join("missing.json")), None);
         // A directory where the file should be: unreadable, still not fatal.

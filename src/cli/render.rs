@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::place::{PlaceOutput, Report};
-use tessera_core::api::GIB;
+use tessera_core::api::{GIB, layer_range};
 use tessera_core::placement::{Performance, Score, StagePlan, StageShare, TokenTime};
 
 impl Report {
@@ -94,7 +94,7 @@ fn table(report: &Report) -> String {
                         i.to_string(),
                         s.node.clone(),
                         devices.join(","),
-                        format!("{}-{}", s.layer_start, s.layer_end.saturating_sub(1)),
+                        layer_range(s.layer_start, s.layer_end),
                         format!("{:.1} GiB", s.memory_per_device_bytes / GIB),
                         format!("{:.2}", s.parts.compute),
                         format!("{:.2}", s.parts.memory),

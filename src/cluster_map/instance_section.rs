@@ -33,7 +33,7 @@ pub(super) fn instance_section(instance: &MapInstance) -> Markup {
                         tr {
                             td { (shard.replica) } td { (shard.shard) } td { (shard.node) }
                             td { (shard.devices.join(", ")) }
-                            td { (shard.layer_start) "–" (shard.layer_end) }
+                            td { (shard.layers()) }
                             td { (format!("{:.1}", shard.predicted_memory_gib)) " GiB" }
                             td { (share_text(shard)) }
                         }

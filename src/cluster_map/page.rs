@@ -314,6 +314,17 @@ mod tests {
     }
 
     #[test]
+    fn the_plan_table_shows_layers_inclusive_as_place_does() {
+        let nodes = cluster();
+        let page = instance_page(&instance(
+            "llama",
+            vec![shard("h100-0", &device(&nodes, "h100-0", 0), 0, 0)],
+        ));
+        assert!(page.contains("<td>0-31</td>"), "{page}");
+        assert!(!page.contains("0–32") && !page.contains("0-32"), "{page}");
+    }
+
+    #[test]
     fn every_text_from_the_cluster_is_escaped() {
         let mut nodes = cluster();
         nodes[0].gpu_state.devices[0].health = Health::Unhealthy;

@@ -48,10 +48,9 @@ pub(crate) fn plan_notes(
             .iter()
             .map(|shard| {
                 format!(
-                    "shard {} layers {}-{} on {}",
+                    "shard {} layers {} on {}",
                     shard.shard,
-                    shard.layer_start,
-                    shard.layer_end,
+                    shard.layers(),
                     show(shard)
                 )
             })
@@ -135,5 +134,28 @@ mod tests {
         assert_eq!(before.name, after.name);
         // Different references: the recorder starts a new event, not a series.
         assert_ne!(before, after);
+    }
+
+    #[test]
+    fn a_planned_event_reads_layers_inclusive() {
+        let shard = PlannedShard {
+            replica: 0,
+            shard: 0,
+            node: "a".into(),
+            devices: vec!["g0".into()],
+            layer_start: 0,
+            layer_end: 32,
+            predicted_memory_gib: 20.0,
+            share: None,
+        };
+        let notes = plan_notes(&[], &[shard], &[], &[], true);
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0]
+                .message
+                .contains("shard 0 layers 0-31 on node a [g0]"),
+            "{}",
+            notes[0].message
+        );
     }
 }

@@ -3,12 +3,14 @@
 //! writing it atomically, newest contents last ([`CheckpointWriter`]).
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
+
+use crate::process::state_file::write_atomically;
 
 /// Where the agent keeps its allocation checkpoint unless told otherwise.
 pub const DEFAULT_CHECKPOINT_PATH: &str = "/var/lib/tessera/checkpoint.json";
@@ -164,31 +166,6 @@ impl CheckpointWriter {
             }
         }
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename, creating
-/// the directory if needed.
-fn write_atomically(path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut temporary_name = path.file_name().unwrap_or_default().to_os_string();
-    temporary_name.push(".tmp");
-    let temporary = dir.join(temporary_name);
-    {
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(bytes)?;
-        if sync {
-            // The new contents reach the disk before the rename can, so a
-            // power loss leaves the old file or the new one, never a torn one.
-            // The directory is not synced: losing the rename itself only
-            // brings back the previous (consistent) checkpoint.
-            file.sync_data()?;
-        }
-    }
-    std::fs::rename(&temporary, path)
 }
 
 #[cfg(test)]

@@ -17,12 +17,13 @@ use tokio::sync::watch;
 use super::Binder;
 use super::catch_up::NodePods;
 use super::changes::CheckpointChange;
-use super::checkpoint::{Checkpoint, CheckpointWriter, load_checkpoint};
+use super::checkpoint::{Checkpoint, CheckpointError, CheckpointWriter, load_checkpoint};
 use super::config::BindingConfig;
 use super::ledger::Ledger;
 use super::pods::{PodInfo, pod_info, pod_key};
 use super::view::AllocatedView;
 use crate::agent::state::ViewTx;
+use crate::process::state_file::set_aside_text;
 
 /// A planned binding still waiting for its devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +63,8 @@ impl std::fmt::Debug for BindingIndex {
 
 impl BindingIndex {
     /// An index with the checkpoint read from `config.checkpoint` (missing:
-    /// empty; unreadable or corrupt: a warning, then empty).
+    /// empty; unreadable: a warning, then empty; corrupt: kept at `.bad`, a
+    /// warning naming it, then empty).
     pub fn open(config: BindingConfig) -> Self {
         let checkpoint = config
             .checkpoint
@@ -268,7 +270,7 @@ impl BindingIndex {
 }
 
 /// The checkpoint at `path` as the index starts from it: a missing,
-/// unreadable or corrupt file gives an empty one.
+/// unreadable or corrupt file gives an empty one (a corrupt one kept aside).
 fn initial_checkpoint(path: &Path) -> Checkpoint {
     match load_checkpoint(path) {
         Ok(Some(checkpoint)) => {
@@ -277,6 +279,11 @@ fn initial_checkpoint(path: &Path) -> Checkpoint {
         }
         Ok(None) => {
             tracing::info!(path = %path.display(), "no allocation checkpoint yet; starting empty");
+            Checkpoint::default()
+        }
+        Err(error @ CheckpointError::Invalid { .. }) => {
+            let kept = set_aside_text(path);
+            tracing::warn!(error = %error, "ignoring the allocation checkpoint ({kept}); starting empty");
             Checkpoint::default()
         }
         Err(error) => {

@@ -49,7 +49,8 @@
 //!
 //! It is rewritten atomically (temporary file, then rename) after every
 //! change, outside the index lock, and read once at start; a missing file is
-//! an empty checkpoint and an unreadable or corrupt one is logged and ignored.
+//! an empty checkpoint, an unreadable one is logged and ignored, and a corrupt
+//! one is kept at `<file>.bad` (the warning names it) and ignored.
 //! Until the pod watch has listed the node's pods once, every recorded
 //! allocation counts as live; afterwards an entry goes away when its pod is
 //! gone from the node or finished. `unbound` entries cannot be tied to a pod:

@@ -26,6 +26,8 @@ pub(crate) struct AllocatedDevice<'a> {
     pub(crate) partition: Option<&'a GpuPartition>,
     /// Set when the claim was given a memory share of the GPU: its bytes.
     pub(crate) memory_share: Option<u64>,
+    /// The allocation result's share ID, set for a memory share.
+    pub(crate) share_id: Option<String>,
 }
 
 impl AllocatedDevice<'_> {
@@ -163,6 +165,7 @@ pub(crate) fn allocated_devices<'a>(
             name: result.device.clone(),
             state,
             partition,
+            share_id: memory_share.and(result.share_id.clone()),
             memory_share,
         });
     }

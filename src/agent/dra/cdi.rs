@@ -10,11 +10,12 @@
 //! runtime never reads half a spec.
 
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
 use crate::backend::container::ContainerWiring;
+use crate::process::state_file::write_atomically;
 
 /// The CDI spec version: the oldest that takes everything written here (a
 /// kind whose vendor has dots, like `gpu.tessera.dev`, needs 0.5.0: the CDI
@@ -111,7 +112,7 @@ impl CdiDir {
         let bytes = serde_json::to_vec_pretty(&spec).map_err(std::io::Error::other)?;
         std::fs::create_dir_all(&self.dir)?;
         let path = self.spec_path(claim_uid);
-        write_atomically(&path, &bytes)
+        write_atomically(&path, &bytes, true)
     }
 
     /// Removes the claim's spec; a spec already gone is fine.
@@ -165,19 +166,6 @@ fn spec_device(device: &CdiDevice) -> SpecDevice {
     }
 }
 
-/// Writes `bytes` to `<path>.tmp` (a name the runtime does not read), syncs
-/// it and renames it over `path`.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
-}
-
 /// The CDI device name for a claim's request: `<claim uid>-<request>`, the
 /// request name's `/` (a subrequest) as `-`, as CDI names allow.
 pub(crate) fn device_name(claim_uid: &str, request: &str) -> String {
@@ -197,7 +185,7 @@ pub(crate) fn device_name(claim_uid: &str, request: &str) -> String {
 /// The env of `wiring`, for tests reading a spec back.
 #[cfg(test)]
 pub(crate) fn read_env(
-    path: &Path,
+    path: &std::path::Path,
 ) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>> {
     let text = std::fs::read_to_string(path).unwrap();
     let spec: serde_json::Value = serde_json::from_str(&text).unwrap();

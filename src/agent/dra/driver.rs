@@ -292,6 +292,7 @@ impl<C: ClaimReader> Driver<C> {
                 device: device.name.clone(),
                 id: device.id().to_string(),
                 memory_share_bytes: device.memory_share,
+                share_id: device.share_id.clone(),
                 cdi_ids: first_ids
                     .remove(device.request.as_str())
                     .unwrap_or_default(),
@@ -538,8 +539,14 @@ pub(crate) mod tests {
         share_ref.name = "share".into();
         let answer = driver.prepare(&[reference("part"), share_ref]).await;
         assert_eq!(answer["part"].as_ref().unwrap()[0].id, partition_id);
+        assert_eq!(answer["part"].as_ref().unwrap()[0].share_id, None);
         let share = &answer["share"].as_ref().unwrap()[0];
         assert_eq!(share.memory_share_bytes, Some(25 << 30));
+        // kubelet is told the share's ID, so its PodResources can tell tenants apart.
+        assert_eq!(
+            share.share_id.as_deref(),
+            Some("0b8a1e52-3c4d-4e5f-8a9b-0c1d2e3f4a5b")
+        );
 
         let env = read_env(&s.cdi().spec_path("part"));
         assert_eq!(env["part-gpus"][TESSERA_VISIBLE_DEVICES], partition_id);

@@ -109,7 +109,7 @@ dra_plugin!(V1, v1, |d: PreparedDevice| v1::Device {
     pool_name: d.pool,
     device_name: d.device,
     cdi_device_ids: d.cdi_ids,
-    share_id: None,
+    share_id: d.share_id,
 });
 dra_plugin!(V1beta1, v1beta1, |d: PreparedDevice| v1beta1::Device {
     request_names: d.request_names,

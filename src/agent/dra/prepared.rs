@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::cdi::write_atomically;
 use crate::agent::holders::{Holder, Holding};
+use crate::process::state_file::{set_aside_text, write_atomically};
 
 /// The file format's version; a file of another version is moved aside.
 const VERSION: u32 = 1;
@@ -34,6 +34,11 @@ pub(crate) struct PreparedDevice {
     /// device whole, so it is not among the devices in use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) memory_share_bytes: Option<u64>,
+    /// The allocation result's share ID for a device given to several
+    /// claims at once (a memory share): kubelet records it, and its
+    /// PodResources API names it, so each tenant is told apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) share_id: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,22 +166,18 @@ impl PreparedClaims {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        write_atomically(path, &bytes)
+        write_atomically(path, &bytes, true)
     }
 }
 
 /// Moves an unreadable record to `<path>.bad` (kept for a person to read)
 /// and starts empty.
 fn set_aside(path: &Path, why: &str) -> BTreeMap<String, PreparedClaim> {
-    let mut aside = path.as_os_str().to_owned();
-    aside.push(".bad");
-    let moved = std::fs::rename(path, &aside);
+    let kept = set_aside_text(path);
     tracing::warn!(
         path = %path.display(),
         error = why,
-        moved_to = %PathBuf::from(&aside).display(),
-        moved = moved.is_ok(),
-        "the record of prepared claims is unreadable; starting with none (CDI specs are kept; kubelet's next prepare reads each claim again)"
+        "the record of prepared claims is unreadable ({kept}); starting with none (CDI specs are kept; kubelet's next prepare reads each claim again)"
     );
     BTreeMap::new()
 }
@@ -198,6 +199,7 @@ mod tests {
                 id: id.into(),
                 cdi_ids: vec![format!("gpu.tessera.dev/claim={id}")],
                 memory_share_bytes: None,
+                share_id: None,
             }],
         }
     }

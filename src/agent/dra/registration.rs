@@ -246,7 +246,15 @@ mod tests {
     async fn kubelet_finds_registers_and_calls_the_driver_on_its_sockets() {
         let s = setup("2xH100-80GiB");
         let d = "gpu.tessera.dev";
-        let claims = one_claim("u1", &[(d, "node-1", &s.names[1])]);
+        let mut claims = one_claim("u1", &[(d, "node-1", &s.names[1])]);
+        // A memory share of the other GPU, whose share ID kubelet must be told.
+        claims.by_name.insert(
+            "ns/share".into(),
+            crate::agent::dra::allocation::tests::as_share(
+                crate::agent::dra::allocation::tests::claim("u2", &[(d, "node-1", &s.names[0])]),
+                "20Gi",
+            ),
+        );
         let driver = Arc::new(s.driver(claims));
         let paths = SocketPaths::new(
             &s.dir.path().join("registry"),
@@ -330,6 +338,28 @@ mod tests {
         assert_eq!(
             answer.devices[0].cdi_device_ids,
             ["gpu.tessera.dev/claim=u1-gpus"]
+        );
+        assert_eq!(
+            answer.devices[0].share_id, None,
+            "a whole GPU has no share ID"
+        );
+        let shared = v1::dra_plugin_client::DraPluginClient::new(channel.clone())
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![v1::Claim {
+                    namespace: "ns".into(),
+                    uid: "u2".into(),
+                    name: "share".into(),
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = &shared.claims["u2"];
+        assert_eq!(answer.error, "");
+        assert_eq!(
+            answer.devices[0].share_id.as_deref(),
+            Some("0b8a1e52-3c4d-4e5f-8a9b-0c1d2e3f4a5b"),
+            "the memory share's ID reaches kubelet"
         );
 
         // The older kubelet API gets the same answer, and an unknown claim its own error.

@@ -152,6 +152,37 @@ mod tests {
             .unwrap()
     }
 
+    /// The paths of the properties below `schema` with no description.
+    fn undescribed(schema: &JSONSchemaProps, path: &str, found: &mut Vec<String>) {
+        for (name, child) in schema.properties.iter().flatten() {
+            let here = format!("{path}.{name}");
+            if child
+                .description
+                .as_deref()
+                .is_none_or(|d| d.trim().is_empty())
+            {
+                found.push(here.clone());
+            }
+            undescribed(child, &here, found);
+        }
+        if let Some(JSONSchemaPropsOrArray::Schema(item)) = &schema.items {
+            undescribed(item, &format!("{path}[]"), found);
+        }
+        if let Some(JSONSchemaPropsOrBool::Schema(s)) = &schema.additional_properties {
+            undescribed(s, &format!("{path}{{}}"), found);
+        }
+    }
+
+    #[test]
+    fn every_field_of_the_crd_explains_itself_in_kubectl_explain() {
+        let mut found = Vec::new();
+        undescribed(root(&crd()), "", &mut found);
+        assert!(
+            found.is_empty(),
+            "fields without a description (a doc comment on the field): {found:?}"
+        );
+    }
+
     #[test]
     fn every_format_in_the_crd_is_one_kubernetes_defines() {
         let mut found = Vec::new();

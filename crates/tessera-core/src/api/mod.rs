@@ -19,7 +19,7 @@ pub use model_instance::{
     DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec, Optimize,
     ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaPrediction,
     ReplicaRestarts, RestartPolicy, ScoreWeights, ShardShare, ShareKind, Sharing, Strategy,
-    TensorSize,
+    TensorSize, layer_range,
 };
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};

@@ -69,6 +69,8 @@ use super::{GIB, Vendor};
 #[x_kube(validation = Rule::new(SHARING_RULE).message(SHARING_MESSAGE))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelInstanceSpec {
+    /// The model to serve: its size, shape and data type, from which the
+    /// memory each shard needs and its predicted speed follow.
     pub model: ModelSpec,
     /// Independent copies of the model, each a gang of shards placed all or
     /// nothing. `kubectl scale` and a HorizontalPodAutoscaler set it through
@@ -76,8 +78,12 @@ pub struct ModelInstanceSpec {
     #[serde(default = "one_replica")]
     #[schemars(range(min = REPLICAS.min, max = REPLICAS.max))]
     pub replicas: u32,
+    /// How a replica is split: GPUs per shard (tensor) and shards in a
+    /// pipeline, fixed or chosen by the solver.
     #[serde(default)]
     pub parallelism: ParallelismSpec,
+    /// Where and how the shards may be placed: which GPUs and nodes, the
+    /// score weights, the strategy, sharing and the solver's deadline.
     #[serde(default)]
     pub placement: PlacementPolicy,
     /// What happens to a replica when one of its shard pods fails, is
@@ -102,8 +108,8 @@ fn one_replica() -> u32 {
 /// An instance may share GPUs only with one shard on one GPU: MIG partitions
 /// have no peer-to-peer between them, so collective libraries cannot span
 /// them, and a memory share has no link of its own.
-const SHARING_RULE: &str = "!has(self.placement) || !has(self.placement.sharing) || self.placement.sharing == 'Exclusive' || (has(self.parallelism) && has(self.parallelism.pipeline) && type(self.parallelism.pipeline) == int && self.parallelism.pipeline == 1 && (!has(self.parallelism.tensor) || (type(self.parallelism.tensor) == int && self.parallelism.tensor == 1)))";
-const SHARING_MESSAGE: &str = "placement.sharing Isolated or Shared runs one shard on one GPU: set parallelism.tensor: 1 and parallelism.pipeline: 1 (MIG partitions have no peer-to-peer, so a shard cannot span them)";
+const SHARING_RULE: &str = "!has(self.placement) || !has(self.placement.sharing) || self.placement.sharing == 'Exclusive' || !has(self.parallelism) || ((!has(self.parallelism.pipeline) || type(self.parallelism.pipeline) == string || self.parallelism.pipeline == 1) && (!has(self.parallelism.tensor) || (type(self.parallelism.tensor) == int && self.parallelism.tensor == 1)))";
+const SHARING_MESSAGE: &str = "placement.sharing Isolated or Shared runs one shard on one GPU: set parallelism.tensor: 1 and parallelism.pipeline: 1 or auto, which is one stage there (MIG partitions have no peer-to-peer, so a shard cannot span them)";
 
 /// How the controller repairs a replica that lost a shard pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -494,7 +500,7 @@ pub enum Sharing {
 }
 
 impl Sharing {
-    fn is_exclusive(&self) -> bool {
+    pub(crate) fn is_exclusive(&self) -> bool {
         *self == Sharing::Exclusive
     }
 }
@@ -573,18 +579,23 @@ impl Default for PlacementPolicy {
     "self.compute + self.memory + self.network + self.thermal + self.bandwidth > 0.0"
 ).message("at least one score weight must be above zero"))]
 pub struct ScoreWeights {
+    /// Weight of the score part for compute: the slowest device's FP16 TFLOPS against the fastest eligible device's.
     #[serde(default = "w_compute")]
     #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub compute: f64,
+    /// Weight of the score part for memory: the share of the planned devices' memory left free once the model is loaded.
     #[serde(default = "w_memory")]
     #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub memory: f64,
+    /// Weight of the score part for network: how cheap the pipeline hops and the tensor groups' links are.
     #[serde(default = "w_network")]
     #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub network: f64,
+    /// Weight of the score part for thermal: the hottest device's headroom below the temperature limit.
     #[serde(default = "w_thermal")]
     #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub thermal: f64,
+    /// Weight of the score part for bandwidth: the slowest device's memory bandwidth against the best eligible device's.
     #[serde(default = "w_bandwidth")]
     #[schemars(range(min = WEIGHT.min, max = WEIGHT.max))]
     pub bandwidth: f64,
@@ -618,14 +629,25 @@ impl Default for ScoreWeights {
     }
 }
 
+/// What the controller planned and sees running, written by it alone: the
+/// phase and conditions, the plan shard by shard, the counts the scale
+/// subresource reads, and the predicted speed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelInstanceStatus {
+    /// Where the instance stands: `Pending` (no plan, or none fits: the
+    /// `Placed` condition says why), `Placing` (pods being made and bound),
+    /// `Bound` (every pod bound, not all ready), `Running` (every shard
+    /// ready), `Degraded` (a plan that lost shards, or some not ready after
+    /// running) or `Failed` (the spec cannot run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = no_null_in_enum)]
     pub phase: Option<Phase>,
+    /// The `metadata.generation` of the spec this status was written for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Placed`, `Ready`, `Progressing` and, while replicas are being
+    /// recreated, `ReplicaFailure`, each with its reason and message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Planned shards, replica by replica, each replica's in pipeline order.
@@ -634,6 +656,7 @@ pub struct ModelInstanceStatus {
     /// Shards of every replica.
     #[serde(default)]
     pub shards: u32,
+    /// Shards of every replica whose pod is ready.
     #[serde(default)]
     pub ready_shards: u32,
     /// Replicas with a pod for every shard (the scale subresource's
@@ -723,12 +746,17 @@ pub struct PlannedShard {
     /// The replica the shard belongs to (0 for the first).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replica: u32,
+    /// The shard's place in the replica's pipeline (0 for the first stage).
     pub shard: u32,
+    /// The node the shard's pod is bound to.
     pub node: String,
+    /// tessera's IDs of the devices (GPUs, MIG partitions) the shard holds.
     pub devices: Vec<String>,
     /// First layer of the stage (inclusive).
     pub layer_start: u32,
-    /// Last layer of the stage (exclusive).
+    /// One past the last layer of the stage (exclusive: a stage of layers 0
+    /// to 31 has layerStart 0 and layerEnd 32). People read ranges inclusive,
+    /// as `0-31`.
     pub layer_end: u32,
     /// Predicted memory use on each device of the shard, in GiB.
     #[serde(rename = "predictedMemoryGiB")]
@@ -736,6 +764,20 @@ pub struct PlannedShard {
     /// Set when the shard was given part of a GPU rather than whole GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<ShardShare>,
+}
+
+impl PlannedShard {
+    /// The shard's layers as people read them everywhere tessera prints
+    /// them: first to last, inclusive (`0-31` for the first 32 layers).
+    pub fn layers(&self) -> String {
+        layer_range(self.layer_start, self.layer_end)
+    }
+}
+
+/// Layers `start` to `end` (exclusive, as the API keeps them) as people read
+/// them: `start-last`, inclusive; one layer alone is `7-7`.
+pub fn layer_range(start: u32, end: u32) -> String {
+    format!("{start}-{}", end.saturating_sub(1).max(start))
 }
 
 /// The part of a GPU a shard was given.
@@ -862,8 +904,12 @@ impl ModelInstanceSpec {
             problems.push("placement.products: must not contain empty strings".into());
         }
         DEADLINE_MS.check("placement.deadlineMs", placement.deadline_ms, &mut problems);
+        // A pipeline of `auto` is one stage there (`translate::build_problem`).
         let one_shard_on_one_gpu = parallelism.tensor == TensorSize::Fixed(1)
-            && parallelism.pipeline == PipelineStages::Fixed(1);
+            && matches!(
+                parallelism.pipeline,
+                PipelineStages::Fixed(1) | PipelineStages::Auto
+            );
         if !placement.sharing.is_exclusive() && !one_shard_on_one_gpu {
             problems.push(format!(
                 "{SHARING_MESSAGE}; this spec has tensor {} and pipeline {}",
@@ -1062,10 +1108,14 @@ model:
         let written = serde_json::to_value(&default).unwrap();
         assert!(written["placement"].get("sharing").is_none(), "{written}");
         let one = "parallelism: {tensor: 1, pipeline: 1}\n";
+        let auto = "parallelism: {tensor: 1, pipeline: auto}\n";
         for (text, want) in [("Isolated", Sharing::Isolated), ("Shared", Sharing::Shared)] {
             let spec = parse(&format!("{MINIMAL}{one}placement: {{sharing: {text}}}\n")).unwrap();
             assert_eq!(spec.placement.sharing, want);
             assert_eq!(spec.validate(), Ok(()));
+            // `pipeline: auto` (the samples' way) is one stage there.
+            let spec = parse(&format!("{MINIMAL}{auto}placement: {{sharing: {text}}}\n")).unwrap();
+            assert_eq!(spec.validate(), Ok(()), "{text} with pipeline auto");
             assert_eq!(
                 serde_json::to_value(&spec).unwrap()["placement"]["sharing"],
                 text
@@ -1081,7 +1131,6 @@ model:
         for parallelism in [
             "{tensor: 2, pipeline: 1}",
             "{tensor: auto, pipeline: 1}",
-            "{tensor: 1, pipeline: auto}",
             "{tensor: 1, pipeline: 2}",
         ] {
             let spec = parse(&format!(
@@ -1095,6 +1144,15 @@ model:
             );
         }
         assert!(crd_yaml().contains("self.placement.sharing == 'Exclusive'"));
+    }
+
+    #[test]
+    fn layer_ranges_read_inclusive_from_the_exclusive_end() {
+        assert_eq!(layer_range(0, 32), "0-31");
+        assert_eq!(layer_range(42, 84), "42-83");
+        assert_eq!(layer_range(7, 8), "7-7");
+        // A malformed empty range never reads backwards.
+        assert_eq!(layer_range(5, 0), "5-5");
     }
 
     #[test]

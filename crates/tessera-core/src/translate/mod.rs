@@ -112,7 +112,10 @@ pub fn build_problem<'a>(
         // `auto` is solved size by size (see `placement::solve_parallelism`);
         // the problem starts at one GPU per shard.
         tensor: spec.parallelism.tensor.fixed().unwrap_or(1),
+        // A sharing instance runs one shard on one GPU or piece of one, so
+        // its `auto` is one stage.
         stages: match spec.parallelism.pipeline {
+            PipelineStages::Auto if !sharing.is_exclusive() => Stages::Fixed(1),
             PipelineStages::Auto => Stages::Auto,
             PipelineStages::Fixed(n) => Stages::Fixed(n),
         },
