@@ -47,6 +47,27 @@ fn json_report(args: &[&str]) -> Value {
     serde_json::from_str(&stdout).expect("JSON output parses")
 }
 
+/// The output block of the README's quick start, as it stands there.
+fn readme_quick_start_block() -> String {
+    let readme = repo_file("README.md");
+    let start = readme
+        .find("```\ncluster: examples/cluster-mixed.yaml\n")
+        .expect("the README's quick start shows `tessera place`'s output");
+    let block = &readme[start + "```\n".len()..];
+    block[..block.find("```").expect("the block ends")].to_string()
+}
+
+#[test]
+fn the_readme_quick_start_shows_what_place_prints() {
+    let (code, stdout, stderr) = run(&["place"], None);
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    let shown = readme_quick_start_block();
+    assert!(
+        stdout == shown,
+        "the README's quick start differs from `tessera place`; paste this into it:\n{stdout}"
+    );
+}
+
 #[test]
 fn sample_run_places_all_three_instances() {
     let report = json_report(&["place", "-o", "json"]);
@@ -608,6 +629,47 @@ fn place_plans_every_replica_on_its_own_devices() {
         3,
         "one token line per replica: {table}"
     );
+}
+
+#[test]
+fn pipeline_auto_with_sharing_is_one_stage_and_refused_only_when_nothing_holds_it() {
+    let dir = Scratch::new("cli", "sharing-auto");
+    let auto = "  parallelism: {tensor: 1, pipeline: auto}\n  placement: {sharing: Shared}\n";
+    // The samples' way of writing it: an 8B model takes one share of one GPU.
+    let small = dir.file(
+        "small.yaml",
+        &instance("name: m, parametersBillions: 8, layers: 32", auto),
+    );
+    let report = json_report(&[
+        "place",
+        "-c",
+        "examples/cluster-shared.yaml",
+        "-f",
+        &small,
+        "-o",
+        "json",
+    ]);
+    let stages = report["placements"][0]["plan"]["stages"]
+        .as_array()
+        .expect("a plan");
+    assert_eq!(stages.len(), 1, "{report}");
+    // A model no single device or share holds is refused with that reason,
+    // not told to use more stages.
+    let large = dir.file(
+        "large.yaml",
+        &instance(
+            "name: m, parametersBillions: 405, layers: 126, dtype: fp8",
+            auto,
+        ),
+    );
+    let (code, stdout, stderr) = run(&["place", "-f", &large], None);
+    assert_eq!(code, 2, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stdout.contains("UNSATISFIABLE: pipeline=1 × tensor=1"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("must fit one device or share"), "{stdout}");
+    assert!(!stdout.contains("Use more stages"), "{stdout}");
 }
 
 #[test]

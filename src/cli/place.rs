@@ -14,7 +14,8 @@ use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard};
 use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
 use tessera_core::translate::{
-    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, tensor_choice,
+    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, refusal_for,
+    tensor_choice,
 };
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
@@ -200,7 +201,7 @@ fn place_all(
                     parallelism: None,
                     plan: None,
                     status_plan: Vec::new(),
-                    unsatisfiable: Some(unsatisfiable),
+                    unsatisfiable: Some(refusal_for(&mi.spec, unsatisfiable)),
                 },
             };
             out.push(placement);

@@ -19,7 +19,9 @@ use tessera_core::api::{GpuDevice, GpuPartition, Health, ModelInstanceSpec, Plan
 use tessera_core::placement::{
     Deadline, Problem, SolveOptions, Stages, Unsatisfiable, solve, solve_parallelism,
 };
-use tessera_core::translate::{build_problem, evaluate_placed, planned_shards, tensor_choice};
+use tessera_core::translate::{
+    build_problem, evaluate_placed, planned_shards, refusal_for, tensor_choice,
+};
 
 mod replicas;
 pub(crate) mod stage;
@@ -326,8 +328,9 @@ fn whole(
             reasons,
             parallelism: chosen.parallelism_note(),
         }),
-        Err(mut explanation) => {
+        Err(explanation) => {
             let inputs = hash();
+            let mut explanation = refusal_for(spec, explanation);
             explanation.details.extend(excluded);
             PlanDecision::Unsatisfiable {
                 explanation,

@@ -7,6 +7,12 @@ use super::plan::Unsatisfiable;
 use super::problem::{Problem, Stages};
 use crate::api::GIB;
 
+/// What a plan too small for the model is told to try. An instance that may
+/// not use more GPUs (a sharing one) is told otherwise: see
+/// `translate::refusal_for`.
+pub(crate) const MORE_GPUS_ADVICE: &str =
+    "Use more stages, a larger tensor size or a smaller dtype";
+
 fn gib(bytes: f64) -> String {
     format!("{:.1} GiB", bytes / GIB)
 }
@@ -245,7 +251,7 @@ pub(crate) fn stage_count(
                 details.extend(exclusion_details(ctx));
                 return Err(unsat(
                     format!(
-                        "pipeline={stages} × tensor={tensor} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. Use more stages, a larger tensor size or a smaller dtype",
+                        "pipeline={stages} × tensor={tensor} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. {MORE_GPUS_ADVICE}",
                         gib(shard_need)
                     ),
                     details,

@@ -14,7 +14,7 @@ use crate::api::{
 };
 use crate::placement::{
     Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector, SpeedGoal,
-    StageChoice, Stages, Strategy, TensorChoice, Weights, evaluate,
+    StageChoice, Stages, Strategy, TensorChoice, Unsatisfiable, Weights, evaluate,
 };
 
 /// A node as the planner needs it: name, labels and published GPU state.
@@ -190,6 +190,19 @@ pub fn model_shape(model: &ModelSpec) -> ModelShape {
         activation_bytes_per_token: model.effective_hidden_size() * 2.0,
         flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
     }
+}
+
+/// A refusal as the spec's owner can act on it. A sharing instance runs one
+/// shard on one GPU or a piece of one, so "more stages or a larger tensor
+/// size" is not open to it: it is told what is.
+pub fn refusal_for(spec: &ModelInstanceSpec, mut refusal: Unsatisfiable) -> Unsatisfiable {
+    if !spec.placement.sharing.is_exclusive() {
+        refusal.reason = refusal.reason.replace(
+            crate::placement::explain::MORE_GPUS_ADVICE,
+            "placement.sharing Isolated or Shared runs one shard on one GPU or a piece of one, so the model must fit one device or share: use a smaller dtype, or placement.sharing: Exclusive to split it over more GPUs",
+        );
+    }
+    refusal
 }
 
 /// The solver's tensor size choice for the spec's `parallelism.tensor`.
