@@ -6,10 +6,13 @@
 //! - [`placement`]: the solver, `Problem -> Plan | Unsatisfiable`, deterministic and
 //!   bounded by an injected deadline.
 //! - [`translate`]: Kubernetes Nodes and a ModelInstance spec -> a placement `Problem`.
+//! - [`serving`]: what one replica of a plan serves when it batches: time per token,
+//!   time to first token and tokens/s by concurrency, and the load a latency target allows.
 //!
 //! Nothing here talks to a cluster, a device or a clock of its own; the crate builds
 //! without a Kubernetes client, an async runtime or gRPC, so that stays true.
 
 pub mod api;
 pub mod placement;
+pub mod serving;
 pub mod translate;

@@ -15,7 +15,7 @@ mod compile;
 mod evaluate;
 mod exclusion;
 mod exhaustive;
-mod explain;
+pub(crate) mod explain;
 mod greedy;
 mod hops;
 mod instance;
@@ -25,7 +25,7 @@ mod plan;
 mod problem;
 mod search;
 mod share_sizing;
-mod speed;
+pub(crate) mod speed;
 mod split;
 mod strategy_score;
 
