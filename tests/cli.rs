@@ -632,6 +632,110 @@ fn place_plans_every_replica_on_its_own_devices() {
 }
 
 #[test]
+fn every_plan_carries_its_capacity_at_the_serving_target() {
+    let report = json_report(&["place", "-o", "json"]);
+    for placement in report["placements"].as_array().expect("placements") {
+        let name = placement["name"].as_str().unwrap_or_default();
+        let serving = &placement["plan"]["serving"];
+        let max = serving["maxConcurrency"].as_u64().expect("maxConcurrency");
+        assert!(max >= 1, "{name}: {serving}");
+        let curve: Vec<u64> = serving["curve"]
+            .as_array()
+            .expect("a curve")
+            .iter()
+            .map(|point| {
+                for field in ["tpotMs", "ttftMs", "outputTokensPerSecond"] {
+                    assert!(
+                        point[field].as_f64().is_some_and(|v| v > 0.0),
+                        "{name}: {point}"
+                    );
+                }
+                point["concurrency"].as_u64().expect("concurrency")
+            })
+            .collect();
+        // Every power of two below maxConcurrency, and maxConcurrency.
+        let mut want: Vec<u64> = (0..).map(|k| 1u64 << k).take_while(|c| *c < max).collect();
+        want.push(max);
+        assert_eq!(curve, want, "{name}");
+        match (serving.get("atSlo"), serving.get("targetMissed")) {
+            (Some(at), None) => {
+                assert!(
+                    at["tpotMs"].as_f64().is_some_and(|t| t <= 50.0),
+                    "{name}: {at}"
+                );
+                assert!(
+                    at["requestsPerSecond"].as_f64().is_some_and(|r| r > 0.0),
+                    "{name}: {at}"
+                );
+                assert!(
+                    at["concurrency"].as_u64().is_some_and(|c| c <= max),
+                    "{name}: {at}"
+                );
+            }
+            (None, Some(miss)) => {
+                assert!(
+                    miss["bestTpotMs"].as_f64().is_some_and(|t| t > 50.0),
+                    "{name}: {miss}"
+                );
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // The 405B model on the sample meets no 50 ms target; with 150 ms it does.
+    let dir = Scratch::new("cli", "serving-target");
+    let relaxed = repo_file("examples/llama-405b.yaml").replace(
+        "  parallelism:\n",
+        "  serving: {maxTimePerOutputTokenMs: 150}\n  parallelism:\n",
+    );
+    let path = dir.file("405b.yaml", &relaxed);
+    let report = json_report(&["place", "-f", &path, "-o", "json"]);
+    let serving = &report["placements"][0]["plan"]["serving"];
+    assert!(
+        serving["atSlo"]["concurrency"]
+            .as_u64()
+            .is_some_and(|c| c >= 1),
+        "{serving}"
+    );
+}
+
+#[test]
+fn malformed_serving_and_head_fields_are_bad_input() {
+    let dir = Scratch::new("cli", "serving-bad");
+    for (extra, needles) in [
+        ("  serving: {runtime: trt}\n", vec!["trt"]),
+        ("  serving: {inputTokens: 0}\n", vec!["serving.inputTokens"]),
+        (
+            "  serving: {maxTimePerOutputTokenMs: 100, maxTimeToFirstTokenMs: 10}\n",
+            vec!["maxTimeToFirstTokenMs"],
+        ),
+        (
+            "  serving: {requestsPerSecond: -3}\n",
+            vec!["serving.requestsPerSecond"],
+        ),
+    ] {
+        let path = dir.file("bad.yaml", &instance(SMALL_MODEL, extra));
+        assert_bad_input(&["place", "-f", &path], None, &needles);
+    }
+    for (model, needle) in [
+        (
+            "name: m, parametersBillions: 7, layers: 32, hiddenSize: 4096, attentionHeads: 30",
+            "model.attentionHeads",
+        ),
+        (
+            "name: m, parametersBillions: 7, layers: 32, attentionHeads: 32, kvHeads: 3",
+            "model.kvHeads",
+        ),
+        (
+            "name: m, parametersBillions: 7, layers: 32, kvCacheDtype: int3",
+            "int3",
+        ),
+    ] {
+        let path = dir.file("bad.yaml", &instance(model, ""));
+        assert_bad_input(&["place", "-f", &path], None, &[needle]);
+    }
+}
+
+#[test]
 fn pipeline_auto_with_sharing_is_one_stage_and_refused_only_when_nothing_holds_it() {
     let dir = Scratch::new("cli", "sharing-auto");
     let auto = "  parallelism: {tensor: 1, pipeline: auto}\n  placement: {sharing: Shared}\n";

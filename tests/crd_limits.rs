@@ -34,6 +34,10 @@ fn base() -> Value {
                 "maxTemperatureC": 85.0,
                 "deadlineMs": 2000
             },
+            // The latency targets at their extremes, so each can be tried at
+            // its own bounds without the other's rule (first token >= per token)
+            // getting in the way.
+            "serving": {"maxTimePerOutputTokenMs": 0.1, "maxTimeToFirstTokenMs": 3600000.0},
             "template": {"spec": {"containers": [{"name": "shard", "image": "busybox:1.37"}]}}
         }
     })
@@ -202,6 +206,42 @@ fn cases() -> Vec<Case> {
             field: "sharing".into(),
         });
     }
+    // Heads split the hidden size evenly, KV heads the heads.
+    for (heads, kv, valid) in [
+        (json!(32), json!(8), true),
+        (json!(32), json!(32), true),
+        (json!(33), Value::Null, false),
+        (json!(32), json!(5), false),
+        (json!(32), json!(64), false),
+    ] {
+        let mut object = base();
+        object["spec"]["model"]["attentionHeads"] = heads.clone();
+        if !kv.is_null() {
+            object["spec"]["model"]["kvHeads"] = kv.clone();
+        }
+        out.push(Case {
+            what: format!("attentionHeads {heads}, kvHeads {kv} for hiddenSize 4096"),
+            object,
+            valid,
+            field: "Heads".into(),
+        });
+    }
+    // The first token takes at least one decode step.
+    for (tpot, ttft, valid) in [
+        (50.0, 2000.0, true),
+        (50.0, 50.0, true),
+        (100.0, 50.0, false),
+    ] {
+        let mut object = base();
+        object["spec"]["serving"] =
+            json!({"maxTimePerOutputTokenMs": tpot, "maxTimeToFirstTokenMs": ttft});
+        out.push(Case {
+            what: format!("serving per token {tpot} ms, first token {ttft} ms"),
+            object,
+            valid,
+            field: "maxTimeToFirstTokenMs".into(),
+        });
+    }
     for (name, replicas, valid) in [
         ("a".repeat(52), 1, true),
         ("a".repeat(53), 1, false),
@@ -290,6 +330,15 @@ fn the_schema_declares_every_documented_limit() {
         "model.hiddenSize.maximum",
         "model.kvCacheGiB.maximum",
         "model.overheadGiB.maximum",
+        "model.attentionHeads.minimum",
+        "model.attentionHeads.maximum",
+        "model.kvHeads.minimum",
+        "model.kvHeads.maximum",
+        "serving.inputTokens.minimum",
+        "serving.outputTokens.maximum",
+        "serving.maxTimePerOutputTokenMs.minimum",
+        "serving.maxTimeToFirstTokenMs.maximum",
+        "serving.requestsPerSecond.minimum",
         "replicas.minimum",
         "replicas.maximum",
         "parallelism.minTokensPerSecond.minimum",

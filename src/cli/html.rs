@@ -54,7 +54,7 @@ pub(super) fn html(report: &Report) -> String {
             (Some(plan), _) => {
                 *instance.predicted_tokens_per_second.get_or_insert(0.0) +=
                     plan.performance.tokens_per_second;
-                instance.predictions.push((replica, Ok(plan.clone())));
+                instance.predictions.push((replica, Ok(plan.plan.clone())));
             }
             (None, Some(unsatisfiable)) => {
                 instance.message = Some(unsatisfiable.reason.clone());

@@ -11,11 +11,12 @@ use serde::Serialize;
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
 use crate::process::wall_deadline::WallDeadline;
-use tessera_core::api::{ModelInstance, PlannedShard};
+use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
 use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
+use tessera_core::serving::Capacity;
 use tessera_core::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, refusal_for,
-    tensor_choice,
+    replica_capacity, tensor_choice,
 };
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
@@ -70,12 +71,36 @@ pub struct Placement {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) parallelism: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub plan: Option<Plan>,
+    pub plan: Option<PlacedPlan>,
     /// The plan as the controller writes it into `status.plan`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) status_plan: Vec<PlannedShard>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsatisfiable: Option<Unsatisfiable>,
+    /// The instance's `spec.serving`, for the capacity line.
+    #[serde(skip)]
+    pub(crate) serving: Option<ServingSpec>,
+}
+
+/// A replica's plan, and what it serves at the instance's latency target
+/// (`plan.serving` in `-o json`).
+#[derive(Debug, Serialize)]
+pub struct PlacedPlan {
+    #[serde(flatten)]
+    pub plan: Plan,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Capacity>,
+    /// Why the serving model has no answer for the plan, when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving_error: Option<String>,
+}
+
+impl std::ops::Deref for PlacedPlan {
+    type Target = Plan;
+
+    fn deref(&self) -> &Plan {
+        &self.plan
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -190,8 +215,20 @@ fn place_all(
                         model: mi.spec.model.name.clone(),
                         parallelism: chosen.parallelism_note(),
                         status_plan,
-                        plan: Some(chosen.plan),
+                        plan: Some({
+                            let (serving, serving_error) =
+                                match replica_capacity(&mi.spec, &problem, &chosen.plan) {
+                                    Ok(capacity) => (Some(capacity), None),
+                                    Err(why) => (None, Some(why)),
+                                };
+                            PlacedPlan {
+                                plan: chosen.plan,
+                                serving,
+                                serving_error,
+                            }
+                        }),
                         unsatisfiable: None,
+                        serving: mi.spec.serving.clone(),
                     }
                 }
                 Err(unsatisfiable) => Placement {
@@ -202,6 +239,7 @@ fn place_all(
                     plan: None,
                     status_plan: Vec::new(),
                     unsatisfiable: Some(refusal_for(&mi.spec, unsatisfiable)),
+                    serving: mi.spec.serving.clone(),
                 },
             };
             out.push(placement);

@@ -2,9 +2,10 @@
 
 use std::fmt::Write;
 
-use super::place::{PlaceOutput, Report};
-use tessera_core::api::{GIB, layer_range};
+use super::place::{PlaceOutput, PlacedPlan, Report};
+use tessera_core::api::{GIB, Runtime, ServingSpec, layer_range};
 use tessera_core::placement::{Performance, Score, StagePlan, StageShare, TokenTime};
+use tessera_core::serving::Limit;
 
 impl Report {
     pub fn render(&self, output: PlaceOutput) -> String {
@@ -42,6 +43,54 @@ fn token_line(time: &TokenTime) -> String {
         time.all_reduce_ms,
         time.hops_ms
     )
+}
+
+/// What the replica serves at the instance's latency target, in one line.
+fn capacity_line(plan: &PlacedPlan, serving: Option<&ServingSpec>) -> String {
+    let default = ServingSpec::default();
+    let spec = serving.unwrap_or(&default);
+    let target = format!(
+        "at {} ms per token, {} ms to the first ({}, {}+{} tokens)",
+        spec.max_time_per_output_token_ms,
+        spec.max_time_to_first_token_ms,
+        runtime_name(spec.runtime),
+        spec.input_tokens,
+        spec.output_tokens
+    );
+    match (&plan.serving, &plan.serving_error) {
+        (Some(capacity), _) => match (&capacity.at_slo, &capacity.target_missed) {
+            (Some(at), _) => format!(
+                "capacity {target}: {:.1} requests/s, {:.0} tokens/s with {} at once ({:.1} ms per token, {:.0} ms to the first); the {} allows {}",
+                at.requests_per_second,
+                at.output_tokens_per_second,
+                at.concurrency,
+                at.tpot_ms,
+                at.ttft_ms,
+                limit_name(capacity.limited_by),
+                capacity.max_concurrency
+            ),
+            (None, Some(miss)) => format!("capacity {target}: none, {miss}"),
+            (None, None) => format!("capacity {target}: unknown"),
+        },
+        (None, Some(why)) => format!("capacity {target}: unknown ({why})"),
+        (None, None) => format!("capacity {target}: unknown"),
+    }
+}
+
+fn runtime_name(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::Vllm => "vllm",
+        Runtime::Sglang => "sglang",
+        Runtime::TensorrtLlm => "tensorrt-llm",
+        Runtime::Generic => "generic",
+    }
+}
+
+fn limit_name(limit: Limit) -> &'static str {
+    match limit {
+        Limit::KvCache => "KV cache",
+        Limit::Runtime => "runtime's batch cap",
+    }
 }
 
 fn table(report: &Report) -> String {
@@ -111,6 +160,7 @@ fn table(report: &Report) -> String {
                 write_rows(&mut out, &rows);
                 let _ = writeln!(out, "  {}", score_line(&plan.score));
                 let _ = writeln!(out, "  {}", token_line(&plan.performance.token_time));
+                let _ = writeln!(out, "  {}", capacity_line(plan, placement.serving.as_ref()));
                 for (i, stage) in plan.stages.iter().enumerate() {
                     if let Some(share) = share_line(stage, &plan.performance) {
                         let _ = writeln!(out, "  shard {i}: {share}");

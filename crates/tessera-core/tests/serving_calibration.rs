@@ -125,11 +125,12 @@ fn model(name: &str, shape: &Shape, dtype: DType) -> ServingModel {
             layers: shape.layers,
             dtype,
             hidden_size: Some(shape.hidden_size),
+            attention_heads: Some(shape.attention_heads),
+            kv_heads: Some(shape.kv_heads),
+            kv_cache_dtype: None,
             kv_cache_gib: 0.0,
             overhead_gib: 1.5,
         },
-        attention_heads: Some(shape.attention_heads),
-        kv_heads: Some(shape.kv_heads),
         head_dim: None,
     }
 }

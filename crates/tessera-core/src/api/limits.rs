@@ -65,6 +65,29 @@ pub const OVERHEAD_GIB: Bounds<f64> = Bounds {
     min: 0.0,
     max: 10_000.0,
 };
+/// `model.attentionHeads` and `model.kvHeads`: far above any model's (128
+/// for the largest Llama).
+pub const HEADS: Bounds<u32> = Bounds { min: 1, max: 4096 };
+/// `serving.inputTokens` and `serving.outputTokens`: one token to ten million.
+pub const SERVING_TOKENS: Bounds<u32> = Bounds {
+    min: 1,
+    max: 10_000_000,
+};
+/// `serving.maxTimePerOutputTokenMs`: from a tenth of a millisecond to a minute.
+pub const TIME_PER_OUTPUT_TOKEN_MS: Bounds<f64> = Bounds {
+    min: 0.1,
+    max: 60_000.0,
+};
+/// `serving.maxTimeToFirstTokenMs`: up to an hour.
+pub const TIME_TO_FIRST_TOKEN_MS: Bounds<f64> = Bounds {
+    min: 0.1,
+    max: 3_600_000.0,
+};
+/// `serving.requestsPerSecond`: above zero.
+pub const REQUESTS_PER_SECOND: Bounds<f64> = Bounds {
+    min: 0.0001,
+    max: 10_000_000.0,
+};
 /// `spec.replicas`. Every replica's shards are listed in the status, which
 /// etcd holds to about 1.5 MiB; 256 replicas of a few shards each stay well
 /// inside that.

@@ -8,6 +8,7 @@ pub mod limits;
 mod model_instance;
 mod partitions;
 mod resource_name;
+mod serving_spec;
 pub mod telemetry;
 
 pub use crd::{crd, crd_yaml};
@@ -23,6 +24,7 @@ pub use model_instance::{
 };
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};
+pub use serving_spec::{KvCacheDtype, Runtime, ServingSpec};
 
 /// API group of every tessera custom resource.
 pub const GROUP: &str = "tessera.dev";

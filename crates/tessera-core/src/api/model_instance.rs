@@ -16,10 +16,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::limits::{
-    self, DEADLINE_MS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND,
-    MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE, REPLICAS, TENSOR, WEIGHT,
+    self, DEADLINE_MS, HEADS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C,
+    MIN_TOKENS_PER_SECOND, MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE,
+    REPLICAS, TENSOR, WEIGHT,
 };
-use super::{GIB, Vendor};
+use super::{GIB, KvCacheDtype, ServingSpec, Vendor};
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
 // Two printer columns share `type_ = "integer"`, which clippy mistakes for a repeated attribute.
@@ -93,12 +94,46 @@ pub struct ModelInstanceSpec {
     // first objects; it is in no hash, so no plan or pod changes with it.
     #[serde(default, skip_serializing_if = "RestartPolicy::is_recreate_replica")]
     pub restart_policy: RestartPolicy,
+    /// What the instance is served with and for: the runtime, the typical
+    /// request, the latency every user must get and the demand. Unset: vLLM,
+    /// 1024 prompt and 256 output tokens, 50 ms per token, 2 s to the first.
+    /// The predicted capacity at that target is in `tessera place`.
+    // Not in the placement hash (yet): it judges plans, it does not change them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ServingSpec>,
     /// Pod template for every shard's runtime container(s). The controller adds the
     /// GPU request, the device annotations and the shard environment. Required to
     /// run the instance; `tessera place` does not need it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "pod_template_schema")]
     pub template: Option<PodTemplateSpec>,
+}
+
+/// `model.attentionHeads` and `kvHeads`: in range, heads dividing the hidden
+/// size, KV heads dividing the heads.
+fn check_heads(model: &ModelSpec, problems: &mut Vec<String>) {
+    if let Some(heads) = model.attention_heads {
+        HEADS.check("model.attentionHeads", heads, problems);
+        if let Some(hidden) = model.hidden_size
+            && heads > 0
+            && hidden % heads != 0
+        {
+            problems.push(format!(
+                "model.attentionHeads: {heads} heads do not divide hiddenSize {hidden}; {HEADS_DIVIDE_HIDDEN_MESSAGE}"
+            ));
+        }
+    }
+    if let Some(kv) = model.kv_heads {
+        HEADS.check("model.kvHeads", kv, problems);
+        if let Some(heads) = model.attention_heads
+            && kv > 0
+            && (kv > heads || heads % kv != 0)
+        {
+            problems.push(format!(
+                "model.kvHeads: {kv} for {heads} attention heads; {KV_HEADS_MESSAGE}"
+            ));
+        }
+    }
 }
 
 fn one_replica() -> u32 {
@@ -110,6 +145,14 @@ fn one_replica() -> u32 {
 /// them, and a memory share has no link of its own.
 const SHARING_RULE: &str = "!has(self.placement) || !has(self.placement.sharing) || self.placement.sharing == 'Exclusive' || !has(self.parallelism) || ((!has(self.parallelism.pipeline) || type(self.parallelism.pipeline) == string || self.parallelism.pipeline == 1) && (!has(self.parallelism.tensor) || (type(self.parallelism.tensor) == int && self.parallelism.tensor == 1)))";
 const SHARING_MESSAGE: &str = "placement.sharing Isolated or Shared runs one shard on one GPU: set parallelism.tensor: 1 and parallelism.pipeline: 1 or auto, which is one stage there (MIG partitions have no peer-to-peer, so a shard cannot span them)";
+
+/// Heads split the hidden size evenly.
+const HEADS_DIVIDE_HIDDEN_RULE: &str = "!has(self.attentionHeads) || !has(self.hiddenSize) || self.hiddenSize % self.attentionHeads == 0";
+const HEADS_DIVIDE_HIDDEN_MESSAGE: &str =
+    "model.attentionHeads must divide model.hiddenSize: every head has the same width";
+/// Grouped-query attention: every KV head serves the same number of heads.
+const KV_HEADS_RULE: &str = "!has(self.kvHeads) || !has(self.attentionHeads) || (self.kvHeads <= self.attentionHeads && self.attentionHeads % self.kvHeads == 0)";
+const KV_HEADS_MESSAGE: &str = "model.kvHeads must be at most model.attentionHeads and divide it (each KV head serves the same number of attention heads)";
 
 /// How the controller repairs a replica that lost a shard pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -144,6 +187,8 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(HEADS_DIVIDE_HIDDEN_RULE).message(HEADS_DIVIDE_HIDDEN_MESSAGE))]
+#[x_kube(validation = Rule::new(KV_HEADS_RULE).message(KV_HEADS_MESSAGE))]
 pub struct ModelSpec {
     /// Model name, for people and for the shard runtime (e.g. `meta-llama/Llama-3.1-70B`).
     #[schemars(length(min = MODEL_NAME_LENGTH.min, max = MODEL_NAME_LENGTH.max))]
@@ -162,6 +207,26 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = HIDDEN_SIZE.min, max = HIDDEN_SIZE.max))]
     pub hidden_size: Option<u32>,
+    /// Attention heads (`num_attention_heads` in the model's config.json), a
+    /// divisor of hiddenSize: with kvHeads they set the KV cache a token
+    /// needs. Unknown: hiddenSize / 128 (128-wide heads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = HEADS.min, max = HEADS.max))]
+    pub attention_heads: Option<u32>,
+    /// Key/value heads (`num_key_value_heads`; fewer than attentionHeads
+    /// with grouped-query attention), a divisor of attentionHeads (without
+    /// attentionHeads, of 128-wide heads). Unknown:
+    /// one per attention head, the most KV cache a model of this size can
+    /// need, so capacity is never overstated. A tensor size above it keeps a
+    /// copy of a KV head on several GPUs, and the KV cache is sized so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = HEADS.min, max = HEADS.max))]
+    pub kv_heads: Option<u32>,
+    /// What the KV cache is stored in: `auto` (the runtime's default), `fp16`,
+    /// `bf16` or `fp8`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = no_null_in_enum)]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
     /// KV cache for the whole instance in GiB, split across stages with the layers.
     #[serde(default, rename = "kvCacheGiB")]
     #[schemars(range(min = KV_CACHE_GIB.min, max = KV_CACHE_GIB.max))]
@@ -850,10 +915,14 @@ impl ModelInstanceSpec {
         if let Some(hidden_size) = model.hidden_size {
             HIDDEN_SIZE.check("model.hiddenSize", hidden_size, &mut problems);
         }
+        check_heads(model, &mut problems);
         KV_CACHE_GIB.check("model.kvCacheGiB", model.kv_cache_gib, &mut problems);
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
         REPLICAS.check("replicas", self.replicas, &mut problems);
+        if let Some(serving) = &self.serving {
+            serving.check(&mut problems);
+        }
         let parallelism = &self.parallelism;
         if let TensorSize::Fixed(tensor) = parallelism.tensor {
             TENSOR.check("parallelism.tensor", tensor, &mut problems);
@@ -987,6 +1056,156 @@ model:
 
     fn parse(yaml: &str) -> Result<ModelInstanceSpec, String> {
         serde_saphyr::from_str::<ModelInstanceSpec>(yaml).map_err(|e| e.to_string())
+    }
+
+    /// MINIMAL with `extra` lines under `model:` (indented by two).
+    fn with_model(extra: &str) -> String {
+        format!("{MINIMAL}{extra}")
+    }
+
+    #[test]
+    fn attention_and_kv_heads_parse_and_must_split_evenly() {
+        let good = parse(&with_model(
+            "  hiddenSize: 4096\n  attentionHeads: 32\n  kvHeads: 8\n  kvCacheDtype: fp8\n",
+        ))
+        .unwrap();
+        assert_eq!(good.validate(), Ok(()));
+        assert_eq!(
+            (
+                good.model.attention_heads,
+                good.model.kv_heads,
+                good.model.kv_cache_dtype
+            ),
+            (Some(32), Some(8), Some(KvCacheDtype::Fp8))
+        );
+        // Left out when unset, so the placement hash of older specs stays.
+        let written = serde_json::to_value(parse(MINIMAL).unwrap()).unwrap();
+        for field in ["attentionHeads", "kvHeads", "kvCacheDtype"] {
+            assert!(written["model"].get(field).is_none(), "{written}");
+        }
+        for (extra, needle) in [
+            (
+                "  hiddenSize: 4096\n  attentionHeads: 33\n",
+                "do not divide hiddenSize",
+            ),
+            ("  attentionHeads: 32\n  kvHeads: 5\n", "kvHeads: 5 for 32"),
+            (
+                "  attentionHeads: 32\n  kvHeads: 64\n",
+                "kvHeads: 64 for 32",
+            ),
+            (
+                "  attentionHeads: 0\n",
+                "model.attentionHeads: 0 is outside",
+            ),
+            (
+                "  attentionHeads: 32\n  kvHeads: 0\n",
+                "model.kvHeads: 0 is outside",
+            ),
+        ] {
+            let spec = parse(&with_model(extra)).unwrap();
+            let problems = spec.validate().unwrap_err().problems;
+            assert!(
+                problems.iter().any(|p| p.contains(needle)),
+                "{extra:?}: {problems:?}"
+            );
+        }
+        for (extra, needle) in [
+            ("  attentionHeads: -1\n", "attentionHeads"),
+            ("  attentionHeads: many\n", "attentionHeads"),
+            ("  kvHeads: 2.5\n", "kvHeads"),
+            ("  kvCacheDtype: fp7\n", "fp7"),
+        ] {
+            let err = parse(&with_model(extra)).unwrap_err();
+            assert!(
+                err.contains(needle) || err.contains("invalid"),
+                "{extra:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn serving_takes_its_defaults_and_refuses_what_no_replica_can_serve() {
+        let spec = parse(&format!("{MINIMAL}serving: {{}}\n")).unwrap();
+        assert_eq!(spec.serving, Some(ServingSpec::default()));
+        let defaults = ServingSpec::default();
+        assert_eq!(
+            (
+                defaults.runtime,
+                defaults.input_tokens,
+                defaults.output_tokens,
+                defaults.max_time_per_output_token_ms,
+                defaults.max_time_to_first_token_ms,
+                defaults.requests_per_second
+            ),
+            (crate::api::Runtime::Vllm, 1024, 256, 50.0, 2000.0, None)
+        );
+        assert_eq!(spec.validate(), Ok(()));
+        assert!(
+            serde_json::to_value(parse(MINIMAL).unwrap())
+                .unwrap()
+                .get("serving")
+                .is_none()
+        );
+        for (text, runtime) in [
+            ("vllm", crate::api::Runtime::Vllm),
+            ("sglang", crate::api::Runtime::Sglang),
+            ("tensorrt-llm", crate::api::Runtime::TensorrtLlm),
+            ("generic", crate::api::Runtime::Generic),
+        ] {
+            let spec = parse(&format!(
+                "{MINIMAL}serving: {{runtime: {text}, requestsPerSecond: 12.5}}\n"
+            ))
+            .unwrap();
+            assert_eq!(spec.serving.as_ref().map(|s| s.runtime), Some(runtime));
+            assert_eq!(spec.validate(), Ok(()));
+        }
+        for (serving, needle) in [
+            ("{inputTokens: 0}", "serving.inputTokens: 0 is outside"),
+            (
+                "{outputTokens: 20000000}",
+                "serving.outputTokens: 20000000 is outside",
+            ),
+            (
+                "{maxTimePerOutputTokenMs: 0}",
+                "serving.maxTimePerOutputTokenMs: 0 is outside",
+            ),
+            (
+                "{maxTimePerOutputTokenMs: .nan}",
+                "serving.maxTimePerOutputTokenMs",
+            ),
+            (
+                "{maxTimeToFirstTokenMs: -1}",
+                "serving.maxTimeToFirstTokenMs: -1 is outside",
+            ),
+            (
+                "{maxTimePerOutputTokenMs: 100, maxTimeToFirstTokenMs: 50}",
+                "first token takes at least one decode step",
+            ),
+            (
+                "{requestsPerSecond: 0}",
+                "serving.requestsPerSecond: 0 is outside",
+            ),
+        ] {
+            let spec = parse(&format!("{MINIMAL}serving: {serving}\n")).unwrap();
+            let problems = spec.validate().unwrap_err().problems;
+            assert!(
+                problems.iter().any(|p| p.contains(needle)),
+                "{serving}: {problems:?}"
+            );
+        }
+        for (serving, needle) in [
+            ("{runtime: trt}", "trt"),
+            ("{runtime: vLLM}", "vLLM"),
+            ("{inputTokens: many}", "inputTokens"),
+            ("{requestsPerSecond: fast}", "requestsPerSecond"),
+            ("12", "serving"),
+        ] {
+            let err = parse(&format!("{MINIMAL}serving: {serving}\n")).unwrap_err();
+            assert!(
+                err.contains(needle) || err.contains("invalid"),
+                "{serving}: {err}"
+            );
+        }
     }
 
     #[test]

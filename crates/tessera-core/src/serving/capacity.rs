@@ -10,6 +10,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::kv_cache::Limit;
 use super::step_time::StepModel;
 use super::{LatencyTarget, ServingPoint};
 
@@ -32,6 +33,46 @@ impl From<ServingPoint> for CurvePoint {
             output_tokens_per_second: point.output_tokens_per_second,
         }
     }
+}
+
+/// The replica at the highest concurrency meeting the target.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AtTarget {
+    pub concurrency: u32,
+    pub output_tokens_per_second: f64,
+    pub requests_per_second: f64,
+    pub tpot_ms: f64,
+    pub ttft_ms: f64,
+}
+
+impl From<ServingPoint> for AtTarget {
+    fn from(point: ServingPoint) -> Self {
+        AtTarget {
+            concurrency: point.concurrency,
+            output_tokens_per_second: point.output_tokens_per_second,
+            requests_per_second: point.requests_per_second,
+            tpot_ms: point.tpot_ms,
+            ttft_ms: point.ttft_ms,
+        }
+    }
+}
+
+/// What a replica serves, as `tessera place` and the status show it: the
+/// most sequences it holds at once and why no more, its curve, and its
+/// capacity at the latency target (or, when no load meets it, what it does
+/// at best).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capacity {
+    pub max_concurrency: u32,
+    pub limited_by: Limit,
+    pub curve: Vec<CurvePoint>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_slo: Option<AtTarget>,
+    /// Set when not even one sequence meets the target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_missed: Option<TargetMiss>,
 }
 
 /// No concurrency meets the target: even one sequence alone is too slow.
@@ -225,8 +266,8 @@ mod tests {
         model.spec.parameters_billions = billions;
         model.spec.layers = layers;
         model.spec.hidden_size = None;
-        model.attention_heads = None;
-        model.kv_heads = None;
+        model.spec.attention_heads = None;
+        model.spec.kv_heads = None;
         let mut drawn = input(gpu, tensor, model, runtime);
         drawn.workload.input_tokens = input_tokens;
         drawn.workload.output_tokens = output_tokens;

@@ -55,15 +55,16 @@ impl Attention {
     /// 128-wide heads filling the hidden size, one KV head per head.
     pub(super) fn of(model: &ServingModel) -> Attention {
         let hidden = model.spec.effective_hidden_size();
-        let head_dim = match (model.head_dim, model.attention_heads) {
+        let head_dim = match (model.head_dim, model.spec.attention_heads) {
             (Some(dim), _) => f64::from(dim),
             (None, Some(heads)) => hidden / f64::from(heads),
             (None, None) => 128.0,
         };
         let heads = model
+            .spec
             .attention_heads
             .map_or_else(|| (hidden / head_dim).round().max(1.0), f64::from);
-        let kv_heads = model.kv_heads.map_or(heads, f64::from);
+        let kv_heads = model.spec.kv_heads.map_or(heads, f64::from);
         Attention {
             heads,
             kv_heads,
@@ -228,8 +229,8 @@ mod tests {
     #[test]
     fn unknown_heads_are_taken_as_no_grouped_query_attention() {
         let mut model = llama("8b", DType::Bf16);
-        model.attention_heads = None;
-        model.kv_heads = None;
+        model.spec.attention_heads = None;
+        model.spec.kv_heads = None;
         let attention = Attention::of(&model);
         assert_eq!(attention.head_dim, 128.0);
         assert_eq!(attention.heads, 32.0);

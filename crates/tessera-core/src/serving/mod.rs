@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::ModelSpec;
 use crate::placement::Interconnect;
 
-pub use capacity::{CurvePoint, TargetMiss};
+pub use capacity::{AtTarget, Capacity, CurvePoint, TargetMiss};
 pub use kv_cache::{Concurrency, Limit};
 pub use runtime::{KvCacheDtype, Runtime, RuntimeConfig};
 
@@ -107,8 +107,8 @@ pub struct ReplicaPlan {
     pub hop: Hop,
 }
 
-/// The model: the instance spec's figures, and its attention heads where
-/// known. With heads unknown the model is taken to have 128-wide heads
+/// The model: the instance spec's figures, its attention and KV heads where
+/// it gives them (`attentionHeads`, `kvHeads`). With heads unknown the model is taken to have 128-wide heads
 /// (`hidden / 128` of them); with KV heads unknown, one KV head per attention
 /// head (no grouped-query attention). Both give the most KV memory a model
 /// of that size can need, so capacity is never overstated.
@@ -118,10 +118,8 @@ pub struct ServingModel {
     /// `kvCacheGiB`, when above zero, is a fixed KV reservation for the whole
     /// replica instead of whatever memory the runtime leaves.
     pub spec: ModelSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attention_heads: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv_heads: Option<u32>,
+    /// The width of a head, where the model's config gives one that is not
+    /// hiddenSize / attentionHeads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<u32>,
 }
@@ -251,6 +249,21 @@ impl Replica {
     pub fn at_target(&self, target: &LatencyTarget) -> Result<ServingPoint, TargetMiss> {
         capacity::highest_meeting(&self.steps, self.concurrency.max, target)
     }
+
+    /// Everything `tessera place` and the status say of the replica at `target`.
+    pub fn capacity(&self, target: &LatencyTarget) -> Capacity {
+        let (at_slo, target_missed) = match self.at_target(target) {
+            Ok(point) => (Some(point.into()), None),
+            Err(miss) => (None, Some(miss)),
+        };
+        Capacity {
+            max_concurrency: self.concurrency.max,
+            limited_by: self.concurrency.limited_by,
+            curve: self.curve(),
+            at_slo,
+            target_missed,
+        }
+    }
 }
 
 /// Layers of each stage: an even split, the first stages taking the remainder.
@@ -335,8 +348,8 @@ fn validate(input: &ServingInput) -> Result<(), Refusal> {
     }
     let model = &input.model;
     for (name, value) in [
-        ("attentionHeads", model.attention_heads),
-        ("kvHeads", model.kv_heads),
+        ("attentionHeads", model.spec.attention_heads),
+        ("kvHeads", model.spec.kv_heads),
         ("headDim", model.head_dim),
     ] {
         if value == Some(0) {
@@ -412,11 +425,12 @@ pub(crate) mod testutil {
                 layers,
                 dtype,
                 hidden_size: Some(hidden),
+                attention_heads: Some(heads),
+                kv_heads: Some(kv_heads),
+                kv_cache_dtype: None,
                 kv_cache_gib: 0.0,
                 overhead_gib: 1.5,
             },
-            attention_heads: Some(heads),
-            kv_heads: Some(kv_heads),
             head_dim: None,
         }
     }
@@ -484,7 +498,7 @@ mod tests {
         case(&|input| input.model.spec.layers = 0);
         case(&|input| input.model.spec.hidden_size = Some(0));
         case(&|input| input.model.spec.overhead_gib = f64::NAN);
-        case(&|input| input.model.kv_heads = Some(0));
+        case(&|input| input.model.spec.kv_heads = Some(0));
         case(&|input| input.workload.output_tokens = 0.0);
         case(&|input| input.workload.input_tokens = f64::NAN);
         case(&|input| input.runtime.memory_utilization = Some(0.0));

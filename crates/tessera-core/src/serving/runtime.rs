@@ -11,37 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::DType;
-
-/// The engine a replica's shards run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Runtime {
-    /// vLLM (PyTorch model code, PagedAttention, continuous batching).
-    Vllm,
-    /// SGLang (PyTorch model code, RadixAttention, continuous batching).
-    Sglang,
-    /// TensorRT-LLM (compiled engines, in-flight batching).
-    TensorrtLlm,
-    /// Any other runtime: vLLM's memory rules and batch cap, and the lower of
-    /// the calibrated compute efficiencies, so an unknown runtime is never
-    /// promised more than the known ones deliver.
-    #[default]
-    Generic,
-}
-
-/// What the KV cache is stored in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvCacheDtype {
-    /// The runtime's default for the model's weights (see
-    /// [`Runtime::default_kv_bytes_per_element`]).
-    #[default]
-    Auto,
-    /// Two bytes per element (FP16 or BF16).
-    Fp16,
-    /// One byte per element.
-    Fp8,
-}
+pub use crate::api::{KvCacheDtype, Runtime};
 
 /// How a replica's runtime is configured: its kind, and the flags a user may
 /// have set instead of its defaults.
@@ -191,7 +161,7 @@ impl RuntimeConfig {
     pub(super) fn kv_bytes_per_element(&self, weights: DType) -> f64 {
         match self.kv_cache_dtype {
             KvCacheDtype::Auto => self.runtime.default_kv_bytes_per_element(weights),
-            KvCacheDtype::Fp16 => 2.0,
+            KvCacheDtype::Fp16 | KvCacheDtype::Bf16 => 2.0,
             KvCacheDtype::Fp8 => 1.0,
         }
     }

@@ -32,10 +32,10 @@
 //! finishing ride along and lengthen its time per token.
 
 use super::kv_cache::Attention;
-use crate::placement::speed::{GroupSpeed, layer_time, link_gbps};
 use super::{GpuFigures, ServingInput, ServingPoint};
 use crate::api::DType;
 use crate::placement::ModelShape;
+use crate::placement::speed::{GroupSpeed, layer_time, link_gbps};
 use crate::translate::model_shape;
 
 /// Share of the datasheet FP8 TFLOPS FP8 kernels reach, relative to the share

@@ -3,6 +3,9 @@
 //! instance's status plan. Pure: callers fetch the objects.
 
 mod devices;
+mod serving;
+
+pub use serving::{replica_capacity, target as serving_target};
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,0 +1,145 @@
+//! `spec.serving`: what an instance is served with and for. The runtime, the
+//! typical request and the latency every user must get decide how many
+//! requests a replica serves at once (the serving model, `crate::serving`),
+//! and the demand says how many replicas that takes.
+
+// kube-derive's `KubeSchema` copies each struct into a private module of its own
+// to build the schema; the lint would flag those copies, not our items.
+#![allow(unreachable_pub)]
+
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::limits::{
+    REQUESTS_PER_SECOND, SERVING_TOKENS, TIME_PER_OUTPUT_TOKEN_MS, TIME_TO_FIRST_TOKEN_MS,
+};
+
+/// The engine a replica's shards run. Its defaults (how much GPU memory it
+/// takes, how many sequences it batches at most, what its KV cache is stored
+/// in, how fast its kernels run) shape the predicted capacity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Runtime {
+    /// vLLM (PagedAttention, continuous batching).
+    #[default]
+    Vllm,
+    /// SGLang (RadixAttention, continuous batching).
+    Sglang,
+    /// TensorRT-LLM (compiled engines, in-flight batching).
+    TensorrtLlm,
+    /// Any other runtime: vLLM's memory rules and batch cap, and the lower of
+    /// the calibrated compute efficiencies, so an unknown runtime is never
+    /// promised more than the known ones deliver.
+    Generic,
+}
+
+/// What the KV cache is stored in (vLLM's `--kv-cache-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// The runtime's default: 16-bit, or FP8 under TensorRT-LLM for FP8 weights.
+    #[default]
+    Auto,
+    /// Two bytes per element.
+    Fp16,
+    /// Two bytes per element.
+    Bf16,
+    /// One byte per element.
+    Fp8,
+}
+
+/// What the instance is served with, the typical request, the latency every
+/// user must get and, optionally, the demand.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.maxTimeToFirstTokenMs >= self.maxTimePerOutputTokenMs").message("serving.maxTimeToFirstTokenMs cannot be below maxTimePerOutputTokenMs: the first token takes at least one decode step"))]
+pub struct ServingSpec {
+    /// The engine the shards run: `vllm` (default), `sglang`, `tensorrt-llm`
+    /// or `generic`.
+    #[serde(default)]
+    pub runtime: Runtime,
+    /// Prompt tokens of a typical request (default 1024).
+    #[serde(default = "default_input_tokens")]
+    #[schemars(range(min = SERVING_TOKENS.min, max = SERVING_TOKENS.max))]
+    pub input_tokens: u32,
+    /// Output tokens of a typical request (default 256).
+    #[serde(default = "default_output_tokens")]
+    #[schemars(range(min = SERVING_TOKENS.min, max = SERVING_TOKENS.max))]
+    pub output_tokens: u32,
+    /// The longest time between two output tokens a user may see, in ms
+    /// (default 50): a replica takes only as many requests at once as keep
+    /// every one of them this fast.
+    #[serde(default = "default_time_per_output_token_ms")]
+    #[schemars(range(min = TIME_PER_OUTPUT_TOKEN_MS.min, max = TIME_PER_OUTPUT_TOKEN_MS.max))]
+    pub max_time_per_output_token_ms: f64,
+    /// The longest time to a request's first token, in ms (default 2000).
+    #[serde(default = "default_time_to_first_token_ms")]
+    #[schemars(range(min = TIME_TO_FIRST_TOKEN_MS.min, max = TIME_TO_FIRST_TOKEN_MS.max))]
+    pub max_time_to_first_token_ms: f64,
+    /// The requests per second the instance must serve, spread evenly over
+    /// its replicas. Unset: no demand is judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = REQUESTS_PER_SECOND.min, max = REQUESTS_PER_SECOND.max))]
+    pub requests_per_second: Option<f64>,
+}
+
+impl Default for ServingSpec {
+    fn default() -> Self {
+        Self {
+            runtime: Runtime::default(),
+            input_tokens: default_input_tokens(),
+            output_tokens: default_output_tokens(),
+            max_time_per_output_token_ms: default_time_per_output_token_ms(),
+            max_time_to_first_token_ms: default_time_to_first_token_ms(),
+            requests_per_second: None,
+        }
+    }
+}
+
+impl ServingSpec {
+    /// Records every field outside its limits, and a first-token target
+    /// below the per-token one, under `serving.`.
+    pub(crate) fn check(&self, problems: &mut Vec<String>) {
+        SERVING_TOKENS.check("serving.inputTokens", self.input_tokens, problems);
+        SERVING_TOKENS.check("serving.outputTokens", self.output_tokens, problems);
+        let before = problems.len();
+        TIME_PER_OUTPUT_TOKEN_MS.check(
+            "serving.maxTimePerOutputTokenMs",
+            self.max_time_per_output_token_ms,
+            problems,
+        );
+        TIME_TO_FIRST_TOKEN_MS.check(
+            "serving.maxTimeToFirstTokenMs",
+            self.max_time_to_first_token_ms,
+            problems,
+        );
+        if problems.len() == before
+            && self.max_time_to_first_token_ms < self.max_time_per_output_token_ms
+        {
+            problems.push(format!(
+                "serving.maxTimeToFirstTokenMs: {} is below maxTimePerOutputTokenMs {}; the first token takes at least one decode step",
+                self.max_time_to_first_token_ms, self.max_time_per_output_token_ms
+            ));
+        }
+        if let Some(rate) = self.requests_per_second {
+            REQUESTS_PER_SECOND.check("serving.requestsPerSecond", rate, problems);
+        }
+    }
+}
+
+fn default_input_tokens() -> u32 {
+    1024
+}
+
+fn default_output_tokens() -> u32 {
+    256
+}
+
+fn default_time_per_output_token_ms() -> f64 {
+    50.0
+}
+
+fn default_time_to_first_token_ms() -> f64 {
+    2000.0
+}
