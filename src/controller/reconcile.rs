@@ -12,7 +12,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
-use super::apply::ShardState;
 use super::context::Instance;
 pub use super::context::{Caches, Context, Error};
 use super::decide::stage as decide;
@@ -107,20 +106,11 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     let applied = applied?;
     written?;
 
-    // A pod left unbound (its node busy with another) is bound on a later pass.
-    if applied
-        .iter()
-        .flat_map(|a| &a.states)
-        .any(|state| *state == ShardState::Created)
-    {
-        return Ok(Action::requeue(requeue::BIND_RETRY));
-    }
-    let next = requeue::next_check(&decided, &observed.nodes, now, ctx.settings.node_grace);
-    // A replica backing off is looked at again when its wait ends.
-    let backoff_ends = applied
-        .iter()
-        .filter_map(|a| a.waiting.as_ref())
-        .filter_map(|(_, due)| Duration::try_from(due.duration_since(now)).ok())
-        .map(|wait| wait + Duration::from_secs(1));
-    Ok(Action::requeue(backoff_ends.fold(next, Duration::min)))
+    Ok(Action::requeue(requeue::after(
+        &decided,
+        &applied,
+        &observed.nodes,
+        now,
+        ctx.settings.node_grace,
+    )))
 }

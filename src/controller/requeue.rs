@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::apply::{ReplicaApplied, ShardState};
 use super::decide::stage::Decided;
 use super::nodes::{NodeInfo, Readiness};
 use super::status::Outcome;
@@ -15,11 +16,37 @@ const RESYNC: Duration = Duration::from_secs(600);
 const UNSATISFIABLE_RETRY: Duration = Duration::from_secs(300);
 /// How soon a reconcile that left a shard unbound looks again (the agent's
 /// report of the allocation it waits for usually wakes it sooner).
-pub(crate) const BIND_RETRY: Duration = Duration::from_secs(1);
+const BIND_RETRY: Duration = Duration::from_secs(1);
+
+/// How soon to look again after a reconcile that applied `applied`: soon when
+/// a pod was left unbound (its node busy with another), when a replica's
+/// backoff ends, else as [`next_check`] says.
+pub(crate) fn after(
+    decided: &Decided,
+    applied: &[ReplicaApplied],
+    nodes: &[Arc<NodeInfo>],
+    now: Timestamp,
+    grace: Duration,
+) -> Duration {
+    if applied
+        .iter()
+        .flat_map(|a| &a.states)
+        .any(|state| *state == ShardState::Created)
+    {
+        return BIND_RETRY;
+    }
+    let next = next_check(decided, nodes, now, grace);
+    applied
+        .iter()
+        .filter_map(|a| a.waiting.as_ref())
+        .filter_map(|(_, due)| Duration::try_from(due.duration_since(now)).ok())
+        .map(|wait| wait + Duration::from_secs(1))
+        .fold(next, Duration::min)
+}
 
 /// How soon to look again without an event: when a NotReady node's grace period
 /// runs out (no event marks that moment), else a slow resync.
-pub(crate) fn next_check(
+fn next_check(
     decided: &Decided,
     nodes: &[Arc<NodeInfo>],
     now: Timestamp,
