@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::place::{PlaceOutput, PlacedPlan, Report};
-use tessera_core::api::{GIB, Runtime, ServingSpec, layer_range};
+use tessera_core::api::{GIB, ServingSpec, layer_range};
 use tessera_core::placement::{Performance, Score, StagePlan, StageShare, TokenTime};
 use tessera_core::serving::Limit;
 
@@ -53,7 +53,7 @@ fn capacity_line(plan: &PlacedPlan, serving: Option<&ServingSpec>) -> String {
         "at {} ms per token, {} ms to the first ({}, {}+{} tokens)",
         spec.max_time_per_output_token_ms,
         spec.max_time_to_first_token_ms,
-        runtime_name(spec.runtime),
+        spec.runtime.as_str(),
         spec.input_tokens,
         spec.output_tokens
     );
@@ -74,15 +74,6 @@ fn capacity_line(plan: &PlacedPlan, serving: Option<&ServingSpec>) -> String {
         },
         (None, Some(why)) => format!("capacity {target}: unknown ({why})"),
         (None, None) => format!("capacity {target}: unknown"),
-    }
-}
-
-fn runtime_name(runtime: Runtime) -> &'static str {
-    match runtime {
-        Runtime::Vllm => "vllm",
-        Runtime::Sglang => "sglang",
-        Runtime::TensorrtLlm => "tensorrt-llm",
-        Runtime::Generic => "generic",
     }
 }
 

@@ -33,7 +33,7 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], sync: bool) -> io::Res
 }
 
 /// Where [`set_aside`] keeps a file: `<path>.bad`.
-pub(crate) fn aside_path(path: &Path) -> PathBuf {
+fn aside_path(path: &Path) -> PathBuf {
     let mut aside = path.as_os_str().to_owned();
     aside.push(".bad");
     PathBuf::from(aside)
@@ -42,7 +42,7 @@ pub(crate) fn aside_path(path: &Path) -> PathBuf {
 /// Moves an unreadable state file to `<path>.bad`, replacing an older one
 /// there, for a person to read; the caller then starts afresh and names the
 /// returned path in its warning.
-pub(crate) fn set_aside(path: &Path) -> io::Result<PathBuf> {
+fn set_aside(path: &Path) -> io::Result<PathBuf> {
     let aside = aside_path(path);
     std::fs::rename(path, &aside)?;
     Ok(aside)

@@ -162,7 +162,7 @@ fn serving_input(fixture: &Fixture, figure: &Figure) -> ServingInput {
         plan: ReplicaPlan {
             tensor: figure.tensor,
             stages: vec![stage; figure.pipeline as usize],
-            hop: Hop::SAME_NODE,
+            hop: Hop::same_node(),
         },
         model: model(&figure.model, shape, figure.dtype),
         workload: Workload {

@@ -34,6 +34,18 @@ pub enum Runtime {
     Generic,
 }
 
+impl Runtime {
+    /// The name `spec.serving.runtime` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Vllm => "vllm",
+            Runtime::Sglang => "sglang",
+            Runtime::TensorrtLlm => "tensorrt-llm",
+            Runtime::Generic => "generic",
+        }
+    }
+}
+
 /// What the KV cache is stored in (vLLM's `--kv-cache-dtype`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

@@ -35,7 +35,7 @@ pub(crate) fn tensor_link_cost(kind: Option<Interconnect>) -> f64 {
 }
 
 /// Bandwidth (bytes/s) and latency (s) of a pipeline hop by distance class.
-fn hop_transfer(cost: f64) -> (f64, f64) {
+pub(crate) fn hop_transfer(cost: f64) -> (f64, f64) {
     if cost <= HOP_SAME_NODE {
         (32e9, 10e-6)
     } else if cost <= HOP_SAME_RACK {
@@ -615,7 +615,10 @@ struct PlanTotals {
 
 /// The worse of two links for an all-reduce: no link is worst, then PCIe,
 /// then xGMI, then NVLink.
-fn worse_link(first: Option<Interconnect>, second: Option<Interconnect>) -> Option<Interconnect> {
+pub(crate) fn worse_link(
+    first: Option<Interconnect>,
+    second: Option<Interconnect>,
+) -> Option<Interconnect> {
     match (first, second) {
         (Some(first), Some(second)) => Some(first.max(second)),
         _ => None,

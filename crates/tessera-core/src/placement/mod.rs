@@ -12,7 +12,7 @@
 
 mod candidates;
 mod compile;
-mod evaluate;
+pub(crate) mod evaluate;
 mod exclusion;
 mod exhaustive;
 pub(crate) mod explain;

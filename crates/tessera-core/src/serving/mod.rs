@@ -88,11 +88,20 @@ pub struct Hop {
 }
 
 impl Hop {
-    /// What the solver charges a hop between two stages on one node.
-    pub const SAME_NODE: Hop = Hop {
-        gbps: 32.0,
-        latency_us: 10.0,
-    };
+    /// What the solver charges a hop of this cost (a stage's
+    /// `parts.nextHopCost`: same node, rack, zone or across zones).
+    pub fn of_cost(next_hop_cost: f64) -> Hop {
+        let (bytes_per_s, latency_s) = crate::placement::evaluate::hop_transfer(next_hop_cost);
+        Hop {
+            gbps: bytes_per_s / 1e9,
+            latency_us: latency_s * 1e6,
+        }
+    }
+
+    /// A hop between two stages on one node.
+    pub fn same_node() -> Hop {
+        Hop::of_cost(0.0)
+    }
 }
 
 /// A replica's shape: `stages.len()` pipeline stages of `tensor` GPUs each,
@@ -449,7 +458,7 @@ pub(crate) mod testutil {
                     gpu,
                     link: nvlink(),
                 }],
-                hop: Hop::SAME_NODE,
+                hop: Hop::same_node(),
             },
             model,
             workload: Workload {

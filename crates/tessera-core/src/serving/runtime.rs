@@ -181,6 +181,7 @@ mod tests {
         ] {
             let parsed: Runtime = serde_json::from_value(serde_json::json!(text)).unwrap();
             assert_eq!(parsed, runtime);
+            assert_eq!(runtime.as_str(), text);
         }
     }
 

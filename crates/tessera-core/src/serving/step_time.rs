@@ -393,7 +393,7 @@ mod tests {
         one.model.spec.layers = 40;
         one.model.spec.parameters_billions /= 2.0;
         let stage = Replica::new(&one).expect("half the model fits on one");
-        let hop = (8192.0 * 2.0 / (Hop::SAME_NODE.gbps * 1e9) + 10e-6) * 1e3;
+        let hop = (8192.0 * 2.0 / (Hop::same_node().gbps * 1e9) + 10e-6) * 1e3;
         // One sequence goes through both stages and the hop.
         let through = 2.0 * stage.at(1).decode_step_ms + hop;
         assert!((pipeline.at(1).decode_step_ms - through).abs() < 1e-9 * through);

@@ -5,7 +5,7 @@
 mod devices;
 mod serving;
 
-pub use serving::{replica_capacity, target as serving_target};
+pub use serving::replica_capacity;
 
 use std::collections::{BTreeMap, HashMap};
 

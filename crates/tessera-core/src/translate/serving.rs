@@ -3,7 +3,9 @@
 //! the replica then serves at the instance's latency target.
 
 use crate::api::{KvCacheDtype, ModelInstanceSpec, ServingSpec};
-use crate::placement::{Plan, Problem, StagePlan, StageShare};
+use crate::placement::evaluate::worse_link;
+use crate::placement::speed::link_gbps;
+use crate::placement::{Interconnect, Plan, Problem, StagePlan, StageShare};
 use crate::serving::{
     Capacity, GpuFigures, GroupLink, Hop, LatencyTarget, Replica, ReplicaPlan, RuntimeConfig,
     ServingInput, ServingModel, Stage, Workload,
@@ -25,7 +27,7 @@ pub fn replica_capacity(
 }
 
 /// The latency target of `spec.serving`.
-pub fn target(serving: &ServingSpec) -> LatencyTarget {
+fn target(serving: &ServingSpec) -> LatencyTarget {
     LatencyTarget {
         max_tpot_ms: Some(serving.max_time_per_output_token_ms),
         max_ttft_ms: Some(serving.max_time_to_first_token_ms),
@@ -55,7 +57,14 @@ fn serving_input(
         plan: ReplicaPlan {
             tensor,
             stages,
-            hop: Hop::SAME_NODE,
+            // The slowest hop of the pipeline, as the solver charges it.
+            hop: Hop::of_cost(
+                plan.stages
+                    .iter()
+                    .take(plan.stages.len().saturating_sub(1))
+                    .map(|stage| stage.parts.next_hop_cost)
+                    .fold(0.0, f64::max),
+            ),
         },
         model: ServingModel {
             spec: spec.model.clone(),
@@ -117,39 +126,29 @@ fn stage_of(problem: &Problem, stage: &StagePlan) -> Result<Stage, String> {
         });
     }
     let gpu = gpu.ok_or_else(|| format!("a stage on {} has no devices", stage.node))?;
-    // The worst link between two of the group's devices; a pair without one
-    // is staged through the host, which the serving model charges as such.
-    let mut link = None::<GroupLink>;
+    // The group's slowest link and worst link kind, as the solver reads
+    // them (a pair without a link is the worst kind, at the unreported speed).
+    let mut slowest_gbps = f64::INFINITY;
+    let mut worst_kind = Some(Interconnect::NvLink);
     for (index, a) in stage.devices.iter().enumerate() {
         for b in &stage.devices[index + 1..] {
             let found = node
                 .links
                 .iter()
                 .find(|l| (&l.a == a && &l.b == b) || (&l.a == b && &l.b == a));
-            let this = found.map_or(GroupLink::default(), |l| GroupLink {
-                kind: Some(l.kind),
-                gbps: Some(l.bandwidth_gbps),
-            });
-            link = Some(match link {
-                None => this,
-                Some(worst) if worse(&this, &worst) => this,
-                Some(worst) => worst,
-            });
+            slowest_gbps = slowest_gbps.min(link_gbps(found.map(|l| l.bandwidth_gbps)));
+            worst_kind = worse_link(worst_kind, found.map(|l| l.kind));
         }
     }
-    Ok(Stage {
-        gpu,
-        link: link.unwrap_or_default(),
-    })
-}
-
-/// Whether `a` is a slower link than `b` (no link is the slowest).
-fn worse(a: &GroupLink, b: &GroupLink) -> bool {
-    match (a.gbps, b.gbps) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(x), Some(y)) => x < y,
-    }
+    let link = if stage.devices.len() > 1 {
+        GroupLink {
+            kind: worst_kind,
+            gbps: Some(slowest_gbps),
+        }
+    } else {
+        GroupLink::default()
+    };
+    Ok(Stage { gpu, link })
 }
 
 #[cfg(test)]
