@@ -27,7 +27,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use tessera::placement::{NodeState, SolveOptions, Strategy, TensorChoice, solve_replicas};
+use tessera::placement::{NodeState, SolveOptions, Strategy};
+use tessera::sizing::{TensorChoice, solve_replicas};
 
 use support::arrivals::{Arrival, Event, MODEL_70B, describe as describe_events, sequence};
 use support::replay::{Outcome, Policy, Room, burst, replay};

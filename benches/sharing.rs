@@ -23,7 +23,8 @@ use std::time::Instant;
 
 use serde_json::json;
 use tessera::api::{GpuPartition, MigState, ModelInstanceSpec, ShareKind};
-use tessera::placement::{NodeState, SolveOptions, solve_replicas};
+use tessera::placement::{NodeState, SolveOptions};
+use tessera::sizing::solve_replicas;
 use tessera::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, tensor_choice,
 };

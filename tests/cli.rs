@@ -321,8 +321,14 @@ fn a_speed_nothing_reaches_is_unsatisfiable_and_the_goal_is_explained() {
     );
     let (code, stdout, stderr) = run(&["place", "-f", &slow], None);
     assert_eq!(code, 2, "stdout: {stdout}\nstderr: {stderr}");
+    // A floor on every user's speed is a latency target: refused with the
+    // best time per token there is and what would do.
     assert!(
-        stdout.contains("no tensor size reaches parallelism.minTokensPerSecond 100000"),
+        stdout.contains("against parallelism.minTokensPerSecond 100000 (0.01 ms per token)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("lower parallelism.minTokensPerSecond to "),
         "{stdout}"
     );
     let fast = dir.file(
@@ -605,8 +611,11 @@ fn place_plans_every_replica_on_its_own_devices() {
     for (index, placement) in placements.iter().enumerate() {
         assert_eq!(placement["replica"], index);
         assert!(
-            placement["parallelism"].as_str().is_some_and(|note| note
-                .starts_with("tensor auto (throughput: the most tokens/s per GPU) chose")),
+            placement["parallelism"]
+                .as_str()
+                .is_some_and(|note| note.starts_with(
+                    "tensor auto (throughput: the most requests/s at the target per GPU) chose"
+                )),
             "{placement}"
         );
         for shard in placement["statusPlan"].as_array().expect("a plan") {

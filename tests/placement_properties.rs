@@ -10,8 +10,11 @@ use std::collections::{BTreeMap, HashSet};
 use proptest::prelude::*;
 use tessera::placement::{
     Device, Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector,
-    SolveOptions, SpeedGoal, Stages, Strategy as PlacementStrategy, TensorChoice, Weights,
-    best_by_enumeration, solve, solve_parallelism, solve_replicas, take_devices, tensor_candidates,
+    SolveOptions, SpeedGoal, Stages, Strategy as PlacementStrategy, Weights, best_by_enumeration,
+    solve,
+};
+use tessera::sizing::{
+    TensorChoice, solve_parallelism, solve_replicas, take_devices, tensor_candidates,
 };
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -178,6 +181,7 @@ fn build(
         });
     }
     Problem {
+        served: None,
         nodes: out,
         model: ModelShape {
             layers,

@@ -16,7 +16,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use tessera::api::{ModelInstance, ModelInstanceSpec, PlannedShard};
-use tessera::placement::TensorChoice;
+use tessera::sizing::TensorChoice;
 use tessera::translate::{ClusterNode, HeldShares, build_problem, evaluate_placed};
 use tokio::time::Instant;
 

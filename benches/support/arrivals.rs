@@ -6,7 +6,7 @@
 // Only the cluster benchmark uses it.
 #![allow(dead_code)]
 
-use tessera::placement::TensorChoice;
+use tessera::sizing::TensorChoice;
 
 use super::{ModelSpec, SplitMix64};
 

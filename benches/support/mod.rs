@@ -250,6 +250,7 @@ pub(crate) fn problem(
     stages: u32,
 ) -> Problem {
     Problem {
+        served: None,
         nodes,
         model: model_shape(model),
         tensor,

@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use tessera::placement::{
-    Device, NodeState, Plan, Problem, Selector, SolveOptions, SpeedGoal, Stages, Strategy,
-    TensorChoice, Weights, evaluate, solve_replicas, take_devices, tensor_candidates,
+    Device, NodeState, Plan, Problem, Selector, SolveOptions, SpeedGoal, Stages, Strategy, Weights,
+    evaluate,
 };
+use tessera::sizing::{TensorChoice, solve_replicas, take_devices, tensor_candidates};
 
 use super::arrivals::{Arrival, Event, MODEL_405B};
 use super::{MAX_TEMPERATURE_C, first_fit, model_shape};
@@ -146,6 +147,7 @@ impl ClusterState {
     /// The solver's problem for one replica of `arrival`, on the devices free now.
     pub(crate) fn problem(&self, arrival: &Arrival, strategy: Strategy) -> Problem {
         Problem {
+            served: None,
             nodes: self.nodes.clone(),
             model: model_shape(&arrival.model),
             tensor: match arrival.tensor {

@@ -23,7 +23,6 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera::api::{ModelInstanceSpec, PipelineStages, TensorSize};
-use tessera::translate::model_shape;
 
 const GIB: u64 = 1 << 30;
 /// The request's name in every template.
@@ -44,7 +43,7 @@ pub(crate) fn user_shards(
     spec: &ModelInstanceSpec,
     largest_gpu_bytes: u64,
 ) -> Result<Vec<UserShard>, String> {
-    let shape = model_shape(&spec.model);
+    let shape = tessera::placement::ModelShape::of(&spec.model);
     let per_gpu = |stages: u32, tensor: u32| {
         let layers = shape.layers.div_ceil(stages);
         let share = f64::from(layers) * (shape.weight_bytes_per_layer + shape.kv_bytes_per_layer)

@@ -12,11 +12,12 @@ use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
 use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
-use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable, solve_replicas};
+use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable};
 use tessera_core::serving::Capacity;
+use tessera_core::sizing::solve_replicas;
 use tessera_core::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, refusal_for,
-    replica_capacity, tensor_choice,
+    tensor_choice,
 };
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
@@ -216,11 +217,11 @@ fn place_all(
                         parallelism: chosen.parallelism_note(),
                         status_plan,
                         plan: Some({
-                            let (serving, serving_error) =
-                                match replica_capacity(&mi.spec, &problem, &chosen.plan) {
-                                    Ok(capacity) => (Some(capacity), None),
-                                    Err(why) => (None, Some(why)),
-                                };
+                            let (serving, serving_error) = match chosen.capacity {
+                                Some(Ok(capacity)) => (Some(capacity), None),
+                                Some(Err(why)) => (None, Some(why)),
+                                None => (None, None),
+                            };
                             PlacedPlan {
                                 plan: chosen.plan,
                                 serving,

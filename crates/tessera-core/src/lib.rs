@@ -8,6 +8,8 @@
 //! - [`translate`]: Kubernetes Nodes and a ModelInstance spec -> a placement `Problem`.
 //! - [`serving`]: what one replica of a plan serves when it batches: time per token,
 //!   time to first token and tokens/s by concurrency, and the load a latency target allows.
+//! - [`sizing`]: an instance as users ask for it: `tensor: auto` and the GPU kind chosen
+//!   by what a replica serves at the target, and replicas one after another.
 //!
 //! Nothing here talks to a cluster, a device or a clock of its own; the crate builds
 //! without a Kubernetes client, an async runtime or gRPC, so that stays true.
@@ -15,4 +17,5 @@
 pub mod api;
 pub mod placement;
 pub mod serving;
+pub mod sizing;
 pub mod translate;

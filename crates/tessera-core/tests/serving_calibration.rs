@@ -128,7 +128,7 @@ fn model(name: &str, shape: &Shape, dtype: DType) -> ServingModel {
             attention_heads: Some(shape.attention_heads),
             kv_heads: Some(shape.kv_heads),
             kv_cache_dtype: None,
-            kv_cache_gib: 0.0,
+            kv_cache_gib: None,
             overhead_gib: 1.5,
         },
         head_dim: None,
@@ -434,6 +434,7 @@ fn solver_tokens_per_second(input: &ServingInput) -> f64 {
         }
     }
     let problem = Problem {
+        served: None,
         nodes: vec![NodeState {
             name: "node".into(),
             zone: None,
@@ -442,7 +443,7 @@ fn solver_tokens_per_second(input: &ServingInput) -> f64 {
             devices,
             links,
         }],
-        model: tessera_core::translate::model_shape(&input.model.spec),
+        model: tessera_core::placement::ModelShape::of(&input.model.spec),
         tensor: input.plan.tensor,
         stages: Stages::Fixed(stages as u32),
         weights: Weights::default(),

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use tessera_core::api::{ModelInstanceSpec, NodeGpuState, ShareKind};
-use tessera_core::placement::{SolveOptions, solve_replicas};
+use tessera_core::placement::SolveOptions;
+use tessera_core::sizing::solve_replicas;
 use tessera_core::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, tensor_choice,
 };

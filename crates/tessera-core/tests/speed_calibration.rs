@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use tessera_core::api::{GIB, ModelSpec};
 use tessera_core::placement::{
-    Device, Interconnect, Link, NodeState, Problem, Selector, SpeedGoal, StageChoice, Stages,
-    Strategy, Weights, evaluate,
+    Device, Interconnect, Link, ModelShape, NodeState, Problem, Selector, SpeedGoal, StageChoice,
+    Stages, Strategy, Weights, evaluate,
 };
-use tessera_core::translate::model_shape;
 
 const FIXTURE: &str = include_str!("fixtures/published_decode.yaml");
 /// The largest relative error a figure or a speed-up may have.
@@ -101,6 +100,7 @@ fn predict(figure: &Figure, gpu: &Gpu) -> f64 {
         }
     }
     let problem = Problem {
+        served: None,
         nodes: vec![NodeState {
             name: "node".into(),
             zone: None,
@@ -109,7 +109,7 @@ fn predict(figure: &Figure, gpu: &Gpu) -> f64 {
             devices,
             links,
         }],
-        model: model_shape(&figure.model),
+        model: ModelShape::of(&figure.model),
         tensor: figure.tensor,
         stages: Stages::Fixed(1),
         weights: Weights::default(),
@@ -223,7 +223,7 @@ fn a_roofline_without_fixed_costs_would_fail_the_speed_up_check() {
     let fixture = fixture();
     let roofline = |figure: &Figure| {
         let gpu = &fixture.gpus[&figure.gpu];
-        let shape = model_shape(&figure.model);
+        let shape = ModelShape::of(&figure.model);
         let tensor = f64::from(figure.tensor);
         let mut layer =
             shape.weight_bytes_per_layer / (tensor * gpu.memory_bandwidth_gbps * 1e9 * 0.6);

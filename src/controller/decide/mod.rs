@@ -16,9 +16,8 @@ use super::nodes::NodeInfo;
 use super::settings::Settings;
 use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{GpuDevice, GpuPartition, Health, ModelInstanceSpec, PlannedShard, Vendor};
-use tessera_core::placement::{
-    Deadline, Problem, SolveOptions, Stages, Unsatisfiable, solve, solve_parallelism,
-};
+use tessera_core::placement::{Deadline, Problem, SolveOptions, Stages, Unsatisfiable, solve};
+use tessera_core::sizing::solve_parallelism;
 use tessera_core::translate::{
     build_problem, evaluate_placed, planned_shards, refusal_for, tensor_choice,
 };
@@ -442,7 +441,9 @@ mod tests {
         );
         let note = auto.parallelism.expect("auto explains its choice");
         assert!(
-            note.starts_with("tensor auto (throughput: the most tokens/s per GPU) chose 1 GPU(s)"),
+            note.starts_with(
+                "tensor auto (throughput: the most requests/s at the target per GPU) chose 1 GPU(s)"
+            ),
             "{note}"
         );
         assert!(note.contains("per GPU)"), "{note}");

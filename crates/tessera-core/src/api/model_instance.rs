@@ -227,10 +227,19 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = no_null_in_enum)]
     pub kv_cache_dtype: Option<KvCacheDtype>,
-    /// KV cache for the whole instance in GiB, split across stages with the layers.
-    #[serde(default, rename = "kvCacheGiB")]
+    /// KV cache reserved for a replica in GiB, split across its stages with
+    /// the layers. Unset (or 0): a shard's KV cache is whatever its devices
+    /// hold after the weights and overhead, as vLLM takes it; a plan must
+    /// leave room for at least one request of serving.inputTokens +
+    /// outputTokens, and a memory share is sized to the requests the demand
+    /// keeps in flight.
+    #[serde(
+        default,
+        rename = "kvCacheGiB",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = KV_CACHE_GIB.min, max = KV_CACHE_GIB.max))]
-    pub kv_cache_gib: f64,
+    pub kv_cache_gib: Option<f64>,
     /// Memory every device needs besides weights and KV cache (runtime context,
     /// activations, fragmentation), in GiB.
     #[serde(default = "default_overhead_gib", rename = "overheadGiB")]
@@ -274,8 +283,16 @@ impl ModelSpec {
         self.weight_bytes() / f64::from(self.layers.max(1))
     }
 
-    pub fn kv_bytes_per_layer(&self) -> f64 {
-        self.kv_cache_gib * GIB / f64::from(self.layers.max(1))
+    /// The KV cache reserved per layer, when `kvCacheGiB` reserves one.
+    pub fn reserved_kv_bytes_per_layer(&self) -> Option<f64> {
+        self.reserved_kv_gib()
+            .map(|gib| gib * GIB / f64::from(self.layers.max(1)))
+    }
+
+    /// `kvCacheGiB` when it reserves something (0 reserves nothing: the
+    /// devices' room is the cache, as when it is unset).
+    pub fn reserved_kv_gib(&self) -> Option<f64> {
+        self.kv_cache_gib.filter(|gib| *gib > 0.0)
     }
 
     /// The given hidden size, or the one a standard decoder block of this size has
@@ -916,7 +933,9 @@ impl ModelInstanceSpec {
             HIDDEN_SIZE.check("model.hiddenSize", hidden_size, &mut problems);
         }
         check_heads(model, &mut problems);
-        KV_CACHE_GIB.check("model.kvCacheGiB", model.kv_cache_gib, &mut problems);
+        if let Some(kv_cache_gib) = model.kv_cache_gib {
+            KV_CACHE_GIB.check("model.kvCacheGiB", kv_cache_gib, &mut problems);
+        }
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
         REPLICAS.check("replicas", self.replicas, &mut problems);
@@ -1394,7 +1413,7 @@ model:
         let mut s = parse(MINIMAL).unwrap();
         s.model.name = String::new();
         s.model.parameters_billions = -7.0;
-        s.model.kv_cache_gib = f64::NAN;
+        s.model.kv_cache_gib = Some(f64::NAN);
         s.parallelism.tensor = TensorSize::Fixed(0);
         s.parallelism.pipeline = PipelineStages::Fixed(40);
         s.parallelism.min_tokens_per_second = Some(0.0);

@@ -118,11 +118,7 @@ impl<'p> PreparedProblem<'p> {
             .nodes
             .iter()
             .map(|node| {
-                let node_ok = problem
-                    .selector
-                    .node_labels
-                    .iter()
-                    .all(|(key, value)| node.labels.get(key) == Some(value));
+                let node_ok = node_selected(problem, node);
                 node.devices
                     .iter()
                     .map(|device| exclusion(problem, node_ok, device, need_one_layer))
@@ -775,6 +771,25 @@ pub(crate) fn scored_temperature(device: &Device) -> Option<f64> {
         .map(crate::api::telemetry::scored_temperature)
 }
 
+/// The devices any plan of the problem may take (however large its layers):
+/// free, healthy, cool enough, and chosen by the selector.
+pub(crate) fn eligible_devices(problem: &Problem) -> impl Iterator<Item = &Device> {
+    problem.nodes.iter().flat_map(move |node| {
+        let node_ok = node_selected(problem, node);
+        node.devices
+            .iter()
+            .filter(move |device| exclusion(problem, node_ok, device, 0.0).is_none())
+    })
+}
+
+fn node_selected(problem: &Problem, node: &NodeState) -> bool {
+    problem
+        .selector
+        .node_labels
+        .iter()
+        .all(|(key, value)| node.labels.get(key) == Some(value))
+}
+
 fn exclusion(
     problem: &Problem,
     node_ok: bool,
@@ -815,6 +830,11 @@ fn exclusion(
         {
             return Some(Exclusion::Product);
         }
+    }
+    if let Some(kind) = &problem.selector.kind
+        && kind != &device.product
+    {
+        return Some(Exclusion::OtherKind);
     }
     if !node_ok {
         return Some(Exclusion::NodeSelector);

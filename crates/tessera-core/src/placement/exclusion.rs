@@ -13,6 +13,8 @@ pub(crate) enum Exclusion {
     BadTelemetry,
     Vendor,
     Product,
+    /// Not the GPU kind a comparison of kinds restricted the plan to.
+    OtherKind,
     NodeSelector,
     /// Free bytes vs. bytes one layer (plus overhead) needs on one device.
     TooLittleMemory {
@@ -53,6 +55,10 @@ pub(crate) fn exclusion_text(exclusion: &Exclusion, problem: &Problem) -> String
         Exclusion::BadTelemetry => "reports no usable throughput or bandwidth".into(),
         Exclusion::Vendor => format!("vendor not in {:?}", problem.selector.vendors),
         Exclusion::Product => format!("product not matching {:?}", problem.selector.products),
+        Exclusion::OtherKind => format!(
+            "not {}, the GPU kind compared",
+            problem.selector.kind.as_deref().unwrap_or_default()
+        ),
         Exclusion::NodeSelector => "node does not match the node selector".into(),
         Exclusion::TooLittleMemory { free, need } => {
             format!("{} free, one layer needs {}", gib(*free), gib(*need))

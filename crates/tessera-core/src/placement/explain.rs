@@ -75,6 +75,7 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
         "larger than needed",
         "kept whole",
         "too slow shared",
+        "other GPU kind",
     ];
     let mut seen: Vec<Vec<String>> = vec![Vec::new(); kinds.len()];
     for (node, node_exclusions) in problem.nodes.iter().zip(&ctx.exclusions) {
@@ -93,6 +94,7 @@ fn exclusion_details(ctx: &PreparedProblem) -> Vec<String> {
                 Exclusion::LargerThanNeeded { .. } => 9,
                 Exclusion::KeptWhole => 10,
                 Exclusion::TooSlowShared { .. } => 11,
+                Exclusion::OtherKind => 12,
             };
             seen[slot].push(format!(
                 "{}/{}: {}",

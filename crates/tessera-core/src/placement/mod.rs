@@ -18,7 +18,6 @@ mod exhaustive;
 pub(crate) mod explain;
 mod greedy;
 mod hops;
-mod instance;
 mod leaf;
 mod links;
 mod plan;
@@ -31,16 +30,12 @@ mod strategy_score;
 
 pub use evaluate::{StageChoice, evaluate};
 pub use exhaustive::best_by_enumeration;
-pub use instance::{
-    Alternative, InstancePlan, TensorChoice, solve_parallelism, solve_replicas, take_devices,
-    tensor_candidates,
-};
 pub use plan::{
     Performance, Plan, Score, StageParts, StagePlan, StageShare, TokenTime, Unsatisfiable,
 };
 pub use problem::{
     Deadline, Device, DeviceShare, Interconnect, Link, ModelShape, NodeState, Optimize, Problem,
-    Selector, SolveOptions, SpeedGoal, Stages, Strategy, Weights,
+    Selector, Served, SolveOptions, SpeedGoal, Stages, Strategy, Weights,
 };
 
 /// Finds the best plan within the options' budget.
@@ -70,4 +65,4 @@ pub fn solve_greedy(problem: &Problem) -> Result<Plan, Unsatisfiable> {
 }
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;

@@ -25,8 +25,25 @@ pub struct Problem {
     /// what `Strategy::Spread` keeps away from and `Strategy::Pack` fills first.
     pub replica_nodes: Vec<String>,
     /// What `tensor: auto` chooses for, and the speed a plan must reach
-    /// (read by `solve_parallelism`; `solve` plans one size as asked).
+    /// (read by `sizing::solve_parallelism`; `solve` plans one size as asked).
     pub goal: SpeedGoal,
+    /// What the instance serves: with it, `sizing` judges plans by their
+    /// capacity at the latency target; without it, by one stream's speed.
+    /// The solver itself never reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<Served>,
+}
+
+/// The model and `spec.serving` of an instance, as the serving model reads
+/// them to judge a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Served {
+    pub model: crate::api::ModelSpec,
+    pub serving: crate::api::ServingSpec,
+    /// Whether no plan is better than one that misses the latency target:
+    /// the instance gave `spec.serving` (or a minimum speed). Otherwise the
+    /// best plan is placed and said to miss the default target.
+    pub target_required: bool,
 }
 
 /// What an instance's parallelism is chosen for.
@@ -243,6 +260,23 @@ pub struct ModelShape {
     pub flops_per_layer_token: f64,
 }
 
+impl ModelShape {
+    /// The model as the solver sees it, with `kv_bytes_per_layer` the
+    /// reserved KV cache (`kvCacheGiB`, 0 when none is).
+    pub fn of(model: &crate::api::ModelSpec) -> ModelShape {
+        let layers = model.layers;
+        ModelShape {
+            layers,
+            weight_bytes_per_layer: model.weight_bytes_per_layer(),
+            kv_bytes_per_layer: model.reserved_kv_bytes_per_layer().unwrap_or(0.0),
+            overhead_bytes_per_device: model.overhead_gib * crate::api::GIB,
+            // Activations cross stages in 16-bit precision whatever the weight dtype.
+            activation_bytes_per_token: model.effective_hidden_size() * 2.0,
+            flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Selector {
     /// Allowed vendors; empty allows all.
@@ -251,6 +285,9 @@ pub struct Selector {
     pub products: Vec<String>,
     /// Labels a node must carry.
     pub node_labels: BTreeMap<String, String>,
+    /// Exactly this product: set by `sizing` when it compares GPU kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// Relative weights of the score parts; normalised by their sum when scoring.

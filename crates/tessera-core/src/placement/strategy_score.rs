@@ -454,7 +454,8 @@ mod tests {
 
     #[test]
     fn spread_puts_the_next_replica_in_another_zone() {
-        use super::super::{SolveOptions, TensorChoice, solve_replicas};
+        use super::super::SolveOptions;
+        use crate::sizing::{TensorChoice, solve_replicas};
         let mut problem = problem(
             vec![node("a", 2, H100), node("b", 2, H100), node("c", 2, H100)],
             7,

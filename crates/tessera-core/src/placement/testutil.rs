@@ -106,6 +106,7 @@ pub(crate) fn problem(
     let params = billions * 1e9;
     let hidden = (params / (12.0 * f64::from(layers))).sqrt();
     Problem {
+        served: None,
         nodes,
         model: ModelShape {
             layers,

@@ -108,6 +108,25 @@ impl fmt::Display for TargetMiss {
 
 impl std::error::Error for TargetMiss {}
 
+/// Requests a replica holds at once to serve `requests_per_second` when each
+/// takes at most the target's first token and its output tokens at the
+/// target's pace (Little's law; a faster replica holds fewer). At least 1.
+pub fn requests_in_flight(
+    requests_per_second: f64,
+    workload: &super::Workload,
+    target: &LatencyTarget,
+) -> f64 {
+    let seconds = (target.max_ttft_ms.unwrap_or(0.0)
+        + workload.output_tokens.max(1.0) * target.max_tpot_ms.unwrap_or(0.0))
+        / 1e3;
+    let in_flight = requests_per_second * seconds;
+    if in_flight.is_finite() {
+        in_flight.ceil().max(1.0)
+    } else {
+        1.0
+    }
+}
+
 /// Every power of two below `max`, and `max`.
 pub(super) fn curve(steps: &StepModel, max: u32) -> Vec<CurvePoint> {
     let max = max.max(1);

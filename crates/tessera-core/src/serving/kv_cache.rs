@@ -9,7 +9,7 @@
 use serde::Serialize;
 
 use super::runtime::MemoryRule;
-use super::{Refusal, ServingInput, ServingModel};
+use super::{Refusal, RuntimeConfig, ServingInput, ServingModel};
 use crate::api::GIB;
 
 /// What bounds a replica's concurrency.
@@ -87,6 +87,13 @@ impl Attention {
     }
 }
 
+/// KV bytes one token takes in one layer when one device holds all its KV
+/// heads, stored as the runtime stores it.
+pub fn kv_bytes_per_token_layer(model: &ServingModel, runtime: &RuntimeConfig) -> f64 {
+    Attention::of(model)
+        .kv_bytes_per_device_layer(1, runtime.kv_bytes_per_element(model.spec.dtype))
+}
+
 impl ServingModel {
     /// KV bytes one token takes across a tensor group of `tensor` holding all
     /// layers: `2 × layers × KV heads × head dim × bytes per element`, with
@@ -134,7 +141,7 @@ pub(super) fn concurrency(input: &ServingInput, layers: &[u32]) -> Result<Concur
     let sequence_tokens = input.workload.input_tokens.max(1.0) + input.workload.output_tokens;
     let weights_per_layer = spec.weight_bytes_per_layer();
     let overhead = spec.overhead_gib * GIB;
-    let reserved = spec.kv_cache_gib * GIB;
+    let reserved = spec.reserved_kv_gib().unwrap_or(0.0) * GIB;
     let all_layers = f64::from(spec.layers.max(1));
 
     let mut sequences = f64::INFINITY;
@@ -275,12 +282,12 @@ mod tests {
     #[test]
     fn a_fixed_reservation_replaces_what_is_left_and_must_fit() {
         let mut reserved = input(h100(), 1, llama("8b", DType::Bf16), Runtime::Vllm);
-        reserved.model.spec.kv_cache_gib = 10.0;
+        reserved.model.spec.kv_cache_gib = Some(10.0);
         let concurrency = *Replica::new(&reserved).expect("fits").concurrency();
         assert_eq!(concurrency.kv_cache_bytes, 10.0 * GIB);
         // 10 GiB of 128 KiB tokens, 2000 tokens a sequence.
         assert_eq!(concurrency.kv_limit, 40);
-        reserved.model.spec.kv_cache_gib = 70.0;
+        reserved.model.spec.kv_cache_gib = Some(70.0);
         let refusal = Replica::new(&reserved).expect_err("70 GiB beside 15 GiB of weights");
         assert!(
             matches!(refusal, Refusal::ReservationDoesNotFit { .. }),

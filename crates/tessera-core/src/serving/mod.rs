@@ -35,8 +35,9 @@ use serde::{Deserialize, Serialize};
 use crate::api::ModelSpec;
 use crate::placement::Interconnect;
 
+pub use capacity::requests_in_flight;
 pub use capacity::{AtTarget, Capacity, CurvePoint, TargetMiss};
-pub use kv_cache::{Concurrency, Limit};
+pub use kv_cache::{Concurrency, Limit, kv_bytes_per_token_layer};
 pub use runtime::{KvCacheDtype, Runtime, RuntimeConfig};
 
 /// One GPU as its datasheet, or the node agent, describes it: the same
@@ -349,7 +350,7 @@ fn validate(input: &ServingInput) -> Result<(), Refusal> {
     }
     for (name, value) in [
         ("overheadGiB", spec.overhead_gib),
-        ("kvCacheGiB", spec.kv_cache_gib),
+        ("kvCacheGiB", spec.kv_cache_gib.unwrap_or(0.0)),
     ] {
         if !value.is_finite() || value < 0.0 {
             return invalid(format!("{name} must be 0 or more, not {value}"));
@@ -437,7 +438,7 @@ pub(crate) mod testutil {
                 attention_heads: Some(heads),
                 kv_heads: Some(kv_heads),
                 kv_cache_dtype: None,
-                kv_cache_gib: 0.0,
+                kv_cache_gib: None,
                 overhead_gib: 1.5,
             },
             head_dim: None,

@@ -148,17 +148,20 @@ impl Runtime {
 }
 
 impl RuntimeConfig {
-    pub(super) fn memory_utilization(&self, tensor: u32) -> f64 {
+    /// The share of memory the runtime takes with `tensor` GPUs per shard.
+    pub fn memory_utilization(&self, tensor: u32) -> f64 {
         self.memory_utilization
             .unwrap_or_else(|| self.runtime.default_memory_utilization(tensor))
     }
 
-    pub(super) fn max_num_seqs(&self) -> u32 {
+    /// The most sequences the runtime batches.
+    pub fn max_num_seqs(&self) -> u32 {
         self.max_num_seqs
             .unwrap_or_else(|| self.runtime.default_max_num_seqs())
     }
 
-    pub(super) fn kv_bytes_per_element(&self, weights: DType) -> f64 {
+    /// Bytes of one KV cache element for `weights` of that dtype.
+    pub fn kv_bytes_per_element(&self, weights: DType) -> f64 {
         match self.kv_cache_dtype {
             KvCacheDtype::Auto => self.runtime.default_kv_bytes_per_element(weights),
             KvCacheDtype::Fp16 | KvCacheDtype::Bf16 => 2.0,

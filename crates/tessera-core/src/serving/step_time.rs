@@ -36,7 +36,6 @@ use super::{GpuFigures, ServingInput, ServingPoint};
 use crate::api::DType;
 use crate::placement::ModelShape;
 use crate::placement::speed::{GroupSpeed, layer_time, link_gbps};
-use crate::translate::model_shape;
 
 /// Share of the datasheet FP8 TFLOPS FP8 kernels reach, relative to the share
 /// FP16 kernels reach of theirs: FP8 doubles the tensor-core rate, not the
@@ -137,7 +136,7 @@ impl StepModel {
     /// `layers`: each stage's layer count. The input is validated already.
     pub(super) fn new(input: &ServingInput, layers: &[u32]) -> StepModel {
         let spec = &input.model.spec;
-        let shape = model_shape(spec);
+        let shape = ModelShape::of(spec);
         let no_activations = ModelShape {
             activation_bytes_per_token: 0.0,
             ..shape.clone()
@@ -290,7 +289,7 @@ mod tests {
 
     /// The solver's token time for one stage of `tensor` devices.
     fn single_stream(input: &ServingInput) -> f64 {
-        let shape = model_shape(&input.model.spec);
+        let shape = ModelShape::of(&input.model.spec);
         let gpu = &input.plan.stages[0].gpu;
         let mut group = GroupSpeed::device(&gpu.vendor, gpu.fp16_tflops, gpu.memory_bandwidth_gbps);
         if input.plan.tensor > 1 {

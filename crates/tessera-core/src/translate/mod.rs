@@ -3,22 +3,21 @@
 //! instance's status plan. Pure: callers fetch the objects.
 
 mod devices;
-mod serving;
-
-pub use serving::replica_capacity;
+mod kv_floor;
 
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{
-    self, GIB, GpuStateError, LinkKind, ModelInstanceSpec, ModelSpec, NodeGpuState, PipelineStages,
+    self, GIB, GpuStateError, LinkKind, ModelInstanceSpec, NodeGpuState, PipelineStages,
     PlannedShard, RACK_LABEL, Sharing, TensorSize, ZONE_LABEL,
 };
 use crate::placement::{
-    Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector, SpeedGoal,
-    StageChoice, Stages, Strategy, TensorChoice, Unsatisfiable, Weights, evaluate,
+    Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector, Served,
+    SpeedGoal, StageChoice, Stages, Strategy, Unsatisfiable, Weights, evaluate,
 };
+use crate::sizing::TensorChoice;
 
 /// A node as the planner needs it: name, labels and published GPU state.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,8 +110,11 @@ pub fn build_problem<'a>(
     let placement = &spec.placement;
     Problem {
         nodes: states,
-        model: model_shape(&spec.model),
-        // `auto` is solved size by size (see `placement::solve_parallelism`);
+        model: ModelShape {
+            kv_bytes_per_layer: kv_floor::per_layer(spec),
+            ..ModelShape::of(&spec.model)
+        },
+        // `auto` is solved size by size (see `sizing::solve_parallelism`);
         // the problem starts at one GPU per shard.
         tensor: spec.parallelism.tensor.fixed().unwrap_or(1),
         // A sharing instance runs one shard on one GPU or piece of one, so
@@ -134,6 +136,7 @@ pub fn build_problem<'a>(
             vendors: placement.vendors.clone(),
             products: placement.products.clone(),
             node_labels: placement.node_selector.clone(),
+            kind: None,
         },
         strategy: match placement.strategy {
             api::Strategy::Pack => Strategy::Pack,
@@ -147,6 +150,11 @@ pub fn build_problem<'a>(
             },
             min_tokens_per_second: spec.parallelism.min_tokens_per_second,
         },
+        served: Some(Served {
+            model: spec.model.clone(),
+            serving: spec.serving.clone().unwrap_or_default(),
+            target_required: spec.serving.is_some(),
+        }),
     }
 }
 
@@ -178,20 +186,6 @@ fn node_state(
         labels: node.labels.clone(),
         devices,
         links,
-    }
-}
-
-/// The model as the solver sees it: bytes and FLOPs per layer.
-pub fn model_shape(model: &ModelSpec) -> ModelShape {
-    let layers = model.layers;
-    ModelShape {
-        layers,
-        weight_bytes_per_layer: model.weight_bytes_per_layer(),
-        kv_bytes_per_layer: model.kv_bytes_per_layer(),
-        overhead_bytes_per_device: model.overhead_gib * GIB,
-        // Activations cross stages in 16-bit precision whatever the weight dtype.
-        activation_bytes_per_token: model.effective_hidden_size() * 2.0,
-        flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
     }
 }
 
