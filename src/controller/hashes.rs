@@ -15,10 +15,18 @@ use tessera_core::api::ModelInstanceSpec;
 pub(crate) const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
 
 /// Hash of the spec parts a plan depends on (`status.placementHash`).
+/// Specs written before `kvCacheGiB` became optional and before
+/// `spec.serving` existed hash as they did (an unset cache as the 0 it was
+/// read as), so their plans are kept.
 pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
-    let parts = (&spec.model, &spec.parallelism, &spec.placement);
+    let mut model = spec.model.clone();
+    model.kv_cache_gib = Some(model.kv_cache_gib.unwrap_or(0.0));
     // Plain structs of numbers and strings always serialize.
-    let json = serde_json::to_vec(&parts).unwrap_or_default();
+    let json = match &spec.serving {
+        None => serde_json::to_vec(&(&model, &spec.parallelism, &spec.placement)),
+        Some(serving) => serde_json::to_vec(&(&model, &spec.parallelism, &spec.placement, serving)),
+    }
+    .unwrap_or_default();
     format!("{:016x}", fnv(&json))
 }
 
@@ -101,5 +109,38 @@ mod tests {
         let written = serde_json::to_value(&goal).unwrap();
         assert_eq!(written["optimize"], "latency");
         assert_eq!(written["minTokensPerSecond"], 50.0);
+    }
+
+    /// What a plan is judged by is in the hash; an unset KV cache hashes as
+    /// the 0 older specs wrote.
+    #[test]
+    fn the_serving_target_moves_the_hash_and_an_unset_cache_is_zero() {
+        let spec = |yaml: &str| -> tessera_core::api::ModelInstanceSpec {
+            serde_saphyr::from_str(yaml).unwrap()
+        };
+        const MODEL: &str = "model: {name: m, parametersBillions: 7, layers: 32}\n";
+        let plain = super::placement_hash(&spec(MODEL));
+        assert_eq!(
+            plain,
+            super::placement_hash(&spec(
+                "model: {name: m, parametersBillions: 7, layers: 32, kvCacheGiB: 0}\n"
+            ))
+        );
+        // The hash older controllers wrote for this spec.
+        let older = format!(
+            r#"[{{"name":"m","parametersBillions":7.0,"layers":32,"dtype":"bf16","kvCacheGiB":0.0,"overheadGiB":1.5}},{{"tensor":1,"pipeline":"auto"}},{}]"#,
+            serde_json::to_string(&PlacementPolicy::default()).unwrap()
+        );
+        assert_eq!(plain, format!("{:016x}", super::fnv(older.as_bytes())));
+        let served = super::placement_hash(&spec(&format!(
+            "{MODEL}serving: {{maxTimePerOutputTokenMs: 30}}\n"
+        )));
+        assert_ne!(plain, served);
+        assert_ne!(
+            served,
+            super::placement_hash(&spec(&format!(
+                "{MODEL}serving: {{maxTimePerOutputTokenMs: 40}}\n"
+            )))
+        );
     }
 }
