@@ -853,3 +853,58 @@ fn sharing_with_more_than_one_shard_is_bad_input() {
     );
     assert_bad_input(&["place", "-f", &path], None, &[&path, "MIG"]);
 }
+
+#[test]
+fn place_sizes_replicas_to_a_demand_and_says_when_it_is_not_met() {
+    let dir = Scratch::new("cli", "demand");
+    let model = "name: m, parametersBillions: 8, layers: 32, hiddenSize: 4096, attentionHeads: 32, kvHeads: 8";
+    let one = dir.file("one.yaml", &instance(model, ""));
+    let report = json_report(&["place", "-o", "json", "-f", &one]);
+    let each = report["placements"][0]["plan"]["serving"]["atSlo"]["requestsPerSecond"]
+        .as_f64()
+        .expect("one replica's requests/s");
+    let demand = (each * 2.5 * 100.0).round() / 100.0;
+    let sized = dir.file(
+        "sized.yaml",
+        &instance(
+            model,
+            &format!("  serving: {{requestsPerSecond: {demand}}}\n"),
+        ),
+    );
+    let report = json_report(&["place", "-o", "json", "-f", &sized]);
+    let placements = report["placements"].as_array().expect("placements");
+    assert!(placements.len() >= 2, "{report}");
+    let outcome = &report["demands"][0];
+    assert_eq!(outcome["met"], true, "{outcome}");
+    assert_eq!(outcome["replicas"], placements.len());
+    assert!(outcome["servedRequestsPerSecond"].as_f64().unwrap_or(0.0) >= demand);
+    let (code, table, _) = run(&["place", "-f", &sized], None);
+    assert_eq!(code, 0);
+    assert!(
+        table.contains(&format!(
+            "m: demand {demand} requests/s: {} replicas serve",
+            placements.len()
+        )),
+        "{table}"
+    );
+    // A demand the sample cluster cannot serve: every replica it holds, then
+    // exit code 2 and NOT MET.
+    let huge = dir.file(
+        "huge.yaml",
+        &instance(model, "  serving: {requestsPerSecond: 1000000}\n"),
+    );
+    let (code, table, stderr) = run(&["place", "-f", &huge], None);
+    assert_eq!(code, 2, "{table}\n{stderr}");
+    assert!(table.contains("(NOT MET)"), "{table}");
+    // A fixed count with a demand is kept, and judged.
+    let fixed = dir.file(
+        "fixed.yaml",
+        &instance(
+            model,
+            &format!("  replicas: 1\n  serving: {{requestsPerSecond: {demand}}}\n"),
+        ),
+    );
+    let (code, table, _) = run(&["place", "-f", &fixed], None);
+    assert_eq!(code, 2, "{table}");
+    assert!(table.contains("1 replica serve"), "{table}");
+}

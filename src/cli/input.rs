@@ -146,7 +146,7 @@ pub fn parse_instances(text: &str, origin: &str) -> Result<Vec<ModelInstance>, I
             return Err(InputError(format!("{origin}: metadata.name is missing")));
         }
         // The API server and the controller refuse these names; so does `place`.
-        limits::check_instance_name(&name, mi.spec.replicas)
+        limits::check_instance_name(&name, mi.spec.most_replicas())
             .and_then(|()| {
                 mi.metadata
                     .namespace

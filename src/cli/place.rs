@@ -14,7 +14,7 @@ use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
 use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable};
 use tessera_core::serving::Capacity;
-use tessera_core::sizing::solve_replicas;
+use tessera_core::sizing::{served_together, solve_for_demand, solve_replicas};
 use tessera_core::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, refusal_for,
     tensor_choice,
@@ -104,18 +104,37 @@ impl std::ops::Deref for PlacedPlan {
     }
 }
 
+/// Whether an instance's replicas serve its demand (`serving.requestsPerSecond`)
+/// at the latency target.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DemandOutcome {
+    pub(crate) name: String,
+    /// The demand.
+    pub(crate) requests_per_second: f64,
+    /// Replicas planned (as many as the demand needs when `replicas` is unset).
+    pub(crate) replicas: u32,
+    /// What they serve together: their count × the slowest one's requests/s.
+    pub(crate) served_requests_per_second: f64,
+    pub met: bool,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub(crate) cluster: String,
     pub placements: Vec<Placement>,
+    /// Each instance with a demand, and whether it is met.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub demands: Vec<DemandOutcome>,
     /// The cluster planned on, for the map.
     #[serde(skip)]
     pub(crate) nodes: Vec<ClusterNode>,
 }
 
 impl Report {
+    /// Every replica placed and every demand met.
     pub fn all_placed(&self) -> bool {
-        self.placements.iter().all(|p| p.plan.is_some())
+        self.placements.iter().all(|p| p.plan.is_some()) && self.demands.iter().all(|d| d.met)
     }
 }
 
@@ -155,9 +174,11 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
             )));
         }
     }
+    let (placements, demands) = place_all(&instances, &nodes, args.max_steps);
     Ok(Report {
         cluster: cluster_origin,
-        placements: place_all(&instances, &nodes, args.max_steps),
+        placements,
+        demands,
         nodes,
     })
 }
@@ -166,7 +187,7 @@ fn place_all(
     instances: &[ModelInstance],
     nodes: &[ClusterNode],
     max_steps: Option<u64>,
-) -> Vec<Placement> {
+) -> (Vec<Placement>, Vec<DemandOutcome>) {
     // Devices the node agents report as handed to pods are taken, as for the controller.
     let mut allocated: HashMap<(String, String), String> = nodes
         .iter()
@@ -179,6 +200,7 @@ fn place_all(
         .collect();
     let mut shares = HeldShares::new();
     let mut out = Vec::new();
+    let mut demands = Vec::new();
     for mi in instances {
         let name = match &mi.metadata.namespace {
             Some(ns) => format!("{ns}/{}", mi.metadata.name.clone().unwrap_or_default()),
@@ -195,8 +217,38 @@ fn place_all(
         if let Some(steps) = max_steps {
             opts.max_steps = steps;
         }
-        let replicas = mi.spec.replicas;
-        let results = solve_replicas(&problem, tensor_choice(&mi.spec), replicas, &name, &opts);
+        let tensor = tensor_choice(&mi.spec);
+        let results = match (mi.spec.fixed_replicas(), mi.spec.demand()) {
+            (Some(replicas), _) => solve_replicas(&problem, tensor, replicas, &name, &opts),
+            (None, demand) => solve_for_demand(
+                &problem,
+                tensor,
+                demand.unwrap_or_default(),
+                mi.spec.most_replicas(),
+                &name,
+                &opts,
+            ),
+        };
+        if let Some(demand) = mi.spec.demand() {
+            let served: Vec<f64> = results
+                .iter()
+                .map(|result| {
+                    result
+                        .as_ref()
+                        .ok()
+                        .and_then(|placed| placed.requests_per_second())
+                        .unwrap_or(0.0)
+                })
+                .collect();
+            demands.push(DemandOutcome {
+                name: name.clone(),
+                requests_per_second: demand,
+                replicas: served.len() as u32,
+                served_requests_per_second: served_together(&served),
+                met: served_together(&served) >= demand,
+            });
+        }
+        let replicas = results.len() as u32;
         for (replica, result) in (0..replicas).zip(results) {
             tracing::info!(instance = %name, replica, placed = result.is_ok(), "planned");
             let holder = if replicas > 1 {
@@ -246,7 +298,7 @@ fn place_all(
             out.push(placement);
         }
     }
-    out
+    (out, demands)
 }
 
 #[cfg(test)]

@@ -177,6 +177,18 @@ fn table(report: &Report) -> String {
             (None, None) => {}
         }
     }
+    for demand in &report.demands {
+        let _ = writeln!(
+            out,
+            "\n{}: demand {} requests/s: {} replica{} serve {:.1} at the target ({})",
+            demand.name,
+            demand.requests_per_second,
+            demand.replicas,
+            if demand.replicas == 1 { "" } else { "s" },
+            demand.served_requests_per_second,
+            if demand.met { "met" } else { "NOT MET" }
+        );
+    }
     out
 }
 

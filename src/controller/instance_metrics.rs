@@ -1,6 +1,7 @@
 //! One series per ModelInstance, from the instance cache at each scrape:
-//! its phase, the GPUs its plan holds, its predicted speed and how long it
-//! took from creation to Running. The families are cleared and filled again
+//! its phase, the GPUs its plan holds, its predicted speed, what it serves
+//! at its latency target (and its demand), and how long it took from
+//! creation to Running. The families are cleared and filled again
 //! every time, so an instance that is gone leaves no series behind.
 
 use std::collections::BTreeSet;
@@ -42,6 +43,11 @@ pub(crate) struct InstanceMetrics {
     gpus: Family<InstanceLabels, Gauge>,
     tokens_per_second: Value,
     replica_tokens_per_second: Family<ReplicaLabels, Gauge<f64, AtomicU64>>,
+    capacity_requests_per_second: Value,
+    capacity_output_tokens_per_second: Value,
+    capacity_concurrency: Value,
+    demand_requests_per_second: Value,
+    replica_capacity_requests_per_second: Family<ReplicaLabels, Gauge<f64, AtomicU64>>,
     created_to_running: Value,
 }
 
@@ -53,6 +59,11 @@ impl InstanceMetrics {
             gpus: Family::default(),
             tokens_per_second: Value::default(),
             replica_tokens_per_second: Family::default(),
+            capacity_requests_per_second: Value::default(),
+            capacity_output_tokens_per_second: Value::default(),
+            capacity_concurrency: Value::default(),
+            demand_requests_per_second: Value::default(),
+            replica_capacity_requests_per_second: Family::default(),
             created_to_running: Value::default(),
         };
         registry.register(
@@ -76,6 +87,31 @@ impl InstanceMetrics {
             metrics.replica_tokens_per_second.clone(),
         );
         registry.register(
+            "instance_capacity_requests_per_second",
+            "Predicted requests/s the placed replicas serve together at the latency target (replicas × the slowest one's)",
+            metrics.capacity_requests_per_second.clone(),
+        );
+        registry.register(
+            "instance_capacity_output_tokens_per_second",
+            "Predicted output tokens/s at that load",
+            metrics.capacity_output_tokens_per_second.clone(),
+        );
+        registry.register(
+            "instance_capacity_concurrency",
+            "Predicted requests decoded at once at that load, all replicas",
+            metrics.capacity_concurrency.clone(),
+        );
+        registry.register(
+            "instance_demand_requests_per_second",
+            "The demand the instance is sized for (spec.serving.requestsPerSecond)",
+            metrics.demand_requests_per_second.clone(),
+        );
+        registry.register(
+            "instance_replica_capacity_requests_per_second",
+            "Predicted requests/s each placed replica serves at the latency target",
+            metrics.replica_capacity_requests_per_second.clone(),
+        );
+        registry.register(
             "instance_created_to_running_seconds",
             "From the instance's creation to its Ready condition turning true, for instances that are ready",
             metrics.created_to_running.clone(),
@@ -89,6 +125,11 @@ impl InstanceMetrics {
         self.gpus.clear();
         self.tokens_per_second.clear();
         self.replica_tokens_per_second.clear();
+        self.capacity_requests_per_second.clear();
+        self.capacity_output_tokens_per_second.clear();
+        self.capacity_concurrency.clear();
+        self.demand_requests_per_second.clear();
+        self.replica_capacity_requests_per_second.clear();
         self.created_to_running.clear();
         for mi in instances {
             let labels = InstanceLabels {
@@ -126,6 +167,30 @@ impl InstanceMetrics {
                         replica: prediction.replica.to_string(),
                     })
                     .set(prediction.tokens_per_second);
+                if let Some(capacity) = &prediction.capacity {
+                    self.replica_capacity_requests_per_second
+                        .get_or_create(&ReplicaLabels {
+                            instance: labels.clone(),
+                            replica: prediction.replica.to_string(),
+                        })
+                        .set(capacity.requests_per_second);
+                }
+            }
+            if let Some(capacity) = status.and_then(|s| s.capacity.as_ref()) {
+                self.capacity_requests_per_second
+                    .get_or_create(&labels)
+                    .set(capacity.requests_per_second);
+                self.capacity_output_tokens_per_second
+                    .get_or_create(&labels)
+                    .set(capacity.output_tokens_per_second);
+                self.capacity_concurrency
+                    .get_or_create(&labels)
+                    .set(f64::from(capacity.concurrency));
+            }
+            if let Some(demand) = mi.spec.demand() {
+                self.demand_requests_per_second
+                    .get_or_create(&labels)
+                    .set(demand);
             }
             if let Some(seconds) = created_to_ready(mi) {
                 self.created_to_running.get_or_create(&labels).set(seconds);
@@ -155,13 +220,15 @@ fn created_to_ready(mi: &ModelInstance) -> Option<f64> {
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use prometheus_client::encoding::text::encode;
-    use tessera_core::api::{ModelInstanceStatus, PlannedShard, ReplicaPrediction};
+    use tessera_core::api::{
+        InstanceCapacity, ModelInstanceStatus, PlannedShard, ReplicaCapacity, ReplicaPrediction,
+    };
 
     use super::*;
     use crate::controller::testkit::{SMALL, instance};
 
     fn running(name: &str) -> ModelInstance {
-        let mut mi = instance(name, SMALL);
+        let mut mi = instance(name, &format!("{SMALL}\nserving: {{requestsPerSecond: 6}}"));
         let at = |s: &str| Time(s.parse().unwrap());
         mi.metadata.creation_timestamp = Some(at("2026-11-28T10:00:00Z"));
         mi.status = Some(ModelInstanceStatus {
@@ -171,12 +238,29 @@ mod tests {
                 ReplicaPrediction {
                     replica: 0,
                     tokens_per_second: 60.0,
+                    capacity: None,
                 },
                 ReplicaPrediction {
                     replica: 2,
                     tokens_per_second: 67.5,
+                    capacity: Some(ReplicaCapacity {
+                        concurrency: 40,
+                        requests_per_second: 3.5,
+                        output_tokens_per_second: 896.0,
+                        tpot_ms: 41.0,
+                        ttft_ms: 120.0,
+                        target_missed: None,
+                    }),
                 },
             ],
+            capacity: Some(InstanceCapacity {
+                requests_per_second: 7.0,
+                output_tokens_per_second: 1792.0,
+                concurrency: 80,
+                tpot_ms: 45.0,
+                ttft_ms: 130.0,
+                demand_requests_per_second: Some(6.0),
+            }),
             plan: ["g0", "g1"]
                 .iter()
                 .enumerate()
@@ -228,6 +312,11 @@ mod tests {
             format!("tessera_controller_instance_predicted_tokens_per_second{{{labels}}} 127.5"),
             format!("tessera_controller_instance_created_to_running_seconds{{{labels}}} 2.5"),
             format!("tessera_controller_instance_replica_predicted_tokens_per_second{{{labels},replica=\"2\"}} 67.5"),
+            format!("tessera_controller_instance_capacity_requests_per_second{{{labels}}} 7.0"),
+            format!("tessera_controller_instance_capacity_output_tokens_per_second{{{labels}}} 1792.0"),
+            format!("tessera_controller_instance_capacity_concurrency{{{labels}}} 80.0"),
+            format!("tessera_controller_instance_demand_requests_per_second{{{labels}}} 6.0"),
+            format!("tessera_controller_instance_replica_capacity_requests_per_second{{{labels},replica=\"2\"}} 3.5"),
             "tessera_controller_instance_phase{namespace=\"ml\",modelinstance=\"waiting\",phase=\"Pending\"} 1".to_string(),
         ] {
             assert!(text.contains(&line), "{line} not in:\n{text}");

@@ -52,7 +52,17 @@ struct ReplicaStates {
 
 impl ReplicaStates {
     fn add(&mut self, mi: &ModelInstance) {
-        let wanted = mi.spec.replicas;
+        // A demand's replicas are the ones its last decision planned.
+        let wanted = mi.spec.fixed_replicas().unwrap_or_else(|| {
+            mi.status.as_ref().map_or(0, |status| {
+                status
+                    .plan
+                    .iter()
+                    .map(|shard| shard.replica)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len() as u32
+            })
+        });
         let (planned, with_pods, ready) = match &mi.status {
             None => (0, 0, 0),
             Some(status) => {
@@ -293,7 +303,7 @@ mod tests {
     /// every pod, `ready` every shard ready.
     fn with(wanted: u32, planned: u32, with_pods: u32, ready: u32) -> ModelInstance {
         let mut mi = instance(&format!("m{wanted}{planned}{with_pods}{ready}"), SMALL);
-        mi.spec.replicas = wanted;
+        mi.spec.replicas = Some(wanted);
         mi.status = Some(ModelInstanceStatus {
             plan: (0..planned).map(shard).collect(),
             replicas: with_pods,
@@ -308,7 +318,7 @@ mod tests {
         let mut states = ReplicaStates::default();
         states.add(&with(4, 3, 2, 1));
         let mut new = instance("new", SMALL);
-        new.spec.replicas = 2;
+        new.spec.replicas = Some(2);
         states.add(&new);
         // Scaled down: the plan still names a replica no longer wanted.
         states.add(&with(1, 2, 2, 2));

@@ -14,9 +14,10 @@ pub fn check(mi: &ModelInstance, settings: &Settings) -> Result<(), InvalidSpec>
         Ok(()) => Vec::new(),
         Err(e) => e.problems,
     };
-    if let Err(e) =
-        limits::check_instance_name(mi.metadata.name.as_deref().unwrap_or(""), mi.spec.replicas)
-    {
+    if let Err(e) = limits::check_instance_name(
+        mi.metadata.name.as_deref().unwrap_or(""),
+        mi.spec.most_replicas(),
+    ) {
         problems.push(e);
     }
     match mi.spec.template.as_ref().and_then(|t| t.spec.as_ref()) {

@@ -25,6 +25,7 @@ fn running_instance() -> ModelInstance {
         replica_predictions: vec![ReplicaPrediction {
             replica: 0,
             tokens_per_second: 100.0,
+            capacity: None,
         }],
         conditions: vec![Condition {
             type_: "Ready".into(),

@@ -72,7 +72,7 @@ fn plan(
     solve_replicas(
         &problem,
         tensor_choice(spec),
-        spec.replicas,
+        spec.replicas.unwrap_or(1),
         "ml/test",
         &SolveOptions::default(),
     )

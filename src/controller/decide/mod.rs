@@ -22,8 +22,10 @@ use tessera_core::translate::{
     build_problem, evaluate_placed, planned_shards, refusal_for, tensor_choice,
 };
 
+mod demand;
 mod replicas;
 pub(crate) mod stage;
+pub(crate) use demand::{Counted, decide_count};
 pub use replicas::{ReplicaDecision, Replicas, decide_replicas};
 
 /// Everything the plan stage reads besides the instance.

@@ -13,6 +13,7 @@ use tessera_core::api::{ModelInstanceSpec, PlannedShard};
 use tessera_core::placement::Unsatisfiable;
 
 /// One instance's replicas as the reconcile found them.
+#[derive(Clone, Copy)]
 pub struct Replicas<'a> {
     pub(crate) spec: &'a ModelInstanceSpec,
     pub(crate) tolerations: &'a [Toleration],

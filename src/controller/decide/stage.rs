@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::{PlanDecision, PlanInputs, Replicas, decide_replicas};
+use super::{Counted, PlanDecision, PlanInputs, Replicas, decide_count};
 use crate::controller::apply;
 use crate::controller::context::{Context, Error, Instance};
 use crate::controller::desired::REPLICA_LABEL;
@@ -22,7 +22,7 @@ use crate::controller::observe::Observed;
 use crate::controller::status::{Outcome, PLACED};
 use tessera_core::api::{
     DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
-    SHARD_ANNOTATION,
+    ReplicaCapacity, SHARD_ANNOTATION,
 };
 use tessera_core::placement::Unsatisfiable;
 
@@ -91,14 +91,16 @@ pub(crate) async fn plan(
     notes: &mut Vec<EventNote>,
 ) -> Result<Decided, Error> {
     let previous = mi.status.as_ref();
-    let wanted = mi.spec.replicas;
+    // Slots for every replica the instance may have; the decision says how
+    // many it gets (the fixed count, or what the demand needs).
+    let most = mi.spec.most_replicas();
     let current_plan: Vec<PlannedShard> = previous.map(|s| s.plan.clone()).unwrap_or_default();
     let failed = failed_admissions(&observed.mine, &current_plan);
     let known: Vec<Option<(u64, Unsatisfiable)>> = {
         let mut cache = lock(&ctx.unsatisfiable);
         // Replicas scaled away leave nothing behind.
-        cache.retain(|(uid, replica), _| uid != &instance.uid || *replica < wanted);
-        (0..wanted)
+        cache.retain(|(uid, replica), _| uid != &instance.uid || *replica < most);
+        (0..most)
             .map(|replica| cache.get(&(instance.uid.clone(), replica)).cloned())
             .collect()
     };
@@ -114,7 +116,7 @@ pub(crate) async fn plan(
     // shards keeps the rest.
     let keep = current_hash.as_deref() == Some(instance.placement_hash.as_str());
     // Each wanted replica's current shards, split once.
-    let by_replica: Vec<Vec<PlannedShard>> = (0..wanted)
+    let by_replica: Vec<Vec<PlannedShard>> = (0..most)
         .map(|replica| replica_plan(&current_plan, replica))
         .collect();
     let job = {
@@ -141,13 +143,17 @@ pub(crate) async fn plan(
                 replica: 0,
                 replica_nodes: &[],
             };
-            decide_replicas(&replicas, &base)
+            decide_count(&replicas, &base)
         }
     };
     let planning = Instant::now();
-    let decisions = tokio::task::spawn_blocking(job)
+    let Counted {
+        decisions,
+        capacities,
+    } = tokio::task::spawn_blocking(job)
         .await
         .map_err(|e| Error::Planning(e.to_string()))?;
+    let wanted = decisions.len();
     if decisions
         .iter()
         .any(|(decision, _)| *decision != PlanDecision::Keep)
@@ -158,8 +164,9 @@ pub(crate) async fn plan(
     }
     let replicas = decisions
         .into_iter()
+        .zip(capacities)
         .enumerate()
-        .map(|(index, (decision, broken))| {
+        .map(|(index, ((decision, broken), capacity))| {
             let replica = index as u32;
             let mut replica_notes = Vec::new();
             let decided = replica_decided(
@@ -167,7 +174,7 @@ pub(crate) async fn plan(
                 (instance, replica),
                 previous,
                 by_replica[index].clone(),
-                (decision, broken),
+                (decision, broken, capacity),
                 keep,
                 &mut replica_notes,
             );
@@ -198,7 +205,7 @@ fn replica_decided(
     (instance, replica): (&Instance, u32),
     previous: Option<&ModelInstanceStatus>,
     current_plan: Vec<PlannedShard>,
-    (decision, broken): (PlanDecision, BTreeMap<u32, String>),
+    (decision, broken, capacity): (PlanDecision, BTreeMap<u32, String>, Option<ReplicaCapacity>),
     keep: bool,
     notes: &mut Vec<EventNote>,
 ) -> ReplicaDecided {
@@ -212,6 +219,7 @@ fn replica_decided(
                     .map(|total| total / f64::from(replica_count(previous).max(1))),
                 plan: current_plan,
                 replanned: Vec::new(),
+                capacity,
             },
             broken: BTreeMap::new(),
         },
@@ -236,6 +244,7 @@ fn replica_decided(
                     plan: new.plan,
                     tokens_per_second: new.tokens_per_second,
                     replanned: new.reasons,
+                    capacity,
                 },
                 broken: BTreeMap::new(),
             }

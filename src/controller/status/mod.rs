@@ -10,8 +10,10 @@ pub(crate) mod write;
 
 use super::apply::ShardState;
 use tessera_core::api::{
-    ModelInstanceStatus, Phase, PlannedShard, ReplicaPrediction, ReplicaRestarts,
+    InstanceCapacity, ModelInstanceStatus, Phase, PlannedShard, ReplicaCapacity, ReplicaPrediction,
+    ReplicaRestarts,
 };
+use tessera_core::translate::instance_capacity;
 
 pub(crate) const PLACED: &str = "Placed";
 pub(crate) const READY: &str = "Ready";
@@ -19,6 +21,9 @@ pub(crate) const PROGRESSING: &str = "Progressing";
 /// Present while a replica's recreations are counted (`status.restarts`):
 /// `True` while one waits out its backoff.
 pub(crate) const REPLICA_FAILURE: &str = "ReplicaFailure";
+/// Present when the instance has a demand (`serving.requestsPerSecond`):
+/// whether its placed replicas serve it at the latency target.
+pub(crate) const DEMAND_MET: &str = "DemandMet";
 
 /// What the earlier stages concluded.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +42,9 @@ pub(crate) enum Outcome {
         tokens_per_second: Option<f64>,
         /// Set when this reconcile moved shards: the reasons.
         replanned: Vec<String>,
+        /// What the replica serves at the latency target, where the
+        /// serving model has an answer.
+        capacity: Option<ReplicaCapacity>,
     },
 }
 
@@ -68,6 +76,8 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) restarts: Vec<ReplicaRestarts>,
     /// The status lines of replicas waiting out their backoff.
     pub(crate) waiting: Vec<String>,
+    /// `serving.requestsPerSecond`.
+    pub(crate) demand: Option<f64>,
     pub(crate) now: Timestamp,
 }
 
@@ -98,16 +108,33 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         .replicas
         .iter()
         .any(|replica| matches!(replica.outcome, Outcome::Invalid { .. }));
+    let capacities: Vec<Option<&ReplicaCapacity>> = inputs
+        .replicas
+        .iter()
+        .map(|replica| match replica.outcome {
+            Outcome::Placed { capacity, .. } => capacity.as_ref(),
+            _ => None,
+        })
+        .collect();
     let replica_predictions = replicas
         .iter()
+        .zip(&capacities)
         .enumerate()
-        .filter_map(|(index, (verdict, _))| {
+        .filter_map(|(index, ((verdict, _), capacity))| {
             Some(ReplicaPrediction {
                 replica: index as u32,
                 tokens_per_second: tenths(verdict.tokens_per_second?),
+                capacity: capacity.cloned(),
             })
         })
         .collect();
+    let placed_capacities: Vec<ReplicaCapacity> =
+        capacities.iter().flatten().map(|c| (*c).clone()).collect();
+    let capacity = if invalid {
+        None
+    } else {
+        instance_capacity(&placed_capacities, inputs.demand)
+    };
     let verdict = merge::verdict(replicas);
     let previous_conditions = inputs
         .previous
@@ -120,6 +147,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
     ]
     .into_iter()
     .chain(replica_failure(inputs))
+    .chain(demand_met(inputs, capacity.as_ref(), &capacities))
     .map(|(type_, (status, reason, message))| {
         condition(
             previous_conditions,
@@ -145,6 +173,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         plan: verdict.plan,
         predicted_tokens_per_second: verdict.tokens_per_second.map(tenths),
         replica_predictions,
+        capacity,
         message: Some(verdict.message),
         placement_hash: if invalid || !has_plan {
             None
@@ -193,6 +222,58 @@ fn replica_failure(inputs: &StatusInputs) -> Option<(&'static str, ConditionText
     })
 }
 
+/// The `DemandMet` condition, when the instance has a demand: met when its
+/// placed replicas serve it at the target; otherwise what they serve and
+/// the first reason they do not serve more.
+fn demand_met(
+    inputs: &StatusInputs,
+    capacity: Option<&InstanceCapacity>,
+    per_replica: &[Option<&ReplicaCapacity>],
+) -> Option<(&'static str, ConditionText)> {
+    let demand = inputs.demand?;
+    let served = capacity.map_or(0.0, |c| c.requests_per_second);
+    let replicas = per_replica.len();
+    let plural = if replicas == 1 { "" } else { "s" };
+    if served >= demand {
+        return Some((
+            DEMAND_MET,
+            (
+                "True",
+                "DemandMet",
+                format!(
+                    "{replicas} replica{plural} serve {served} requests/s at the target; the demand is {demand}"
+                ),
+            ),
+        ));
+    }
+    let why = per_replica
+        .iter()
+        .enumerate()
+        .find_map(|(index, capacity)| match capacity {
+            None => Some(format!("replica {index} has no plan or no prediction")),
+            Some(c) => c
+                .target_missed
+                .as_ref()
+                .map(|miss| format!("replica {index} misses the target: {miss}")),
+        })
+        .unwrap_or_else(|| {
+            format!(
+                "more replicas than {replicas} are not placed (at most {} for a demand, or the cluster is full)",
+                tessera_core::api::limits::DEMAND_REPLICAS.max
+            )
+        });
+    Some((
+        DEMAND_MET,
+        (
+            "False",
+            "DemandNotMet",
+            format!(
+                "{replicas} replica{plural} serve {served} of {demand} requests/s at the target: {why}"
+            ),
+        ),
+    ))
+}
+
 /// One replica's verdict from its outcome and shards.
 fn replica_verdict(
     replica: u32,
@@ -211,6 +292,7 @@ fn replica_verdict(
             plan,
             tokens_per_second,
             replanned,
+            ..
         } => {
             // Only a replica that had pods before can have been serving.
             let had_plan = inputs
@@ -471,6 +553,7 @@ mod tests {
             plan: vec![shard(0), shard(1)],
             tokens_per_second: Some(41.26),
             replanned: vec![],
+            capacity: None,
         }
     }
 
@@ -487,6 +570,7 @@ mod tests {
             selector: None,
             restarts: Vec::new(),
             waiting: Vec::new(),
+            demand: None,
             now: now(),
         })
     }
@@ -585,6 +669,7 @@ mod tests {
                 selector: None,
                 restarts: Vec::new(),
                 waiting: Vec::new(),
+                demand: None,
                 now: "2026-06-01T13:00:00Z".parse().unwrap(),
             })
         };
@@ -627,6 +712,7 @@ mod tests {
             selector: Some("tessera.dev/instance=m".into()),
             restarts: Vec::new(),
             waiting: Vec::new(),
+            demand: None,
             now: now(),
         })
     }
@@ -636,6 +722,7 @@ mod tests {
             plan: vec![replica_shard(replica, 0)],
             tokens_per_second: Some(10.0),
             replanned: vec![],
+            capacity: None,
         }
     }
 
@@ -738,5 +825,73 @@ mod tests {
         assert_eq!(cond(&s, PLACED).reason, "ScaledToZero");
         assert_eq!(s.message.as_deref(), Some("scaled to zero replicas"));
         assert_eq!(s.placement_hash.as_deref(), Some("h"));
+    }
+
+    #[test]
+    fn a_demand_is_said_met_or_not_with_what_the_replicas_serve() {
+        let capacity = |rps: f64| ReplicaCapacity {
+            concurrency: 50,
+            requests_per_second: rps,
+            output_tokens_per_second: rps * 256.0,
+            tpot_ms: 40.0,
+            ttft_ms: 200.0,
+            target_missed: None,
+        };
+        let outcome = |rps: f64| Outcome::Placed {
+            plan: vec![shard(0)],
+            tokens_per_second: Some(40.0),
+            replanned: vec![],
+            capacity: Some(capacity(rps)),
+        };
+        let (first, second) = (outcome(4.0), outcome(3.0));
+        let shards = [ShardState::Ready];
+        let status_for = |demand: Option<f64>| {
+            compute(&StatusInputs {
+                previous: None,
+                generation: Some(1),
+                placement_hash: Some("h".into()),
+                replicas: &[
+                    ReplicaStatus {
+                        outcome: &first,
+                        shards: &shards,
+                    },
+                    ReplicaStatus {
+                        outcome: &second,
+                        shards: &shards,
+                    },
+                ],
+                selector: None,
+                restarts: Vec::new(),
+                waiting: Vec::new(),
+                demand,
+                now: now(),
+            })
+        };
+        let met = status_for(Some(5.0));
+        let together = met.capacity.as_ref().expect("a capacity");
+        assert_eq!(together.requests_per_second, 6.0, "two × the slowest");
+        assert_eq!(together.demand_requests_per_second, Some(5.0));
+        assert_eq!(met.replica_predictions[1].capacity, Some(capacity(3.0)));
+        let condition = cond(&met, DEMAND_MET);
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "DemandMet")
+        );
+        let unmet = status_for(Some(8.0));
+        let condition = cond(&unmet, DEMAND_MET);
+        assert_eq!(condition.status, "False");
+        assert!(
+            condition
+                .message
+                .starts_with("2 replicas serve 6 of 8 requests/s at the target"),
+            "{}",
+            condition.message
+        );
+        let without = status_for(None);
+        assert!(without.conditions.iter().all(|c| c.type_ != DEMAND_MET));
+        assert!(
+            without.capacity.is_some(),
+            "capacity is said without a demand too"
+        );
     }
 }

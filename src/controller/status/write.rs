@@ -40,6 +40,7 @@ pub(crate) async fn write_status(
             .iter()
             .filter_map(|a| a.waiting.as_ref().map(|(message, _)| message.clone()))
             .collect(),
+        demand: mi.spec.demand(),
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);

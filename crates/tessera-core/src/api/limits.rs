@@ -92,6 +92,9 @@ pub const REQUESTS_PER_SECOND: Bounds<f64> = Bounds {
 /// etcd holds to about 1.5 MiB; 256 replicas of a few shards each stay well
 /// inside that.
 pub const REPLICAS: Bounds<u32> = Bounds { min: 0, max: 256 };
+/// Replicas a demand (`serving.requestsPerSecond` without `replicas`) is
+/// served with at most: a demand that needs more is reported unmet.
+pub const DEMAND_REPLICAS: Bounds<u32> = Bounds { min: 1, max: 64 };
 /// `parallelism.tensor` when it is a number.
 pub const TENSOR: Bounds<u32> = Bounds { min: 1, max: 64 };
 /// `parallelism.minTokensPerSecond`: above zero; a million is far beyond any

@@ -17,10 +17,10 @@ pub use gpu_state::{
     SharesOffered, Vendor,
 };
 pub use model_instance::{
-    DType, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus, ModelSpec, Optimize,
-    ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard, ReplicaPrediction,
-    ReplicaRestarts, RestartPolicy, ScoreWeights, ShardShare, ShareKind, Sharing, Strategy,
-    TensorSize, layer_range,
+    DType, InstanceCapacity, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus,
+    ModelSpec, Optimize, ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard,
+    ReplicaCapacity, ReplicaPrediction, ReplicaRestarts, RestartPolicy, ScoreWeights, ShardShare,
+    ShareKind, Sharing, Strategy, TensorSize, layer_range,
 };
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};

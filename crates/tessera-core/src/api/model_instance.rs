@@ -16,9 +16,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::limits::{
-    self, DEADLINE_MS, HEADS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS, MAX_TEMPERATURE_C,
-    MIN_TOKENS_PER_SECOND, MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS, PIPELINE,
-    REPLICAS, TENSOR, WEIGHT,
+    self, DEADLINE_MS, DEMAND_REPLICAS, HEADS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS,
+    MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND, MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS,
+    PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
 use super::{GIB, KvCacheDtype, ServingSpec, Vendor};
 
@@ -58,6 +58,12 @@ use super::{GIB, KvCacheDtype, ServingSpec, Vendor};
         priority = 1
     ),
     printcolumn(
+        name = "Requests/s",
+        type_ = "number",
+        json_path = ".status.capacity.requestsPerSecond",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -75,10 +81,11 @@ pub struct ModelInstanceSpec {
     pub model: ModelSpec,
     /// Independent copies of the model, each a gang of shards placed all or
     /// nothing. `kubectl scale` and a HorizontalPodAutoscaler set it through
-    /// the scale subresource.
-    #[serde(default = "one_replica")]
+    /// the scale subresource. Unset: as many as serving.requestsPerSecond
+    /// needs at the latency target (at most 64), or 1 without a demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = REPLICAS.min, max = REPLICAS.max))]
-    pub replicas: u32,
+    pub replicas: Option<u32>,
     /// How a replica is split: GPUs per shard (tensor) and shards in a
     /// pipeline, fixed or chosen by the solver.
     #[serde(default)]
@@ -136,8 +143,27 @@ fn check_heads(model: &ModelSpec, problems: &mut Vec<String>) {
     }
 }
 
-fn one_replica() -> u32 {
-    1
+impl ModelInstanceSpec {
+    /// The replicas asked for: `replicas`, or 1 when neither it nor a demand
+    /// is given. `None`: as many as the demand needs.
+    pub fn fixed_replicas(&self) -> Option<u32> {
+        match (self.replicas, self.demand()) {
+            (Some(replicas), _) => Some(replicas),
+            (None, None) => Some(1),
+            (None, Some(_)) => None,
+        }
+    }
+
+    /// The most replicas the instance may have: the fixed count, or the
+    /// most a demand is served with.
+    pub fn most_replicas(&self) -> u32 {
+        self.fixed_replicas().unwrap_or(DEMAND_REPLICAS.max)
+    }
+
+    /// `serving.requestsPerSecond`.
+    pub fn demand(&self) -> Option<f64> {
+        self.serving.as_ref()?.requests_per_second
+    }
 }
 
 /// An instance may share GPUs only with one shard on one GPU: MIG partitions
@@ -756,9 +782,15 @@ pub struct ModelInstanceStatus {
     /// together (replicas serve independent requests, so their speeds add).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_tokens_per_second: Option<f64>,
-    /// Each placed replica's predicted single-stream decode tokens/s.
+    /// Each placed replica's predicted single-stream decode tokens/s and its
+    /// capacity at the latency target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replica_predictions: Vec<ReplicaPrediction>,
+    /// What the placed replicas serve together at the latency target
+    /// (`spec.serving`), and the demand; the `DemandMet` condition says
+    /// whether they meet it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<InstanceCapacity>,
     /// One line on where the instance stands and, when it is stuck, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -782,6 +814,51 @@ pub struct ReplicaPrediction {
     pub replica: u32,
     /// Its predicted single-stream decode tokens/s on the devices planned.
     pub tokens_per_second: f64,
+    /// What it serves at the latency target; unset where the serving model
+    /// has no answer for its plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<ReplicaCapacity>,
+}
+
+/// One replica at the highest load that meets the latency target.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaCapacity {
+    /// Requests decoded at once at that load (0 when not even one meets
+    /// the target).
+    pub concurrency: u32,
+    /// Requests/s it serves at the target.
+    pub requests_per_second: f64,
+    /// Output tokens/s it serves at the target.
+    pub output_tokens_per_second: f64,
+    /// Predicted time per output token at that load, ms (the best there is,
+    /// at one request, when the target is missed).
+    pub tpot_ms: f64,
+    /// Predicted time to the first token at that load, ms.
+    pub ttft_ms: f64,
+    /// Set when not even one request meets the target: the best it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_missed: Option<String>,
+}
+
+/// What an instance's placed replicas serve together at the latency target.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceCapacity {
+    /// Requests/s the instance serves at the target: its replicas × the
+    /// slowest one's, since a Service spreads requests evenly.
+    pub requests_per_second: f64,
+    /// Output tokens/s at that load.
+    pub output_tokens_per_second: f64,
+    /// Requests decoded at once at that load, every replica's together.
+    pub concurrency: u32,
+    /// The slowest replica's time per output token at that load, ms.
+    pub tpot_ms: f64,
+    /// The slowest replica's time to the first token at that load, ms.
+    pub ttft_ms: f64,
+    /// The demand (`serving.requestsPerSecond`), when one is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand_requests_per_second: Option<f64>,
 }
 
 /// How often one replica was recreated in a row, for its restart backoff.
@@ -938,7 +1015,9 @@ impl ModelInstanceSpec {
         }
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
-        REPLICAS.check("replicas", self.replicas, &mut problems);
+        if let Some(replicas) = self.replicas {
+            REPLICAS.check("replicas", replicas, &mut problems);
+        }
         if let Some(serving) = &self.serving {
             serving.check(&mut problems);
         }

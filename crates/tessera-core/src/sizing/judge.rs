@@ -20,6 +20,8 @@ pub(crate) struct Judged {
     /// where the serving model has no answer (its memory cannot hold a
     /// sequence), which serves nothing.
     pub(crate) capacity: Option<Result<Capacity, String>>,
+    /// `serving.requestsPerSecond`.
+    demand: Option<f64>,
 }
 
 /// The latency a replica must meet: `spec.serving`'s, and no slower than
@@ -62,6 +64,10 @@ impl Judged {
             tensor,
             gpus: gpus.max(f64::MIN_POSITIVE),
             capacity,
+            demand: problem
+                .served
+                .as_ref()
+                .and_then(|served| served.serving.requests_per_second),
         }
     }
 
@@ -90,6 +96,14 @@ impl Judged {
             .map_or(0.0, |at| at.requests_per_second / self.gpus)
     }
 
+    /// GPUs the demand (`serving.requestsPerSecond`) takes in replicas like
+    /// this one, each taking an even share.
+    fn gpus_for_demand(&self) -> Option<f64> {
+        let demand = self.demand?;
+        let at = self.at_target()?;
+        Some((demand / at.requests_per_second).ceil() * self.gpus)
+    }
+
     /// The fastest time per output token the plan gives anyone: at
     /// concurrency 1 (the solver's single-stream time where the serving
     /// model has no answer).
@@ -113,6 +127,13 @@ impl Judged {
                 return meets;
             }
             if meets && goal.optimize == Optimize::Throughput {
+                // With a demand, the fewest GPUs for all of it in replicas
+                // like this one; then the most per GPU.
+                if let Some((mine, theirs)) = self.gpus_for_demand().zip(other.gpus_for_demand())
+                    && mine != theirs
+                {
+                    return mine < theirs;
+                }
                 let (mine, theirs) = (self.requests_per_gpu(), other.requests_per_gpu());
                 if mine != theirs {
                     return mine > theirs;

@@ -8,10 +8,12 @@
 //! - `judge`: what a plan is worth under the goal;
 //! - `ceiling`: the most a shape could serve, to skip shapes that cannot win;
 //! - `plan_reading`: a plan as the serving model reads it;
-//! - `replicas`: replicas one after another.
+//! - `replicas`: replicas one after another;
+//! - `demand`: how many replicas a demand takes, and whether replicas meet it.
 
 mod ceiling;
 mod choice;
+mod demand;
 mod judge;
 mod plan_reading;
 mod replicas;
@@ -19,6 +21,7 @@ mod replicas;
 pub use choice::{
     Alternative, InstancePlan, TensorChoice, Verdict, solve_parallelism, tensor_candidates,
 };
+pub use demand::{replicas_meeting, served_together, solve_for_demand};
 pub use judge::{capacity, target};
 pub use plan_reading::{runtime as runtime_of, workload as workload_of};
 pub use replicas::{solve_replicas, take_devices};

@@ -2,8 +2,11 @@
 //! state plus a ModelInstance become a `placement::Problem`; a `Plan` becomes the
 //! instance's status plan. Pure: callers fetch the objects.
 
+mod capacity;
 mod devices;
 mod kv_floor;
+
+pub use capacity::{instance_capacity, placed_capacity, replica_capacity};
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,0 +1,119 @@
+//! A placed replica's capacity at the latency target, as the status shows
+//! it, and what an instance's replicas serve together.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::{ClusterNode, HeldShares, build_problem, evaluate_placed};
+use crate::api::{InstanceCapacity, ModelInstanceSpec, PlannedShard, ReplicaCapacity};
+use crate::serving::Capacity;
+use crate::sizing::served_together;
+
+/// What a placed replica (its shards, in pipeline order) serves at the
+/// spec's target on the nodes it runs on. An error says why there is no
+/// answer (a node or device gone, memory short, no request fits).
+pub fn placed_capacity<'a>(
+    spec: &ModelInstanceSpec,
+    nodes: impl IntoIterator<Item = &'a ClusterNode>,
+    shards: &[&PlannedShard],
+) -> Result<Capacity, String> {
+    let used: BTreeSet<&str> = shards.iter().map(|shard| shard.node.as_str()).collect();
+    let problem = build_problem(
+        spec,
+        nodes
+            .into_iter()
+            .filter(|node| used.contains(node.name.as_str())),
+        &HashMap::new(),
+        &HeldShares::new(),
+    );
+    let plan = evaluate_placed(problem.clone(), shards)?;
+    let served = problem
+        .served
+        .as_ref()
+        .ok_or_else(|| "the problem says nothing of what is served".to_string())?;
+    crate::sizing::capacity(served, &problem.goal, &problem, &plan).map(|(capacity, _)| capacity)
+}
+
+/// A replica's capacity as the status shows it: the load at the target, or
+/// the best it does when not even one request meets it.
+pub fn replica_capacity(capacity: &Capacity) -> ReplicaCapacity {
+    let round = |value: f64| (value * 100.0).round() / 100.0;
+    match (&capacity.at_slo, &capacity.target_missed) {
+        (Some(at), _) => ReplicaCapacity {
+            concurrency: at.concurrency,
+            requests_per_second: round(at.requests_per_second),
+            output_tokens_per_second: round(at.output_tokens_per_second),
+            tpot_ms: round(at.tpot_ms),
+            ttft_ms: round(at.ttft_ms),
+            target_missed: None,
+        },
+        (None, miss) => ReplicaCapacity {
+            concurrency: 0,
+            requests_per_second: 0.0,
+            output_tokens_per_second: 0.0,
+            tpot_ms: round(miss.map_or(0.0, |miss| miss.best_tpot_ms)),
+            ttft_ms: round(miss.map_or(0.0, |miss| miss.best_ttft_ms)),
+            target_missed: Some(
+                miss.map_or_else(|| "no prediction".to_string(), |miss| miss.to_string()),
+            ),
+        },
+    }
+}
+
+/// What replicas serve together when a Service spreads requests evenly: the
+/// slowest one's load on every replica. `None` without replicas.
+pub fn instance_capacity(
+    replicas: &[ReplicaCapacity],
+    demand: Option<f64>,
+) -> Option<InstanceCapacity> {
+    let slowest = replicas
+        .iter()
+        .min_by(|a, b| a.requests_per_second.total_cmp(&b.requests_per_second))?;
+    let per_replica: Vec<f64> = replicas.iter().map(|r| r.requests_per_second).collect();
+    let requests_per_second = served_together(&per_replica);
+    // Each replica at the slowest one's request rate: tokens follow the rate.
+    let tokens_per_request = if slowest.requests_per_second > 0.0 {
+        slowest.output_tokens_per_second / slowest.requests_per_second
+    } else {
+        0.0
+    };
+    let round = |value: f64| (value * 100.0).round() / 100.0;
+    Some(InstanceCapacity {
+        requests_per_second: round(requests_per_second),
+        output_tokens_per_second: round(requests_per_second * tokens_per_request),
+        concurrency: replicas.len() as u32 * slowest.concurrency,
+        tpot_ms: replicas.iter().map(|r| r.tpot_ms).fold(0.0, f64::max),
+        ttft_ms: replicas.iter().map(|r| r.ttft_ms).fold(0.0, f64::max),
+        demand_requests_per_second: demand,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(rps: f64, concurrency: u32, tpot: f64) -> ReplicaCapacity {
+        ReplicaCapacity {
+            concurrency,
+            requests_per_second: rps,
+            output_tokens_per_second: rps * 256.0,
+            tpot_ms: tpot,
+            ttft_ms: 100.0,
+            target_missed: None,
+        }
+    }
+
+    #[test]
+    fn replicas_together_serve_their_count_times_the_slowest() {
+        assert_eq!(instance_capacity(&[], Some(1.0)), None);
+        let together = instance_capacity(
+            &[replica(4.0, 100, 40.0), replica(3.0, 80, 45.0)],
+            Some(5.0),
+        )
+        .expect("two replicas");
+        assert_eq!(together.requests_per_second, 6.0);
+        assert_eq!(together.output_tokens_per_second, 6.0 * 256.0);
+        assert_eq!(together.concurrency, 160);
+        assert_eq!(together.tpot_ms, 45.0);
+        assert_eq!(together.demand_requests_per_second, Some(5.0));
+    }
+}
