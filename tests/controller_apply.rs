@@ -1572,6 +1572,10 @@ async fn a_degraded_replicas_new_pod_gets_the_whole_plans_runtime_values() {
     );
     assert_eq!(env["TESSERA_PEERS"].split(',').count(), 2);
     assert_eq!(env["TESSERA_NEXT_PEER"], "llama-shard-1.llama.ml.svc");
+    // What the replica's capacity was planned with: the default request
+    // length and vLLM's memory share of a whole GPU.
+    assert_eq!(env["TESSERA_MAX_MODEL_LEN"], "1280");
+    assert_eq!(env["TESSERA_GPU_MEMORY_FRACTION"], "0.9");
 }
 
 /// A two-stage replica whose stage 1 failed `count` times already, the

@@ -71,7 +71,26 @@ fn plan(layers: &[u32], tensor: &[usize]) -> Vec<PlannedShard> {
 
 fn render(mi: &ModelInstance, plan: &[PlannedShard]) -> Vec<Pod> {
     let gpus = |_: &PlannedShard| ShardGpus::Resource("nvidia.com/gpu".into());
-    some_shard_pods(mi, plan, |_| true, gpus, settings().model_cache.as_ref())
+    some_shard_pods(
+        mi,
+        plan,
+        |_| true,
+        gpus,
+        settings().model_cache.as_ref(),
+        Some(&planned_capacity()),
+    )
+}
+
+/// The replica's capacity as the decide stage would give it.
+fn planned_capacity() -> tessera::api::ReplicaCapacity {
+    tessera::api::ReplicaCapacity {
+        concurrency: 64,
+        requests_per_second: 1.5,
+        output_tokens_per_second: 1536.0,
+        tpot_ms: 42.0,
+        ttft_ms: 800.0,
+        target_missed: None,
+    }
 }
 
 fn runtime(pod: &Pod) -> &Container {
@@ -192,6 +211,12 @@ fn expected_args(rank: usize, stages: usize, tensor: usize) -> Vec<String> {
         "29501",
         "--distributed-timeout-seconds",
         "3600",
+        "--max-num-seqs",
+        "64",
+        "--max-model-len",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.9",
     ]
     .iter()
     .map(|s| s.to_string())

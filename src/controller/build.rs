@@ -10,6 +10,7 @@ use super::dra::apply::{DraShard, claim_of};
 use super::dra::claims::{claim_name, shard_claim};
 use super::observe::Observed;
 use super::settings::Settings;
+use super::status::Outcome;
 use tessera_core::api::{ModelInstance, PlannedShard};
 
 /// The desired shard pods of each replica with their nodes, and the claims
@@ -69,10 +70,21 @@ pub(crate) fn build(
                     });
                 }
             }
-            some_shard_pods(mi, plan, runnable, gpus, settings.model_cache.as_ref())
-                .into_iter()
-                .zip(plan.iter().filter(|s| runnable(s)).map(|s| s.node.clone()))
-                .collect()
+            let capacity = match &replica.outcome {
+                Outcome::Placed { capacity, .. } => capacity.as_ref(),
+                _ => None,
+            };
+            some_shard_pods(
+                mi,
+                plan,
+                runnable,
+                gpus,
+                settings.model_cache.as_ref(),
+                capacity,
+            )
+            .into_iter()
+            .zip(plan.iter().filter(|s| runnable(s)).map(|s| s.node.clone()))
+            .collect()
         })
         .collect();
     Desired { pods, dra }

@@ -14,9 +14,9 @@ use kube::{Resource, ResourceExt};
 use super::hashes::{SPEC_HASH_ANNOTATION, pod_hash};
 use super::model_cache::{self, ModelCacheDir};
 use super::nodes::NodeInfo;
-use super::runtime_env::runtime_env;
+use super::runtime_env::{Planned, runtime_env};
 use tessera_core::api::{
-    DEVICES_ANNOTATION, ModelInstance, PlannedShard, ResourceName, SCHEDULER_NAME,
+    DEVICES_ANNOTATION, ModelInstance, PlannedShard, ReplicaCapacity, ResourceName, SCHEDULER_NAME,
     SHARD_ANNOTATION, Vendor,
 };
 
@@ -79,24 +79,26 @@ pub fn shard_pods_with(
     plan: &[PlannedShard],
     gpus: impl Fn(&PlannedShard) -> ShardGpus,
 ) -> Vec<Pod> {
-    some_shard_pods(mi, plan, |_| true, gpus, None)
+    some_shard_pods(mi, plan, |_| true, gpus, None, None)
 }
 
 /// [`shard_pods_with`] for the shards of `plan` that `wanted` picks. Each
 /// pod's peers, stage count and layer split still describe the whole
 /// replica: a shard of a degraded replica whose peer has no pod yet must
 /// join the same group once it has. A pod that mounts the model cache gets
-/// `cache`'s directory (see `model_cache`).
+/// `cache`'s directory (see `model_cache`); the runtime is told the
+/// replica's planned `capacity` (see `runtime_env`).
 pub fn some_shard_pods(
     mi: &ModelInstance,
     plan: &[PlannedShard],
     wanted: impl Fn(&PlannedShard) -> bool,
     gpus: impl Fn(&PlannedShard) -> ShardGpus,
     cache: Option<&ModelCacheDir>,
+    capacity: Option<&ReplicaCapacity>,
 ) -> Vec<Pod> {
     plan.iter()
         .filter(|s| wanted(s))
-        .map(|s| shard_pod(mi, plan, s, &gpus(s), cache))
+        .map(|s| shard_pod(mi, plan, s, &gpus(s), (cache, capacity)))
         .collect()
 }
 
@@ -146,7 +148,7 @@ fn shard_pod(
     plan: &[PlannedShard],
     shard: &PlannedShard,
     gpus: &ShardGpus,
-    cache: Option<&ModelCacheDir>,
+    (cache, capacity): (Option<&ModelCacheDir>, Option<&ReplicaCapacity>),
 ) -> Pod {
     let name = mi.name_any();
     let namespace = mi.namespace().unwrap_or_default();
@@ -197,7 +199,14 @@ fn shard_pod(
         env.push(("TESSERA_REPLICA", replica.to_string()));
     }
     let master = shard_address(&name, &namespace, replica, 0);
-    env.extend(runtime_env(plan, master));
+    env.extend(runtime_env(
+        plan,
+        master,
+        &Planned {
+            spec: &mi.spec,
+            capacity,
+        },
+    ));
     for (i, c) in spec.containers.iter_mut().enumerate() {
         add_env(c, &env);
         // The first container is the shard runtime and gets the GPUs.
@@ -502,7 +511,8 @@ mod tests {
             let env = container.env.as_mut().unwrap();
             let before = env.len();
             env.retain(|var| !crate::controller::runtime_env::NAMES.contains(&var.name.as_str()));
-            assert_eq!(before - env.len(), 4);
+            // All of them but TESSERA_MAX_NUM_SEQS, which needs a capacity.
+            assert_eq!(before - env.len(), 6);
             older
                 .metadata
                 .annotations

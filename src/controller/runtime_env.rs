@@ -1,9 +1,13 @@
-//! What a multi-node serving runtime needs to start a replica's ranks, beyond
-//! each shard's own environment: where rank 0 listens, how many stages there
-//! are, and the layer split tessera planned in the form vLLM reads it. Pure;
-//! `desired` adds it to every shard pod.
+//! What a serving runtime needs to start a replica's ranks as they were
+//! planned, beyond each shard's own environment: where rank 0 listens, how
+//! many stages there are, the layer split tessera planned in the form vLLM
+//! reads it, and what the capacity was planned with (how many requests at
+//! once keep the latency target, how long a request is, how much of each
+//! GPU's memory the runtime takes). Pure; `desired` adds it to every shard
+//! pod.
 
-use tessera_core::api::PlannedShard;
+use tessera_core::api::{KvCacheDtype, ModelInstanceSpec, PlannedShard, ReplicaCapacity};
+use tessera_core::serving::RuntimeConfig;
 
 /// The port rank 0 listens on for the others (`TESSERA_MASTER_PORT`): vLLM's
 /// own default for `--master-port`. Every shard is a pod with its own IP, so
@@ -14,13 +18,25 @@ pub(crate) const MASTER_PORT: u16 = 29501;
 /// (`hashes::pod_hash`): shard pods made before they existed stay as they
 /// are, and their values follow from what the hash covers (the instance, the
 /// replica, its shard count) but for the other shards' layer counts, whose
-/// change changes those shards' pods.
-pub(crate) const NAMES: [&str; 4] = [
+/// change changes those shards' pods, and the planned capacity: a change of
+/// `spec.serving` alone that keeps the plan keeps running pods with the
+/// values they started with, until they are next made.
+pub(crate) const NAMES: [&str; 7] = [
     "TESSERA_MASTER_ADDR",
     "TESSERA_MASTER_PORT",
     "TESSERA_PIPELINE_PARALLEL",
     "VLLM_PP_LAYER_PARTITION",
+    "TESSERA_MAX_NUM_SEQS",
+    "TESSERA_MAX_MODEL_LEN",
+    "TESSERA_GPU_MEMORY_FRACTION",
 ];
+
+/// What the replica's capacity was planned with.
+pub(crate) struct Planned<'a> {
+    pub(crate) spec: &'a ModelInstanceSpec,
+    /// The replica's capacity at the target, where there is a prediction.
+    pub(crate) capacity: Option<&'a ReplicaCapacity>,
+}
 
 /// The runtime environment of every pod of a replica whose shards are
 /// `plan` and whose shard 0 is reached at `master_address`.
@@ -29,9 +45,19 @@ pub(crate) const NAMES: [&str; 4] = [
 /// number of GPUs: vLLM runs one tensor size on all ranks, so a replica whose
 /// stages differ cannot be started by it, and the missing variable lets a
 /// start script say so instead of vLLM failing on a mismatch.
+///
+/// `TESSERA_MAX_NUM_SEQS` is the most requests at once that keep the
+/// latency target (vLLM's `--max-num-seqs`): more would make every user's
+/// tokens slower than planned. It is unset when not even one request meets
+/// the target. `TESSERA_MAX_MODEL_LEN` is the request length the KV cache
+/// was sized for (`inputTokens + outputTokens`). `TESSERA_GPU_MEMORY_FRACTION`
+/// is the share of a whole GPU's memory the runtime was planned to take (its
+/// default, vLLM's 0.9); on a memory share the DRA driver sets it to the
+/// share's fraction instead, so it is left out here.
 pub(crate) fn runtime_env(
     plan: &[PlannedShard],
     master_address: String,
+    planned: &Planned,
 ) -> Vec<(&'static str, String)> {
     let mut stages: Vec<&PlannedShard> = plan.iter().collect();
     stages.sort_by_key(|s| s.shard);
@@ -48,12 +74,43 @@ pub(crate) fn runtime_env(
             .collect();
         env.push((NAMES[3], layers.join(",")));
     }
+    if let Some(capacity) = planned.capacity.filter(|c| c.concurrency > 0) {
+        env.push((NAMES[4], capacity.concurrency.to_string()));
+    }
+    let serving = planned.spec.serving.clone().unwrap_or_default();
+    let length = u64::from(serving.input_tokens.max(1)) + u64::from(serving.output_tokens);
+    env.push((NAMES[5], length.to_string()));
+    if stages.iter().all(|s| s.share.is_none()) {
+        let runtime = RuntimeConfig {
+            runtime: serving.runtime,
+            kv_cache_dtype: planned
+                .spec
+                .model
+                .kv_cache_dtype
+                .unwrap_or(KvCacheDtype::Auto),
+            ..RuntimeConfig::default()
+        };
+        let tensor = tensor.unwrap_or(1) as u32;
+        env.push((NAMES[6], format!("{}", runtime.memory_utilization(tensor))));
+    }
     env
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec() -> ModelInstanceSpec {
+        serde_saphyr::from_str("model: {name: m, parametersBillions: 70, layers: 80}\nserving: {inputTokens: 2000, outputTokens: 500}\n")
+            .unwrap()
+    }
+
+    fn planned<'a>(
+        spec: &'a ModelInstanceSpec,
+        capacity: Option<&'a ReplicaCapacity>,
+    ) -> Planned<'a> {
+        Planned { spec, capacity }
+    }
 
     fn stage(shard: u32, gpus: usize, layers: (u32, u32)) -> PlannedShard {
         PlannedShard {
@@ -72,7 +129,20 @@ mod tests {
     fn the_split_is_listed_in_stage_order() {
         // Given out of order: the partition follows the shard index.
         let plan = [stage(1, 2, (44, 80)), stage(0, 2, (0, 44))];
-        let env = runtime_env(&plan, "m-shard-0.m.ml.svc".into());
+        let spec = spec();
+        let capacity = ReplicaCapacity {
+            concurrency: 96,
+            requests_per_second: 3.0,
+            output_tokens_per_second: 1500.0,
+            tpot_ms: 48.0,
+            ttft_ms: 900.0,
+            target_missed: None,
+        };
+        let env = runtime_env(
+            &plan,
+            "m-shard-0.m.ml.svc".into(),
+            &planned(&spec, Some(&capacity)),
+        );
         assert_eq!(
             env,
             [
@@ -80,6 +150,9 @@ mod tests {
                 ("TESSERA_MASTER_PORT", "29501".to_string()),
                 ("TESSERA_PIPELINE_PARALLEL", "2".to_string()),
                 ("VLLM_PP_LAYER_PARTITION", "44,36".to_string()),
+                ("TESSERA_MAX_NUM_SEQS", "96".to_string()),
+                ("TESSERA_MAX_MODEL_LEN", "2500".to_string()),
+                ("TESSERA_GPU_MEMORY_FRACTION", "0.9".to_string()),
             ]
         );
         let names: Vec<&str> = env.iter().map(|(name, _)| *name).collect();
@@ -89,7 +162,8 @@ mod tests {
     #[test]
     fn stages_of_different_tensor_sizes_get_no_partition() {
         let plan = [stage(0, 4, (0, 50)), stage(1, 2, (50, 80))];
-        let env = runtime_env(&plan, "a".into());
+        let spec = spec();
+        let env = runtime_env(&plan, "a".into(), &planned(&spec, None));
         assert!(
             env.iter()
                 .all(|(name, _)| *name != "VLLM_PP_LAYER_PARTITION"),
@@ -100,8 +174,37 @@ mod tests {
 
     #[test]
     fn one_stage_is_a_partition_of_one() {
-        let env = runtime_env(&[stage(0, 8, (0, 80))], "a".into());
+        let spec = spec();
+        let env = runtime_env(&[stage(0, 8, (0, 80))], "a".into(), &planned(&spec, None));
         assert!(env.contains(&("VLLM_PP_LAYER_PARTITION", "80".to_string())));
         assert!(env.contains(&("TESSERA_PIPELINE_PARALLEL", "1".to_string())));
+    }
+
+    #[test]
+    fn a_target_no_load_meets_sets_no_batch_and_a_share_no_fraction() {
+        let spec = spec();
+        let missed = ReplicaCapacity {
+            concurrency: 0,
+            requests_per_second: 0.0,
+            output_tokens_per_second: 0.0,
+            tpot_ms: 80.0,
+            ttft_ms: 900.0,
+            target_missed: Some("at best 80 ms per token".into()),
+        };
+        let mut shared = stage(0, 1, (0, 80));
+        shared.share = Some(tessera_core::api::ShardShare {
+            kind: tessera_core::api::ShareKind::Memory,
+            gpu: "g".into(),
+            profile: None,
+            memory_gib: Some(40),
+            memory_fraction: Some(0.5),
+            tenants: 0,
+            contended_tokens_per_second: None,
+        });
+        let env = runtime_env(&[shared], "a".into(), &planned(&spec, Some(&missed)));
+        let names: Vec<&str> = env.iter().map(|(name, _)| *name).collect();
+        assert!(!names.contains(&"TESSERA_MAX_NUM_SEQS"), "{env:?}");
+        assert!(!names.contains(&"TESSERA_GPU_MEMORY_FRACTION"), "{env:?}");
+        assert!(names.contains(&"TESSERA_MAX_MODEL_LEN"));
     }
 }
