@@ -8,6 +8,11 @@
 //!   left is the greedy start the solver always returns) and with the default
 //!   budget: every phase's time is bounded, layer splitting included.
 //!
+//! - `serving/70b_auto_over_{64,1000}x8`: one replica of a 70B model as
+//!   `tessera place` and the controller plan it: `tensor: auto`, `pipeline:
+//!   auto`, `pack`, every GPU kind compared, each plan judged by the serving
+//!   model (requests/s at the default 50 ms target per GPU).
+//!
 //! Each scenario's plan is checked for validity and compared with a first-fit
 //! baseline once, outside the timed code; the comparison goes to stderr as a
 //! line starting with `REPORT`.
@@ -18,7 +23,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use tessera::placement::{Deadline, Problem, SolveOptions, solve, solve_greedy};
+use tessera::placement::{
+    Deadline, Problem, Served, SolveOptions, Stages, Strategy, solve, solve_greedy,
+};
+use tessera::sizing::{TensorChoice, solve_parallelism};
 
 use support::{ModelSpec, assert_valid, cluster, describe, problem, report};
 
@@ -136,5 +144,64 @@ fn limits_benches(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, solve_benches, greedy_benches, limits_benches);
+/// A Llama-3.1-70B-shaped model with room for one request of KV cache, as
+/// the controller plans one without `kvCacheGiB`.
+const MODEL_70B: ModelSpec = ModelSpec {
+    parameters: 70.6e9,
+    layers: 80,
+    hidden: 8192,
+    kv_cache_gib: 0.4,
+    overhead_gib: 2.0,
+};
+
+/// `problem` planned as an instance is: stages auto, pack, judged by what it
+/// serves at the default target.
+fn served(mut p: Problem) -> Problem {
+    let model = serde_saphyr::from_str(
+        "{name: llama-70b, parametersBillions: 70.6, layers: 80, hiddenSize: 8192, attentionHeads: 64, kvHeads: 8, overheadGiB: 2}",
+    )
+    .expect("the model parses");
+    p.stages = Stages::Auto;
+    p.strategy = Strategy::Pack;
+    p.served = Some(Served {
+        model,
+        serving: Default::default(),
+        target_required: false,
+    });
+    p
+}
+
+fn serving_benches(c: &mut Criterion) {
+    let mut group = c.benchmark_group("serving");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for nodes in [64, 1000] {
+        let p = served(problem(cluster(nodes, SEED), &MODEL_70B, 1, 1));
+        let id = format!("70b_auto_over_{nodes}x8");
+        let chosen = solve_parallelism(&p, TensorChoice::Auto, &SolveOptions::default())
+            .expect("the scenario has a plan");
+        assert_valid(&p, &chosen.plan, chosen.plan.stages.len());
+        eprintln!(
+            "REPORT serving/{id}: {}",
+            chosen.parallelism_note().unwrap_or_default()
+        );
+        group.bench_function(id.as_str(), |b| {
+            b.iter(|| {
+                solve_parallelism(black_box(&p), TensorChoice::Auto, &SolveOptions::default())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    solve_benches,
+    greedy_benches,
+    limits_benches,
+    serving_benches
+);
 criterion_main!(benches);

@@ -44,6 +44,12 @@ pub(super) fn html(report: &Report) -> String {
                 predicted_tokens_per_second: None,
                 plan: Vec::new(),
                 predictions: Vec::new(),
+                curves: Vec::new(),
+                target_tpot_ms: placement
+                    .serving
+                    .clone()
+                    .unwrap_or_default()
+                    .max_time_per_output_token_ms,
                 conditions: Vec::new(),
                 events: Vec::new(),
             }
@@ -55,6 +61,13 @@ pub(super) fn html(report: &Report) -> String {
                 *instance.predicted_tokens_per_second.get_or_insert(0.0) +=
                     plan.performance.tokens_per_second;
                 instance.predictions.push((replica, Ok(plan.plan.clone())));
+                if let Some(curve) = match (&plan.serving, &plan.serving_error) {
+                    (Some(capacity), _) => Some(Ok(capacity.clone())),
+                    (None, Some(why)) => Some(Err(why.clone())),
+                    (None, None) => None,
+                } {
+                    instance.curves.push((replica, curve));
+                }
             }
             (None, Some(unsatisfiable)) => {
                 instance.message = Some(unsatisfiable.reason.clone());

@@ -1,10 +1,11 @@
 //! One instance's details: its plan, what the speed model makes of each
-//! replica (score parts, where a token's time goes), its conditions and last
-//! events. The live map gives it a page; the offline map puts it below the
+//! replica (score parts, where a token's time goes), what each serves at the
+//! target (its capacity curve), its conditions and last events. The live map gives it a page; the offline map puts it below the
 //! nodes. Every text from the cluster is spliced, so escaped.
 
 use maud::{Markup, html};
 
+use super::capacity_chart::capacity_chart;
 use super::links::anchor;
 use super::model::{MapInstance, Prediction};
 use tessera_core::api::{PlannedShard, ShareKind};
@@ -42,6 +43,15 @@ pub(super) fn instance_section(instance: &MapInstance) -> Markup {
             }
             @for (replica, prediction) in &instance.predictions {
                 (prediction_table(*replica, prediction))
+            }
+            @if !instance.curves.is_empty() {
+                h3 { "Capacity at the target" }
+                @for (replica, curve) in &instance.curves {
+                    @match curve {
+                        Ok(capacity) => (capacity_chart(*replica, capacity, instance.target_tpot_ms)),
+                        Err(why) => p.none { "Replica " (replica) ": no prediction (" (why) ")" },
+                    }
+                }
             }
             h3 { "Conditions" }
             table {

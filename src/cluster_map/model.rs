@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use tessera_core::api::{GpuDevice, Health, PlannedShard};
 use tessera_core::placement::Plan;
+use tessera_core::serving::Capacity;
 use tessera_core::translate::ClusterNode;
 
 /// A device at or above this temperature is marked too hot (the chart's
@@ -37,6 +38,10 @@ pub(crate) struct MapEvent {
 /// its score parts and where a token's time goes.
 pub(crate) type Prediction = Result<Plan, String>;
 
+/// What a replica serves at each concurrency and at the target, or why the
+/// serving model has no answer.
+pub(crate) type Curve = Result<Capacity, String>;
+
 pub(crate) struct MapInstance {
     pub(crate) namespace: String,
     pub(crate) name: String,
@@ -47,6 +52,10 @@ pub(crate) struct MapInstance {
     pub(crate) plan: Vec<PlannedShard>,
     /// By replica; empty where not worked out (the cluster page).
     pub(crate) predictions: Vec<(u32, Prediction)>,
+    /// By replica, as the predictions.
+    pub(crate) curves: Vec<(u32, Curve)>,
+    /// `serving.maxTimePerOutputTokenMs`, marked on the curves.
+    pub(crate) target_tpot_ms: f64,
     pub(crate) conditions: Vec<MapCondition>,
     /// Newest last.
     pub(crate) events: Vec<MapEvent>,

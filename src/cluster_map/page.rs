@@ -264,6 +264,8 @@ mod tests {
             predicted_tokens_per_second: Some(120.0),
             plan,
             predictions: vec![(0, Err(HOSTILE.into()))],
+            curves: vec![(0, Err(HOSTILE.into()))],
+            target_tpot_ms: 50.0,
             conditions: vec![MapCondition {
                 type_: "Ready".into(),
                 status: "False".into(),

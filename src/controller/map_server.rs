@@ -19,11 +19,13 @@ use super::held::{Claims, Held};
 use super::nodes::{NodeInfo, Readiness};
 use super::observe::{held_except, observe_cluster};
 use crate::cluster_map::{
-    ClusterView, MapCondition, MapEvent, MapInstance, MapNode, Prediction, cluster_page,
+    ClusterView, Curve, MapCondition, MapEvent, MapInstance, MapNode, Prediction, cluster_page,
     instance_page,
 };
 use tessera_core::api::{ModelInstance, PlannedShard};
-use tessera_core::translate::{ClusterNode, HeldShares, build_problem, evaluate_placed};
+use tessera_core::translate::{
+    ClusterNode, HeldShares, build_problem, evaluate_placed, placed_capacity,
+};
 
 /// Where the map finds the controller's caches once this replica leads.
 pub(crate) type MapSource = Arc<Mutex<Option<Arc<Context>>>>;
@@ -119,7 +121,7 @@ pub fn cluster_map(
         nodes,
         instances: instances
             .iter()
-            .map(|mi| map_instance(mi, Vec::new(), Vec::new()))
+            .map(|mi| map_instance(mi, Judged::default(), Vec::new()))
             .collect(),
         others,
         instance_pages: true,
@@ -136,7 +138,7 @@ fn render_instance(ctx: &Context, namespace: &str, name: &str) -> Option<String>
         .find(|mi| mi.namespace().as_deref() == Some(namespace) && mi.name_any() == name)?;
     let observed = observe_cluster(ctx);
     let nodes: Vec<&ClusterNode> = observed.nodes.iter().map(|info| &info.gpus).collect();
-    let predictions = predictions(&mi, &nodes);
+    let judged = judged(&mi, &nodes);
     let events = ctx
         .event_log
         .recent(mi.metadata.uid.as_deref().unwrap_or_default())
@@ -148,7 +150,7 @@ fn render_instance(ctx: &Context, namespace: &str, name: &str) -> Option<String>
             message: e.message,
         })
         .collect();
-    Some(instance_page(&map_instance(&mi, predictions, events)))
+    Some(instance_page(&map_instance(&mi, judged, events)))
 }
 
 /// Memory shares held outside the plans, named on the GPU they share.
@@ -182,11 +184,7 @@ fn excluded(info: &NodeInfo) -> Option<String> {
     (!why.is_empty()).then(|| why.join(", "))
 }
 
-fn map_instance(
-    mi: &ModelInstance,
-    predictions: Vec<(u32, Prediction)>,
-    events: Vec<MapEvent>,
-) -> MapInstance {
+fn map_instance(mi: &ModelInstance, judged: Judged, events: Vec<MapEvent>) -> MapInstance {
     let status = mi.status.clone().unwrap_or_default();
     MapInstance {
         namespace: mi.namespace().unwrap_or_default(),
@@ -198,7 +196,14 @@ fn map_instance(
         message: status.message,
         predicted_tokens_per_second: status.predicted_tokens_per_second,
         plan: status.plan,
-        predictions,
+        predictions: judged.predictions,
+        curves: judged.curves,
+        target_tpot_ms: mi
+            .spec
+            .serving
+            .clone()
+            .unwrap_or_default()
+            .max_time_per_output_token_ms,
         conditions: status
             .conditions
             .into_iter()
@@ -213,20 +218,32 @@ fn map_instance(
     }
 }
 
-/// Each planned replica judged by the speed model on the devices it was
-/// planned on, the nodes as they are now (nothing else held: the parts
-/// describe the plan, not the competition for it).
-fn predictions(mi: &ModelInstance, nodes: &[&ClusterNode]) -> Vec<(u32, Prediction)> {
+/// Each planned replica as the models judge it, by replica.
+#[derive(Default)]
+struct Judged {
+    predictions: Vec<(u32, Prediction)>,
+    curves: Vec<(u32, Curve)>,
+}
+
+/// Each planned replica judged by the speed and serving models on the
+/// devices it was planned on, the nodes as they are now (nothing else held:
+/// the parts describe the plan, not the competition for it).
+fn judged(mi: &ModelInstance, nodes: &[&ClusterNode]) -> Judged {
     let plan = mi.status.as_ref().map_or(&[][..], |s| s.plan.as_slice());
     let mut replicas: Vec<u32> = plan.iter().map(|s| s.replica).collect();
     replicas.dedup();
-    replicas
-        .into_iter()
-        .map(|replica| {
-            let shards: Vec<&PlannedShard> = plan.iter().filter(|s| s.replica == replica).collect();
-            (replica, predict(mi, &shards, nodes))
-        })
-        .collect()
+    let mut judged = Judged::default();
+    for replica in replicas {
+        let shards: Vec<&PlannedShard> = plan.iter().filter(|s| s.replica == replica).collect();
+        judged
+            .predictions
+            .push((replica, predict(mi, &shards, nodes)));
+        judged.curves.push((
+            replica,
+            placed_capacity(&mi.spec, nodes.iter().copied(), &shards),
+        ));
+    }
+    judged
 }
 
 fn predict(mi: &ModelInstance, shards: &[&PlannedShard], nodes: &[&ClusterNode]) -> Prediction {

@@ -327,7 +327,9 @@ fn whole(
             plan: planned_shards(&chosen.plan, inputs.replica),
             whole: true,
             reasons,
-            parallelism: chosen.parallelism_note(),
+            // The ParallelismChosen event is for `tensor: auto`; a fixed
+            // size whose GPU kinds were compared says so in `tessera place`.
+            parallelism: chosen.parallelism_note().filter(|_| chosen.auto),
         }),
         Err(explanation) => {
             let inputs = hash();

@@ -65,6 +65,9 @@ pub struct InstancePlan {
     pub kind: Option<String>,
     /// GPUs the plan takes (a memory share counts as its fraction).
     pub gpus: f64,
+    /// Whether the tensor size was `auto` (else fixed, and only the GPU
+    /// kinds were compared).
+    pub auto: bool,
 }
 
 impl InstancePlan {
@@ -82,6 +85,7 @@ impl InstancePlan {
             gpus: best.gpus,
             capacity: best.capacity,
             kind,
+            auto: true,
         }
     }
 
@@ -100,30 +104,18 @@ impl InstancePlan {
                         && verdict.tokens_per_second == self.plan.performance.tokens_per_second
                 })
         };
-        // One-kind shapes that were not solved are only counted: the
-        // any-kind shape of their size says what the size could reach.
-        let unsolved_kinds = self
+        // One-kind shapes without a plan of their own are only counted: the
+        // any-kind shape of their size says what the size could do.
+        let unplanned_kinds = self
             .alternatives
             .iter()
-            .filter(|alternative| {
-                alternative.kind.is_some()
-                    && alternative
-                        .outcome
-                        .as_ref()
-                        .is_err_and(|why| why.starts_with("not solved"))
-            })
+            .filter(|alternative| alternative.kind.is_some() && alternative.outcome.is_err())
             .count();
-        let mut compared: Vec<String> = self
+        let compared: Vec<String> = self
             .alternatives
             .iter()
             .filter(|alternative| !is_chosen(alternative))
-            .filter(|alternative| {
-                alternative.kind.is_none()
-                    || !alternative
-                        .outcome
-                        .as_ref()
-                        .is_err_and(|why| why.starts_with("not solved"))
-            })
+            .filter(|alternative| alternative.kind.is_none() || alternative.outcome.is_ok())
             .map(|alternative| {
                 let shape = match &alternative.kind {
                     Some(kind) => format!("{} on {kind}", alternative.tensor),
@@ -135,11 +127,6 @@ impl InstancePlan {
                 }
             })
             .collect();
-        if unsolved_kinds > 0 {
-            compared.push(format!(
-                "{unsolved_kinds} size(s) on one GPU kind not solved: even that kind's best figures cannot beat the choice"
-            ));
-        }
         let verdict = Verdict {
             stages,
             gpus: self.gpus,
@@ -151,17 +138,34 @@ impl InstancePlan {
             .as_ref()
             .map(|kind| format!(" on {kind}"))
             .unwrap_or_default();
-        let chosen = format!(
-            "tensor auto ({}) chose {} GPU(s) per shard × {stages} stage(s){on}: {}",
-            goal_text(&self.goal, self.capacity.is_some()),
-            self.tensor,
-            figures(&verdict)
-        );
-        Some(if compared.is_empty() {
+        let chosen = if self.auto {
+            format!(
+                "tensor auto ({}) chose {} GPU(s) per shard × {stages} stage(s){on}: {}",
+                goal_text(&self.goal, self.capacity.is_some()),
+                self.tensor,
+                figures(&verdict)
+            )
+        } else {
+            format!(
+                "tensor {} × {stages} stage(s) ({}) chose{on}: {}",
+                self.tensor,
+                goal_text(&self.goal, self.capacity.is_some()),
+                figures(&verdict)
+            )
+        };
+        let mut note = if compared.is_empty() && unplanned_kinds == 0 {
             format!("{chosen} (the only size that fits)")
+        } else if compared.is_empty() {
+            chosen
         } else {
             format!("{chosen}; compared tensor × stages {}", compared.join(", "))
-        })
+        };
+        if unplanned_kinds > 0 {
+            note.push_str(&format!(
+                "; {unplanned_kinds} size(s) on one GPU kind alone not solved (that kind's best figures cannot beat the choice) or without a plan"
+            ));
+        }
+        Some(note)
     }
 
     /// Requests/s at the target, where it is met.
@@ -230,13 +234,20 @@ pub fn tensor_candidates(problem: &Problem) -> Vec<u32> {
 }
 
 /// The GPU kinds (products) a plan of the problem may use, when the
-/// instance says what it serves and there is more than one: each is then
-/// compared alone besides all together.
+/// instance says what it serves, shares no GPU and there is more than one:
+/// each is then compared alone besides all together.
 fn kinds(problem: &Problem) -> Vec<String> {
     if problem.served.is_none() || problem.selector.kind.is_some() {
         return Vec::new();
     }
-    let kinds: BTreeSet<&str> = eligible_devices(problem)
+    let eligible: Vec<&crate::placement::Device> = eligible_devices(problem).collect();
+    // A sharing shard takes the smallest piece that holds it, split GPUs
+    // first (`share_sizing`); its kinds are not compared.
+    if eligible.iter().any(|device| device.share.is_some()) {
+        return Vec::new();
+    }
+    let kinds: BTreeSet<&str> = eligible
+        .iter()
         .map(|device| device.product.as_str())
         .collect();
     if kinds.len() < 2 {
@@ -333,11 +344,16 @@ pub fn solve_parallelism(
     options: &SolveOptions,
 ) -> Result<InstancePlan, Unsatisfiable> {
     let goal = problem.goal;
-    let sizes = match tensor {
-        TensorChoice::Fixed(size) => return solve_fixed(problem, size, options),
-        TensorChoice::Auto => tensor_candidates(problem),
-    };
     let kinds = kinds(problem);
+    // A fixed size on one kind of GPU is planned as asked; on several, the
+    // kinds are compared at that size.
+    let (sizes, auto) = match tensor {
+        TensorChoice::Fixed(size) if kinds.is_empty() => {
+            return solve_fixed(problem, size, options);
+        }
+        TensorChoice::Fixed(size) => (vec![size], false),
+        TensorChoice::Auto => (tensor_candidates(problem), true),
+    };
     // One problem per kind, restricted to it.
     let restricted: Vec<Problem> = kinds
         .iter()
@@ -469,6 +485,10 @@ pub fn solve_parallelism(
                         shape.tensor,
                         format!("tensor {}: {}", shape.tensor, unsatisfiable.reason),
                     ));
+                    if !auto {
+                        // A fixed size's own refusal, as without kinds.
+                        return Err(unsatisfiable);
+                    }
                 }
                 alternatives.push(Alternative {
                     tensor: shape.tensor,
@@ -496,7 +516,9 @@ pub fn solve_parallelism(
         (None, Some(min)) if any_solvable => Err(too_slow(min, None, &alternatives)),
         (Some((best, _)), _) => {
             let kind = kind_of(problem, &best.plan);
-            Ok(InstancePlan::from_judged(best, kind, alternatives, goal))
+            let mut chosen = InstancePlan::from_judged(best, kind, alternatives, goal);
+            chosen.auto = auto;
+            Ok(chosen)
         }
         (None, _) => Err(Unsatisfiable {
             reason: "no tensor size gives a plan (parallelism.tensor: auto)".into(),
@@ -535,7 +557,9 @@ fn solve_fixed(
     if misses_required_target(problem, &judged) {
         return Err(target_missed(problem, &judged, &[]));
     }
-    Ok(InstancePlan::from_judged(judged, None, Vec::new(), goal))
+    let mut chosen = InstancePlan::from_judged(judged, None, Vec::new(), goal);
+    chosen.auto = false;
+    Ok(chosen)
 }
 
 /// The GPU kind a plan runs on, when it compared kinds and the plan's

@@ -342,7 +342,7 @@ mod tests {
         );
         assert_eq!(auto.kind.as_deref(), Some(H100.0));
         let note = auto.parallelism_note().expect("auto explains itself");
-        assert!(note.contains("on one GPU kind not solved"), "{note}");
+        assert!(note.contains("on one GPU kind alone not solved"), "{note}");
         assert!(
             !note.contains("compared tensor × stages 1 ×"),
             "the choice is not listed again: {note}"
@@ -354,6 +354,16 @@ mod tests {
         );
         assert!(l40s.plan.stages.iter().all(|s| s.node == "l40s"));
         assert!(l40s.requests_per_second() < auto.requests_per_second());
+        // A fixed size compares the kinds too, and says it kept the size.
+        let fixed = plan(&format!("{LLAMA_8B}parallelism: {{tensor: 1}}\n"), &nodes);
+        assert!(fixed.plan.stages.iter().all(|s| s.node == "h100"));
+        assert!(!fixed.auto);
+        let note = fixed.parallelism_note().expect("the kinds compared");
+        assert!(
+            note.starts_with("tensor 1 × 1 stage(s) (throughput"),
+            "{note}"
+        );
+        assert!(note.contains(&format!("chose on {}", H100.0)), "{note}");
     }
 
     #[test]
