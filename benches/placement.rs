@@ -183,7 +183,11 @@ fn serving_benches(c: &mut Criterion) {
         let id = format!("70b_auto_over_{nodes}x8");
         let chosen = solve_parallelism(&p, TensorChoice::Auto, &SolveOptions::default())
             .expect("the scenario has a plan");
-        assert_valid(&p, &chosen.plan, chosen.plan.stages.len());
+        let sized = Problem {
+            tensor: chosen.tensor,
+            ..p.clone()
+        };
+        assert_valid(&sized, &chosen.plan, chosen.plan.stages.len());
         eprintln!(
             "REPORT serving/{id}: {}",
             chosen.parallelism_note().unwrap_or_default()

@@ -281,6 +281,7 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
     // 5. Replicas, driven through the scale subresource as a
     // HorizontalPodAutoscaler drives them.
     scale_replicas(&instances, &pods, &ns, &run).await;
+    serve_a_demand(&instances, &ns, &run).await;
 
     // 6. Deleting an instance takes its pods and Service with it.
     for name in ["llama-7b", "llama-70b", "too-big", "served"] {
@@ -420,6 +421,78 @@ async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &st
         three.get("served-shard-0"),
         "replica 0 was recreated while scaling down"
     );
+}
+
+/// An instance sized by its demand: with a small one, one replica that meets
+/// it; with one no cluster serves, as many replicas as fit and `DemandMet`
+/// false with what they serve. The capacity is in the status either way.
+async fn serve_a_demand(instances: &Api<ModelInstance>, ns: &str, run: &str) {
+    let mut demanded = example("llama-7b.yaml", ns, run);
+    demanded.metadata.name = Some("demanded".into());
+    demanded.spec.replicas = None;
+    demanded.spec.serving = Some(tessera::api::ServingSpec {
+        requests_per_second: Some(0.5),
+        ..Default::default()
+    });
+    instances
+        .create(&PostParams::default(), &demanded)
+        .await
+        .expect("creating demanded");
+    let condition = |met: &'static str| {
+        move |mi: ModelInstance| {
+            let status = mi.status?;
+            let condition = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "DemandMet" && c.status == met)?
+                .clone();
+            Some((status, condition))
+        }
+    };
+    let (status, met) = wait(SETTLE, "demanded to meet its demand", || async {
+        condition("True")(instances.get("demanded").await.ok()?)
+    })
+    .await;
+    let capacity = status.capacity.expect("the instance's capacity");
+    assert!(capacity.requests_per_second >= 0.5, "{capacity:?}");
+    assert_eq!(capacity.demand_requests_per_second, Some(0.5));
+    assert!(
+        status.replica_predictions[0].capacity.is_some(),
+        "{:?}",
+        status.replica_predictions
+    );
+    assert!(
+        met.message.starts_with("1 replica serve"),
+        "{}",
+        met.message
+    );
+    instances
+        .patch(
+            "demanded",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"serving": {"requestsPerSecond": 1000000}}})),
+        )
+        .await
+        .expect("raising the demand");
+    let (status, unmet) = wait(SETTLE, "demanded to say its demand is not met", || async {
+        condition("False")(instances.get("demanded").await.ok()?)
+    })
+    .await;
+    assert_eq!(unmet.reason, "DemandNotMet");
+    assert!(
+        unmet.message.contains("of 1000000 requests/s"),
+        "{}",
+        unmet.message
+    );
+    assert!(
+        status.replica_predictions.len() > 1,
+        "{:?}",
+        status.replica_predictions
+    );
+    instances
+        .delete("demanded", &Default::default())
+        .await
+        .expect("deleting demanded");
 }
 
 /// Waits until `probe` answers, polling every half second; panics after `limit`.

@@ -25,10 +25,14 @@ pub(crate) struct CapacityCeiling {
 }
 
 impl CapacityCeiling {
-    pub(crate) fn new(problem: &Problem) -> CapacityCeiling {
+    /// The ceiling of the problem's eligible devices, of one `kind` (product)
+    /// alone when given.
+    pub(crate) fn new(problem: &Problem, kind: Option<&str>) -> CapacityCeiling {
         let mut best: BTreeMap<String, GpuFigures> = BTreeMap::new();
         let mut on_memory_share = false;
-        for device in eligible_devices(problem) {
+        for device in eligible_devices(problem)
+            .filter(|device| kind.is_none_or(|kind| device.product == kind))
+        {
             on_memory_share |= matches!(device.share, Some(DeviceShare::Memory { .. }));
             let figures = best.entry(device.vendor.clone()).or_insert(GpuFigures {
                 vendor: device.vendor.clone(),

@@ -5,6 +5,7 @@
 //! judged by the goal (`judge`); a shape whose ceiling cannot beat the plan
 //! in hand is not solved.
 
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 
 use super::ceiling::CapacityCeiling;
@@ -354,24 +355,28 @@ pub fn solve_parallelism(
         TensorChoice::Fixed(size) => (vec![size], false),
         TensorChoice::Auto => (tensor_candidates(problem), true),
     };
-    // One problem per kind, restricted to it.
-    let restricted: Vec<Problem> = kinds
-        .iter()
-        .map(|kind| {
+    // One problem per kind, restricted to it, made when a shape on it is
+    // solved (a large cluster's copy costs about as much as a solve).
+    let restricted: Vec<OnceCell<Problem>> = kinds.iter().map(|_| OnceCell::new()).collect();
+    let on_kind = |kind: &str| -> &Problem {
+        let index = kinds.iter().position(|k| k == kind).unwrap_or(0);
+        restricted[index].get_or_init(|| {
             let mut one = problem.clone();
-            one.selector.kind = Some(kind.clone());
+            one.selector.kind = Some(kind.to_string());
             one
         })
-        .collect();
+    };
+    // The speed ceiling reads every free device whatever the selector: one
+    // serves every kind.
+    let speeds = SpeedCeiling::new(problem);
     let mut shapes: Vec<Shape> = Vec::new();
-    for (kind, on) in std::iter::once((None, problem)).chain(
-        kinds
-            .iter()
-            .zip(&restricted)
-            .map(|(kind, one)| (Some(kind), one)),
-    ) {
-        let speeds = SpeedCeiling::new(on);
-        let capacities = on.served.as_ref().map(|_| CapacityCeiling::new(on));
+    for kind in std::iter::once(None).chain(kinds.iter().map(Some)) {
+        let capacities = problem.served.as_ref().map(|served| {
+            (
+                served,
+                CapacityCeiling::new(problem, kind.map(String::as_str)),
+            )
+        });
         for &size in &sizes {
             let stages = speeds.fewest_stages(size);
             shapes.push(Shape {
@@ -379,12 +384,9 @@ pub fn solve_parallelism(
                 kind: kind.cloned(),
                 stages,
                 speed_ceiling: speeds.at(size),
-                capacity_ceiling: match (&capacities, &on.served) {
-                    (Some(ceiling), Some(served)) => {
-                        Some(ceiling.requests_per_gpu(served, on, size, stages))
-                    }
-                    _ => None,
-                },
+                capacity_ceiling: capacities.as_ref().map(|(served, ceiling)| {
+                    ceiling.requests_per_gpu(served, problem, size, stages)
+                }),
             });
         }
     }
@@ -400,7 +402,13 @@ pub fn solve_parallelism(
                 a.capacity_ceiling.unwrap_or(0.0),
                 b.capacity_ceiling.unwrap_or(0.0),
             );
-            b_most.total_cmp(&a_most).then(a.tensor.cmp(&b.tensor))
+            // A size on any kind before the same size on one kind alone
+            // (its ceiling is never lower), so the one-kind shape can be
+            // skipped when the any-kind plan is on that kind already.
+            b_most
+                .total_cmp(&a_most)
+                .then(a.tensor.cmp(&b.tensor))
+                .then(a.kind.is_some().cmp(&b.kind.is_some()))
         }),
         (Optimize::Throughput, None, false) => shapes.sort_by(|a, b| {
             let per_gpu = |shape: &Shape| {
@@ -424,13 +432,11 @@ pub fn solve_parallelism(
     let mut refusals = Vec::new();
     let per_gpu_first =
         goal.optimize == Optimize::Throughput && goal.min_tokens_per_second.is_none();
+    // The GPU kind of each size's any-kind plan, where it has one kind.
+    let mut any_kind_on: Vec<(u32, Option<String>)> = Vec::new();
     for shape in shapes {
-        let on = match &shape.kind {
-            Some(kind) => &restricted[kinds.iter().position(|k| k == kind).unwrap_or(0)],
-            None => problem,
-        };
         let skip = cannot_beat(
-            on,
+            problem,
             shape.tensor,
             shape.speed_ceiling,
             shape.capacity_ceiling,
@@ -440,7 +446,7 @@ pub fn solve_parallelism(
         .or_else(|| {
             let most = shape.speed_ceiling / (f64::from(shape.tensor) * f64::from(shape.stages));
             (per_gpu_first
-                && on.served.is_none()
+                && problem.served.is_none()
                 && best
                     .as_ref()
                     .is_some_and(|(best, _)| below(most, best.speed() / best.gpus)))
@@ -450,6 +456,13 @@ pub fn solve_parallelism(
                     shape.stages
                 )
             })
+        })
+        .or_else(|| {
+            let kind = shape.kind.as_ref()?;
+            any_kind_on
+                .iter()
+                .any(|(size, on)| *size == shape.tensor && on.as_ref() == Some(kind))
+                .then(|| "not solved: the plan on any kind is on this kind already".to_string())
         });
         if let Some(reason) = skip {
             alternatives.push(Alternative {
@@ -459,8 +472,15 @@ pub fn solve_parallelism(
             });
             continue;
         }
+        let on = match &shape.kind {
+            Some(kind) => on_kind(kind),
+            None => problem,
+        };
         match crate::placement::solve_sized(on, shape.tensor, &per_shape) {
             Ok(plan) => {
+                if shape.kind.is_none() {
+                    any_kind_on.push((shape.tensor, kind_of_plan(problem, &plan)));
+                }
                 let judged = Judged::new(on, plan, shape.tensor);
                 alternatives.push(Alternative {
                     tensor: shape.tensor,
@@ -568,6 +588,11 @@ fn kind_of(problem: &Problem, plan: &Plan) -> Option<String> {
     if kinds(problem).is_empty() {
         return None;
     }
+    kind_of_plan(problem, plan)
+}
+
+/// The one GPU kind all of a plan's devices are of, if they are.
+fn kind_of_plan(problem: &Problem, plan: &Plan) -> Option<String> {
     let mut products = plan.stages.iter().flat_map(|stage| {
         let node = problem.nodes.iter().find(|node| node.name == stage.node);
         stage.devices.iter().map(move |id| {
@@ -699,13 +724,11 @@ fn faster_kinds(problem: &Problem) -> Vec<String> {
     let all: BTreeSet<String> = eligible_devices(&open)
         .map(|device| device.product.clone())
         .collect();
+    let speeds = SpeedCeiling::new(&open);
     for kind in all.difference(&reachable) {
-        let mut one = open.clone();
-        one.selector.kind = Some(kind.clone());
-        let ceiling = CapacityCeiling::new(&one);
-        let speeds = SpeedCeiling::new(&one);
-        let meets = tensor_candidates(&one).into_iter().any(|size| {
-            ceiling.requests_per_gpu(served, &one, size, speeds.fewest_stages(size)) > 0.0
+        let ceiling = CapacityCeiling::new(&open, Some(kind));
+        let meets = tensor_candidates(&open).into_iter().any(|size| {
+            ceiling.requests_per_gpu(served, &open, size, speeds.fewest_stages(size)) > 0.0
         });
         if meets {
             found.insert(kind.clone());
