@@ -310,9 +310,10 @@ test_what_users_see() {
   [[ "$header" == "NAME PHASE REPLICAS SHARDS READY AGE" ]] || die "kubectl get mi prints the columns '$header'"
   table=$(kubectl get mi -n "$NAMESPACE" -o wide 2>/dev/null)
   header=$(head -n 1 <<<"$table" | tr -s ' ')
-  [[ "$header" == "NAME PHASE REPLICAS READY-REPLICAS SHARDS READY TOKENS/S AGE" ]] || die "kubectl get mi -o wide prints the columns '$header'"
+  [[ "$header" == "NAME PHASE REPLICAS READY-REPLICAS SHARDS READY TOKENS/S REQUESTS/S AGE" ]] || die "kubectl get mi -o wide prints the columns '$header'"
   row=$(awk '$1 == "pair"' <<<"$table" | tr -s ' ')
-  [[ "$row" =~ ^pair\ Running\ 1\ 1\ 2\ 2\ [0-9.]+\ [0-9]+[smhd] ]] || die "kubectl get mi -o wide prints '$row' for pair"
+  # Tokens/s alone, then the requests/s the replica serves at the target.
+  [[ "$row" =~ ^pair\ Running\ 1\ 1\ 2\ 2\ [0-9.]+\ [0-9.]+\ [0-9]+[smhd] ]] || die "kubectl get mi -o wide prints '$row' for pair"
   log "kubectl get mi: $row"
 
   events=$(kubectl get events -n "$NAMESPACE" -o json \
