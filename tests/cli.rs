@@ -721,6 +721,10 @@ fn malformed_serving_and_head_fields_are_bad_input() {
             "  serving: {requestsPerSecond: -3}\n",
             vec!["serving.requestsPerSecond"],
         ),
+        (
+            "  serving: {replicasFromDemand: true}\n",
+            vec!["serving.replicasFromDemand needs serving.requestsPerSecond"],
+        ),
     ] {
         let path = dir.file("bad.yaml", &instance(SMALL_MODEL, extra));
         assert_bad_input(&["place", "-f", &path], None, &needles);
@@ -868,7 +872,7 @@ fn place_sizes_replicas_to_a_demand_and_says_when_it_is_not_met() {
         "sized.yaml",
         &instance(
             model,
-            &format!("  serving: {{requestsPerSecond: {demand}}}\n"),
+            &format!("  serving: {{requestsPerSecond: {demand}, replicasFromDemand: true}}\n"),
         ),
     );
     let report = json_report(&["place", "-o", "json", "-f", &sized]);
@@ -891,7 +895,10 @@ fn place_sizes_replicas_to_a_demand_and_says_when_it_is_not_met() {
     // exit code 2 and NOT MET.
     let huge = dir.file(
         "huge.yaml",
-        &instance(model, "  serving: {requestsPerSecond: 1000000}\n"),
+        &instance(
+            model,
+            "  serving: {requestsPerSecond: 1000000, replicasFromDemand: true}\n",
+        ),
     );
     let (code, table, stderr) = run(&["place", "-f", &huge], None);
     assert_eq!(code, 2, "{table}\n{stderr}");

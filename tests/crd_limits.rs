@@ -242,6 +242,24 @@ fn cases() -> Vec<Case> {
             field: "maxTimeToFirstTokenMs".into(),
         });
     }
+    // Replicas from the demand need a demand.
+    for (serving, valid) in [
+        (json!({"replicasFromDemand": true}), false),
+        (
+            json!({"replicasFromDemand": true, "requestsPerSecond": 4.0}),
+            true,
+        ),
+        (json!({"replicasFromDemand": false}), true),
+    ] {
+        let mut object = base();
+        object["spec"]["serving"] = serving.clone();
+        out.push(Case {
+            what: format!("serving {serving}"),
+            object,
+            valid,
+            field: "replicasFromDemand".into(),
+        });
+    }
     for (name, replicas, valid) in [
         ("a".repeat(52), 1, true),
         ("a".repeat(53), 1, false),

@@ -72,7 +72,7 @@ fn plan(
     solve_replicas(
         &problem,
         tensor_choice(spec),
-        spec.replicas.unwrap_or(1),
+        spec.replicas,
         "ml/test",
         &SolveOptions::default(),
     )

@@ -1,5 +1,6 @@
-//! How many replicas an instance gets: `spec.replicas`, or as many as
-//! `serving.requestsPerSecond` needs at the latency target, and what each
+//! How many replicas an instance gets: `spec.replicas`, or with
+//! `serving.replicasFromDemand` as many as `serving.requestsPerSecond` needs
+//! at the latency target, and what each
 //! replica serves there. A Service spreads requests evenly, so `k` replicas
 //! serve `k ×` the slowest one's requests/s; the count grows until they
 //! meet the demand, a replica has no plan or serves nothing at the target,
@@ -151,7 +152,7 @@ mod tests {
         assert!(each > 0.0, "{one:?}");
         let demand = each * 2.5;
         let counted = count(
-            &format!("{SMALL}\nserving: {{requestsPerSecond: {demand}}}"),
+            &format!("{SMALL}\nserving: {{requestsPerSecond: {demand}, replicasFromDemand: true}}"),
             &nodes,
         );
         assert_eq!(counted.decisions.len(), 3, "{:?}", served(&counted));
@@ -170,7 +171,10 @@ mod tests {
         assert_eq!(devices.len(), 3, "three replicas on three GPUs");
         // More than the cluster holds: every GPU, and the demand is unmet.
         let counted = count(
-            &format!("{SMALL}\nserving: {{requestsPerSecond: {}}}", each * 100.0),
+            &format!(
+                "{SMALL}\nserving: {{requestsPerSecond: {}, replicasFromDemand: true}}",
+                each * 100.0
+            ),
             &nodes,
         );
         let placed = counted

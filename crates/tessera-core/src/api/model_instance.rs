@@ -81,11 +81,12 @@ pub struct ModelInstanceSpec {
     pub model: ModelSpec,
     /// Independent copies of the model, each a gang of shards placed all or
     /// nothing. `kubectl scale` and a HorizontalPodAutoscaler set it through
-    /// the scale subresource. Unset: as many as serving.requestsPerSecond
-    /// needs at the latency target (at most 64), or 1 without a demand.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// the scale subresource. With serving.replicasFromDemand the controller
+    /// plans as many as serving.requestsPerSecond needs instead, and this
+    /// field is not read.
+    #[serde(default = "one_replica")]
     #[schemars(range(min = REPLICAS.min, max = REPLICAS.max))]
-    pub replicas: Option<u32>,
+    pub replicas: u32,
     /// How a replica is split: GPUs per shard (tensor) and shards in a
     /// pipeline, fixed or chosen by the solver.
     #[serde(default)]
@@ -143,14 +144,21 @@ fn check_heads(model: &ModelSpec, problems: &mut Vec<String>) {
     }
 }
 
+fn one_replica() -> u32 {
+    1
+}
+
 impl ModelInstanceSpec {
-    /// The replicas asked for: `replicas`, or 1 when neither it nor a demand
-    /// is given. `None`: as many as the demand needs.
+    /// The replicas asked for: `replicas`, or `None` for as many as the
+    /// demand needs (`serving.replicasFromDemand` with a demand).
     pub fn fixed_replicas(&self) -> Option<u32> {
-        match (self.replicas, self.demand()) {
-            (Some(replicas), _) => Some(replicas),
-            (None, None) => Some(1),
-            (None, Some(_)) => None,
+        let from_demand = self
+            .serving
+            .as_ref()
+            .is_some_and(|serving| serving.replicas_from_demand);
+        match self.demand() {
+            Some(_) if from_demand => None,
+            _ => Some(self.replicas),
         }
     }
 
@@ -1015,9 +1023,7 @@ impl ModelInstanceSpec {
         }
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
-        if let Some(replicas) = self.replicas {
-            REPLICAS.check("replicas", replicas, &mut problems);
-        }
+        REPLICAS.check("replicas", self.replicas, &mut problems);
         if let Some(serving) = &self.serving {
             serving.check(&mut problems);
         }

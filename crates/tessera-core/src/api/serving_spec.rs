@@ -66,6 +66,7 @@ pub enum KvCacheDtype {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.maxTimeToFirstTokenMs >= self.maxTimePerOutputTokenMs").message("serving.maxTimeToFirstTokenMs cannot be below maxTimePerOutputTokenMs: the first token takes at least one decode step"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.replicasFromDemand) || !self.replicasFromDemand || has(self.requestsPerSecond)").message(REPLICAS_FROM_DEMAND_MESSAGE))]
 pub struct ServingSpec {
     /// The engine the shards run: `vllm` (default), `sglang`, `tensorrt-llm`
     /// or `generic`.
@@ -94,6 +95,12 @@ pub struct ServingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = REQUESTS_PER_SECOND.min, max = REQUESTS_PER_SECOND.max))]
     pub requests_per_second: Option<f64>,
+    /// Plan as many replicas as requestsPerSecond needs at the latency
+    /// target (at most 64) instead of spec.replicas, which is then not read
+    /// (nor what kubectl scale or an HPA write to it). Needs
+    /// requestsPerSecond. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replicas_from_demand: bool,
 }
 
 impl Default for ServingSpec {
@@ -105,14 +112,22 @@ impl Default for ServingSpec {
             max_time_per_output_token_ms: default_time_per_output_token_ms(),
             max_time_to_first_token_ms: default_time_to_first_token_ms(),
             requests_per_second: None,
+            replicas_from_demand: false,
         }
     }
 }
+
+/// Why `replicasFromDemand` without a demand is refused.
+const REPLICAS_FROM_DEMAND_MESSAGE: &str =
+    "serving.replicasFromDemand needs serving.requestsPerSecond: the demand sets the replica count";
 
 impl ServingSpec {
     /// Records every field outside its limits, and a first-token target
     /// below the per-token one, under `serving.`.
     pub(crate) fn check(&self, problems: &mut Vec<String>) {
+        if self.replicas_from_demand && self.requests_per_second.is_none() {
+            problems.push(REPLICAS_FROM_DEMAND_MESSAGE.to_string());
+        }
         SERVING_TOKENS.check("serving.inputTokens", self.input_tokens, problems);
         SERVING_TOKENS.check("serving.outputTokens", self.output_tokens, problems);
         let before = problems.len();

@@ -32,7 +32,7 @@ pub(super) fn per_layer(spec: &ModelInstanceSpec) -> f64 {
     } else {
         match served.serving.requests_per_second {
             Some(rps) => {
-                let replicas = f64::from(spec.replicas.unwrap_or(1).max(1));
+                let replicas = f64::from(spec.fixed_replicas().unwrap_or(1).max(1));
                 let goal = SpeedGoal {
                     min_tokens_per_second: spec.parallelism.min_tokens_per_second,
                     ..SpeedGoal::default()
