@@ -6,8 +6,9 @@
 //! GPU's memory the runtime takes). Pure; `desired` adds it to every shard
 //! pod.
 
-use tessera_core::api::{KvCacheDtype, ModelInstanceSpec, PlannedShard, ReplicaCapacity};
-use tessera_core::serving::RuntimeConfig;
+use tessera_core::api::{ModelInstanceSpec, PlannedShard, ReplicaCapacity};
+use tessera_core::placement::Served;
+use tessera_core::sizing::{runtime_of, workload_of};
 
 /// The port rank 0 listens on for the others (`TESSERA_MASTER_PORT`): vLLM's
 /// own default for `--master-port`. Every shard is a pod with its own IP, so
@@ -77,19 +78,10 @@ pub(crate) fn runtime_env(
     if let Some(capacity) = planned.capacity.filter(|c| c.concurrency > 0) {
         env.push((NAMES[4], capacity.concurrency.to_string()));
     }
-    let serving = planned.spec.serving.clone().unwrap_or_default();
-    let length = u64::from(serving.input_tokens.max(1)) + u64::from(serving.output_tokens);
-    env.push((NAMES[5], length.to_string()));
+    let served = Served::of(planned.spec);
+    env.push((NAMES[5], workload_of(&served).sequence_tokens().to_string()));
     if stages.iter().all(|s| s.share.is_none()) {
-        let runtime = RuntimeConfig {
-            runtime: serving.runtime,
-            kv_cache_dtype: planned
-                .spec
-                .model
-                .kv_cache_dtype
-                .unwrap_or(KvCacheDtype::Auto),
-            ..RuntimeConfig::default()
-        };
+        let runtime = runtime_of(&served, false);
         let tensor = tensor.unwrap_or(1) as u32;
         env.push((NAMES[6], format!("{}", runtime.memory_utilization(tensor))));
     }

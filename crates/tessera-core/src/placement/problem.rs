@@ -34,6 +34,18 @@ pub struct Problem {
     pub served: Option<Served>,
 }
 
+impl Served {
+    /// What `spec` serves: its model, its `spec.serving` or the defaults, a
+    /// target required when `spec.serving` is given.
+    pub fn of(spec: &crate::api::ModelInstanceSpec) -> Served {
+        Served {
+            model: spec.model.clone(),
+            serving: spec.serving.clone().unwrap_or_default(),
+            target_required: spec.serving.is_some(),
+        }
+    }
+}
+
 /// The model and `spec.serving` of an instance, as the serving model reads
 /// them to judge a plan.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -138,7 +138,7 @@ pub(super) fn concurrency(input: &ServingInput, layers: &[u32]) -> Result<Concur
     let share = runtime.memory_utilization(tensor);
     let per_layer = Attention::of(&input.model)
         .kv_bytes_per_device_layer(tensor, runtime.kv_bytes_per_element(spec.dtype));
-    let sequence_tokens = input.workload.input_tokens.max(1.0) + input.workload.output_tokens;
+    let sequence_tokens = input.workload.sequence_tokens();
     let weights_per_layer = spec.weight_bytes_per_layer();
     let overhead = spec.overhead_gib * GIB;
     let reserved = spec.reserved_kv_gib().unwrap_or(0.0) * GIB;

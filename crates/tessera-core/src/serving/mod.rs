@@ -142,6 +142,14 @@ pub struct Workload {
     pub output_tokens: f64,
 }
 
+impl Workload {
+    /// A request's whole length, prompt and output: what its KV cache holds
+    /// by its last token.
+    pub fn sequence_tokens(&self) -> f64 {
+        self.input_tokens.max(1.0) + self.output_tokens
+    }
+}
+
 /// Everything a prediction depends on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

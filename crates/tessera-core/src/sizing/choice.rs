@@ -535,7 +535,7 @@ pub fn solve_parallelism(
         }
         (None, Some(min)) if any_solvable => Err(too_slow(min, None, &alternatives)),
         (Some((best, _)), _) => {
-            let kind = kind_of(problem, &best.plan);
+            let kind = kind_of_plan(problem, &best.plan).filter(|_| !kinds.is_empty());
             let mut chosen = InstancePlan::from_judged(best, kind, alternatives, goal);
             chosen.auto = auto;
             Ok(chosen)
@@ -580,15 +580,6 @@ fn solve_fixed(
     let mut chosen = InstancePlan::from_judged(judged, None, Vec::new(), goal);
     chosen.auto = false;
     Ok(chosen)
-}
-
-/// The GPU kind a plan runs on, when it compared kinds and the plan's
-/// devices are all of one.
-fn kind_of(problem: &Problem, plan: &Plan) -> Option<String> {
-    if kinds(problem).is_empty() {
-        return None;
-    }
-    kind_of_plan(problem, plan)
 }
 
 /// The one GPU kind all of a plan's devices are of, if they are.

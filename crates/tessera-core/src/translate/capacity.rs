@@ -36,22 +36,21 @@ pub fn placed_capacity<'a>(
 /// A replica's capacity as the status shows it: the load at the target, or
 /// the best it does when not even one request meets it.
 pub fn replica_capacity(capacity: &Capacity) -> ReplicaCapacity {
-    let round = |value: f64| (value * 100.0).round() / 100.0;
     match (&capacity.at_slo, &capacity.target_missed) {
         (Some(at), _) => ReplicaCapacity {
             concurrency: at.concurrency,
-            requests_per_second: round(at.requests_per_second),
-            output_tokens_per_second: round(at.output_tokens_per_second),
-            tpot_ms: round(at.tpot_ms),
-            ttft_ms: round(at.ttft_ms),
+            requests_per_second: hundredths(at.requests_per_second),
+            output_tokens_per_second: hundredths(at.output_tokens_per_second),
+            tpot_ms: hundredths(at.tpot_ms),
+            ttft_ms: hundredths(at.ttft_ms),
             target_missed: None,
         },
         (None, miss) => ReplicaCapacity {
             concurrency: 0,
             requests_per_second: 0.0,
             output_tokens_per_second: 0.0,
-            tpot_ms: round(miss.map_or(0.0, |miss| miss.best_tpot_ms)),
-            ttft_ms: round(miss.map_or(0.0, |miss| miss.best_ttft_ms)),
+            tpot_ms: hundredths(miss.map_or(0.0, |miss| miss.best_tpot_ms)),
+            ttft_ms: hundredths(miss.map_or(0.0, |miss| miss.best_ttft_ms)),
             target_missed: Some(
                 miss.map_or_else(|| "no prediction".to_string(), |miss| miss.to_string()),
             ),
@@ -76,15 +75,19 @@ pub fn instance_capacity(
     } else {
         0.0
     };
-    let round = |value: f64| (value * 100.0).round() / 100.0;
     Some(InstanceCapacity {
-        requests_per_second: round(requests_per_second),
-        output_tokens_per_second: round(requests_per_second * tokens_per_request),
+        requests_per_second: hundredths(requests_per_second),
+        output_tokens_per_second: hundredths(requests_per_second * tokens_per_request),
         concurrency: replicas.len() as u32 * slowest.concurrency,
         tpot_ms: replicas.iter().map(|r| r.tpot_ms).fold(0.0, f64::max),
         ttft_ms: replicas.iter().map(|r| r.ttft_ms).fold(0.0, f64::max),
         demand_requests_per_second: demand,
     })
+}
+
+/// A figure as the status shows it: to a hundredth.
+fn hundredths(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
 }
 
 #[cfg(test)]

@@ -19,12 +19,7 @@ pub(super) fn per_layer(spec: &ModelInstanceSpec) -> f64 {
     if let Some(reserved) = spec.model.reserved_kv_bytes_per_layer() {
         return reserved;
     }
-    let serving = spec.serving.clone().unwrap_or_default();
-    let served = Served {
-        model: spec.model.clone(),
-        serving,
-        target_required: false,
-    };
+    let served = Served::of(spec);
     let workload = crate::sizing::workload_of(&served);
     let runtime = crate::sizing::runtime_of(&served, !spec.placement.sharing.is_exclusive());
     let requests = if spec.placement.sharing.is_exclusive() {
@@ -48,7 +43,5 @@ pub(super) fn per_layer(spec: &ModelInstanceSpec) -> f64 {
         spec: spec.model.clone(),
         head_dim: None,
     };
-    kv_bytes_per_token_layer(&model, &runtime)
-        * (workload.input_tokens.max(1.0) + workload.output_tokens)
-        * requests
+    kv_bytes_per_token_layer(&model, &runtime) * workload.sequence_tokens() * requests
 }

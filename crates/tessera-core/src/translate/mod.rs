@@ -153,11 +153,7 @@ pub fn build_problem<'a>(
             },
             min_tokens_per_second: spec.parallelism.min_tokens_per_second,
         },
-        served: Some(Served {
-            model: spec.model.clone(),
-            serving: spec.serving.clone().unwrap_or_default(),
-            target_required: spec.serving.is_some(),
-        }),
+        served: Some(Served::of(spec)),
     }
 }
 
