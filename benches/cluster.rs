@@ -5,9 +5,15 @@
 //! benchmark, under four policies: first-fit, the score alone (today's
 //! objective), `pack` and `spread`.
 //!
+//! Every arrival states what it serves (`serving: {}`, the default request
+//! and latency target), so the solver refuses a replica that cannot meet the
+//! target; first-fit places it anyway, and it serves nothing.
+//!
 //! For each cluster and policy a `REPORT` line on stderr gives the replicas
-//! placed before the first refusal and in all, the predicted tokens/s of the
-//! replicas running at the end, the mean predicted tokens/s per placement,
+//! placed before the first refusal and in all, the requests/s they serve at
+//! the target per GPU (and those placed missing it), the predicted tokens/s
+//! of the replicas running at the end, the mean predicted tokens/s per
+//! placement,
 //! the largest free NVLink/xGMI domain left (and how many nodes are free and
 //! fast-linked whole), how close an instance's replicas came to each other,
 //! and the time per placement (mean
@@ -92,7 +98,7 @@ fn room_line(scenario: &str, policy: Policy, room: &Room) -> String {
 
 /// What `pack` must reach against the score alone on the mixed cluster, with
 /// `auto` instances in `throughput` mode: replicas placed before the first
-/// refusal, and predicted tokens/s per GPU.
+/// refusal, and requests/s at the target per GPU.
 const PLACED_TARGET: f64 = 1.3;
 const PER_GPU_TARGET: f64 = 1.0;
 /// The longest one placement may take, by cluster size.
@@ -108,11 +114,15 @@ fn report_line(scenario: &str, policy: Policy, outcome: &Outcome) -> String {
         });
     let (auto_gpus, auto_tokens) = outcome.auto_shares();
     format!(
-        "REPORT cluster/{scenario} {}: placed before first refusal={} placed={} refused={} running at end={} tokens/s at end={:.1} mean tokens/s per placement={:.2} tokens/s per GPU={:.2} largest free NVLink/xGMI domain={} ({}) whole free NVLink/xGMI nodes={} replica pairs sharing a node/rack/zone/apart={}/{}/{}/{} GPUs free at first refusal={free_at_first_refusal} GPUs per placement={:.2} tensor auto share of GPUs/tokens/s placed={:.0}%/{:.0}% ms per placement mean={:.2} max={:.2}",
+        "REPORT cluster/{scenario} {}: placed before first refusal={} placed={} refused={} placed missing the target={} requests/s at the target per GPU={:.3} at end={:.1} on {} GPUs running at end={} tokens/s at end={:.1} mean tokens/s per placement={:.2} tokens/s per GPU={:.2} largest free NVLink/xGMI domain={} ({}) whole free NVLink/xGMI nodes={} replica pairs sharing a node/rack/zone/apart={}/{}/{}/{} GPUs free at first refusal={free_at_first_refusal} GPUs per placement={:.2} tensor auto share of GPUs/tokens/s placed={:.0}%/{:.0}% ms per placement mean={:.2} max={:.2}",
         policy.name(),
         outcome.before_first_refusal,
         outcome.placed,
         outcome.refused,
+        outcome.missed_target,
+        outcome.requests_per_second_per_gpu(),
+        outcome.requests_per_second_at_end,
+        outcome.gpus_at_end,
         outcome.running_at_end,
         outcome.tokens_per_second_at_end,
         outcome.mean_tokens_per_second(),
@@ -133,12 +143,13 @@ fn report_line(scenario: &str, policy: Policy, outcome: &Outcome) -> String {
 }
 
 /// `pack` against the score alone: (placed before the first refusal, placed,
-/// tokens/s per GPU, mean tokens/s per placement), each as a ratio.
+/// requests/s at the target per GPU, mean tokens/s per placement), each as a
+/// ratio.
 fn ratios(score_only: &Outcome, pack: &Outcome) -> [f64; 4] {
     [
         pack.before_first_refusal as f64 / score_only.before_first_refusal.max(1) as f64,
         pack.placed as f64 / score_only.placed.max(1) as f64,
-        pack.tokens_per_second_per_gpu() / score_only.tokens_per_second_per_gpu().max(1e-9),
+        pack.requests_per_second_per_gpu() / score_only.requests_per_second_per_gpu().max(1e-9),
         pack.mean_tokens_per_second() / score_only.mean_tokens_per_second().max(1e-9),
     ]
 }
@@ -146,7 +157,7 @@ fn ratios(score_only: &Outcome, pack: &Outcome) -> [f64; 4] {
 fn target_line(scenario: &str, [first, placed, per_gpu, speed]: [f64; 4]) -> String {
     let met = |ok: bool| if ok { "met" } else { "MISSED" };
     format!(
-        "REPORT cluster/{scenario} pack vs score-only: placed before first refusal x{first:.3} (target >= {PLACED_TARGET}: {}), placed x{placed:.3}, tokens/s per GPU x{per_gpu:.3} (target >= {PER_GPU_TARGET}: {}), mean tokens/s per placement x{speed:.3}",
+        "REPORT cluster/{scenario} pack vs score-only: placed before first refusal x{first:.3} (target >= {PLACED_TARGET}: {}), placed x{placed:.3}, requests/s at the target per GPU x{per_gpu:.3} (target >= {PER_GPU_TARGET}: {}), mean tokens/s per placement x{speed:.3}",
         met(first >= PLACED_TARGET),
         met(per_gpu >= PER_GPU_TARGET),
     )
@@ -188,7 +199,7 @@ fn more_sequences_line(nodes: &[NodeState]) -> String {
         )
     };
     format!(
-        "REPORT cluster/64_nodes over {} more sequences, pack vs score-only: placed before first refusal {}, placed {}, tokens/s per GPU {}, mean tokens/s per placement {}, large-model burst fit {} vs {} (x{:.2})",
+        "REPORT cluster/64_nodes over {} more sequences, pack vs score-only: placed before first refusal {}, placed {}, requests/s at the target per GPU {}, mean tokens/s per placement {}, large-model burst fit {} vs {} (x{:.2})",
         all.len(),
         summary(0),
         summary(1),

@@ -37,6 +37,8 @@ const MODEL_405B: ModelSpec = ModelSpec {
     parameters: 405e9,
     layers: 126,
     hidden: 16384,
+    attention_heads: 128,
+    kv_heads: 8,
     kv_cache_gib: 40.0,
     overhead_gib: 2.0,
 };
@@ -50,6 +52,8 @@ const MODEL_1_8T: ModelSpec = ModelSpec {
     parameters: 1.8e12,
     layers: 128,
     hidden: 25600,
+    attention_heads: 160,
+    kv_heads: 8,
     kv_cache_gib: 64.0,
     overhead_gib: 2.0,
 };
@@ -60,6 +64,8 @@ const MODEL_AT_THE_LIMITS: ModelSpec = ModelSpec {
     parameters: 20e12,
     layers: 100_000,
     hidden: 65536,
+    attention_heads: 512,
+    kv_heads: 8,
     kv_cache_gib: 0.0,
     overhead_gib: 2.0,
 };
@@ -150,6 +156,8 @@ const MODEL_70B: ModelSpec = ModelSpec {
     parameters: 70.6e9,
     layers: 80,
     hidden: 8192,
+    attention_heads: 64,
+    kv_heads: 8,
     kv_cache_gib: 0.4,
     overhead_gib: 2.0,
 };

@@ -22,14 +22,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use serde_json::json;
-use tessera::api::{GpuPartition, MigState, ModelInstanceSpec, ShareKind};
-use tessera::placement::{NodeState, SolveOptions};
+use tessera::api::{ModelInstanceSpec, ShareKind};
+use tessera::placement::SolveOptions;
 use tessera::sizing::solve_replicas;
 use tessera::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, tensor_choice,
 };
 
-use support::objects::to_node;
+use support::shared_nodes::shared_cluster;
 use support::{SplitMix64, cluster};
 
 const CLUSTER_SEED: u64 = 0x7e55_e7a0_5eed_0001;
@@ -39,101 +39,28 @@ const GIB: u64 = 1 << 30;
 const PLACED_TARGET: f64 = 2.0;
 const MEMORY_TARGET: f64 = 0.8;
 
-/// A small model: parameters (billions), layers, hidden size, KV cache (GiB).
-type Small = (&'static str, f64, u32, u32, f64);
+/// A small model: parameters (billions), layers, hidden size, attention and
+/// key/value heads, KV cache (GiB).
+type Small = (&'static str, f64, u32, u32, (u32, u32), f64);
 const MODELS: [(Small, u32); 3] = [
-    (("1.5B", 1.5, 16, 2048, 2.0), 30),
-    (("3B", 3.2, 28, 3072, 4.0), 30),
-    (("8B", 8.0, 32, 4096, 8.0), 40),
+    (("1.5B", 1.5, 16, 2048, (16, 8), 2.0), 30),
+    (("3B", 3.2, 28, 3072, (24, 8), 4.0), 30),
+    (("8B", 8.0, 32, 4096, (32, 8), 8.0), 40),
 ];
 const REPLICAS: [(u32, u32); 2] = [(1, 80), (2, 20)];
 
 fn spec(model: Small, replicas: u32, sharing: &str) -> ModelInstanceSpec {
-    let (name, parameters, layers, hidden, kv) = model;
+    let (name, parameters, layers, hidden, (heads, kv_heads), kv) = model;
     serde_json::from_value(json!({
         "model": {"name": name, "parametersBillions": parameters, "layers": layers,
-                  "hiddenSize": hidden, "kvCacheGiB": kv},
+                  "hiddenSize": hidden, "attentionHeads": heads, "kvHeads": kv_heads,
+                  "kvCacheGiB": kv},
+        "serving": {},
         "replicas": replicas,
         "parallelism": {"tensor": 1, "pipeline": 1},
         "placement": {"sharing": sharing},
     }))
     .expect("a valid spec")
-}
-
-/// A GPU's MIG layout 3g + 2g + 1g + 1g by its product, with NVIDIA's
-/// published figures; `None` for a GPU without MIG.
-fn split(product: &str, gpu: &str) -> Option<MigState> {
-    let (sms, profiles): (u32, [(&str, u64, u32); 3]) = if product.contains("H100") {
-        (
-            132,
-            [
-                ("3g.40gb", 40, 60),
-                ("2g.20gb", 20, 32),
-                ("1g.10gb", 10, 16),
-            ],
-        )
-    } else if product.contains("A100") {
-        (
-            108,
-            [("3g.20gb", 20, 42), ("2g.10gb", 10, 28), ("1g.5gb", 5, 14)],
-        )
-    } else {
-        return None;
-    };
-    let layout = [(0, 4, 0), (4, 2, 1), (6, 1, 2), (7, 1, 2)];
-    let partitions = layout
-        .iter()
-        .map(|&(start, size, profile)| {
-            let (name, gib, multiprocessors) = profiles[profile];
-            GpuPartition {
-                id: format!("MIG-{gpu}-{start}-{name}"),
-                profile: name.to_string(),
-                memory_total_bytes: gib * GIB,
-                multiprocessors,
-                placement_start: start,
-                placement_size: size,
-            }
-        })
-        .collect();
-    Some(MigState {
-        enabled: true,
-        pending: None,
-        memory_slices: 8,
-        multiprocessors: sms,
-        partitions,
-        profiles: Vec::new(),
-    })
-}
-
-/// The generated cluster as the controller reads it, every node handing out
-/// partitions and memory shares, a quarter of its H100 and A100 nodes in MIG
-/// mode.
-fn shared_cluster(nodes: &[NodeState]) -> Vec<ClusterNode> {
-    let mut splittable = 0;
-    nodes
-        .iter()
-        .map(|state| {
-            let mut node = ClusterNode::from_node(&to_node(state))
-                .expect("a valid GPU state")
-                .expect("a GPU node");
-            node.gpu_state.shares.partitions = true;
-            node.gpu_state.shares.memory = true;
-            let has_mig = node
-                .gpu_state
-                .devices
-                .first()
-                .is_some_and(|gpu| split(&gpu.product, &gpu.id).is_some());
-            if has_mig {
-                splittable += 1;
-                if splittable % 4 == 1 {
-                    for gpu in &mut node.gpu_state.devices {
-                        gpu.mig = split(&gpu.product, &gpu.id);
-                    }
-                }
-            }
-            node
-        })
-        .collect()
 }
 
 #[derive(Default)]
@@ -144,6 +71,9 @@ struct Run {
     memory_total: u64,
     speed_alone: f64,
     speed_contended: f64,
+    /// Requests/s at the default target, a memory share at its part of its
+    /// GPU (what it is assured with every tenant busy).
+    requests_per_second: f64,
     gpus_in_use: usize,
     max_ms: f64,
     mean_ms: f64,
@@ -199,6 +129,7 @@ fn replay(nodes: &[ClusterNode], sharing: &str, arrivals: usize, measure_only: b
             run.placed += 1;
             run.speed_alone += chosen.plan.performance.tokens_per_second;
             run.speed_contended += chosen.plan.performance.assured_tokens_per_second();
+            run.requests_per_second += chosen.requests_per_second().unwrap_or(0.0);
             for shard in planned_shards(&chosen.plan, replica) {
                 let holder = format!("bench/{arrival}/{replica}");
                 match &shard.share {
@@ -238,13 +169,14 @@ fn replay(nodes: &[ClusterNode], sharing: &str, arrivals: usize, measure_only: b
 fn report(scenario: &str, sharing: &str, run: &Run) -> String {
     let per_gpu = |speed: f64| speed / run.gpus_in_use.max(1) as f64;
     format!(
-        "REPORT sharing/{scenario} {sharing}: {} replicas placed before the first refusal (arrival {}); GPU memory allocated {:.0} of {:.0} GiB ({:.1}%); {} GPUs in use; predicted tokens/s per GPU in use {:.1} alone, {:.1} contended; placement mean {:.2} ms, max {:.2} ms",
+        "REPORT sharing/{scenario} {sharing}: {} replicas placed before the first refusal (arrival {}); GPU memory allocated {:.0} of {:.0} GiB ({:.1}%); {} GPUs in use; requests/s at the target per GPU in use {:.2}; predicted tokens/s per GPU in use {:.1} alone, {:.1} contended; placement mean {:.2} ms, max {:.2} ms",
         run.placed,
         run.refused_at.map_or("none".into(), |at| at.to_string()),
         run.memory_allocated as f64 / GIB as f64,
         run.memory_total as f64 / GIB as f64,
         100.0 * run.memory_allocated as f64 / run.memory_total.max(1) as f64,
         run.gpus_in_use,
+        per_gpu(run.requests_per_second),
         per_gpu(run.speed_alone),
         per_gpu(run.speed_contended),
         run.mean_ms,
@@ -253,7 +185,7 @@ fn report(scenario: &str, sharing: &str, run: &Run) -> String {
 }
 
 fn main() {
-    let nodes = shared_cluster(&cluster(64, CLUSTER_SEED));
+    let nodes = shared_cluster(&cluster(64, CLUSTER_SEED), true);
     let exclusive = replay(&nodes, "Exclusive", 20_000, false);
     let shared = replay(&nodes, "Shared", 20_000, false);
     eprintln!("{}", report("64_nodes", "Exclusive", &exclusive));
@@ -266,7 +198,7 @@ fn main() {
         100.0 * MEMORY_TARGET,
         shared.max_ms.max(exclusive.max_ms)
     );
-    let large = shared_cluster(&cluster(1000, CLUSTER_SEED));
+    let large = shared_cluster(&cluster(1000, CLUSTER_SEED), true);
     let timed = replay(&large, "Shared", 300, true);
     eprintln!(
         "TARGET sharing/1000_nodes: {} arrivals of Shared, placement mean {:.2} ms, max {:.2} ms (target < 50 ms)",

@@ -3,8 +3,10 @@
 //! replayed once per placer, as ModelInstances for tessera's controller or
 //! as a user would write them for kube-scheduler (`user_pods`), then a burst
 //! of 405B-class arrivals tests the room left for large models. Every
-//! replica either placer bound is judged by the same call
-//! (`translate::evaluate_placed`) on the nodes as published.
+//! replica either placer bound is judged by the same calls
+//! (`translate::evaluate_placed`, then the serving model at the instance's
+//! target) on the nodes as published: what it serves there, nothing where it
+//! cannot meet the target.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -16,7 +18,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use tessera::api::{ModelInstance, ModelInstanceSpec, PlannedShard};
-use tessera::sizing::TensorChoice;
+use tessera::sizing::{TensorChoice, capacity};
 use tessera::translate::{ClusterNode, HeldShares, build_problem, evaluate_placed};
 use tokio::time::Instant;
 
@@ -365,7 +367,7 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
     let nodes = nominal_nodes(bench.client, bench.run).await;
     let end = judge(bench.bindings, &replicas, &specs, &nodes);
     println!(
-        "REPORT {scenario} sequence ({} events, seed {SEQUENCE_SEED:#x}): replicas placed before the first refusal {}, placed {} of {} asked; at the end {} replicas bound in whole ({} of them after waiting) on {} GPUs, predicted tokens/s per GPU {:.1}, per replica {:.1}; bound but unable to hold their shards {}; partial replicas at the end {} holding {} GPUs ({:.0} GPU-seconds held by partial replicas over the sequence); created to all shards bound {}; placer CPU {:.1} s",
+        "REPORT {scenario} sequence ({} events, seed {SEQUENCE_SEED:#x}): replicas placed before the first refusal {}, placed {} of {} asked; at the end {} replicas bound in whole ({} of them after waiting) on {} GPUs, predicted at the target: requests/s per GPU {:.3}, output tokens/s per GPU {:.1}, requests/s {:.1} in all; missing the target (serving nothing) {} replicas on {} GPUs; bound but unable to hold their shards {}; partial replicas at the end {} holding {} GPUs ({:.0} GPU-seconds held by partial replicas over the sequence); created to all shards bound {}; placer CPU {:.1} s",
         bench.events,
         figures.before_first_refusal,
         figures.placed,
@@ -373,8 +375,11 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         end.replicas,
         end.late,
         end.gpus,
-        end.tokens_per_second / end.gpus.max(1) as f64,
-        end.tokens_per_second / end.replicas.max(1) as f64,
+        end.per_gpu(end.requests_per_second),
+        end.per_gpu(end.tokens_per_second),
+        end.requests_per_second,
+        end.missed,
+        end.missed_gpus,
         end.cannot_hold,
         end.partial,
         end.partial_gpus,
@@ -437,24 +442,13 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
 
 /// The ModelInstance spec of an arrival, confined to the run's nodes.
 fn arrival_spec(arrival: &Arrival, run: &str) -> ModelInstanceSpec {
-    let model = arrival.model;
-    let tensor = match arrival.tensor {
-        TensorChoice::Fixed(size) => json!(size),
-        TensorChoice::Auto => json!("auto"),
-    };
-    serde_json::from_value(json!({
-        "model": {"name": format!("bench/{}", arrival.class), "parametersBillions": model.parameters / 1e9,
-                  "layers": model.layers, "dtype": "bf16", "hiddenSize": model.hidden,
-                  "kvCacheGiB": model.kv_cache_gib, "overheadGiB": model.overhead_gib},
-        "parallelism": {"tensor": tensor, "pipeline": "auto"},
-        "replicas": arrival.replicas,
-        "placement": {"nodeSelector": {RUN_LABEL: run}},
-        "template": {"spec": {
-            "containers": [{"name": "shard", "image": "busybox:1.37"}],
-            "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-        }},
-    }))
-    .expect("a valid ModelInstance spec")
+    let mut spec = arrival.spec_json();
+    spec["placement"] = json!({"nodeSelector": {RUN_LABEL: run}});
+    spec["template"] = json!({"spec": {
+        "containers": [{"name": "shard", "image": "busybox:1.37"}],
+        "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+    }});
+    serde_json::from_value(spec).expect("a valid ModelInstance spec")
 }
 
 /// Accumulates the GPU-seconds that replicas bound in part hold.
@@ -486,42 +480,49 @@ impl PartialClock {
     }
 }
 
-/// The end of the sequence as the speed model sees it.
+/// The end of the sequence as the serving model sees it: what each replica
+/// bound in whole serves at its target.
 #[derive(Default)]
 struct End {
     replicas: usize,
     gpus: usize,
+    /// Requests/s and output tokens/s at the target, summed over the replicas.
+    requests_per_second: f64,
     tokens_per_second: f64,
+    /// Replicas bound where they cannot meet their target (served nothing),
+    /// and their GPUs (counted in `gpus`).
+    missed: usize,
+    missed_gpus: usize,
     cannot_hold: usize,
     cannot_hold_examples: Vec<String>,
     partial: usize,
     partial_gpus: usize,
     /// Replicas refused when they arrived and bound later (room freed).
     late: usize,
-    /// By model class: replicas, GPUs, tokens/s.
+    /// By model class: replicas, GPUs, requests/s.
     by_class: BTreeMap<String, (usize, usize, f64)>,
-    /// By GPU product: GPUs, their replicas' tokens/s split evenly over them.
+    /// By GPU product: GPUs, their replicas' requests/s split evenly over them.
     by_product: BTreeMap<String, (usize, f64)>,
     /// GPUs by model class and GPU product.
     class_on_product: BTreeMap<String, usize>,
 }
 
 impl End {
-    /// One line: per class and per GPU product, GPUs and tokens/s per GPU.
+    /// One line: per class and per GPU product, GPUs and requests/s per GPU.
     fn breakdown(&self) -> String {
         let classes = self
             .by_class
             .iter()
-            .map(|(class, (replicas, gpus, speed))| {
+            .map(|(class, (replicas, gpus, served))| {
                 format!(
-                    "{class}: {replicas} replicas on {gpus} GPUs, {:.1} tokens/s per GPU",
-                    speed / (*gpus).max(1) as f64
+                    "{class}: {replicas} replicas on {gpus} GPUs, {:.3} requests/s per GPU",
+                    served / (*gpus).max(1) as f64
                 )
             });
-        let products = self.by_product.iter().map(|(product, (gpus, speed))| {
+        let products = self.by_product.iter().map(|(product, (gpus, served))| {
             format!(
-                "{product}: {gpus} GPUs, {:.1} tokens/s per GPU",
-                speed / (*gpus).max(1) as f64
+                "{product}: {gpus} GPUs, {:.3} requests/s per GPU",
+                served / (*gpus).max(1) as f64
             )
         });
         let mix = self
@@ -534,9 +535,15 @@ impl End {
             .collect::<Vec<_>>()
             .join("; ")
     }
+
+    fn per_gpu(&self, served: f64) -> f64 {
+        served / self.gpus.max(1) as f64
+    }
 }
 
-/// Every replica bound now, judged by `evaluate_placed` on `nodes`.
+/// Every replica bound now, judged by `evaluate_placed` and the serving
+/// model on `nodes`: what it serves at its spec's target, nothing where it
+/// cannot meet it.
 fn judge(
     bindings: &Bindings,
     replicas: &[Replica],
@@ -582,37 +589,49 @@ fn judge(
             .collect();
         let refs: Vec<&PlannedShard> = shards.iter().collect();
         let problem = build_problem(spec, nodes, &HashMap::new(), &HeldShares::new());
-        match evaluate_placed(problem, &refs) {
-            Ok(plan) => {
-                let (held, speed) = (gpus(&pods), plan.performance.tokens_per_second);
-                end.replicas += 1;
-                end.late += usize::from(!r.placed);
-                end.gpus += held;
-                end.tokens_per_second += speed;
-                // Instances are named `a<id>-<class>`.
-                let class = r.instance.rsplit('-').next().unwrap_or("");
-                let of_class = end.by_class.entry(class.to_string()).or_default();
-                of_class.0 += 1;
-                of_class.1 += held;
-                of_class.2 += speed;
-                for pod in &pods {
-                    let product = products.get(pod.node.as_str()).copied().unwrap_or("?");
-                    *end.class_on_product
-                        .entry(format!("{class} on {product}"))
-                        .or_default() += pod.devices.len();
-                    let of_product = end.by_product.entry(product.to_string()).or_default();
-                    of_product.0 += pod.devices.len();
-                    // A replica's speed counts for each of its GPUs alike.
-                    of_product.1 += speed * pod.devices.len() as f64 / held.max(1) as f64;
-                }
-            }
+        let plan = match evaluate_placed(problem.clone(), &refs) {
+            Ok(plan) => plan,
             Err(e) => {
                 end.cannot_hold += 1;
                 if end.cannot_hold_examples.len() < 3 {
                     end.cannot_hold_examples
                         .push(format!("{} replica {}: {e}", r.instance, r.replica));
                 }
+                continue;
             }
+        };
+        let at_target = problem.served.as_ref().and_then(|served| {
+            let (capacity, _) = capacity(served, &problem.goal, &problem, &plan).ok()?;
+            capacity.at_slo
+        });
+        let held = gpus(&pods);
+        let (served, tokens) = at_target.as_ref().map_or((0.0, 0.0), |at| {
+            (at.requests_per_second, at.output_tokens_per_second)
+        });
+        end.replicas += 1;
+        end.late += usize::from(!r.placed);
+        end.gpus += held;
+        end.requests_per_second += served;
+        end.tokens_per_second += tokens;
+        if at_target.is_none() {
+            end.missed += 1;
+            end.missed_gpus += held;
+        }
+        // Instances are named `a<id>-<class>`.
+        let class = r.instance.rsplit('-').next().unwrap_or("");
+        let of_class = end.by_class.entry(class.to_string()).or_default();
+        of_class.0 += 1;
+        of_class.1 += held;
+        of_class.2 += served;
+        for pod in &pods {
+            let product = products.get(pod.node.as_str()).copied().unwrap_or("?");
+            *end.class_on_product
+                .entry(format!("{class} on {product}"))
+                .or_default() += pod.devices.len();
+            let of_product = end.by_product.entry(product.to_string()).or_default();
+            of_product.0 += pod.devices.len();
+            // A replica's requests count for each of its GPUs alike.
+            of_product.1 += served * pod.devices.len() as f64 / held.max(1) as f64;
         }
     }
     end

@@ -6,6 +6,8 @@
 // Only the cluster benchmark uses it.
 #![allow(dead_code)]
 
+use serde_json::{Value, json};
+use tessera::api::ModelInstanceSpec;
 use tessera::sizing::TensorChoice;
 
 use super::{ModelSpec, SplitMix64};
@@ -16,6 +18,8 @@ pub(crate) const MODEL_8B: ModelSpec = ModelSpec {
     parameters: 8.0e9,
     layers: 32,
     hidden: 4096,
+    attention_heads: 32,
+    kv_heads: 8,
     kv_cache_gib: 8.0,
     overhead_gib: 1.5,
 };
@@ -25,6 +29,8 @@ pub(crate) const MODEL_70B: ModelSpec = ModelSpec {
     parameters: 70.6e9,
     layers: 80,
     hidden: 8192,
+    attention_heads: 64,
+    kv_heads: 8,
     kv_cache_gib: 20.0,
     overhead_gib: 2.0,
 };
@@ -34,6 +40,8 @@ pub(crate) const MODEL_405B: ModelSpec = ModelSpec {
     parameters: 405e9,
     layers: 126,
     hidden: 16384,
+    attention_heads: 128,
+    kv_heads: 8,
     kv_cache_gib: 40.0,
     overhead_gib: 2.0,
 };
@@ -55,6 +63,34 @@ pub(crate) enum Event {
     /// The arrival with this id is deleted (nothing happens when it was
     /// never placed).
     Delete(usize),
+}
+
+impl Arrival {
+    /// The ModelInstance spec an ML engineer writes for it: the model's
+    /// shape, its tensor size, `pipeline: auto`, its replicas and
+    /// `serving: {}`: the default request (1,024 tokens in, 256 out) at the
+    /// default target (50 ms per output token, 2 s to the first), stated, so
+    /// a replica that cannot meet it is not placed.
+    pub(crate) fn spec_json(&self) -> Value {
+        let model = self.model;
+        let tensor = match self.tensor {
+            TensorChoice::Fixed(size) => json!(size),
+            TensorChoice::Auto => json!("auto"),
+        };
+        json!({
+            "model": {"name": format!("bench/{}", self.class), "parametersBillions": model.parameters / 1e9,
+                      "layers": model.layers, "dtype": "bf16", "hiddenSize": model.hidden,
+                      "attentionHeads": model.attention_heads, "kvHeads": model.kv_heads,
+                      "kvCacheGiB": model.kv_cache_gib, "overheadGiB": model.overhead_gib},
+            "parallelism": {"tensor": tensor, "pipeline": "auto"},
+            "replicas": self.replicas,
+            "serving": {},
+        })
+    }
+
+    pub(crate) fn spec(&self) -> ModelInstanceSpec {
+        serde_json::from_value(self.spec_json()).expect("a valid ModelInstance spec")
+    }
 }
 
 /// Share of events that delete an earlier instance.

@@ -6,6 +6,7 @@ pub(crate) mod arrivals;
 pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod replay;
+pub(crate) mod shared_nodes;
 pub(crate) mod user_claims;
 
 use std::collections::{BTreeMap, HashSet};
@@ -225,6 +226,10 @@ pub(crate) struct ModelSpec {
     pub(crate) parameters: f64,
     pub(crate) layers: u32,
     pub(crate) hidden: u32,
+    /// Query and key/value heads: what the serving model sizes the KV cache
+    /// of a token by.
+    pub(crate) attention_heads: u32,
+    pub(crate) kv_heads: u32,
     pub(crate) kv_cache_gib: f64,
     pub(crate) overhead_gib: f64,
 }

@@ -1,7 +1,8 @@
 //! Replays an arrival sequence on a cluster under one placement policy and
 //! measures the cluster as a whole: instances placed before the first
-//! refusal and in all, predicted tokens/s, the largest free NVLink/xGMI
-//! domain left, and the time each placement took.
+//! refusal and in all, what they serve at their latency target (requests/s)
+//! and one stream's predicted tokens/s, the largest free NVLink/xGMI domain
+//! left, and the time each placement took.
 // Only the cluster benchmark uses it.
 #![allow(dead_code)]
 
@@ -9,10 +10,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use tessera::placement::{
-    Device, NodeState, Plan, Problem, Selector, SolveOptions, SpeedGoal, Stages, Strategy, Weights,
-    evaluate,
+    Device, NodeState, Plan, Problem, Selector, Served, SolveOptions, SpeedGoal, Stages, Strategy,
+    Weights, evaluate,
 };
-use tessera::sizing::{TensorChoice, solve_replicas, take_devices, tensor_candidates};
+use tessera::sizing::{TensorChoice, capacity, solve_replicas, take_devices, tensor_candidates};
 
 use super::arrivals::{Arrival, Event, MODEL_405B};
 use super::{MAX_TEMPERATURE_C, first_fit, model_shape};
@@ -51,6 +52,16 @@ pub(crate) struct Outcome {
     pub(crate) tokens_per_second_at_end: f64,
     /// Predicted tokens/s summed over every placement made.
     pub(crate) tokens_per_second_placed: f64,
+    /// Requests/s at the instance's latency target, summed over every
+    /// placement made, and at the end; a replica that cannot meet the target
+    /// serves none.
+    pub(crate) requests_per_second_placed: f64,
+    pub(crate) requests_per_second_at_end: f64,
+    /// Placements that cannot meet their target (first-fit makes them; the
+    /// solver refuses them, since every arrival states its target).
+    pub(crate) missed_target: usize,
+    /// GPUs held by the replicas running at the end.
+    pub(crate) gpus_at_end: usize,
     /// The most free devices on one node all joined by NVLink/xGMI at the
     /// end, and that node.
     pub(crate) largest_free_domain: (usize, String),
@@ -80,6 +91,11 @@ impl Outcome {
         } else {
             self.tokens_per_second_placed / self.gpus_placed as f64
         }
+    }
+
+    /// Requests/s at the target per GPU over every placement made.
+    pub(crate) fn requests_per_second_per_gpu(&self) -> f64 {
+        self.requests_per_second_placed / self.gpus_placed.max(1) as f64
     }
 
     pub(crate) fn mean_tokens_per_second(&self) -> f64 {
@@ -116,11 +132,12 @@ impl Outcome {
     }
 }
 
-/// One running replica: its devices as `(node, device)` indices, and its
-/// predicted tokens/s.
+/// One running replica: its devices as `(node, device)` indices, its
+/// predicted tokens/s and what it serves at its target.
 struct Running {
     devices: Vec<(usize, usize)>,
     tokens_per_second: f64,
+    requests_per_second: f64,
 }
 
 /// The cluster as the replay goes: who holds which device.
@@ -147,7 +164,7 @@ impl ClusterState {
     /// The solver's problem for one replica of `arrival`, on the devices free now.
     pub(crate) fn problem(&self, arrival: &Arrival, strategy: Strategy) -> Problem {
         Problem {
-            served: None,
+            served: Some(Served::of(&arrival.spec())),
             nodes: self.nodes.clone(),
             model: model_shape(&arrival.model),
             tensor: match arrival.tensor {
@@ -164,7 +181,7 @@ impl ClusterState {
         }
     }
 
-    fn hold(&mut self, arrival: usize, replica: u32, plan: &Plan) {
+    fn hold(&mut self, arrival: usize, replica: u32, plan: &Plan, requests_per_second: f64) {
         let holder = format!("bench/instance-{arrival} replica {replica}");
         let mut devices = Vec::new();
         for stage in &plan.stages {
@@ -181,6 +198,7 @@ impl ClusterState {
         self.held.entry(arrival).or_default().push(Running {
             devices,
             tokens_per_second: plan.performance.tokens_per_second,
+            requests_per_second,
         });
     }
 
@@ -296,10 +314,15 @@ pub(crate) fn replay(
             .placement_ms
             .extend(std::iter::repeat_n(elapsed_ms / attempts as f64, attempts));
         count_replica_pairs(&state, &plans, &mut outcome.replica_pairs);
+        let judged_on = state.problem(arrival, Strategy::ScoreOnly);
         for (replica, plan) in plans.iter().enumerate() {
             match plan {
                 Some(plan) => {
-                    state.hold(arrival.id, replica as u32, plan);
+                    let served = served_at_target(&judged_on, plan);
+                    outcome.missed_target += usize::from(served.is_none());
+                    let served = served.unwrap_or(0.0);
+                    state.hold(arrival.id, replica as u32, plan, served);
+                    outcome.requests_per_second_placed += served;
                     outcome.placed += 1;
                     let speed = plan.performance.tokens_per_second;
                     outcome.tokens_per_second_placed += speed;
@@ -325,6 +348,14 @@ pub(crate) fn replay(
     }
     for replicas in state.held.values() {
         outcome.running_at_end += replicas.len();
+        outcome.gpus_at_end += replicas
+            .iter()
+            .map(|replica| replica.devices.len())
+            .sum::<usize>();
+        outcome.requests_per_second_at_end += replicas
+            .iter()
+            .map(|replica| replica.requests_per_second)
+            .sum::<f64>();
         outcome.tokens_per_second_at_end += replicas
             .iter()
             .map(|replica| replica.tokens_per_second)
@@ -332,6 +363,14 @@ pub(crate) fn replay(
     }
     (outcome.largest_free_domain, outcome.whole_free_domains) = state.free_domains();
     (outcome, state)
+}
+
+/// Requests/s `plan` serves at its instance's target; `None` where it
+/// cannot meet it.
+pub(crate) fn served_at_target(problem: &Problem, plan: &Plan) -> Option<f64> {
+    let served = problem.served.as_ref()?;
+    let (capacity, _) = capacity(served, &problem.goal, problem, plan).ok()?;
+    Some(capacity.at_slo?.requests_per_second)
 }
 
 /// Adds every pair of placed replicas to `pairs` by the closest their nodes
@@ -381,7 +420,7 @@ pub(crate) struct Room {
 /// deletions have fragmented it: every other instance still running (by
 /// arrival) is deleted, then `count` 405B-class instances (8 GPUs a shard,
 /// pipeline `auto`) are placed one after the other under `policy`; how many
-/// fit. What `pack` keeps room for.
+/// fit where they meet their target. What `pack` keeps room for.
 pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> Room {
     let (instances_per_node, expected_whole) = instances_per_node(&state);
     let mut running: Vec<usize> = state.held.keys().copied().collect();
@@ -413,8 +452,10 @@ pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> Ro
         };
         let (plans, _, _) = place(&state, &arrival, policy);
         if let Some(Some(plan)) = plans.first() {
-            state.hold(arrival.id, 0, plan);
-            fitted += 1;
+            let served = served_at_target(&state.problem(&arrival, Strategy::ScoreOnly), plan);
+            state.hold(arrival.id, 0, plan, served.unwrap_or(0.0));
+            // A replica that cannot meet its target holds GPUs and serves nothing.
+            fitted += usize::from(served.is_some());
         }
     }
     Room {

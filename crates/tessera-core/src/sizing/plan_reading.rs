@@ -82,7 +82,8 @@ pub fn runtime(served: &Served, on_memory_share: bool) -> RuntimeConfig {
 }
 
 /// A stage's tensor group: the slowest of its devices' figures (a group
-/// runs at its slowest), a memory share's own size, and its worst link;
+/// runs at its slowest; a memory share at its part of the GPU), a memory
+/// share's own size, and its worst link;
 /// with the GPUs it takes (a memory share its fraction, a partition its
 /// part of the GPU's compute).
 fn stage_of(problem: &Problem, stage: &StagePlan) -> Result<(Stage, f64), String> {
@@ -99,12 +100,17 @@ fn stage_of(problem: &Problem, stage: &StagePlan) -> Result<(Stage, f64), String
             .iter()
             .find(|device| &device.id == id)
             .ok_or_else(|| format!("device {}/{id} is not in the cluster", stage.node))?;
-        let memory = match &stage.share {
-            Some(StageShare::Memory { bytes, .. }) => *bytes as f64,
-            _ => device.memory_total_bytes as f64,
+        // A memory share is assured its part of the GPU's compute and
+        // bandwidth, what it gets when every tenant is busy (alone it runs
+        // faster): its capacity is never counted twice among the tenants.
+        let (memory, part) = match &stage.share {
+            Some(StageShare::Memory {
+                bytes, fraction, ..
+            }) => (*bytes as f64, fraction.clamp(f64::MIN_POSITIVE, 1.0)),
+            _ => (device.memory_total_bytes as f64, 1.0),
         };
         taken += match (&stage.share, &device.share) {
-            (Some(StageShare::Memory { fraction, .. }), _) => *fraction,
+            (Some(StageShare::Memory { .. }), _) => part,
             (_, Some(DeviceShare::Partition { gpu_tflops, .. })) if *gpu_tflops > 0.0 => {
                 (device.fp16_tflops / gpu_tflops).clamp(0.0, 1.0)
             }
@@ -112,9 +118,9 @@ fn stage_of(problem: &Problem, stage: &StagePlan) -> Result<(Stage, f64), String
         };
         let figures = GpuFigures {
             vendor: device.vendor.clone(),
-            fp16_tflops: device.fp16_tflops,
+            fp16_tflops: device.fp16_tflops * part,
             fp8_tflops: None,
-            memory_bandwidth_gbps: device.memory_bandwidth_gbps,
+            memory_bandwidth_gbps: device.memory_bandwidth_gbps * part,
             memory_bytes: memory,
         };
         gpu = Some(match gpu {
