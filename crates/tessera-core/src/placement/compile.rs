@@ -13,7 +13,6 @@
 //! different sharing values are never twins.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use super::evaluate::{PreparedProblem, scored_temperature};
 use super::hops::Place;
@@ -66,7 +65,8 @@ impl<'p> Compiled<'p> {
         order.sort_by(|&a, &b| ctx.position_cmp(a, b));
 
         let mut nodes = Vec::new();
-        let mut previous_twin: FnvMap<NodeKey, usize> = FnvMap::default();
+        let mut previous_twin: FastMap<NodeKey, usize> =
+            FastMap::with_capacity_and_hasher(problem.nodes.len(), Default::default());
         let (mut zones, mut racks) = (Names::default(), Names::default());
         for src in order {
             let mut eligible: Vec<usize> = (0..problem.nodes[src].devices.len())
@@ -124,33 +124,14 @@ impl<'p> Compiled<'p> {
     }
 }
 
-/// FNV-1a. Every node's key is hashed on every solve, where SipHash's guard
-/// against chosen keys buys nothing and cost a tenth of a solve on 1,000 nodes.
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FnvMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+/// Every node's key is hashed on every solve, where SipHash's guard against
+/// chosen keys buys nothing and cost a tenth of a solve on 1,000 nodes:
+/// foldhash's fast hasher, fixed so runs repeat.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 /// Numbers names in the order they are first seen.
 #[derive(Default)]
-struct Names<'a>(FnvMap<&'a str, u32>);
+struct Names<'a>(FastMap<&'a str, u32>);
 
 impl<'a> Names<'a> {
     fn number(&mut self, name: &'a str) -> u32 {

@@ -637,19 +637,31 @@ pub(crate) struct SpeedCeiling<'p> {
 
 impl<'p> SpeedCeiling<'p> {
     pub(crate) fn new(problem: &'p Problem) -> Self {
+        Self::of_kind(problem, None)
+    }
+
+    /// The ceiling on GPUs of one `kind` (a product) alone, or on any.
+    pub(crate) fn of_kind(problem: &'p Problem, kind: Option<&str>) -> Self {
         let mut best: Option<GroupSpeed> = None;
         let mut fastest_link = link_gbps(None);
         let mut most_free: f64 = 0.0;
         for node in &problem.nodes {
+            let mut any = false;
             for device in &node.devices {
-                if device.healthy && device.allocated_to.is_none() {
+                if device.healthy
+                    && device.allocated_to.is_none()
+                    && kind.is_none_or(|kind| device.product == kind)
+                {
+                    any = true;
                     most_free = most_free.max(device.memory_free_bytes as f64);
                     let speed = GroupSpeed::of(device);
                     best = Some(best.map_or(speed, |best| best.fastest(speed)));
                 }
             }
-            for link in &node.links {
-                fastest_link = fastest_link.max(link_gbps(Some(link.bandwidth_gbps)));
+            if any || kind.is_none() {
+                for link in &node.links {
+                    fastest_link = fastest_link.max(link_gbps(Some(link.bandwidth_gbps)));
+                }
             }
         }
         Self {

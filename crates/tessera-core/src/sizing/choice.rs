@@ -237,6 +237,31 @@ pub fn tensor_candidates(problem: &Problem) -> Vec<u32> {
 /// The GPU kinds (products) a plan of the problem may use, when the
 /// instance says what it serves, shares no GPU and there is more than one:
 /// each is then compared alone besides all together.
+/// `problem` on GPUs of `kind` alone: the nodes with one, and the selector
+/// excluding the other devices there.
+fn restricted_to(problem: &Problem, kind: &str) -> Problem {
+    let mut selector = problem.selector.clone();
+    selector.kind = Some(kind.to_string());
+    Problem {
+        nodes: problem
+            .nodes
+            .iter()
+            .filter(|node| node.devices.iter().any(|device| device.product == kind))
+            .cloned()
+            .collect(),
+        model: problem.model.clone(),
+        tensor: problem.tensor,
+        stages: problem.stages,
+        weights: problem.weights,
+        max_temperature_c: problem.max_temperature_c,
+        selector,
+        strategy: problem.strategy,
+        replica_nodes: problem.replica_nodes.clone(),
+        goal: problem.goal,
+        served: problem.served.clone(),
+    }
+}
+
 fn kinds(problem: &Problem) -> Vec<String> {
     if problem.served.is_none() || problem.selector.kind.is_some() {
         return Vec::new();
@@ -296,6 +321,15 @@ fn cannot_beat(
     }
     let best = best?;
     let meets = best.at_target().is_some();
+    // Where nothing met the target yet, the fastest plan is the best (and
+    // what a refusal quotes): a shape that cannot meet it either and cannot
+    // be faster changes nothing.
+    if !meets && capacity_ceiling == Some(0.0) && below(speed_ceiling, best.speed()) {
+        return Some(
+            "not solved: misses the target even on the best GPUs, and is no faster than the best"
+                .to_string(),
+        );
+    }
     match (goal.optimize, capacity_ceiling) {
         (Optimize::Latency, _) if below(speed_ceiling, best.speed()) => Some(format!(
             "not solved: at most {speed_ceiling:.1} tokens/s even on the fastest GPUs"
@@ -356,21 +390,20 @@ pub fn solve_parallelism(
         TensorChoice::Auto => (tensor_candidates(problem), true),
     };
     // One problem per kind, restricted to it, made when a shape on it is
-    // solved (a large cluster's copy costs about as much as a solve).
+    // solved: only the nodes with a GPU of that kind, so the solve prepares
+    // and searches those alone.
     let restricted: Vec<OnceCell<Problem>> = kinds.iter().map(|_| OnceCell::new()).collect();
     let on_kind = |kind: &str| -> &Problem {
         let index = kinds.iter().position(|k| k == kind).unwrap_or(0);
-        restricted[index].get_or_init(|| {
-            let mut one = problem.clone();
-            one.selector.kind = Some(kind.to_string());
-            one
-        })
+        restricted[index].get_or_init(|| restricted_to(problem, kind))
     };
-    // The speed ceiling reads every free device whatever the selector: one
-    // serves every kind.
+    // The speed ceiling reads every free device: the whole cluster's for
+    // any kind, that kind's alone for one.
     let speeds = SpeedCeiling::new(problem);
     let mut shapes: Vec<Shape> = Vec::new();
     for kind in std::iter::once(None).chain(kinds.iter().map(Some)) {
+        let of_kind = kind.map(|kind| SpeedCeiling::of_kind(problem, Some(kind)));
+        let speeds = of_kind.as_ref().unwrap_or(&speeds);
         let capacities = problem.served.as_ref().map(|served| {
             (
                 served,
