@@ -33,13 +33,13 @@ use std::collections::{BTreeSet, HashMap};
 use serde_json::json;
 use tessera::api::{ModelInstanceSpec, PlannedShard, ShareKind};
 use tessera::placement::{Plan, Problem, SolveOptions, Stages, evaluate};
-use tessera::sizing::{capacity, served_together, solve_for_demand};
+use tessera::sizing::{served_together, solve_for_demand};
 use tessera::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, tensor_choice,
 };
 
 use support::shared_nodes::shared_cluster;
-use support::{SplitMix64, cluster, first_fit};
+use support::{SplitMix64, at_target, cluster, first_fit};
 
 const CLUSTER_SEED: u64 = 0x7e55_e7a0_5eed_0001;
 const MIX_SEED: u64 = 0xde3a_4d00_0000_0045;
@@ -276,15 +276,6 @@ impl Outcome {
     }
 }
 
-/// Requests/s `plan` serves at the target of `problem`'s instance, and the
-/// GPUs it takes (a memory share at its part); `None` where it misses the
-/// target.
-fn judged(problem: &Problem, plan: &Plan) -> Option<(f64, f64)> {
-    let served = problem.served.as_ref()?;
-    let (capacity, gpus) = capacity(served, &problem.goal, problem, plan).ok()?;
-    Some((capacity.at_slo?.requests_per_second, gpus))
-}
-
 /// The careful user's replica: the smallest tensor size, then the fewest
 /// stages, that first fit finds free whole GPUs for and that meets the
 /// target there; with what it serves and the GPUs it takes.
@@ -300,8 +291,8 @@ fn user_replica(problem: &Problem) -> Option<(Plan, f64, f64)> {
             let Ok(plan) = evaluate(&sized, &choice) else {
                 continue;
             };
-            if let Some((served, gpus)) = judged(&sized, &plan) {
-                return Some((plan, served, gpus));
+            if let Some((at, gpus)) = at_target(&sized, &plan) {
+                return Some((plan, at.requests_per_second, gpus));
             }
         }
     }

@@ -18,7 +18,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use tessera::api::{ModelInstance, ModelInstanceSpec, PlannedShard};
-use tessera::sizing::{TensorChoice, capacity};
+use tessera::sizing::TensorChoice;
 use tessera::translate::{ClusterNode, HeldShares, build_problem, evaluate_placed};
 use tokio::time::Instant;
 
@@ -27,6 +27,7 @@ use crate::kubelet::{Bindings, Bound};
 use crate::nodes::{RUN_LABEL, TAINT_KEY};
 use crate::options::Placer;
 use crate::support::arrivals::{Arrival, Event, MODEL_405B, describe, sequence};
+use crate::support::at_target;
 use crate::support::user_claims::user_shards;
 use crate::user_pods::UserPods;
 use crate::workload::{self, ControllerProcess};
@@ -600,10 +601,7 @@ fn judge(
                 continue;
             }
         };
-        let at_target = problem.served.as_ref().and_then(|served| {
-            let (capacity, _) = capacity(served, &problem.goal, &problem, &plan).ok()?;
-            capacity.at_slo
-        });
+        let at_target = at_target(&problem, &plan).map(|(at, _)| at);
         let held = gpus(&pods);
         let (served, tokens) = at_target.as_ref().map_or((0.0, 0.0), |at| {
             (at.requests_per_second, at.output_tokens_per_second)

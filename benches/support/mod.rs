@@ -16,6 +16,7 @@ use tessera::placement::{
     Device, Interconnect, Link, ModelShape, NodeState, Plan, Problem, Selector, SpeedGoal,
     StageChoice, Stages, Weights, evaluate,
 };
+use tessera::serving::AtTarget;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// Devices at or above this temperature are excluded (the CRD's default limit).
@@ -267,6 +268,15 @@ pub(crate) fn problem(
         replica_nodes: Vec::new(),
         goal: SpeedGoal::default(),
     }
+}
+
+/// What `plan` serves at its instance's latency target (`Problem::served`),
+/// and the GPUs it takes (a memory share at its part); `None` where it
+/// cannot meet the target.
+pub(crate) fn at_target(problem: &Problem, plan: &Plan) -> Option<(AtTarget, f64)> {
+    let served = problem.served.as_ref()?;
+    let (capacity, gpus) = tessera::sizing::capacity(served, &problem.goal, problem, plan).ok()?;
+    Some((capacity.at_slo?, gpus))
 }
 
 /// One line describing a generated cluster, for the bench log.

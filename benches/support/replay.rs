@@ -13,10 +13,10 @@ use tessera::placement::{
     Device, NodeState, Plan, Problem, Selector, Served, SolveOptions, SpeedGoal, Stages, Strategy,
     Weights, evaluate,
 };
-use tessera::sizing::{TensorChoice, capacity, solve_replicas, take_devices, tensor_candidates};
+use tessera::sizing::{TensorChoice, solve_replicas, take_devices, tensor_candidates};
 
 use super::arrivals::{Arrival, Event, MODEL_405B};
-use super::{MAX_TEMPERATURE_C, first_fit, model_shape};
+use super::{MAX_TEMPERATURE_C, at_target, first_fit, model_shape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Policy {
@@ -367,10 +367,8 @@ pub(crate) fn replay(
 
 /// Requests/s `plan` serves at its instance's target; `None` where it
 /// cannot meet it.
-pub(crate) fn served_at_target(problem: &Problem, plan: &Plan) -> Option<f64> {
-    let served = problem.served.as_ref()?;
-    let (capacity, _) = capacity(served, &problem.goal, problem, plan).ok()?;
-    Some(capacity.at_slo?.requests_per_second)
+fn served_at_target(problem: &Problem, plan: &Plan) -> Option<f64> {
+    at_target(problem, plan).map(|(at, _)| at.requests_per_second)
 }
 
 /// Adds every pair of placed replicas to `pairs` by the closest their nodes

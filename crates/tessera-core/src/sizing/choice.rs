@@ -234,9 +234,6 @@ pub fn tensor_candidates(problem: &Problem) -> Vec<u32> {
         .collect()
 }
 
-/// The GPU kinds (products) a plan of the problem may use, when the
-/// instance says what it serves, shares no GPU and there is more than one:
-/// each is then compared alone besides all together.
 /// `problem` on GPUs of `kind` alone: the nodes with one, and the selector
 /// excluding the other devices there.
 fn restricted_to(problem: &Problem, kind: &str) -> Problem {
@@ -262,6 +259,9 @@ fn restricted_to(problem: &Problem, kind: &str) -> Problem {
     }
 }
 
+/// The GPU kinds (products) a plan of the problem may use, when the
+/// instance says what it serves, shares no GPU and there is more than one:
+/// each is then compared alone besides all together.
 fn kinds(problem: &Problem) -> Vec<String> {
     if problem.served.is_none() || problem.selector.kind.is_some() {
         return Vec::new();
