@@ -4,13 +4,11 @@
 //! shares) three ways, one after another until every instance is placed:
 //!
 //! - **tessera**: `tensor: auto`, `pipeline: auto`,
-//!   `serving.replicasFromDemand`, and `sharing: Shared` for models under
-//!   10B (larger ones `Exclusive`, as a platform team would set them),
-//!   through the controller's translation (`build_problem`) and
-//!   `sizing::solve_for_demand`;
-//! - **tessera, every instance shared**: the same with `Shared` everywhere
-//!   (large models on memory shares leave pieces of GPUs few others fit);
-//! - **tessera without sharing**: `Exclusive` everywhere;
+//!   `serving.replicasFromDemand` and `sharing: Shared`, through the
+//!   controller's translation (`build_problem`) and
+//!   `sizing::solve_for_demand` (a shard needing more than half a GPU no one
+//!   shares yet takes it whole);
+//! - **tessera without sharing**: the same with `Exclusive`;
 //! - **a careful user**: whole GPUs; for each replica the smallest tensor
 //!   size (then the fewest pipeline stages) that holds the model on free
 //!   GPUs and meets the target there, first fit by node name as a scheduler
@@ -177,10 +175,7 @@ fn mix() -> Vec<Instance> {
 
 #[derive(Clone, Copy, PartialEq)]
 enum Way {
-    /// Models under 10B share GPUs; larger ones take theirs whole.
     Tessera,
-    /// Every instance shares GPUs, large ones too.
-    TesseraAllShared,
     TesseraExclusive,
     CarefulUser,
 }
@@ -189,24 +184,18 @@ impl Way {
     fn name(self) -> &'static str {
         match self {
             Way::Tessera => "tessera",
-            Way::TesseraAllShared => "tessera, every instance shared",
             Way::TesseraExclusive => "tessera without sharing",
             Way::CarefulUser => "careful user",
         }
     }
 }
 
-/// Models below this many billion parameters share GPUs under `Tessera`.
-const SHARED_BELOW_BILLIONS: f64 = 10.0;
-
 fn spec(instance: &Instance, way: Way) -> ModelInstanceSpec {
     let class = instance.class;
-    let shared = match way {
-        Way::Tessera => class.parameters < SHARED_BELOW_BILLIONS,
-        Way::TesseraAllShared => true,
-        Way::TesseraExclusive | Way::CarefulUser => false,
+    let sharing = match way {
+        Way::Tessera => "Shared",
+        Way::TesseraExclusive | Way::CarefulUser => "Exclusive",
     };
-    let sharing = if shared { "Shared" } else { "Exclusive" };
     serde_json::from_value(json!({
         "model": {"name": class.name, "parametersBillions": class.parameters,
                   "layers": class.layers, "hiddenSize": class.hidden, "dtype": class.dtype,
@@ -308,7 +297,7 @@ fn place(nodes: &[ClusterNode], instances: &[Instance], way: Way) -> Outcome {
         let owner = format!("bench/{}", instance.name);
         let mut served = Vec::new();
         match way {
-            Way::Tessera | Way::TesseraAllShared | Way::TesseraExclusive => {
+            Way::Tessera | Way::TesseraExclusive => {
                 let problem = build_problem(&spec, nodes, &held.allocated, &held.shares);
                 let results = solve_for_demand(
                     &problem,
@@ -402,12 +391,7 @@ fn main() {
         "MIX demand/64_nodes seed {MIX_SEED:#x}: {}",
         describe(&instances)
     );
-    let ways = [
-        Way::Tessera,
-        Way::TesseraAllShared,
-        Way::TesseraExclusive,
-        Way::CarefulUser,
-    ];
+    let ways = [Way::Tessera, Way::TesseraExclusive, Way::CarefulUser];
     let outcomes: Vec<Outcome> = ways
         .iter()
         .map(|&way| place(&nodes, &instances, way))
@@ -415,11 +399,11 @@ fn main() {
     for (way, outcome) in ways.iter().zip(&outcomes) {
         eprintln!("{}", report(*way, outcome));
     }
-    let user = outcomes[3].gpus.len().max(1) as f64;
+    let user = outcomes[2].gpus.len().max(1) as f64;
     let ratio = |outcome: &Outcome| outcome.gpus.len() as f64 / user;
     let every = outcomes[0].met == INSTANCES;
     eprintln!(
-        "TARGET demand/64_nodes: tessera takes {:.2}x the careful user's GPUs (target <= {GPU_TARGET}: {}), every instance shared {:.2}x, without sharing {:.2}x; every demand met: {}",
+        "TARGET demand/64_nodes: tessera takes {:.2}x the careful user's GPUs (target <= {GPU_TARGET}: {}), without sharing {:.2}x; every demand met: {}",
         ratio(&outcomes[0]),
         if ratio(&outcomes[0]) <= GPU_TARGET && every {
             "met"
@@ -427,7 +411,6 @@ fn main() {
             "MISSED"
         },
         ratio(&outcomes[1]),
-        ratio(&outcomes[2]),
         if every { "yes" } else { "no" },
     );
 }

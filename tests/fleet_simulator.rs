@@ -49,6 +49,10 @@ fn flags_parse_and_bad_values_name_the_flag() {
     );
     assert!(options.compare.is_empty(), "no comparison unless asked");
     assert_eq!(options.events, 300, "the cluster benchmark's sequence");
+    assert_eq!(options.seed, options::SEQUENCE_SEED);
+    assert_eq!(parse(&["--seed", "42"]).unwrap().seed, 42);
+    assert_eq!(parse(&["--seed", "0xc1a5_7e55"]).unwrap().seed, 0xc1a5_7e55);
+    assert!(options::USAGE.contains("--seed"));
     let compare = parse(&[
         "--allocation",
         "device-plugin",
@@ -115,6 +119,10 @@ fn flags_parse_and_bad_values_name_the_flag() {
         &["--compare", "Tessera"],
         &["--compare"],
         &["--events", "0"],
+        &["--seed", "-1"],
+        &["--seed", "0xg"],
+        &["--seed", "seven"],
+        &["--seed"],
     ] {
         let error = parse(bad).unwrap_err();
         assert!(error.contains(bad[0]), "{bad:?}: {error}");

@@ -32,8 +32,6 @@ use crate::support::user_claims::user_shards;
 use crate::user_pods::UserPods;
 use crate::workload::{self, ControllerProcess};
 
-/// The cluster benchmark's arrival sequence (`benches/cluster.rs`).
-pub(crate) const SEQUENCE_SEED: u64 = 0xc1a5_7e55_0000_0013;
 /// Large models in the burst after the sequence.
 const BURST: usize = 16;
 /// How long a replica may take to be bound or refused.
@@ -54,6 +52,7 @@ pub(crate) struct Bench<'a> {
     pub(crate) bindings: &'a Bindings,
     pub(crate) initial_list: &'a str,
     pub(crate) events: usize,
+    pub(crate) seed: u64,
     pub(crate) nodes: usize,
 }
 
@@ -307,7 +306,7 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
             scheduler_pid: process_named("kube-scheduler"),
         },
     };
-    let events = sequence(bench.events, SEQUENCE_SEED);
+    let events = sequence(bench.events, bench.seed);
     eprintln!("{scenario}: {}", describe(&events));
     let cpu_before = side.cpu_seconds();
     let mut figures = Figures::default();
@@ -368,8 +367,9 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
     let nodes = nominal_nodes(bench.client, bench.run).await;
     let end = judge(bench.bindings, &replicas, &specs, &nodes);
     println!(
-        "REPORT {scenario} sequence ({} events, seed {SEQUENCE_SEED:#x}): replicas placed before the first refusal {}, placed {} of {} asked; at the end {} replicas bound in whole ({} of them after waiting) on {} GPUs, predicted at the target: requests/s per GPU {:.3}, output tokens/s per GPU {:.1}, requests/s {:.1} in all; missing the target (serving nothing) {} replicas on {} GPUs; bound but unable to hold their shards {}; partial replicas at the end {} holding {} GPUs ({:.0} GPU-seconds held by partial replicas over the sequence); created to all shards bound {}; placer CPU {:.1} s",
+        "REPORT {scenario} sequence ({} events, seed {:#x}): replicas placed before the first refusal {}, placed {} of {} asked; at the end {} replicas bound in whole ({} of them after waiting) on {} GPUs, predicted at the target: requests/s per GPU {:.3}, output tokens/s per GPU {:.1}, requests/s {:.1} in all; missing the target (serving nothing) {} replicas on {} GPUs; bound but unable to hold their shards {}; partial replicas at the end {} holding {} GPUs ({:.0} GPU-seconds held by partial replicas over the sequence); created to all shards bound {}; placer CPU {:.1} s",
         bench.events,
+        bench.seed,
         figures.before_first_refusal,
         figures.placed,
         figures.asked,

@@ -219,6 +219,7 @@ async fn run(
             bindings: &bindings,
             initial_list: &options.initial_list,
             events: options.events,
+            seed: options.seed,
             nodes: count,
         };
         for &placer in &options.compare {

@@ -18,13 +18,18 @@ pass this process's open-file limit; default http1) --nodes-per-connection N (wi
 default 1) --compare PLACER[,PLACER...] (instead of the steady state and churn: replay the cluster benchmark's \
 arrivals and a burst of large models under each placer in turn, tessera, kube-scheduler or kube-scheduler-gang, \
 with DRA; kube-scheduler-gang needs the API server's and scheduler's gang-scheduling gates on) --events N \
-(events of the replayed sequence; default 300)";
+(events of the replayed sequence; default 300) --seed N (the replayed sequence's seed, decimal or 0x hex; \
+default the cluster benchmark's)";
 
 /// Nodes to one HTTP/2 connection by default: one, as each kubelet has its
 /// own. Shared by 20, connections stalled at 5,000 DRA nodes until the slice
 /// publisher read its watch while it waited ("DRA at 1,000 and 5,000 nodes"
 /// in docs/benchmarks.md); `--nodes-per-connection` shares them again.
 const NODES_PER_CONNECTION: usize = 1;
+
+/// The cluster benchmark's arrival sequence (`benches/cluster.rs`), the
+/// default of `--seed`.
+pub(crate) const SEQUENCE_SEED: u64 = 0xc1a5_7e55_0000_0013;
 
 #[derive(Debug, PartialEq)]
 pub(crate) struct Options {
@@ -49,6 +54,8 @@ pub(crate) struct Options {
     pub(crate) compare: Vec<Placer>,
     /// Events of the replayed sequence.
     pub(crate) events: usize,
+    /// The replayed sequence's seed.
+    pub(crate) seed: u64,
 }
 
 impl Options {
@@ -68,6 +75,7 @@ impl Options {
             nodes_per_connection: NODES_PER_CONNECTION,
             compare: Vec::new(),
             events: 300,
+            seed: SEQUENCE_SEED,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -121,6 +129,15 @@ impl Options {
                         .collect::<Result<_, _>>()?;
                 }
                 "--events" => options.events = number(100_000)? as usize,
+                "--seed" => {
+                    let parsed = match value.strip_prefix("0x") {
+                        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+                        None => value.parse::<u64>(),
+                    };
+                    options.seed = parsed.map_err(|_| {
+                        format!("--seed {value:?}: expected a whole number, decimal or 0x hex")
+                    })?;
+                }
                 "--restart-api-server" if !value.is_empty() => {
                     options.restart_api_server = Some(value.clone().into());
                 }

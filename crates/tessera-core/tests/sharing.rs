@@ -304,3 +304,45 @@ fn the_minimum_speed_is_judged_with_the_gpu_shared() {
     let placed = plan(&wants, &nodes, &allocated, &shares);
     assert!(placed[0].share.is_some());
 }
+
+/// A 20B model in 16 bits: about 42.8 GiB with its KV cache, more than half
+/// an 80 GiB GPU.
+fn large_spec() -> ModelInstanceSpec {
+    serde_saphyr::from_str(
+        "model: {name: m-20b, parametersBillions: 20, layers: 40, hiddenSize: 6144, kvCacheGiB: 4, overheadGiB: 1.5}
+parallelism: {tensor: 1, pipeline: 1}
+placement: {sharing: Shared}",
+    )
+    .expect("a valid spec")
+}
+
+#[test]
+fn a_share_of_more_than_half_an_unshared_gpu_takes_it_whole() {
+    let nodes = [shared_node()];
+    let mut allocated = HashMap::new();
+    let mut shares = HeldShares::new();
+    let alone = plan(&large_spec(), &nodes, &allocated, &shares);
+    assert_eq!(alone.len(), 1);
+    assert!(alone[0].share.is_none(), "{:?}", alone[0].share);
+    hold_shard(&alone[0], "ml/large", &mut allocated, &mut shares);
+    assert_eq!(
+        allocated.get(&("shared".to_string(), alone[0].devices[0].clone())),
+        Some(&"ml/large".to_string()),
+        "the GPU is held whole"
+    );
+    // Beside a tenant, the rest of a split GPU is a share of any size: it
+    // breaks nothing whole.
+    let mut allocated = HashMap::new();
+    let mut shares = HeldShares::new();
+    let small = plan(
+        &spec("Shared", "throughput", 1),
+        &nodes,
+        &allocated,
+        &shares,
+    );
+    hold_shard(&small[0], "ml/small", &mut allocated, &mut shares);
+    let beside = plan(&large_spec(), &nodes, &allocated, &shares);
+    let share = beside[0].share.as_ref().expect("a memory share");
+    assert_eq!(share.memory_gib, Some(43), "42.8 GiB rounded up");
+    assert_eq!(beside[0].devices, small[0].devices);
+}

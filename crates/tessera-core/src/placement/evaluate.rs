@@ -357,14 +357,9 @@ impl<'p> PreparedProblem<'p> {
             stages.push(stage);
             layer_start += layers[stage_index];
         }
-        let shared = ordered.iter().any(|(node, devices)| {
-            devices.iter().any(|&device| {
-                matches!(
-                    self.device(*node, device).share,
-                    Some(DeviceShare::Memory { .. })
-                )
-            })
-        });
+        let shared = stages
+            .iter()
+            .any(|stage| matches!(stage.share, Some(StageShare::Memory { .. })));
         let contended = shared.then(|| {
             let times: Vec<LayerTime> = ordered
                 .iter()
@@ -745,6 +740,7 @@ fn stage_share(device: &Device, memory: f64) -> Option<StageShare> {
             gpu: gpu.clone(),
             profile: profile.clone(),
         }),
+        DeviceShare::Memory { .. } if device.taken_whole(memory) => None,
         DeviceShare::Memory { tenants } => {
             let bytes = share_bytes(memory);
             Some(StageShare::Memory {

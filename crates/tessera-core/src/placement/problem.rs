@@ -203,8 +203,21 @@ impl Device {
     /// memory share's size.
     pub(crate) fn taken_bytes(&self, need: f64) -> f64 {
         match &self.share {
-            Some(DeviceShare::Memory { .. }) => share_bytes(need) as f64,
+            Some(DeviceShare::Memory { .. }) if !self.taken_whole(need) => share_bytes(need) as f64,
             _ => self.memory_total_bytes as f64,
+        }
+    }
+
+    /// Whether a stage needing `need` bytes takes this memory-share device
+    /// as a whole GPU: on a GPU no one shares yet, a share of more than half
+    /// would leave a piece few others fit, while the whole GPU gives the
+    /// stage all its compute and the rest of the memory as KV cache.
+    pub(crate) fn taken_whole(&self, need: f64) -> bool {
+        match &self.share {
+            Some(DeviceShare::Memory { tenants: 0 }) => {
+                share_bytes(need) as f64 > self.memory_total_bytes as f64 / 2.0
+            }
+            _ => false,
         }
     }
 

@@ -11,11 +11,14 @@ use std::collections::BTreeSet;
 use super::ceiling::CapacityCeiling;
 use super::judge::{Judged, target};
 use crate::placement::evaluate::{SpeedCeiling, eligible_devices};
-use crate::placement::{Optimize, Plan, Problem, SolveOptions, SpeedGoal, Unsatisfiable};
+use crate::placement::{Optimize, Plan, Problem, SolveOptions, SpeedGoal, Stages, Unsatisfiable};
 use crate::serving::Capacity;
 
 /// Largest tensor size `auto` tries (the CRD's limit for a fixed size).
 const MAX_AUTO_TENSOR: u32 = 64;
+/// Stages beyond the fewest `pipeline: auto` tries by capacity: each one
+/// adds KV cache and a hop, and past the first two the hops win.
+const MAX_EXTRA_STAGES: u32 = 2;
 
 /// GPUs per shard: fixed, or chosen by the goal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +31,9 @@ pub enum TensorChoice {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alternative {
     pub tensor: u32,
+    /// The stage count asked of this shape, when more than the fewest that
+    /// hold the model (`pipeline: auto` by capacity); `None`: the fewest.
+    pub stages: Option<u32>,
     /// The one GPU kind the candidate was planned on; `None`: any.
     pub kind: Option<String>,
     /// The best plan of this shape, or in words why there is none ("no plan
@@ -122,9 +128,12 @@ impl InstancePlan {
                     Some(kind) => format!("{} on {kind}", alternative.tensor),
                     None => alternative.tensor.to_string(),
                 };
-                match &alternative.outcome {
-                    Ok(verdict) => format!("{shape} × {}: {}", verdict.stages, figures(verdict)),
-                    Err(reason) => format!("{shape}: {reason}"),
+                match (&alternative.outcome, alternative.stages) {
+                    (Ok(verdict), _) => {
+                        format!("{shape} × {}: {}", verdict.stages, figures(verdict))
+                    }
+                    (Err(reason), Some(stages)) => format!("{shape} × {stages}: {reason}"),
+                    (Err(reason), None) => format!("{shape}: {reason}"),
                 }
             })
             .collect();
@@ -361,8 +370,10 @@ fn cannot_beat(
 struct Shape {
     tensor: u32,
     kind: Option<String>,
-    /// The fewest stages a plan of it can have.
+    /// The fewest stages a plan of it can have, or the count asked of it.
     stages: u32,
+    /// Whether `stages` is asked of the plan: more than the fewest.
+    more_stages: bool,
     /// The most tokens/s (and requests/s at the target per GPU) its plans
     /// could reach.
     speed_ceiling: f64,
@@ -400,6 +411,10 @@ pub fn solve_parallelism(
     // The speed ceiling reads every free device: the whole cluster's for
     // any kind, that kind's alone for one.
     let speeds = SpeedCeiling::new(problem);
+    let stages_by_capacity = problem.stages == Stages::Auto
+        && problem.served.is_some()
+        && goal.optimize == Optimize::Throughput;
+    let layers = problem.model.layers;
     let mut shapes: Vec<Shape> = Vec::new();
     for kind in std::iter::once(None).chain(kinds.iter().map(Some)) {
         let of_kind = kind.map(|kind| SpeedCeiling::of_kind(problem, Some(kind)));
@@ -410,17 +425,42 @@ pub fn solve_parallelism(
                 CapacityCeiling::new(problem, kind.map(String::as_str)),
             )
         });
+        let ceiling_at = |size: u32, stages: u32| {
+            capacities
+                .as_ref()
+                .map(|(served, ceiling)| ceiling.requests_per_gpu(served, problem, size, stages))
+        };
         for &size in &sizes {
-            let stages = speeds.fewest_stages(size);
-            shapes.push(Shape {
+            let fewest = speeds.fewest_stages(size);
+            let shape = |stages: u32, capacity_ceiling: Option<f64>| Shape {
                 tensor: size,
                 kind: kind.cloned(),
                 stages,
+                more_stages: stages > fewest,
                 speed_ceiling: speeds.at(size),
-                capacity_ceiling: capacities.as_ref().map(|(served, ceiling)| {
-                    ceiling.requests_per_gpu(served, problem, size, stages)
-                }),
-            });
+                capacity_ceiling,
+            };
+            let mut bar = ceiling_at(size, fewest);
+            shapes.push(shape(fewest, bar));
+            // More stages hold more KV cache (a larger batch) and pay a hop
+            // each: tried while the ceiling still climbs, and only where the
+            // fewest stages could meet the target. Spreading a replica that
+            // cannot over more stages serves it, but on many GPUs: on the
+            // cluster benchmark's 64-node sequence that took 89 more GPUs
+            // and served 8% less in all (docs/benchmarks.md).
+            if !stages_by_capacity || bar.is_none_or(|ceiling| ceiling <= 0.0) {
+                continue;
+            }
+            for stages in (fewest + 1..=fewest + MAX_EXTRA_STAGES).take_while(|s| *s <= layers) {
+                let Some(ceiling) = ceiling_at(size, stages) else {
+                    break;
+                };
+                if !ceiling.is_finite() || !below(bar.unwrap_or(0.0), ceiling) {
+                    break;
+                }
+                shapes.push(shape(stages, Some(ceiling)));
+                bar = Some(ceiling);
+            }
         }
     }
     // The likely winner first lets its bar skip more shapes: the best
@@ -465,9 +505,10 @@ pub fn solve_parallelism(
     let mut refusals = Vec::new();
     let per_gpu_first =
         goal.optimize == Optimize::Throughput && goal.min_tokens_per_second.is_none();
-    // The GPU kind of each size's any-kind plan, where it has one kind.
-    let mut any_kind_on: Vec<(u32, Option<String>)> = Vec::new();
+    // The GPU kind of each shape's any-kind plan, where it has one kind.
+    let mut any_kind_on: Vec<(u32, Option<u32>, Option<String>)> = Vec::new();
     for shape in shapes {
+        let asked_stages = shape.more_stages.then_some(shape.stages);
         let skip = cannot_beat(
             problem,
             shape.tensor,
@@ -494,12 +535,15 @@ pub fn solve_parallelism(
             let kind = shape.kind.as_ref()?;
             any_kind_on
                 .iter()
-                .any(|(size, on)| *size == shape.tensor && on.as_ref() == Some(kind))
+                .any(|(size, stages, on)| {
+                    (*size, *stages) == (shape.tensor, asked_stages) && on.as_ref() == Some(kind)
+                })
                 .then(|| "not solved: the plan on any kind is on this kind already".to_string())
         });
         if let Some(reason) = skip {
             alternatives.push(Alternative {
                 tensor: shape.tensor,
+                stages: asked_stages,
                 kind: shape.kind,
                 outcome: Err(reason),
             });
@@ -509,14 +553,26 @@ pub fn solve_parallelism(
             Some(kind) => on_kind(kind),
             None => problem,
         };
+        let staged;
+        let on = match asked_stages {
+            Some(stages) => {
+                staged = Problem {
+                    stages: Stages::Fixed(stages),
+                    ..on.clone()
+                };
+                &staged
+            }
+            None => on,
+        };
         match crate::placement::solve_sized(on, shape.tensor, &per_shape) {
             Ok(plan) => {
                 if shape.kind.is_none() {
-                    any_kind_on.push((shape.tensor, kind_of_plan(problem, &plan)));
+                    any_kind_on.push((shape.tensor, asked_stages, kind_of_plan(problem, &plan)));
                 }
                 let judged = Judged::new(on, plan, shape.tensor);
                 alternatives.push(Alternative {
                     tensor: shape.tensor,
+                    stages: asked_stages,
                     kind: shape.kind.clone(),
                     outcome: Ok(Verdict {
                         stages: judged.stages(),
@@ -533,7 +589,7 @@ pub fn solve_parallelism(
                 }
             }
             Err(unsatisfiable) => {
-                if shape.kind.is_none() {
+                if shape.kind.is_none() && !shape.more_stages {
                     refusals.push((
                         shape.tensor,
                         format!("tensor {}: {}", shape.tensor, unsatisfiable.reason),
@@ -545,13 +601,18 @@ pub fn solve_parallelism(
                 }
                 alternatives.push(Alternative {
                     tensor: shape.tensor,
+                    stages: asked_stages,
                     kind: shape.kind,
                     outcome: Err(format!("no plan ({})", unsatisfiable.reason)),
                 });
             }
         }
     }
-    alternatives.sort_by(|a, b| a.tensor.cmp(&b.tensor).then(a.kind.cmp(&b.kind)));
+    alternatives.sort_by(|a, b| {
+        (a.tensor, a.stages)
+            .cmp(&(b.tensor, b.stages))
+            .then(a.kind.cmp(&b.kind))
+    });
     refusals.sort_by_key(|(size, _)| *size);
     let any_solvable = alternatives.iter().any(|alternative| {
         !alternative

@@ -422,4 +422,35 @@ mod tests {
         assert!(small < large, "{small} GiB for 1 request/s, {large} for 8");
         assert!(without > 15 && without < 40, "{without} GiB");
     }
+
+    #[test]
+    fn pipeline_auto_takes_more_stages_where_they_serve_more_per_gpu() {
+        // One H100 a node: one holds a 70B in FP8 with little KV cache; two
+        // over the network hold a batch that serves more per GPU.
+        let single: Vec<ClusterNode> = (0..4).map(|n| gpus(&format!("n{n}"), 1, H100)).collect();
+        let auto = plan(
+            &format!("{LLAMA_70B_FP8}parallelism: {{tensor: auto}}\n"),
+            &single,
+        );
+        assert_eq!(auto.plan.stages.len(), 2);
+        let note = auto.parallelism_note().expect("a note");
+        assert!(note.contains("1 GPU(s) per shard × 2 stage(s)"), "{note}");
+        let one = plan(
+            &format!("{LLAMA_70B_FP8}parallelism: {{tensor: auto, pipeline: 1}}\n"),
+            &single,
+        );
+        assert_eq!(one.plan.stages.len(), 1);
+        let per_gpu =
+            |chosen: &InstancePlan| chosen.requests_per_second().unwrap_or(0.0) / chosen.gpus;
+        assert!(per_gpu(&auto) > per_gpu(&one));
+        // Where the fewest stages cannot meet the target, more are not
+        // tried: the replica is not spread thinner to be served.
+        let l40s: Vec<ClusterNode> = (0..4).map(|n| gpus(&format!("n{n}"), 1, L40S)).collect();
+        let fewest = plan(
+            &format!("{LLAMA_70B_FP8}parallelism: {{tensor: auto}}\n"),
+            &l40s,
+        );
+        assert_eq!(fewest.plan.stages.len(), 2);
+        assert!(fewest.requests_per_second().is_none());
+    }
 }
