@@ -372,8 +372,8 @@ struct Shape {
     kind: Option<String>,
     /// The fewest stages a plan of it can have, or the count asked of it.
     stages: u32,
-    /// Whether `stages` is asked of the plan: more than the fewest.
-    more_stages: bool,
+    /// `stages` when it is asked of the plan: more than the fewest.
+    asked_stages: Option<u32>,
     /// The most tokens/s (and requests/s at the target per GPU) its plans
     /// could reach.
     speed_ceiling: f64,
@@ -436,30 +436,31 @@ pub fn solve_parallelism(
                 tensor: size,
                 kind: kind.cloned(),
                 stages,
-                more_stages: stages > fewest,
+                asked_stages: (stages > fewest).then_some(stages),
                 speed_ceiling: speeds.at(size),
                 capacity_ceiling,
             };
-            let mut bar = ceiling_at(size, fewest);
-            shapes.push(shape(fewest, bar));
+            let fewest_ceiling = ceiling_at(size, fewest);
+            shapes.push(shape(fewest, fewest_ceiling));
             // More stages hold more KV cache (a larger batch) and pay a hop
             // each: tried while the ceiling still climbs, and only where the
             // fewest stages could meet the target. Spreading a replica that
             // cannot over more stages serves it, but on many GPUs: on the
             // cluster benchmark's 64-node sequence that took 89 more GPUs
             // and served 8% less in all (docs/benchmarks.md).
-            if !stages_by_capacity || bar.is_none_or(|ceiling| ceiling <= 0.0) {
+            // (A memory share's ceiling is infinite, so it never climbs.)
+            let Some(mut bar) =
+                fewest_ceiling.filter(|ceiling| stages_by_capacity && *ceiling > 0.0)
+            else {
                 continue;
-            }
+            };
             for stages in (fewest + 1..=fewest + MAX_EXTRA_STAGES).take_while(|s| *s <= layers) {
-                let Some(ceiling) = ceiling_at(size, stages) else {
-                    break;
-                };
-                if !ceiling.is_finite() || !below(bar.unwrap_or(0.0), ceiling) {
+                let ceiling = ceiling_at(size, stages).unwrap_or(0.0);
+                if !below(bar, ceiling) {
                     break;
                 }
                 shapes.push(shape(stages, Some(ceiling)));
-                bar = Some(ceiling);
+                bar = ceiling;
             }
         }
     }
@@ -508,7 +509,7 @@ pub fn solve_parallelism(
     // The GPU kind of each shape's any-kind plan, where it has one kind.
     let mut any_kind_on: Vec<(u32, Option<u32>, Option<String>)> = Vec::new();
     for shape in shapes {
-        let asked_stages = shape.more_stages.then_some(shape.stages);
+        let asked_stages = shape.asked_stages;
         let skip = cannot_beat(
             problem,
             shape.tensor,
@@ -589,7 +590,7 @@ pub fn solve_parallelism(
                 }
             }
             Err(unsatisfiable) => {
-                if shape.kind.is_none() && !shape.more_stages {
+                if shape.kind.is_none() && asked_stages.is_none() {
                     refusals.push((
                         shape.tensor,
                         format!("tensor {}: {}", shape.tensor, unsatisfiable.reason),
