@@ -7,6 +7,7 @@ pub mod flags;
 mod html;
 pub mod input;
 pub mod place;
+mod place_moves;
 mod render;
 
 use std::fmt;

@@ -10,8 +10,10 @@ use serde::Serialize;
 
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
+use super::place_moves::{MoveAdvice, advise};
 use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
+use tessera_core::moves::RunningReplica;
 use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable};
 use tessera_core::serving::Capacity;
 use tessera_core::sizing::{served_together, solve_for_demand, solve_replicas};
@@ -78,6 +80,10 @@ pub struct Placement {
     pub(crate) status_plan: Vec<PlannedShard>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsatisfiable: Option<Unsatisfiable>,
+    /// For an instance's first refused replica: the moves of replicas placed
+    /// before it that would make room, or why none would.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) moves: Option<MoveAdvice>,
     /// The instance's `spec.serving`, for the capacity line.
     #[serde(skip)]
     pub(crate) serving: Option<ServingSpec>,
@@ -198,6 +204,9 @@ fn place_all(
                 .map(|(device, uid)| ((n.name.clone(), device.clone()), pod_holder(&n.name, uid)))
         })
         .collect();
+    // What no move touches: pods outside tessera.
+    let outside = allocated.clone();
+    let mut running: Vec<RunningReplica<'_>> = Vec::new();
     let mut shares = HeldShares::new();
     let mut out = Vec::new();
     let mut demands = Vec::new();
@@ -249,6 +258,7 @@ fn place_all(
             });
         }
         let replicas = results.len() as u32;
+        let mut advised = false;
         for (replica, result) in (0..replicas).zip(results) {
             tracing::info!(instance = %name, replica, placed = result.is_ok(), "planned");
             let holder = if replicas > 1 {
@@ -262,6 +272,12 @@ fn place_all(
                     for shard in &status_plan {
                         hold_shard(shard, &holder, &mut allocated, &mut shares);
                     }
+                    running.push(RunningReplica {
+                        holder: holder.clone(),
+                        spec: &mi.spec,
+                        shards: status_plan.clone(),
+                        ready: true,
+                    });
                     Placement {
                         name: name.clone(),
                         replica: (replicas > 1).then_some(replica),
@@ -281,6 +297,7 @@ fn place_all(
                             }
                         }),
                         unsatisfiable: None,
+                        moves: None,
                         serving: mi.spec.serving.clone(),
                     }
                 }
@@ -292,6 +309,10 @@ fn place_all(
                     plan: None,
                     status_plan: Vec::new(),
                     unsatisfiable: Some(refusal_for(&mi.spec, unsatisfiable)),
+                    // Later replicas face the same cluster: one answer.
+                    moves: (!std::mem::replace(&mut advised, true)).then(|| {
+                        advise(nodes, &outside, &running, &mi.spec, &holder, replica, &opts)
+                    }),
                     serving: mi.spec.serving.clone(),
                 },
             };

@@ -173,6 +173,13 @@ fn table(report: &Report) -> String {
                 for detail in &unsatisfiable.details {
                     let _ = writeln!(out, "  - {detail}");
                 }
+                for line in placement
+                    .moves
+                    .iter()
+                    .flat_map(|m| m.lines(&placement.name))
+                {
+                    let _ = writeln!(out, "  {line}");
+                }
             }
             (None, None) => {}
         }

@@ -7,7 +7,7 @@ use std::hash::Hasher;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::runtime_env;
-use tessera_core::api::ModelInstanceSpec;
+use tessera_core::api::{ModelInstanceSpec, Moves, PlacementPolicy};
 
 /// Pod annotation: the hash of everything the controller put into a shard pod.
 /// A pod whose hash differs from the desired one is replaced (pod specs are
@@ -17,14 +17,20 @@ pub(crate) const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
 /// Hash of the spec parts a plan depends on (`status.placementHash`).
 /// Specs written before `kvCacheGiB` became optional and before
 /// `spec.serving` existed hash as they did (an unset cache as the 0 it was
-/// read as), so their plans are kept.
+/// read as), so their plans are kept. `placement.moves` says what may happen
+/// to a plan, not what it is, so it is left out: turning moves off keeps the
+/// plans.
 pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
     let mut model = spec.model.clone();
     model.kv_cache_gib = Some(model.kv_cache_gib.unwrap_or(0.0));
+    let placement = PlacementPolicy {
+        moves: Moves::default(),
+        ..spec.placement.clone()
+    };
     // Plain structs of numbers and strings always serialize.
     let json = match &spec.serving {
-        None => serde_json::to_vec(&(&model, &spec.parallelism, &spec.placement)),
-        Some(serving) => serde_json::to_vec(&(&model, &spec.parallelism, &spec.placement, serving)),
+        None => serde_json::to_vec(&(&model, &spec.parallelism, &placement)),
+        Some(serving) => serde_json::to_vec(&(&model, &spec.parallelism, &placement, serving)),
     }
     .unwrap_or_default();
     format!("{:016x}", fnv(&json))
@@ -132,6 +138,8 @@ mod tests {
             serde_json::to_string(&PlacementPolicy::default()).unwrap()
         );
         assert_eq!(plain, format!("{:016x}", super::fnv(older.as_bytes())));
+        let never = super::placement_hash(&spec(&format!("{MODEL}placement: {{moves: Never}}\n")));
+        assert_eq!(plain, never, "moves: Never keeps the plans");
         let served = super::placement_hash(&spec(&format!(
             "{MODEL}serving: {{maxTimePerOutputTokenMs: 30}}\n"
         )));

@@ -10,11 +10,14 @@
 //!   time to first token and tokens/s by concurrency, and the load a latency target allows.
 //! - [`sizing`]: an instance as users ask for it: `tensor: auto` and the GPU kind chosen
 //!   by what a replica serves at the target, and replicas one after another.
+//! - [`moves`]: running replicas moved, make before break, so that a replica that
+//!   cannot be placed gets room.
 //!
 //! Nothing here talks to a cluster, a device or a clock of its own; the crate builds
 //! without a Kubernetes client, an async runtime or gRPC, so that stays true.
 
 pub mod api;
+pub mod moves;
 pub mod placement;
 pub mod serving;
 pub mod sizing;

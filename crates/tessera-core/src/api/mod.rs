@@ -18,9 +18,9 @@ pub use gpu_state::{
 };
 pub use model_instance::{
     DType, InstanceCapacity, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus,
-    ModelSpec, Optimize, ParallelismSpec, Phase, PipelineStages, PlacementPolicy, PlannedShard,
-    ReplicaCapacity, ReplicaPrediction, ReplicaRestarts, RestartPolicy, ScoreWeights, ShardShare,
-    ShareKind, Sharing, Strategy, TensorSize, layer_range,
+    ModelSpec, Moves, Optimize, ParallelismSpec, Phase, PipelineStages, PlacementPolicy,
+    PlannedShard, ReplicaCapacity, ReplicaPrediction, ReplicaRestarts, RestartPolicy, ScoreWeights,
+    ShardShare, ShareKind, Sharing, Strategy, TensorSize, layer_range,
 };
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};

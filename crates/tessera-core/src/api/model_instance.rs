@@ -345,15 +345,17 @@ impl ModelSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ParallelismSpec {
     /// GPUs per shard, all on one node (tensor parallelism): a number, or
-    /// `auto` for the size that gives the highest predicted tokens/s.
+    /// `auto` for the size (and GPU kind) that serves best under `optimize`.
     #[serde(default)]
     pub tensor: TensorSize,
-    /// Pipeline stages (= shards): a number, or `auto` for the fewest stages that
-    /// fit, then the best score.
+    /// Pipeline stages (= shards): a number, or `auto` for the fewest stages
+    /// that fit, then the best score; under `optimize: throughput` up to two
+    /// more stages where they serve more requests/s at the target per GPU.
     #[serde(default)]
     pub pipeline: PipelineStages,
-    /// What `tensor: auto` chooses for: `throughput` (default) the size with
-    /// the most predicted tokens/s per GPU, `latency` the fastest size.
+    /// What `tensor: auto` and `pipeline: auto` choose for: `throughput`
+    /// (default) the most requests/s at the latency target (`spec.serving`)
+    /// per GPU, `latency` the lowest time per output token for one request.
     // Left out when `throughput`, so specs written before it existed keep
     // their placement hash and their running plans.
     #[serde(default, skip_serializing_if = "Optimize::is_throughput")]
@@ -380,12 +382,12 @@ impl Default for ParallelismSpec {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Optimize {
-    /// The most predicted tokens/s per GPU among the sizes that hold the
-    /// model: usually the smallest that fits, which leaves the most GPUs to
-    /// other replicas and instances.
+    /// The most requests/s at the latency target per GPU among the shapes
+    /// that hold the model, batched as the runtime batches them.
     #[default]
     Throughput,
-    /// The highest predicted tokens/s, however many GPUs it takes.
+    /// The lowest time per output token for one request (the highest
+    /// single-stream tokens/s), however many GPUs it takes.
     Latency,
 }
 
@@ -621,6 +623,24 @@ impl Sharing {
     }
 }
 
+/// Whether tessera may move an instance's running replicas to other devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Moves {
+    /// A replica may be moved, make before break (its new copy Ready before
+    /// the old one goes), to make room for a replica that cannot be placed;
+    /// never to devices where it serves less at its latency target.
+    #[default]
+    Allowed,
+    /// The instance's replicas stay where they were placed.
+    Never,
+}
+
+impl Moves {
+    pub fn is_allowed(&self) -> bool {
+        *self == Moves::Allowed
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlacementPolicy {
@@ -658,6 +678,14 @@ pub struct PlacementPolicy {
     // their placement hash and their running plans.
     #[serde(default, skip_serializing_if = "Sharing::is_exclusive")]
     pub sharing: Sharing,
+    /// Whether tessera may move this instance's running replicas, make
+    /// before break, to make room for a replica that cannot be placed:
+    /// `Allowed` (default) or `Never`. A replica is never moved to devices
+    /// where it serves less at its latency target.
+    // Left out when `Allowed`, so specs written before it existed keep their
+    // placement hash; the hash leaves it out in any case.
+    #[serde(default, skip_serializing_if = "Moves::is_allowed")]
+    pub moves: Moves,
     /// Time the solver may search for a better plan before it returns the best found.
     #[serde(default = "default_deadline_ms")]
     #[schemars(range(min = DEADLINE_MS.min, max = DEADLINE_MS.max))]
@@ -682,6 +710,7 @@ impl Default for PlacementPolicy {
             products: Vec::new(),
             node_selector: BTreeMap::new(),
             sharing: Sharing::default(),
+            moves: Moves::default(),
             deadline_ms: default_deadline_ms(),
         }
     }
@@ -1467,6 +1496,31 @@ model:
             );
         }
         assert!(crd_yaml().contains("self.placement.sharing == 'Exclusive'"));
+    }
+
+    #[test]
+    fn moves_parse_are_left_out_when_allowed_and_refuse_other_words() {
+        let default = parse(MINIMAL).unwrap();
+        assert_eq!(default.placement.moves, Moves::Allowed);
+        let written = serde_json::to_value(&default).unwrap();
+        assert!(written["placement"].get("moves").is_none(), "{written}");
+        for (text, want) in [("Allowed", Moves::Allowed), ("Never", Moves::Never)] {
+            let spec = parse(&format!("{MINIMAL}placement: {{moves: {text}}}\n")).unwrap();
+            assert_eq!(spec.placement.moves, want);
+            assert_eq!(spec.validate(), Ok(()));
+        }
+        for text in ["never", "No", "\"\"", "0", "[Never]", "{when: Never}"] {
+            let err = parse(&format!("{MINIMAL}placement: {{moves: {text}}}\n")).unwrap_err();
+            assert!(
+                err.contains("moves") || err.contains("variant"),
+                "{text}: {err}"
+            );
+        }
+        let crd = crd_yaml();
+        assert!(
+            crd.contains("- Allowed") && crd.contains("- Never"),
+            "an enum in the CRD"
+        );
     }
 
     #[test]

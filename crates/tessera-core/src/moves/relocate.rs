@@ -1,0 +1,176 @@
+//! A candidate carried out, make before break: the devices the blocked
+//! replica is to get are held for it, then each replica in its way is
+//! placed elsewhere on what is free at that step (its old devices are still
+//! its own) and only then leaves them. A replica goes nowhere it would serve
+//! less at its target than where it is.
+
+use std::collections::BTreeSet;
+
+use super::room::Candidate;
+use super::world::World;
+use super::{Move, MoveAsk, MovePlan};
+use crate::api::{ModelInstanceSpec, PipelineStages, PlannedShard, TensorSize};
+use crate::placement::Plan;
+use crate::serving::Capacity;
+use crate::sizing::{TensorChoice, capacity, solve_parallelism};
+use crate::translate::{evaluate_placed, planned_shards, tensor_choice};
+
+/// Relative slack in comparing what a replica serves before and after a
+/// move: the same devices elsewhere predict the same figures up to rounding.
+const SAME_WORTH: f64 = 1e-9;
+
+/// The moves that carry `candidate` out, or why one of them cannot be made.
+pub(crate) fn carry_out(
+    ask: &MoveAsk<'_>,
+    world: &World<'_>,
+    candidate: &Candidate,
+) -> Result<MovePlan, String> {
+    let names: Vec<&str> = candidate
+        .in_the_way
+        .iter()
+        .map(|&index| ask.running[index].holder.as_str())
+        .collect();
+    let prefix = format!(
+        "{} fits on {} by moving {} replica(s) ({})",
+        ask.blocked_name,
+        candidate.nodes(),
+        names.len(),
+        names.join(", ")
+    );
+    let mut now = world.clone();
+    now.hold_for_blocked(&candidate.placed.plan);
+    // The largest first: the hardest to place, while the most is free.
+    let mut order: Vec<usize> = candidate.in_the_way.iter().copied().collect();
+    order.sort_by(|a, b| {
+        let gpus = |index: &usize| ask.running[*index].gpus();
+        gpus(b).total_cmp(&gpus(a)).then(a.cmp(b))
+    });
+    let mut moves = Vec::new();
+    for index in order {
+        let replica = &ask.running[index];
+        let from = now.shards_of(index).unwrap_or_default().to_vec();
+        // Judged before the room is held: the room may be its devices.
+        let before = worth_where_it_is(world, index);
+        let (spec, tensor) = same_shape(replica.spec, &from);
+        let placed = solve_parallelism(&now.problem(&spec, None), tensor, ask.options).map_err(
+            |refusal| {
+                format!(
+                    "{prefix}, but no free devices hold {}: {}",
+                    replica.holder, refusal.reason
+                )
+            },
+        )?;
+        let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
+        if !after.at_least(&before) {
+            return Err(format!(
+                "{prefix}, but {} would serve less elsewhere: {} against {} where it is",
+                replica.holder,
+                after.words(),
+                before.words()
+            ));
+        }
+        let to = planned_shards(&placed.plan, from.first().map_or(0, |s| s.replica));
+        now.settle(index, to.clone());
+        moves.push(Move {
+            replica: replica.holder.clone(),
+            from,
+            to,
+            gpus: replica.gpus(),
+            requests_per_second_before: before.requests_per_second,
+            requests_per_second_after: after.requests_per_second,
+        });
+    }
+    now.release_blocked();
+    let scope: BTreeSet<String> = candidate
+        .placed
+        .plan
+        .stages
+        .iter()
+        .map(|stage| stage.node.clone())
+        .collect();
+    let placed = solve_parallelism(
+        &now.problem(ask.blocked, Some(&scope)),
+        tensor_choice(ask.blocked),
+        ask.options,
+    )
+    .map_err(|refusal| format!("{prefix}, but the room made does not hold it: {refusal}"))?;
+    Ok(MovePlan {
+        gpus_moved: moves.iter().fold(0.0, |sum, m| sum + m.gpus),
+        moves,
+        placed,
+    })
+}
+
+/// The spec as it runs now: a move takes the replica elsewhere as it is
+/// (its tensor size and stage count), it does not resize it.
+fn same_shape(
+    spec: &ModelInstanceSpec,
+    shards: &[PlannedShard],
+) -> (ModelInstanceSpec, TensorChoice) {
+    let tensor = shards
+        .first()
+        .map_or(1, |shard| (shard.devices.len() as u32).max(1));
+    let mut spec = spec.clone();
+    spec.parallelism.tensor = TensorSize::Fixed(tensor);
+    spec.parallelism.pipeline = PipelineStages::Fixed((shards.len() as u32).max(1));
+    (spec, TensorChoice::Fixed(tensor))
+}
+
+/// What a replica is worth where it stands: requests/s at its target, then
+/// (where it meets no target) one stream's tokens/s.
+#[derive(Clone, Copy, Debug, Default)]
+struct Worth {
+    requests_per_second: f64,
+    tokens_per_second: f64,
+}
+
+impl Worth {
+    fn of(capacity: Option<&Result<Capacity, String>>, plan: &Plan) -> Worth {
+        Worth {
+            requests_per_second: capacity
+                .and_then(|c| c.as_ref().ok())
+                .and_then(|c| c.at_slo)
+                .map_or(0.0, |at| at.requests_per_second),
+            tokens_per_second: plan.performance.tokens_per_second,
+        }
+    }
+
+    fn at_least(&self, before: &Worth) -> bool {
+        let not_below = |after: f64, before: f64| after >= before * (1.0 - SAME_WORTH);
+        if before.requests_per_second > 0.0 {
+            not_below(self.requests_per_second, before.requests_per_second)
+        } else {
+            not_below(self.tokens_per_second, before.tokens_per_second)
+        }
+    }
+
+    fn words(&self) -> String {
+        format!(
+            "{:.2} requests/s at its target ({:.1} tokens/s alone)",
+            self.requests_per_second, self.tokens_per_second
+        )
+    }
+}
+
+/// Replica `index`'s worth on its devices now, judged as a move's target
+/// is: on the cluster as the others leave it (a memory share beside the
+/// tenants there). Nothing when its devices cannot be read (a node gone).
+fn worth_where_it_is(world: &World<'_>, index: usize) -> Worth {
+    let Some(shards) = world.shards_of(index) else {
+        return Worth::default();
+    };
+    let spec = world.running()[index].spec;
+    let scope: BTreeSet<String> = shards.iter().map(|s| s.node.clone()).collect();
+    let problem = world
+        .without(&BTreeSet::from([index]))
+        .problem(spec, Some(&scope));
+    let refs: Vec<&PlannedShard> = shards.iter().collect();
+    let Ok(plan) = evaluate_placed(problem.clone(), &refs) else {
+        return Worth::default();
+    };
+    let served = problem
+        .served
+        .as_ref()
+        .map(|served| capacity(served, &problem.goal, &problem, &plan).map(|(c, _)| c));
+    Worth::of(served.as_ref(), &plan)
+}

@@ -1,0 +1,443 @@
+//! The move planner on small clusters: room made by one move, the cheapest
+//! replicas chosen, what may not move left alone, refusals in words, and a
+//! property: replaying any sequence it answers gives no device twice at any
+//! step, and the blocked replica's devices are free after the last move.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::api::NodeGpuState;
+
+const GIB: u64 = 1 << 30;
+
+/// A node of `gpus` GPUs of one product, every pair NVLink-linked.
+fn node(name: &str, gpus: u32, product: &str) -> ClusterNode {
+    let (tflops, bandwidth, memory) = match product {
+        "L40S" => (362.0, 864.0, 48),
+        _ => (989.0, 3350.0, 80),
+    };
+    let devices: Vec<String> = (0..gpus)
+        .map(|index| {
+            format!(
+                r#"{{"id":"{name}-g{index}","index":{index},"vendor":"nvidia","product":"NVIDIA {product}",
+                "memoryTotalBytes":{total},"memoryFreeBytes":{total},"fp16Tflops":{tflops},
+                "memoryBandwidthGbps":{bandwidth},"temperatureC":40.0,"health":"Healthy"}}"#,
+                total = memory * GIB
+            )
+        })
+        .collect();
+    let mut links = Vec::new();
+    for a in 0..gpus {
+        for b in a + 1..gpus {
+            links.push(format!(
+                r#"{{"a":"{name}-g{a}","b":"{name}-g{b}","kind":"nvlink","bandwidthGbps":900.0}}"#
+            ));
+        }
+    }
+    let json = format!(
+        r#"{{"version":"v1","backend":"fake","devices":[{}],"links":[{}]}}"#,
+        devices.join(","),
+        links.join(",")
+    );
+    ClusterNode {
+        name: name.into(),
+        labels: BTreeMap::new(),
+        gpu_state: NodeGpuState::from_json(&json).expect("a valid state"),
+    }
+}
+
+/// An 8B model on one GPU.
+fn small() -> ModelInstanceSpec {
+    spec(
+        "model: {name: llama-8b, parametersBillions: 8, layers: 32, hiddenSize: 4096, kvCacheGiB: 8}\nparallelism: {tensor: 1, pipeline: 1}",
+    )
+}
+
+/// A 70B model in FP8 on four GPUs of one node.
+fn four_gpus() -> ModelInstanceSpec {
+    spec(
+        "model: {name: llama-70b, parametersBillions: 70, layers: 80, hiddenSize: 8192, dtype: fp8, kvCacheGiB: 16}\nparallelism: {tensor: 4, pipeline: 1}",
+    )
+}
+
+fn spec(yaml: &str) -> ModelInstanceSpec {
+    serde_saphyr::from_str(yaml).expect("a valid spec")
+}
+
+/// Replica `holder` of `spec` running on `devices` of `node`, one shard.
+fn replica<'a>(
+    holder: &str,
+    spec: &'a ModelInstanceSpec,
+    node: &str,
+    devices: &[u32],
+    ready: bool,
+) -> RunningReplica<'a> {
+    RunningReplica {
+        holder: holder.into(),
+        spec,
+        shards: vec![PlannedShard {
+            replica: 0,
+            shard: 0,
+            node: node.into(),
+            devices: devices.iter().map(|d| format!("{node}-g{d}")).collect(),
+            layer_start: 0,
+            layer_end: spec.model.layers,
+            predicted_memory_gib: 0.0,
+            share: None,
+        }],
+        ready,
+    }
+}
+
+fn ask<'a>(
+    nodes: &'a [ClusterNode],
+    others: &'a HashMap<(String, String), String>,
+    running: &'a [RunningReplica<'a>],
+    blocked: &'a ModelInstanceSpec,
+) -> MoveAsk<'a> {
+    // A few bytes per test: the options live as long as the ask may.
+    let options: &'static SolveOptions<'static> = Box::leak(Box::default());
+    MoveAsk {
+        nodes,
+        others,
+        running,
+        blocked,
+        blocked_name: "ml/big",
+        limits: MoveLimits::default(),
+        options,
+    }
+}
+
+fn devices_of(shards: &[PlannedShard]) -> Vec<(String, String)> {
+    shards
+        .iter()
+        .flat_map(|s| s.devices.iter().map(|d| (s.node.clone(), d.clone())))
+        .collect()
+}
+
+#[test]
+fn one_move_frees_a_node_for_a_four_gpu_replica() {
+    let nodes = [node("a", 4, "H100"), node("b", 4, "H100")];
+    let (small, big) = (small(), four_gpus());
+    let running = [
+        replica("ml/small replica 0", &small, "a", &[1], true),
+        replica("ml/small replica 1", &small, "b", &[0], true),
+        replica("ml/small replica 2", &small, "b", &[1], true),
+    ];
+    let others = HashMap::new();
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room by one move");
+    assert_eq!(answer.moves.len(), 1, "{:?}", answer.moves);
+    let moved = &answer.moves[0];
+    assert_eq!(moved.replica, "ml/small replica 0");
+    assert_eq!(moved.to[0].node, "b");
+    assert_eq!(answer.gpus_moved, 1.0);
+    assert!(moved.requests_per_second_after >= moved.requests_per_second_before);
+    let placed = &answer.placed.plan.stages;
+    assert_eq!(placed.len(), 1);
+    assert_eq!(placed[0].node, "a");
+    assert_eq!(placed[0].devices.len(), 4);
+}
+
+#[test]
+fn the_cheapest_replicas_move_first_and_one_not_serving_costs_half() {
+    let nodes = [
+        node("a", 4, "H100"),
+        node("b", 4, "H100"),
+        node("c", 4, "H100"),
+    ];
+    let (small, big) = (small(), four_gpus());
+    // a: one 2-GPU-worth of replicas in the way; b: one replica; c: full.
+    let running = [
+        replica("ml/small replica 0", &small, "a", &[0], true),
+        replica("ml/small replica 1", &small, "a", &[1], true),
+        replica("ml/small replica 2", &small, "b", &[2], true),
+        replica("ml/small replica 3", &small, "c", &[0], true),
+        replica("ml/small replica 4", &small, "c", &[1], true),
+    ];
+    let others: HashMap<(String, String), String> = [("c", 2), ("c", 3)]
+        .into_iter()
+        .map(|(n, d)| ((n.to_string(), format!("{n}-g{d}")), "a pod".to_string()))
+        .collect();
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room");
+    assert_eq!(answer.moves.len(), 1);
+    assert_eq!(
+        answer.moves[0].replica, "ml/small replica 2",
+        "b takes one move"
+    );
+    assert_eq!(answer.placed.plan.stages[0].node, "b");
+
+    // Two on a not yet serving cost 1 together, as much as the one on b;
+    // with the one on b serving and one on a gone, a costs 0.5.
+    let running = [
+        replica("ml/small replica 0", &small, "a", &[0], false),
+        replica("ml/small replica 2", &small, "b", &[2], true),
+        replica("ml/small replica 3", &small, "c", &[0], true),
+    ];
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room");
+    assert_eq!(answer.moves[0].replica, "ml/small replica 0");
+    assert_eq!(answer.placed.plan.stages[0].node, "a");
+}
+
+#[test]
+fn replicas_that_may_not_move_and_pods_outside_tessera_stay() {
+    let nodes = [node("a", 4, "H100"), node("b", 4, "H100")];
+    let big = four_gpus();
+    let mut fixed = small();
+    fixed.placement.moves = crate::api::Moves::Never;
+    let running = [
+        replica("ml/fixed replica 0", &fixed, "a", &[1], true),
+        replica("ml/fixed replica 1", &fixed, "b", &[2], true),
+    ];
+    let others = HashMap::new();
+    let refusal = plan_moves(&ask(&nodes, &others, &running, &big)).unwrap_err();
+    assert!(
+        refusal
+            .reason
+            .contains("none of the 2 running replica(s) may move"),
+        "{refusal}"
+    );
+    // A pod outside tessera on b: moving the one movable replica off a is
+    // the only way.
+    let movable = small();
+    let running = [
+        replica("ml/small replica 0", &movable, "a", &[1], true),
+        replica("ml/fixed replica 0", &fixed, "b", &[2], true),
+    ];
+    let others: HashMap<(String, String), String> =
+        [(("b".to_string(), "b-g3".to_string()), "a pod".to_string())].into();
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room on a");
+    assert_eq!(answer.moves.len(), 1);
+    assert_eq!(answer.moves[0].replica, "ml/small replica 0");
+    let to = devices_of(&answer.moves[0].to);
+    assert!(
+        to.iter()
+            .all(|(n, d)| n == "b" && d != "b-g3" && d != "b-g2"),
+        "{to:?}"
+    );
+}
+
+#[test]
+fn no_replica_goes_where_it_would_serve_less() {
+    // The only free GPU elsewhere is an L40S: slower than the H100 the
+    // replica in the way runs on.
+    let nodes = [node("a", 4, "H100"), node("b", 1, "L40S")];
+    let (small, big) = (small(), four_gpus());
+    let running = [replica("ml/small replica 0", &small, "a", &[0], true)];
+    let others = HashMap::new();
+    let refusal = plan_moves(&ask(&nodes, &others, &running, &big)).unwrap_err();
+    assert!(
+        refusal
+            .reason
+            .contains("ml/small replica 0 would serve less elsewhere"),
+        "{refusal}"
+    );
+    // An H100 free on another node takes it.
+    let nodes = [
+        node("a", 4, "H100"),
+        node("b", 1, "L40S"),
+        node("c", 1, "H100"),
+    ];
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room");
+    assert_eq!(answer.moves[0].to[0].node, "c");
+}
+
+#[test]
+fn refusals_say_what_no_move_can_change() {
+    let (small, big) = (small(), four_gpus());
+    let others = HashMap::new();
+    // No node has four GPUs: moving changes nothing.
+    let nodes = [node("a", 2, "H100"), node("b", 2, "H100")];
+    let running = [replica("ml/small replica 0", &small, "a", &[0], true)];
+    let refusal = plan_moves(&ask(&nodes, &others, &running, &big)).unwrap_err();
+    assert!(
+        refusal.reason.starts_with(
+            "ml/big does not fit even with all 1 replica(s) that may move out of the way: "
+        ),
+        "{refusal}"
+    );
+    // Room on a, but the replica in its way has nowhere to go.
+    let nodes = [node("a", 4, "H100")];
+    let refusal = plan_moves(&ask(&nodes, &others, &running, &big)).unwrap_err();
+    assert!(
+        refusal.reason.starts_with(
+            "ml/big fits on a by moving 1 replica(s) (ml/small replica 0), but no free devices hold ml/small replica 0: "
+        ),
+        "{refusal}"
+    );
+    // Nothing runs at all; with four GPUs free it fits without a move.
+    let answer = plan_moves(&ask(&nodes, &others, &[], &big)).expect("room as it is");
+    assert!(answer.moves.is_empty());
+    assert_eq!(answer.gpus_moved.to_string(), "0");
+    let nodes = [node("a", 2, "H100"), node("b", 2, "H100")];
+    let refusal = plan_moves(&ask(&nodes, &others, &[], &big)).unwrap_err();
+    assert!(
+        refusal.reason.contains("no replica runs that could move"),
+        "{refusal}"
+    );
+}
+
+#[test]
+fn a_pipeline_over_nodes_gets_two_nodes_freed_together() {
+    // 70B in 16 bits on pairs of GPUs: two stages, each a whole 2-GPU node.
+    let big = spec(
+        "model: {name: llama-70b, parametersBillions: 70, layers: 80, hiddenSize: 8192, kvCacheGiB: 16}\nparallelism: {tensor: 2, pipeline: 2}",
+    );
+    let small = small();
+    let nodes = [
+        node("a", 2, "H100"),
+        node("b", 2, "H100"),
+        node("c", 2, "H100"),
+    ];
+    let running = [
+        replica("ml/small replica 0", &small, "a", &[0], true),
+        replica("ml/small replica 1", &small, "b", &[0], true),
+    ];
+    let others = HashMap::new();
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room over two nodes");
+    assert_eq!(answer.moves.len(), 1, "{:?}", answer.moves);
+    let stages = &answer.placed.plan.stages;
+    assert_eq!(stages.len(), 2);
+    let moved_to = &answer.moves[0].to[0].node;
+    assert!(
+        stages.iter().all(|s| &s.node != moved_to),
+        "{moved_to} is not freed"
+    );
+    assert_eq!(replay_checks(&others, &running, &answer), Ok(()));
+}
+
+#[test]
+fn more_moves_than_the_limit_are_refused_with_the_count() {
+    let nodes = [node("a", 4, "H100"), node("b", 4, "H100")];
+    let (small, big) = (small(), four_gpus());
+    let running = [
+        replica("ml/small replica 0", &small, "a", &[0], true),
+        replica("ml/small replica 1", &small, "a", &[1], true),
+        replica("ml/small replica 2", &small, "b", &[0], true),
+        replica("ml/small replica 3", &small, "b", &[1], true),
+    ];
+    let others = HashMap::new();
+    let mut asked = ask(&nodes, &others, &running, &big);
+    asked.limits.max_moves = 1;
+    let refusal = plan_moves(&asked).unwrap_err();
+    assert!(
+        refusal
+            .reason
+            .contains("only by moving 2 replicas; at most 1"),
+        "{refusal}"
+    );
+    asked.limits.max_moves = 2;
+    let answer = plan_moves(&asked).expect("two moves");
+    assert_eq!(answer.moves.len(), 2);
+    assert_eq!(answer.gpus_moved, 2.0);
+}
+
+/// Replays `answer` on the cluster `running` and `others` describe: at
+/// every step each device has at most one holder, a move's new devices are
+/// free when it starts (its old ones still held), and the blocked
+/// replica's devices are free after the last move.
+fn replay_checks(
+    others: &HashMap<(String, String), String>,
+    running: &[RunningReplica<'_>],
+    answer: &MovePlan,
+) -> Result<(), String> {
+    let mut held: HashMap<(String, String), String> = others.clone();
+    for replica in running {
+        for device in devices_of(&replica.shards) {
+            if let Some(first) = held.insert(device.clone(), replica.holder.clone()) {
+                return Err(format!("{device:?} held by {first} and {}", replica.holder));
+            }
+        }
+    }
+    let mut moved = HashSet::new();
+    for step in &answer.moves {
+        if !moved.insert(step.replica.clone()) {
+            return Err(format!("{} moved twice", step.replica));
+        }
+        let from = devices_of(&step.from);
+        if !from.iter().all(|d| held.get(d) == Some(&step.replica)) {
+            return Err(format!(
+                "{} moved from devices it does not hold",
+                step.replica
+            ));
+        }
+        for device in devices_of(&step.to) {
+            if let Some(holder) = held.get(&device) {
+                return Err(format!(
+                    "{} moved onto {device:?} held by {holder}",
+                    step.replica
+                ));
+            }
+        }
+        for device in devices_of(&step.to) {
+            held.insert(device, step.replica.clone());
+        }
+        let to: HashSet<_> = devices_of(&step.to).into_iter().collect();
+        for device in from.into_iter().filter(|d| !to.contains(d)) {
+            held.remove(&device);
+        }
+    }
+    for stage in &answer.placed.plan.stages {
+        for device in &stage.devices {
+            if let Some(holder) = held.get(&(stage.node.clone(), device.clone())) {
+                return Err(format!(
+                    "the blocked replica's {device} still held by {holder}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Small replicas scattered first-fit over 4-GPU nodes, with a few
+    /// devices outside tessera: whatever sequence the planner answers
+    /// replays without a device given twice, and ends with room.
+    #[test]
+    fn sequences_never_give_a_device_twice_and_end_with_room(
+        node_count in 2usize..4,
+        taken in proptest::collection::vec((0usize..4, 0u32..4, 0u8..4), 1..10),
+    ) {
+        let nodes: Vec<ClusterNode> =
+            (0..node_count).map(|i| node(&format!("n{i}"), 4, "H100")).collect();
+        let (small, big) = (small(), four_gpus());
+        let mut used = HashSet::new();
+        let mut others = HashMap::new();
+        let mut replicas = Vec::new();
+        for (index, (node_at, device, what)) in taken.into_iter().enumerate() {
+            let name = format!("n{}", node_at % node_count);
+            if !used.insert((name.clone(), device)) {
+                continue;
+            }
+            if what == 0 {
+                others.insert((name.clone(), format!("{name}-g{device}")), "a pod".to_string());
+            } else {
+                replicas.push(replica(&format!("ml/small replica {index}"), &small, &name, &[device], what != 1));
+            }
+        }
+        // Room exists where a node has no pod outside tessera and its
+        // replicas fit on the GPUs free elsewhere (all alike: no move is worse).
+        let room_exists = nodes.iter().any(|n| {
+            let outside = others.keys().filter(|(at, _)| *at == n.name).count();
+            let on_node = replicas.iter().filter(|r| r.shards[0].node == n.name).count();
+            let free_elsewhere = nodes.iter().filter(|m| m.name != n.name).map(|m| {
+                let held = others.keys().filter(|(at, _)| *at == m.name).count()
+                    + replicas.iter().filter(|r| r.shards[0].node == m.name).count();
+                4 - held
+            }).sum::<usize>();
+            outside == 0 && on_node <= free_elsewhere
+        });
+        let asked = ask(&nodes, &others, &replicas, &big);
+        match plan_moves(&asked) {
+            Ok(answer) => {
+                prop_assert!(answer.moves.len() <= asked.limits.max_moves);
+                prop_assert_eq!(replay_checks(&others, &replicas, &answer), Ok(()));
+                prop_assert_eq!(answer.placed.plan.stages[0].devices.len(), 4);
+            }
+            Err(refusal) => prop_assert!(!room_exists, "room exists, yet: {}", refusal),
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! `tessera place`'s advice for a refused replica: the moves of replicas
+//! placed before it that would make room (make before break, as the
+//! controller makes them), or why none would. Shown, never made: the report
+//! keeps the refusal.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use tessera_core::api::{ModelInstanceSpec, PlannedShard};
+use tessera_core::moves::{Move, MoveAsk, MoveLimits, RunningReplica, plan_moves};
+use tessera_core::placement::SolveOptions;
+use tessera_core::translate::{ClusterNode, planned_shards};
+
+/// What moving replicas placed earlier would do for a refused one.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) enum MoveAdvice {
+    /// The moves, in order, and the refused replica's shards after them.
+    #[serde(rename_all = "camelCase")]
+    Room {
+        moves: Vec<Move>,
+        gpus_moved: f64,
+        then: Vec<PlannedShard>,
+    },
+    /// Why no moves make room.
+    NoRoom(String),
+}
+
+/// Asks the planner about replica `replica` of `spec` (named `name`) on the
+/// cluster `running` and `outside` hold.
+pub(crate) fn advise(
+    nodes: &[ClusterNode],
+    outside: &HashMap<(String, String), String>,
+    running: &[RunningReplica<'_>],
+    spec: &ModelInstanceSpec,
+    name: &str,
+    replica: u32,
+    options: &SolveOptions<'_>,
+) -> MoveAdvice {
+    let ask = MoveAsk {
+        nodes,
+        others: outside,
+        running,
+        blocked: spec,
+        blocked_name: name,
+        limits: MoveLimits::default(),
+        options,
+    };
+    match plan_moves(&ask) {
+        Ok(plan) => MoveAdvice::Room {
+            then: planned_shards(&plan.placed.plan, replica),
+            gpus_moved: plan.gpus_moved,
+            moves: plan.moves,
+        },
+        Err(no_room) => MoveAdvice::NoRoom(no_room.reason),
+    }
+}
+
+impl MoveAdvice {
+    /// The advice as the table prints it under the refusal.
+    pub(crate) fn lines(&self, name: &str) -> Vec<String> {
+        match self {
+            MoveAdvice::NoRoom(reason) => vec![format!("no moves make room: {reason}")],
+            MoveAdvice::Room {
+                moves,
+                gpus_moved,
+                then,
+            } => {
+                let mut lines = vec![format!(
+                    "moves that would make room ({} GPU(s) moved, each new copy serving before the old one goes; shown, not made):",
+                    gpus_moved
+                )];
+                for (step, moved) in moves.iter().enumerate() {
+                    lines.push(format!(
+                        "  {}. {}: {} -> {} ({:.2} -> {:.2} requests/s at its target)",
+                        step + 1,
+                        moved.replica,
+                        devices(&moved.from),
+                        devices(&moved.to),
+                        moved.requests_per_second_before,
+                        moved.requests_per_second_after
+                    ));
+                }
+                lines.push(format!("  then {name}: {}", devices(then)));
+                lines
+            }
+        }
+    }
+}
+
+/// Shards as `node device,device`, stage after stage.
+fn devices(shards: &[PlannedShard]) -> String {
+    shards
+        .iter()
+        .map(|shard| format!("{} {}", shard.node, shard.devices.join(",")))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
