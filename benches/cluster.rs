@@ -24,7 +24,10 @@
 //! `auto` under `pack`, on the cluster as the first half of the sequence left
 //! it. After each policy's sequence every other running instance is deleted
 //! and a burst of 16 405B-class arrivals (8 GPUs a shard) measures the room
-//! each policy kept for large models.
+//! each policy kept for large models; for the solver's policies the burst
+//! runs once more with moves (an arrival refused asks `moves::plan_moves`
+//! for room and the moves are made), against the most that could fit with
+//! every replica kept on its GPU kind.
 
 #[allow(dead_code)]
 mod support;
@@ -93,6 +96,29 @@ fn room_line(scenario: &str, policy: Policy, room: &Room) -> String {
         policy.name(),
         room.expected_whole,
         products.join(", "),
+    )
+}
+
+/// The burst with moves: an arrival refused asks the move planner for room.
+const MOVES_BURST_TARGET: usize = 12;
+
+fn moves_line(scenario: &str, policy: Policy, room: &Room) -> String {
+    let ms = &room.planner_ms;
+    let mean = ms.iter().fold(0.0, |sum, ms| sum + ms) / ms.len().max(1) as f64;
+    let max = ms.iter().copied().fold(0.0, f64::max);
+    format!(
+        "REPORT cluster/{scenario} {} large-model burst with moves: fit {} of {BURST} ({} by moves: {} replicas moved, {} GPUs moved, planner ms mean={mean:.1} max={max:.1}; at most {} fit with every replica kept on its GPU kind) (target >= {MOVES_BURST_TARGET}: {})",
+        policy.name(),
+        room.fitted,
+        room.fitted_by_moves,
+        room.moves_made,
+        room.gpus_moved,
+        room.ceiling,
+        if room.fitted >= MOVES_BURST_TARGET {
+            "met"
+        } else {
+            "MISSED"
+        }
     )
 }
 
@@ -185,8 +211,14 @@ fn more_sequences_line(nodes: &[NodeState]) -> String {
             let (score_only, score_only_left) =
                 replay(nodes, &events, Policy::Solver(Strategy::ScoreOnly));
             let (pack, pack_left) = replay(nodes, &events, Policy::Solver(Strategy::Pack));
-            fitted[0] += burst(score_only_left, Policy::Solver(Strategy::ScoreOnly), BURST).fitted;
-            fitted[1] += burst(pack_left, Policy::Solver(Strategy::Pack), BURST).fitted;
+            fitted[0] += burst(
+                score_only_left,
+                Policy::Solver(Strategy::ScoreOnly),
+                BURST,
+                false,
+            )
+            .fitted;
+            fitted[1] += burst(pack_left, Policy::Solver(Strategy::Pack), BURST, false).fitted;
             ratios(&score_only, &pack)
         })
         .collect();
@@ -241,7 +273,11 @@ fn cluster_benches(c: &mut Criterion) {
             let (outcome, left) = replay(&generated, &events, policy);
             eprintln!("{}", report_line(&scenario, policy, &outcome));
             outcomes.push(outcome);
-            let room = burst(left, policy, BURST);
+            if policy != Policy::FirstFit {
+                let moved = burst(left.clone(), policy, BURST, true);
+                eprintln!("{}", moves_line(&scenario, policy, &moved));
+            }
+            let room = burst(left, policy, BURST, false);
             eprintln!("{}", room_line(&scenario, policy, &room));
             fitted.push(room.fitted);
         }

@@ -9,13 +9,17 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
+use tessera::api::{ModelInstanceSpec, PlannedShard};
+use tessera::moves::{Move, MoveAsk, MoveLimits, RunningReplica, plan_moves};
 use tessera::placement::{
     Device, NodeState, Plan, Problem, Selector, Served, SolveOptions, SpeedGoal, Stages, Strategy,
     Weights, evaluate,
 };
 use tessera::sizing::{TensorChoice, solve_replicas, take_devices, tensor_candidates};
+use tessera::translate::{ClusterNode, planned_shards};
 
 use super::arrivals::{Arrival, Event, MODEL_405B};
+use super::objects::to_node;
 use super::{MAX_TEMPERATURE_C, at_target, first_fit, model_shape};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -133,19 +137,25 @@ impl Outcome {
 }
 
 /// One running replica: its devices as `(node, device)` indices, its
-/// predicted tokens/s and what it serves at its target.
+/// shards as the status has them, its predicted tokens/s and what it serves
+/// at its target.
+#[derive(Clone)]
 struct Running {
     devices: Vec<(usize, usize)>,
+    shards: Vec<PlannedShard>,
     tokens_per_second: f64,
     requests_per_second: f64,
 }
 
 /// The cluster as the replay goes: who holds which device.
+#[derive(Clone)]
 pub(crate) struct ClusterState {
     pub(crate) nodes: Vec<NodeState>,
     node_index: HashMap<String, usize>,
     /// The running replicas of each arrival.
     held: HashMap<usize, Vec<Running>>,
+    /// Each arrival's spec, for the move planner.
+    specs: HashMap<usize, ModelInstanceSpec>,
 }
 
 impl ClusterState {
@@ -158,6 +168,7 @@ impl ClusterState {
                 .map(|(index, node)| (node.name.clone(), index))
                 .collect(),
             held: HashMap::new(),
+            specs: HashMap::new(),
         }
     }
 
@@ -181,8 +192,12 @@ impl ClusterState {
         }
     }
 
-    fn hold(&mut self, arrival: usize, replica: u32, plan: &Plan, requests_per_second: f64) {
-        let holder = format!("bench/instance-{arrival} replica {replica}");
+    fn hold(&mut self, arrival: &Arrival, replica: u32, plan: &Plan, requests_per_second: f64) {
+        self.specs
+            .entry(arrival.id)
+            .or_insert_with(|| arrival.spec());
+        let arrival = arrival.id;
+        let holder = holder(arrival, replica);
         let mut devices = Vec::new();
         for stage in &plan.stages {
             let node_index = self.node_index[&stage.node];
@@ -197,9 +212,38 @@ impl ClusterState {
         }
         self.held.entry(arrival).or_default().push(Running {
             devices,
+            shards: planned_shards(plan, replica),
             tokens_per_second: plan.performance.tokens_per_second,
             requests_per_second,
         });
+    }
+
+    /// Replica `replica` of `arrival` now runs on `shards`: its old devices
+    /// are free (the new copy came up before they were given up).
+    fn settle(&mut self, arrival: usize, replica: usize, moved: &Move) {
+        let holder = holder(arrival, replica as u32);
+        let Some(running) = self.held.get_mut(&arrival).and_then(|r| r.get_mut(replica)) else {
+            return;
+        };
+        for (node, device) in running.devices.drain(..) {
+            self.nodes[node].devices[device].allocated_to = None;
+        }
+        for shard in &moved.to {
+            let node_index = self.node_index[&shard.node];
+            for (device_index, device) in self.nodes[node_index].devices.iter_mut().enumerate() {
+                if shard.devices.contains(&device.id) {
+                    assert!(
+                        device.allocated_to.is_none(),
+                        "{} moved onto twice",
+                        device.id
+                    );
+                    device.allocated_to = Some(holder.clone());
+                    running.devices.push((node_index, device_index));
+                }
+            }
+        }
+        running.shards = moved.to.clone();
+        running.requests_per_second = moved.requests_per_second_after;
     }
 
     fn release(&mut self, arrival: usize) {
@@ -321,7 +365,7 @@ pub(crate) fn replay(
                     let served = served_at_target(&judged_on, plan);
                     outcome.missed_target += usize::from(served.is_none());
                     let served = served.unwrap_or(0.0);
-                    state.hold(arrival.id, replica as u32, plan, served);
+                    state.hold(arrival, replica as u32, plan, served);
                     outcome.requests_per_second_placed += served;
                     outcome.placed += 1;
                     let speed = plan.performance.tokens_per_second;
@@ -412,14 +456,27 @@ pub(crate) struct Room {
     pub(crate) expected_whole: f64,
     /// By GPU product, after the deletions: nodes free whole, and free GPUs.
     pub(crate) by_product: BTreeMap<String, (usize, usize)>,
+    /// With moves: replicas moved, GPUs moved, the burst arrivals the moves
+    /// placed, and each answer's wall time in milliseconds.
+    pub(crate) moves_made: usize,
+    pub(crate) gpus_moved: f64,
+    pub(crate) fitted_by_moves: usize,
+    pub(crate) planner_ms: Vec<f64>,
+    /// The most that could fit with moves that keep every replica on its
+    /// GPU kind: by kind, its free GPUs after the deletions ÷ the GPUs one
+    /// 405B-class replica takes there within its target, summed.
+    pub(crate) ceiling: usize,
 }
 
 /// Large models arriving once the sequence has filled the cluster and
 /// deletions have fragmented it: every other instance still running (by
 /// arrival) is deleted, then `count` 405B-class instances (8 GPUs a shard,
 /// pipeline `auto`) are placed one after the other under `policy`; how many
-/// fit where they meet their target. What `pack` keeps room for.
-pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> Room {
+/// fit where they meet their target. What `pack` keeps room for. With
+/// `moves`, an arrival refused asks the move planner for room, and the
+/// moves it answers are made (each moved replica's new devices taken before
+/// its old ones are given up).
+pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize, moves: bool) -> Room {
     let (instances_per_node, expected_whole) = instances_per_node(&state);
     let mut running: Vec<usize> = state.held.keys().copied().collect();
     running.sort_unstable();
@@ -439,29 +496,150 @@ pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize) -> Ro
             entry.1 += free;
         }
     }
-    let mut fitted = 0;
-    for k in 0..count {
-        let arrival = Arrival {
-            id: usize::MAX - k,
-            class: "405B",
-            model: MODEL_405B,
-            tensor: TensorChoice::Fixed(8),
-            replicas: 1,
-        };
-        let (plans, _, _) = place(&state, &arrival, policy);
-        if let Some(Some(plan)) = plans.first() {
-            let served = served_at_target(&state.problem(&arrival, Strategy::ScoreOnly), plan);
-            state.hold(arrival.id, 0, plan, served.unwrap_or(0.0));
-            // A replica that cannot meet its target holds GPUs and serves nothing.
-            fitted += usize::from(served.is_some());
-        }
-    }
-    Room {
-        fitted,
+    let cluster: Vec<ClusterNode> = state
+        .nodes
+        .iter()
+        .map(|node| {
+            ClusterNode::from_node(&to_node(node))
+                .expect("a valid GPU state")
+                .expect("a GPU node")
+        })
+        .collect();
+    let mut room = Room {
+        fitted: 0,
         instances_per_node,
         expected_whole,
         by_product,
+        moves_made: 0,
+        gpus_moved: 0.0,
+        fitted_by_moves: 0,
+        planner_ms: Vec::new(),
+        ceiling: 0,
+    };
+    let burst_arrival = |k: usize| Arrival {
+        id: usize::MAX - k,
+        class: "405B",
+        model: MODEL_405B,
+        tensor: TensorChoice::Fixed(8),
+        replicas: 1,
+    };
+    room.ceiling = room
+        .by_product
+        .iter()
+        .map(|(product, (_, free))| {
+            gpus_one_takes(&state, &burst_arrival(0), product).map_or(0, |gpus| free / gpus)
+        })
+        .sum::<usize>()
+        .min(count);
+    for k in 0..count {
+        let arrival = burst_arrival(k);
+        let (plans, _, _) = place(&state, &arrival, policy);
+        let plan = match plans.into_iter().next().flatten() {
+            Some(plan) => Some(plan),
+            None if moves => {
+                let started = Instant::now();
+                let answer = make_room(&cluster, &state, &arrival);
+                room.planner_ms.push(started.elapsed().as_secs_f64() * 1e3);
+                answer.map(|(made, plan)| {
+                    room.fitted_by_moves += 1;
+                    room.moves_made += made.len();
+                    for (arrival, replica, moved) in &made {
+                        room.gpus_moved += moved.gpus;
+                        state.settle(*arrival, *replica, moved);
+                    }
+                    plan
+                })
+            }
+            None => None,
+        };
+        if let Some(plan) = plan {
+            let served = served_at_target(&state.problem(&arrival, Strategy::ScoreOnly), &plan);
+            state.hold(&arrival, 0, &plan, served.unwrap_or(0.0));
+            // A replica that cannot meet its target holds GPUs and serves nothing.
+            room.fitted += usize::from(served.is_some());
+        }
     }
+    room
+}
+
+/// The GPUs one replica of `arrival` takes on the nodes of `product`, all
+/// free, where it meets its target; `None` where it cannot.
+fn gpus_one_takes(state: &ClusterState, arrival: &Arrival, product: &str) -> Option<usize> {
+    let mut problem = state.problem(arrival, Strategy::ScoreOnly);
+    problem
+        .nodes
+        .retain(|node| node.devices.first().is_some_and(|d| d.product == product));
+    for device in problem.nodes.iter_mut().flat_map(|node| &mut node.devices) {
+        device.allocated_to = None;
+    }
+    let placed = solve_replicas(
+        &problem,
+        arrival.tensor,
+        1,
+        "bench/ceiling",
+        &SolveOptions::default(),
+    );
+    let plan = placed.into_iter().next()?.ok()?.plan;
+    served_at_target(&problem, &plan)?;
+    Some(plan.stages.iter().map(|stage| stage.devices.len()).sum())
+}
+
+/// A move the planner answered, with the arrival and replica it moves.
+type MadeMove = (usize, usize, Move);
+
+/// The move planner's answer for `arrival` on the cluster as `state` holds
+/// it: the moves, each with the arrival and replica it moves, and the
+/// arrival's plan after them; `None` when it finds none.
+fn make_room(
+    cluster: &[ClusterNode],
+    state: &ClusterState,
+    arrival: &Arrival,
+) -> Option<(Vec<MadeMove>, Plan)> {
+    let mut ids: Vec<usize> = state.held.keys().copied().collect();
+    ids.sort_unstable();
+    let mut who = Vec::new();
+    let mut running = Vec::new();
+    for id in ids {
+        for (replica, held) in state.held[&id].iter().enumerate() {
+            who.push((id, replica));
+            running.push(RunningReplica {
+                holder: holder(id, replica as u32),
+                spec: &state.specs[&id],
+                shards: held.shards.clone(),
+                ready: true,
+            });
+        }
+    }
+    let spec = arrival.spec();
+    let others = HashMap::new();
+    let options = SolveOptions::default();
+    let ask = MoveAsk {
+        nodes: cluster,
+        others: &others,
+        running: &running,
+        blocked: &spec,
+        blocked_name: "bench/burst",
+        limits: MoveLimits::default(),
+        options: &options,
+    };
+    let answer = plan_moves(&ask).ok()?;
+    let made = answer
+        .moves
+        .into_iter()
+        .map(|moved| {
+            let at = running
+                .iter()
+                .position(|r| r.holder == moved.replica)
+                .expect("a move names a running replica");
+            (who[at].0, who[at].1, moved)
+        })
+        .collect();
+    Some((made, answer.placed.plan))
+}
+
+/// The name a replica's devices are held under.
+fn holder(arrival: usize, replica: u32) -> String {
+    format!("bench/instance-{arrival} replica {replica}")
 }
 
 /// Nodes in use by how many instances hold them (one, two, three or more),

@@ -15,7 +15,7 @@ mod relocate;
 mod room;
 mod world;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 
@@ -76,8 +76,12 @@ pub struct MoveLimits {
     /// Nodes tried as the blocked replica's place, those that displace the
     /// fewest GPUs first.
     pub max_nodes_tried: usize,
-    /// Places found for it that are carried out before the planner gives up.
+    /// Places found for it in one round, carried out cheapest first.
     pub max_candidates: usize,
+    /// Places carried out in all. A place fails when a replica in its way
+    /// has nowhere as good to go; the next round keeps that replica where it
+    /// is and looks again.
+    pub max_attempts: usize,
 }
 
 impl Default for MoveLimits {
@@ -86,6 +90,7 @@ impl Default for MoveLimits {
             max_moves: 8,
             max_nodes_tried: 16,
             max_candidates: 3,
+            max_attempts: 8,
         }
     }
 }
@@ -145,14 +150,30 @@ pub struct NoRoom {
 /// half); the first that works is the answer.
 pub fn plan_moves(ask: &MoveAsk<'_>) -> Result<MovePlan, NoRoom> {
     let world = World::new(ask.nodes, ask.others, ask.running, ask.blocked_name);
-    let candidates = room::candidates(ask, &world)?;
-    let mut first_failure = None;
-    for candidate in &candidates {
-        match relocate::carry_out(ask, &world, candidate) {
-            Ok(plan) => return Ok(plan),
-            Err(why) => {
-                first_failure.get_or_insert(why);
+    // Replicas found to have nowhere as good to go stay where they are.
+    let mut staying = BTreeSet::new();
+    let mut first_failure: Option<String> = None;
+    let mut attempts = 0;
+    while attempts < ask.limits.max_attempts {
+        let candidates = match room::candidates(ask, &world, &staying) {
+            Ok(candidates) => candidates,
+            // After a failed place, why the cheapest failed says more than
+            // that the rest of the cluster has no room.
+            Err(refusal) => return Err(first_failure.map_or(refusal, |reason| NoRoom { reason })),
+        };
+        let mut stuck_now = false;
+        for candidate in candidates.iter().take(ask.limits.max_attempts - attempts) {
+            attempts += 1;
+            match relocate::carry_out(ask, &world, candidate) {
+                Ok(plan) => return Ok(plan),
+                Err(failure) => {
+                    first_failure.get_or_insert(failure.reason);
+                    stuck_now |= failure.stuck.is_some_and(|index| staying.insert(index));
+                }
             }
+        }
+        if !stuck_now {
+            break;
         }
     }
     Err(NoRoom {

@@ -19,12 +19,19 @@ use crate::translate::{evaluate_placed, planned_shards, tensor_choice};
 /// move: the same devices elsewhere predict the same figures up to rounding.
 const SAME_WORTH: f64 = 1e-9;
 
+/// Why a candidate could not be carried out, and the replica in its way
+/// that has nowhere as good to go (if one has).
+pub(crate) struct Failure {
+    pub(crate) reason: String,
+    pub(crate) stuck: Option<usize>,
+}
+
 /// The moves that carry `candidate` out, or why one of them cannot be made.
 pub(crate) fn carry_out(
     ask: &MoveAsk<'_>,
     world: &World<'_>,
     candidate: &Candidate,
-) -> Result<MovePlan, String> {
+) -> Result<MovePlan, Failure> {
     let names: Vec<&str> = candidate
         .in_the_way
         .iter()
@@ -45,6 +52,9 @@ pub(crate) fn carry_out(
         let gpus = |index: &usize| ask.running[*index].gpus();
         gpus(b).total_cmp(&gpus(a)).then(a.cmp(b))
     });
+    // Should the room made not hold it after all, the last replica moved for
+    // it stays next time.
+    let last_moved = order.last().copied();
     let mut moves = Vec::new();
     for index in order {
         let replica = &ask.running[index];
@@ -53,21 +63,25 @@ pub(crate) fn carry_out(
         let before = worth_where_it_is(world, index);
         let (spec, tensor) = same_shape(replica.spec, &from);
         let placed = solve_parallelism(&now.problem(&spec, None), tensor, ask.options).map_err(
-            |refusal| {
-                format!(
+            |refusal| Failure {
+                reason: format!(
                     "{prefix}, but no free devices hold {}: {}",
                     replica.holder, refusal.reason
-                )
+                ),
+                stuck: Some(index),
             },
         )?;
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
         if !after.at_least(&before) {
-            return Err(format!(
-                "{prefix}, but {} would serve less elsewhere: {} against {} where it is",
-                replica.holder,
-                after.words(),
-                before.words()
-            ));
+            return Err(Failure {
+                reason: format!(
+                    "{prefix}, but {} would serve less elsewhere: {} against {} where it is",
+                    replica.holder,
+                    after.words(),
+                    before.words()
+                ),
+                stuck: Some(index),
+            });
         }
         let to = planned_shards(&placed.plan, from.first().map_or(0, |s| s.replica));
         now.settle(index, to.clone());
@@ -93,7 +107,10 @@ pub(crate) fn carry_out(
         tensor_choice(ask.blocked),
         ask.options,
     )
-    .map_err(|refusal| format!("{prefix}, but the room made does not hold it: {refusal}"))?;
+    .map_err(|refusal| Failure {
+        reason: format!("{prefix}, but the room made does not hold it: {refusal}"),
+        stuck: last_moved,
+    })?;
     Ok(MovePlan {
         gpus_moved: moves.iter().fold(0.0, |sum, m| sum + m.gpus),
         moves,

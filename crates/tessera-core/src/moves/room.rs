@@ -37,9 +37,14 @@ impl Candidate {
 }
 
 /// The places found, cheapest first; an error when moves cannot free any.
-pub(crate) fn candidates(ask: &MoveAsk<'_>, world: &World<'_>) -> Result<Vec<Candidate>, NoRoom> {
+/// Replicas in `staying` do not move.
+pub(crate) fn candidates(
+    ask: &MoveAsk<'_>,
+    world: &World<'_>,
+    staying: &BTreeSet<usize>,
+) -> Result<Vec<Candidate>, NoRoom> {
     let movable: BTreeSet<usize> = (0..ask.running.len())
-        .filter(|&index| ask.running[index].movable())
+        .filter(|&index| ask.running[index].movable() && !staying.contains(&index))
         .collect();
     if movable.is_empty() {
         // Asked while it fits after all (the cluster changed): no moves.
