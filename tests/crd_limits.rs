@@ -185,6 +185,21 @@ fn cases() -> Vec<Case> {
             field: "restartPolicy".into(),
         });
     }
+    for (moves, valid) in [
+        (json!("Allowed"), true),
+        (json!("Never"), true),
+        (json!("never"), false),
+        (json!("Sometimes"), false),
+        (json!(""), false),
+        (json!(false), false),
+    ] {
+        out.push(Case {
+            what: format!("moves {moves}"),
+            object: with(&path("spec.placement.moves"), moves.clone()),
+            valid,
+            field: "moves".into(),
+        });
+    }
     for (sharing, tensor, pipeline, valid) in [
         (json!("Exclusive"), json!(2), json!("auto"), true),
         (json!("Isolated"), json!(1), json!(1), true),

@@ -51,16 +51,16 @@ pub(crate) fn candidates(
         if let Ok(candidate) = fewest_in_the_way(ask, world, &movable, None) {
             return Ok(vec![candidate]);
         }
-        let staying = ask.running.len();
+        let running = ask.running.len();
         return Err(NoRoom {
-            reason: if staying == 0 {
+            reason: if running == 0 {
                 format!(
                     "{} has no room and no replica runs that could move",
                     ask.blocked_name
                 )
             } else {
                 format!(
-                    "{} has no room and none of the {staying} running replica(s) may move (placement.moves: Never)",
+                    "{} has no room and none of the {running} running replica(s) may move (placement.moves: Never)",
                     ask.blocked_name
                 )
             },
@@ -88,12 +88,12 @@ pub(crate) fn candidates(
     let ranked = ranked_nodes(ask, world, &movable);
     let model = ModelShape::of(&ask.blocked.model);
     let weights = model.weight_bytes_per_layer * f64::from(model.layers);
-    let cheapest: Vec<&RankedNode> = ranked
-        .iter()
-        .filter(|node| node.held > 0.0)
-        .take(ask.limits.max_nodes_tried)
-        .collect();
-    for node in cheapest.iter().filter(|node| node.memory >= weights) {
+    let holding = || ranked.iter().filter(|node| node.held > 0.0);
+    // Alone, only nodes whose GPUs could hold the weights.
+    let alone = holding()
+        .filter(|node| node.memory >= weights)
+        .take(ask.limits.max_nodes_tried);
+    for node in alone {
         let scope = BTreeSet::from([node.name.to_string()]);
         if let Ok(candidate) = fewest_in_the_way(ask, world, &on(&scope), Some(&scope)) {
             keep(candidate, &mut found);
@@ -104,11 +104,11 @@ pub(crate) fn candidates(
     }
     // A replica spanning nodes (a pipeline): those nodes together, with the
     // nodes where nothing that may move runs (their free GPUs as they are).
-    if found.is_empty() && !cheapest.is_empty() {
+    if found.is_empty() && holding().next().is_some() {
         let scope: BTreeSet<String> = ranked
             .iter()
             .filter(|node| node.held == 0.0)
-            .chain(cheapest.iter().copied())
+            .chain(holding().take(ask.limits.max_nodes_tried))
             .map(|node| node.name.to_string())
             .collect();
         if let Ok(candidate) = fewest_in_the_way(ask, world, &on(&scope), Some(&scope)) {
@@ -158,16 +158,14 @@ struct RankedNode<'a> {
 /// Every node, those where movable replicas hold the fewest GPUs first (by
 /// name among equals).
 fn ranked_nodes<'a>(
-    ask: &MoveAsk<'_>,
+    ask: &MoveAsk<'a>,
     world: &World<'a>,
     movable: &BTreeSet<usize>,
 ) -> Vec<RankedNode<'a>> {
     let mut held: HashMap<&str, f64> = HashMap::new();
     for &index in movable {
         for shard in &ask.running[index].shards {
-            if let Some(node) = world.nodes().iter().find(|n| n.name == shard.node) {
-                *held.entry(node.name.as_str()).or_default() += shard.devices.len().max(1) as f64;
-            }
+            *held.entry(shard.node.as_str()).or_default() += shard.devices.len().max(1) as f64;
         }
     }
     let mut nodes: Vec<RankedNode<'a>> = world
