@@ -218,29 +218,31 @@ impl ClusterState {
         });
     }
 
-    /// Replica `replica` of `arrival` now runs on `shards`: its old devices
-    /// are free (the new copy came up before they were given up).
+    /// Replica `replica` of `arrival` moved: its new devices are taken while
+    /// its old ones are still held (make before break: they must be free
+    /// then), and only then are the old ones given up.
     fn settle(&mut self, arrival: usize, replica: usize, moved: &Move) {
         let holder = holder(arrival, replica as u32);
         let Some(running) = self.held.get_mut(&arrival).and_then(|r| r.get_mut(replica)) else {
             return;
         };
-        for (node, device) in running.devices.drain(..) {
-            self.nodes[node].devices[device].allocated_to = None;
-        }
+        let mut taken = Vec::new();
         for shard in &moved.to {
             let node_index = self.node_index[&shard.node];
             for (device_index, device) in self.nodes[node_index].devices.iter_mut().enumerate() {
                 if shard.devices.contains(&device.id) {
                     assert!(
                         device.allocated_to.is_none(),
-                        "{} moved onto twice",
+                        "{} is not free for the new copy",
                         device.id
                     );
                     device.allocated_to = Some(holder.clone());
-                    running.devices.push((node_index, device_index));
+                    taken.push((node_index, device_index));
                 }
             }
+        }
+        for (node, device) in std::mem::replace(&mut running.devices, taken) {
+            self.nodes[node].devices[device].allocated_to = None;
         }
         running.shards = moved.to.clone();
         running.requests_per_second = moved.requests_per_second_after;

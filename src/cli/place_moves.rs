@@ -1,7 +1,7 @@
 //! `tessera place`'s advice for a refused replica: the moves of replicas
-//! placed before it that would make room (make before break, as the
-//! controller makes them), or why none would. Shown, never made: the report
-//! keeps the refusal.
+//! placed before it that would make room (make before break, as
+//! `moves::plan_moves` plans them), or why none would. Shown, never made:
+//! the report keeps the refusal.
 
 use std::collections::HashMap;
 
