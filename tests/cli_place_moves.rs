@@ -91,3 +91,82 @@ fn a_moves_setting_other_than_allowed_or_never_is_bad_input() {
         assert_bad_input(&["place", "-c", CLUSTER, "-f", &path], None, &["moves"]);
     }
 }
+
+/// The fixture's first instance alone: three 8B replicas over both nodes.
+fn chat_only(dir: &Scratch) -> String {
+    let text = fixture(INSTANCES);
+    let chat = text.split("\n---\n").next().expect("the first document");
+    dir.file("chat.yaml", chat)
+}
+
+#[test]
+fn a_drain_shows_the_moves_that_empty_the_node() {
+    let dir = Scratch::new("cli_place_moves", "drain");
+    let chat = chat_only(&dir);
+    let (code, table, stderr) = run(
+        &["place", "-c", CLUSTER, "-f", &chat, "--drain", "h100-a"],
+        None,
+    );
+    assert_eq!(
+        code, 0,
+        "every replica has somewhere to go: {table}\n{stderr}"
+    );
+    let drain = &table[table
+        .find("drain h100-a: 2 replica(s) would move")
+        .unwrap_or_else(|| panic!("{table}"))..];
+    assert!(drain.contains("0 would stay (shown, not made)"), "{drain}");
+    assert!(
+        drain.contains("1. ml/chat replica 0: h100-a h100-a-gpu0 -> h100-b "),
+        "{drain}"
+    );
+
+    let (_, json, _) = run(
+        &[
+            "place", "-o", "json", "-c", CLUSTER, "-f", &chat, "--drain", "h100-a",
+        ],
+        None,
+    );
+    let report: Value = serde_json::from_str(&json).expect("JSON output parses");
+    assert_eq!(report["drain"]["nodes"], serde_json::json!(["h100-a"]));
+    let moves = report["drain"]["moves"].as_array().expect("moves");
+    assert_eq!(moves.len(), 2);
+    assert!(
+        moves.iter().all(|m| m["to"][0]["node"] == "h100-b"),
+        "{moves:?}"
+    );
+    assert_eq!(report["drain"]["staying"], serde_json::json!([]));
+    // The plans themselves stay where they were placed.
+    assert_eq!(
+        report["placements"][0]["plan"]["stages"][0]["node"],
+        "h100-a"
+    );
+
+    // Both nodes drained: nowhere to go, exit 2, each replica says why.
+    let (code, table, _) = run(
+        &[
+            "place", "-c", CLUSTER, "-f", &chat, "--drain", "h100-a", "--drain", "h100-b",
+        ],
+        None,
+    );
+    assert_eq!(code, 2, "{table}");
+    assert_eq!(
+        table.matches("  stays: ml/chat replica ").count(),
+        3,
+        "{table}"
+    );
+    assert!(
+        table.contains("no devices off the leaving nodes hold it"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_drain_of_a_node_the_cluster_lacks_is_bad_input() {
+    for node in ["nope", "", "H100-A"] {
+        assert_bad_input(
+            &["place", "-c", CLUSTER, "-f", INSTANCES, "--drain", node],
+            None,
+            &["--drain", "has no node of that name"],
+        );
+    }
+}

@@ -287,6 +287,7 @@ proptest! {
             cluster: Some(cluster),
             output: PlaceOutput::Json,
             max_steps: Some(20_000),
+            drain: Vec::new(),
         })
         .map_err(|e| TestCaseError::fail(format!("refused as bad input: {e}")))?;
         let _ = std::fs::remove_dir_all(&dir);

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
-use super::place_moves::{MoveAdvice, advise};
+use super::place_moves::{DRAIN_DEADLINE_MS, Drain, MoveAdvice, advise, drain};
 use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
 use tessera_core::moves::RunningReplica;
@@ -60,6 +60,9 @@ pub struct PlaceArgs {
     pub output: PlaceOutput,
     /// Overrides the solver's step budget.
     pub max_steps: Option<u64>,
+    /// Nodes to plan a drain of once every instance is placed: the moves
+    /// that would take tessera's replicas off them.
+    pub drain: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -132,15 +135,24 @@ pub struct Report {
     /// Each instance with a demand, and whether it is met.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub demands: Vec<DemandOutcome>,
+    /// With `--drain`: the moves that would empty those nodes, and what stays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) drain: Option<Drain>,
     /// The cluster planned on, for the map.
     #[serde(skip)]
     pub(crate) nodes: Vec<ClusterNode>,
 }
 
 impl Report {
-    /// Every replica placed and every demand met.
+    /// Every replica placed, every demand met and every replica on a
+    /// drained node with somewhere to go.
     pub fn all_placed(&self) -> bool {
-        self.placements.iter().all(|p| p.plan.is_some()) && self.demands.iter().all(|d| d.met)
+        self.placements.iter().all(|p| p.plan.is_some())
+            && self.demands.iter().all(|d| d.met)
+            && self
+                .drain
+                .as_ref()
+                .is_none_or(|d| d.evacuation.staying.is_empty())
     }
 }
 
@@ -180,20 +192,55 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
             )));
         }
     }
-    let (placements, demands) = place_all(&instances, &nodes, args.max_steps);
+    for node in &args.drain {
+        if !nodes.iter().any(|n| &n.name == node) {
+            return Err(InputError(format!(
+                "--drain {node:?}: {cluster_origin} has no node of that name"
+            )));
+        }
+    }
+    let placed = place_all(&instances, &nodes, args.max_steps);
+    let drain = (!args.drain.is_empty()).then(|| {
+        let deadline = WallDeadline::after(Duration::from_millis(DRAIN_DEADLINE_MS));
+        let mut options = SolveOptions {
+            deadline: Some(&deadline),
+            ..SolveOptions::default()
+        };
+        if let Some(steps) = args.max_steps {
+            options.max_steps = steps;
+        }
+        drain(
+            &nodes,
+            &placed.outside,
+            &placed.running,
+            &args.drain,
+            &options,
+        )
+    });
     Ok(Report {
         cluster: cluster_origin,
-        placements,
-        demands,
+        placements: placed.placements,
+        demands: placed.demands,
+        drain,
         nodes,
     })
 }
 
-fn place_all(
-    instances: &[ModelInstance],
+/// Every instance planned in order, and what that leaves running.
+struct Placed<'a> {
+    placements: Vec<Placement>,
+    demands: Vec<DemandOutcome>,
+    /// The replicas placed, as the move planner reads them.
+    running: Vec<RunningReplica<'a>>,
+    /// Devices pods outside tessera hold.
+    outside: HashMap<(String, String), String>,
+}
+
+fn place_all<'a>(
+    instances: &'a [ModelInstance],
     nodes: &[ClusterNode],
     max_steps: Option<u64>,
-) -> (Vec<Placement>, Vec<DemandOutcome>) {
+) -> Placed<'a> {
     // Devices the node agents report as handed to pods are taken, as for the controller.
     let mut allocated: HashMap<(String, String), String> = nodes
         .iter()
@@ -319,7 +366,12 @@ fn place_all(
             out.push(placement);
         }
     }
-    (out, demands)
+    Placed {
+        placements: out,
+        demands,
+        running,
+        outside,
+    }
 }
 
 #[cfg(test)]
@@ -333,6 +385,7 @@ mod tests {
             cluster: None,
             output: PlaceOutput::Table,
             max_steps: Some(20_000),
+            drain: Vec::new(),
         })
         .unwrap();
         assert_eq!(report.placements.len(), 3);

@@ -1,14 +1,17 @@
-//! `tessera place`'s advice for a refused replica: the moves of replicas
-//! placed before it that would make room (make before break, as
-//! `moves::plan_moves` plans them), or why none would. Shown, never made:
-//! the report keeps the refusal.
+//! `tessera place`'s moves, shown and never made: for a refused replica the
+//! moves of replicas placed before it that would make room (make before
+//! break, as `moves::plan_moves` plans them) or why none would; with
+//! `--drain`, the moves that would empty those nodes and what would stay.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 
 use tessera_core::api::{ModelInstanceSpec, PlannedShard};
-use tessera_core::moves::{Move, MoveAsk, MoveLimits, RunningReplica, plan_moves};
+use tessera_core::moves::{
+    Evacuation, EvacuationAsk, Move, MoveAsk, MoveLimits, RunningReplica, plan_evacuation,
+    plan_moves,
+};
 use tessera_core::placement::SolveOptions;
 use tessera_core::translate::{ClusterNode, planned_shards};
 
@@ -72,15 +75,7 @@ impl MoveAdvice {
                     gpus_moved
                 )];
                 for (step, moved) in moves.iter().enumerate() {
-                    lines.push(format!(
-                        "  {}. {}: {} -> {} ({:.2} -> {:.2} requests/s at its target)",
-                        step + 1,
-                        moved.replica,
-                        devices(&moved.from),
-                        devices(&moved.to),
-                        moved.requests_per_second_before,
-                        moved.requests_per_second_after
-                    ));
+                    lines.push(format!("  {}. {}", step + 1, move_words(moved)));
                 }
                 lines.push(format!("  then {name}: {}", devices(then)));
                 lines
@@ -96,4 +91,69 @@ fn devices(shards: &[PlannedShard]) -> String {
         .map(|shard| format!("{} {}", shard.node, shard.devices.join(",")))
         .collect::<Vec<_>>()
         .join(" | ")
+}
+
+/// The solver's deadline for all the solves of a drain together.
+pub(crate) const DRAIN_DEADLINE_MS: u64 = 10_000;
+
+/// The moves that would empty `nodes`, and what would stay on them.
+#[derive(Debug, Serialize)]
+pub(crate) struct Drain {
+    pub(crate) nodes: Vec<String>,
+    #[serde(flatten)]
+    pub(crate) evacuation: Evacuation,
+}
+
+/// Plans the drain of `leaving` on the cluster `running` and `outside` hold.
+pub(crate) fn drain(
+    nodes: &[ClusterNode],
+    outside: &HashMap<(String, String), String>,
+    running: &[RunningReplica<'_>],
+    leaving: &[String],
+    options: &SolveOptions<'_>,
+) -> Drain {
+    let leaving_set: BTreeSet<String> = leaving.iter().cloned().collect();
+    let evacuation = plan_evacuation(&EvacuationAsk {
+        nodes,
+        others: outside,
+        running,
+        leaving: &leaving_set,
+        options,
+    });
+    Drain {
+        nodes: leaving_set.into_iter().collect(),
+        evacuation,
+    }
+}
+
+impl Drain {
+    /// The drain as the table prints it.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let Evacuation { moves, staying } = &self.evacuation;
+        let mut lines = vec![format!(
+            "drain {}: {} replica(s) would move, each new copy serving before the old one goes, {} would stay (shown, not made):",
+            self.nodes.join(", "),
+            moves.len(),
+            staying.len()
+        )];
+        for (step, moved) in moves.iter().enumerate() {
+            lines.push(format!("  {}. {}", step + 1, move_words(moved)));
+        }
+        for stays in staying {
+            lines.push(format!("  stays: {}: {}", stays.replica, stays.reason));
+        }
+        lines
+    }
+}
+
+/// One move as the table prints it.
+fn move_words(moved: &Move) -> String {
+    format!(
+        "{}: {} -> {} ({:.2} -> {:.2} requests/s at its target)",
+        moved.replica,
+        devices(&moved.from),
+        devices(&moved.to),
+        moved.requests_per_second_before,
+        moved.requests_per_second_after
+    )
 }

@@ -196,6 +196,12 @@ fn table(report: &Report) -> String {
             if demand.met { "met" } else { "NOT MET" }
         );
     }
+    if let Some(drain) = &report.drain {
+        let _ = writeln!(out);
+        for line in drain.lines() {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     out
 }
 

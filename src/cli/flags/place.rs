@@ -22,6 +22,11 @@ pub struct PlaceFlags {
     /// best plan found (the instance's deadlineMs also applies).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_steps: Option<u64>,
+    /// Once every instance is placed, show the moves that would take
+    /// tessera's replicas off NODE, as for a cordoned node (repeat for more
+    /// nodes); nothing is moved. Exit 2 when a replica would have to stay.
+    #[arg(long, value_name = "NODE")]
+    drain: Vec<String>,
 }
 
 impl PlaceFlags {
@@ -31,12 +36,14 @@ impl PlaceFlags {
             cluster,
             output,
             max_steps,
+            drain,
         } = self;
         let args = PlaceArgs {
             instances,
             cluster,
             output,
             max_steps,
+            drain,
         };
         match crate::cli::place::run(&args) {
             Ok(report) => {

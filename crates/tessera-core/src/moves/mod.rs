@@ -9,8 +9,11 @@
 //! - `room`: where the blocked replica could go if movable replicas made way,
 //!   and the fewest, cheapest replicas that takes;
 //! - `relocate`: a candidate carried out, each displaced replica placed
-//!   elsewhere, never where it serves less.
+//!   elsewhere, never where it serves less;
+//! - `evacuate`: nodes emptied for a drain, each replica placed off them
+//!   while it still runs where it is.
 
+mod evacuate;
 mod relocate;
 mod room;
 mod world;
@@ -24,6 +27,8 @@ use crate::placement::SolveOptions;
 use crate::sizing::InstancePlan;
 use crate::translate::ClusterNode;
 use world::World;
+
+pub use evacuate::{Evacuation, EvacuationAsk, Staying, plan_evacuation};
 
 /// A replica tessera runs, as a move planner needs it.
 #[derive(Clone, Debug)]

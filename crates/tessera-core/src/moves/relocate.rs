@@ -120,7 +120,7 @@ pub(crate) fn carry_out(
 
 /// The spec as it runs now: a move takes the replica elsewhere as it is
 /// (its tensor size and stage count), it does not resize it.
-fn same_shape(
+pub(crate) fn same_shape(
     spec: &ModelInstanceSpec,
     shards: &[PlannedShard],
 ) -> (ModelInstanceSpec, TensorChoice) {
@@ -136,13 +136,13 @@ fn same_shape(
 /// What a replica is worth where it stands: requests/s at its target, then
 /// (where it meets no target) one stream's tokens/s.
 #[derive(Clone, Copy, Debug, Default)]
-struct Worth {
-    requests_per_second: f64,
+pub(crate) struct Worth {
+    pub(crate) requests_per_second: f64,
     tokens_per_second: f64,
 }
 
 impl Worth {
-    fn of(capacity: Option<&Result<Capacity, String>>, plan: &Plan) -> Worth {
+    pub(crate) fn of(capacity: Option<&Result<Capacity, String>>, plan: &Plan) -> Worth {
         Worth {
             requests_per_second: capacity
                 .and_then(|c| c.as_ref().ok())
@@ -161,7 +161,7 @@ impl Worth {
         }
     }
 
-    fn words(&self) -> String {
+    pub(crate) fn words(&self) -> String {
         format!(
             "{:.2} requests/s at its target ({:.1} tokens/s alone)",
             self.requests_per_second, self.tokens_per_second
@@ -172,7 +172,7 @@ impl Worth {
 /// Replica `index`'s worth on its devices now, judged as a move's target
 /// is: on the cluster as the others leave it (a memory share beside the
 /// tenants there). Nothing when its devices cannot be read (a node gone).
-fn worth_where_it_is(world: &World<'_>, index: usize) -> Worth {
+pub(crate) fn worth_where_it_is(world: &World<'_>, index: usize) -> Worth {
     let Some(shards) = world.shards_of(index) else {
         return Worth::default();
     };

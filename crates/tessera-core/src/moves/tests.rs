@@ -3,7 +3,7 @@
 //! property: replaying any sequence it answers gives no device twice at any
 //! step, and the blocked replica's devices are free after the last move.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use proptest::prelude::*;
 
@@ -14,6 +14,11 @@ const GIB: u64 = 1 << 30;
 
 /// A node of `gpus` GPUs of one product, every pair NVLink-linked.
 fn node(name: &str, gpus: u32, product: &str) -> ClusterNode {
+    offering(name, gpus, product, "")
+}
+
+/// [`node`], with `shares` (a NodeGpuState `shares` field, or nothing).
+fn offering(name: &str, gpus: u32, product: &str, shares: &str) -> ClusterNode {
     let (tflops, bandwidth, memory) = match product {
         "L40S" => (362.0, 864.0, 48),
         _ => (989.0, 3350.0, 80),
@@ -37,7 +42,7 @@ fn node(name: &str, gpus: u32, product: &str) -> ClusterNode {
         }
     }
     let json = format!(
-        r#"{{"version":"v1","backend":"fake","devices":[{}],"links":[{}]}}"#,
+        r#"{{"version":"v1","backend":"fake","devices":[{}],"links":[{}]{shares}}}"#,
         devices.join(","),
         links.join(",")
     );
@@ -279,6 +284,50 @@ fn refusals_say_what_no_move_can_change() {
 }
 
 #[test]
+fn a_memory_share_moves_to_a_gpu_where_it_is_as_alone() {
+    // A 30B model needs a whole H100 on the `big` pool; the only one there
+    // holds a memory share of a sharing 8B replica, which a free H100
+    // elsewhere takes as alone as it was.
+    let memory = r#","shares":{"memory":true}"#;
+    let mut pooled = offering("a", 1, "H100", memory);
+    pooled.labels.insert("pool".into(), "big".into());
+    let nodes = [pooled, offering("b", 1, "H100", memory)];
+    let shared = spec(
+        "model: {name: llama-8b, parametersBillions: 8, layers: 32, hiddenSize: 4096, kvCacheGiB: 8}\nparallelism: {tensor: 1, pipeline: 1}\nplacement: {sharing: Shared}",
+    );
+    let big = spec(
+        "model: {name: m-30b, parametersBillions: 30, layers: 60, hiddenSize: 6656, kvCacheGiB: 8}\nparallelism: {tensor: 1, pipeline: 1}\nplacement: {nodeSelector: {pool: big}}",
+    );
+    let mut tenant = replica("ml/shared replica 0", &shared, "a", &[0], true);
+    tenant.shards[0].share = Some(crate::api::ShardShare {
+        kind: crate::api::ShareKind::Memory,
+        gpu: "a-g0".into(),
+        profile: None,
+        memory_gib: Some(25),
+        memory_fraction: Some(25.0 / 80.0),
+        tenants: 0,
+        contended_tokens_per_second: None,
+    });
+    let running = [tenant];
+    let others = HashMap::new();
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room on a");
+    assert_eq!(answer.moves.len(), 1, "{:?}", answer.moves);
+    let moved = &answer.moves[0];
+    assert_eq!(moved.gpus, 25.0 / 80.0, "a share moves its part of a GPU");
+    let share = moved.to[0].share.as_ref().expect("a share again");
+    assert_eq!(
+        (share.kind, share.gpu.as_str()),
+        (crate::api::ShareKind::Memory, "b-g0")
+    );
+    assert!(moved.requests_per_second_after >= moved.requests_per_second_before);
+    assert_eq!(answer.placed.plan.stages[0].devices, ["a-g0"]);
+    assert!(
+        answer.placed.plan.stages[0].share.is_none(),
+        "the GPU whole"
+    );
+}
+
+#[test]
 fn a_pipeline_over_nodes_gets_two_nodes_freed_together() {
     // 70B in 16 bits on pairs of GPUs: two stages, each a whole 2-GPU node.
     let big = spec(
@@ -342,6 +391,28 @@ fn replay_checks(
     running: &[RunningReplica<'_>],
     answer: &MovePlan,
 ) -> Result<(), String> {
+    let room: Vec<(String, String)> = answer
+        .placed
+        .plan
+        .stages
+        .iter()
+        .flat_map(|stage| {
+            stage
+                .devices
+                .iter()
+                .map(|d| (stage.node.clone(), d.clone()))
+        })
+        .collect();
+    replay_moves(others, running, &answer.moves, &room)
+}
+
+/// Replays `moves` as [`replay_checks`] does; `room` must be free at the end.
+fn replay_moves(
+    others: &HashMap<(String, String), String>,
+    running: &[RunningReplica<'_>],
+    moves: &[Move],
+    room: &[(String, String)],
+) -> Result<(), String> {
     let mut held: HashMap<(String, String), String> = others.clone();
     for replica in running {
         for device in devices_of(&replica.shards) {
@@ -351,7 +422,7 @@ fn replay_checks(
         }
     }
     let mut moved = HashSet::new();
-    for step in &answer.moves {
+    for step in moves {
         if !moved.insert(step.replica.clone()) {
             return Err(format!("{} moved twice", step.replica));
         }
@@ -378,16 +449,79 @@ fn replay_checks(
             held.remove(&device);
         }
     }
-    for stage in &answer.placed.plan.stages {
-        for device in &stage.devices {
-            if let Some(holder) = held.get(&(stage.node.clone(), device.clone())) {
-                return Err(format!(
-                    "the blocked replica's {device} still held by {holder}"
-                ));
-            }
+    for device in room {
+        if let Some(holder) = held.get(device) {
+            return Err(format!("{device:?} still held by {holder}"));
         }
     }
     Ok(())
+}
+
+#[test]
+fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
+    let nodes = [node("a", 4, "H100"), node("b", 4, "H100")];
+    let (small, big) = (small(), four_gpus());
+    let mut fixed = small.clone();
+    fixed.placement.moves = crate::api::Moves::Never;
+    let running = [
+        replica("ml/small replica 0", &small, "b", &[0], true),
+        replica("ml/fixed replica 0", &fixed, "b", &[1], true),
+        replica("ml/big replica 0", &big, "a", &[0, 1, 2, 3], true),
+        replica("ml/small replica 1", &small, "b", &[2], true),
+    ];
+    let others = HashMap::new();
+    let options = SolveOptions::default();
+    let leaving = BTreeSet::from(["b".to_string()]);
+    let evacuation = plan_evacuation(&EvacuationAsk {
+        nodes: &nodes,
+        others: &others,
+        running: &running,
+        leaving: &leaving,
+        options: &options,
+    });
+    // a is full: the small replicas have nowhere to go, the fixed one may not.
+    let reasons: Vec<(&str, &str)> = evacuation
+        .staying
+        .iter()
+        .map(|s| (s.replica.as_str(), s.reason.as_str()))
+        .collect();
+    assert!(evacuation.moves.is_empty(), "{:?}", evacuation.moves);
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(reasons.contains(&(
+        "ml/fixed replica 0",
+        "its instance has placement.moves: Never"
+    )));
+    assert!(
+        reasons.iter().any(|(who, why)| *who == "ml/small replica 0"
+            && why.starts_with("no devices off the leaving nodes hold it: ")),
+        "{reasons:?}"
+    );
+
+    // With room on c both small replicas leave, one move each, and replay
+    // without a device given twice; nothing of theirs is left on b.
+    let nodes = [
+        node("a", 4, "H100"),
+        node("b", 4, "H100"),
+        node("c", 2, "H100"),
+    ];
+    let evacuation = plan_evacuation(&EvacuationAsk {
+        nodes: &nodes,
+        others: &others,
+        running: &running,
+        leaving: &leaving,
+        options: &options,
+    });
+    assert_eq!(evacuation.moves.len(), 2, "{:?}", evacuation.moves);
+    assert!(evacuation.moves.iter().all(|m| m.to[0].node == "c"));
+    assert_eq!(evacuation.staying.len(), 1, "only the fixed one stays");
+    let freed = [
+        ("b".to_string(), "b-g0".to_string()),
+        ("b".to_string(), "b-g2".to_string()),
+    ];
+    assert_eq!(
+        replay_moves(&others, &running, &evacuation.moves, &freed),
+        Ok(())
+    );
 }
 
 proptest! {
