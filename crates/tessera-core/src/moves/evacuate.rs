@@ -9,12 +9,12 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
-use super::relocate::{Worth, same_shape, worth_where_it_is};
+use super::relocate::{Worth, same_shape, settle, worth_where_it_is};
 use super::world::World;
 use super::{Move, RunningReplica};
 use crate::placement::SolveOptions;
 use crate::sizing::solve_parallelism;
-use crate::translate::{ClusterNode, planned_shards};
+use crate::translate::ClusterNode;
 
 /// What the planner is asked for a drain.
 pub struct EvacuationAsk<'a> {
@@ -99,16 +99,8 @@ pub fn plan_evacuation(ask: &EvacuationAsk<'_>) -> Evacuation {
             )));
             continue;
         }
-        let to = planned_shards(&placed.plan, from.first().map_or(0, |s| s.replica));
-        now.settle(index, to.clone());
-        evacuation.moves.push(Move {
-            replica: replica.holder.clone(),
-            from,
-            to,
-            gpus: replica.gpus(),
-            requests_per_second_before: before.requests_per_second,
-            requests_per_second_after: after.requests_per_second,
-        });
+        let moved = settle(&mut now, index, from, &placed.plan, (before, after));
+        evacuation.moves.push(moved);
     }
     evacuation
 }

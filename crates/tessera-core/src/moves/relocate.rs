@@ -83,16 +83,7 @@ pub(crate) fn carry_out(
                 stuck: Some(index),
             });
         }
-        let to = planned_shards(&placed.plan, from.first().map_or(0, |s| s.replica));
-        now.settle(index, to.clone());
-        moves.push(Move {
-            replica: replica.holder.clone(),
-            from,
-            to,
-            gpus: replica.gpus(),
-            requests_per_second_before: before.requests_per_second,
-            requests_per_second_after: after.requests_per_second,
-        });
+        moves.push(settle(&mut now, index, from, &placed.plan, (before, after)));
     }
     now.release_blocked();
     let scope: BTreeSet<String> = candidate
@@ -116,6 +107,29 @@ pub(crate) fn carry_out(
         moves,
         placed,
     })
+}
+
+/// Replica `index` of `now` moved from `from` onto `plan`, which it was
+/// worth `before` and `after`: it runs there now, and the move made says so.
+pub(crate) fn settle(
+    now: &mut World<'_>,
+    index: usize,
+    from: Vec<PlannedShard>,
+    plan: &Plan,
+    (before, after): (Worth, Worth),
+) -> Move {
+    let replica = &now.running()[index];
+    let to = planned_shards(plan, from.first().map_or(0, |s| s.replica));
+    let moved = Move {
+        replica: replica.holder.clone(),
+        from,
+        to: to.clone(),
+        gpus: replica.gpus(),
+        requests_per_second_before: before.requests_per_second,
+        requests_per_second_after: after.requests_per_second,
+    };
+    now.settle(index, to);
+    moved
 }
 
 /// The spec as it runs now: a move takes the replica elsewhere as it is

@@ -391,18 +391,7 @@ fn replay_checks(
     running: &[RunningReplica<'_>],
     answer: &MovePlan,
 ) -> Result<(), String> {
-    let room: Vec<(String, String)> = answer
-        .placed
-        .plan
-        .stages
-        .iter()
-        .flat_map(|stage| {
-            stage
-                .devices
-                .iter()
-                .map(|d| (stage.node.clone(), d.clone()))
-        })
-        .collect();
+    let room = super::world::devices_of(&answer.placed.plan);
     replay_moves(others, running, &answer.moves, &room)
 }
 
@@ -472,13 +461,16 @@ fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
     let others = HashMap::new();
     let options = SolveOptions::default();
     let leaving = BTreeSet::from(["b".to_string()]);
-    let evacuation = plan_evacuation(&EvacuationAsk {
-        nodes: &nodes,
-        others: &others,
-        running: &running,
-        leaving: &leaving,
-        options: &options,
-    });
+    let drain = |nodes: &[ClusterNode]| {
+        plan_evacuation(&EvacuationAsk {
+            nodes,
+            others: &others,
+            running: &running,
+            leaving: &leaving,
+            options: &options,
+        })
+    };
+    let evacuation = drain(&nodes);
     // a is full: the small replicas have nowhere to go, the fixed one may not.
     let reasons: Vec<(&str, &str)> = evacuation
         .staying
@@ -504,13 +496,7 @@ fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
         node("b", 4, "H100"),
         node("c", 2, "H100"),
     ];
-    let evacuation = plan_evacuation(&EvacuationAsk {
-        nodes: &nodes,
-        others: &others,
-        running: &running,
-        leaving: &leaving,
-        options: &options,
-    });
+    let evacuation = drain(&nodes);
     assert_eq!(evacuation.moves.len(), 2, "{:?}", evacuation.moves);
     assert!(evacuation.moves.iter().all(|m| m.to[0].node == "c"));
     assert_eq!(evacuation.staying.len(), 1, "only the fixed one stays");

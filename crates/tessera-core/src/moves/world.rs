@@ -69,16 +69,7 @@ impl<'a> World<'a> {
     /// Holds `plan`'s devices for the blocked replica, so no replica moved
     /// out of its way lands on them.
     pub(crate) fn hold_for_blocked(&mut self, plan: &Plan) {
-        self.held_for_blocked = plan
-            .stages
-            .iter()
-            .flat_map(|stage| {
-                stage
-                    .devices
-                    .iter()
-                    .map(|d| (stage.node.clone(), d.clone()))
-            })
-            .collect();
+        self.held_for_blocked = devices_of(plan);
     }
 
     pub(crate) fn release_blocked(&mut self) {
@@ -142,4 +133,17 @@ impl<'a> World<'a> {
         }
         holders
     }
+}
+
+/// A plan's devices as `(node, device)`.
+pub(crate) fn devices_of(plan: &Plan) -> Vec<(String, String)> {
+    plan.stages
+        .iter()
+        .flat_map(|stage| {
+            stage
+                .devices
+                .iter()
+                .map(|d| (stage.node.clone(), d.clone()))
+        })
+        .collect()
 }
