@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
-use super::place_moves::{DRAIN_DEADLINE_MS, Drain, MoveAdvice, advise, drain};
+use super::place_moves::{Drain, MoveAdvice, advise, drain};
 use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
 use tessera_core::moves::RunningReplica;
@@ -201,20 +201,12 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
     }
     let placed = place_all(&instances, &nodes, args.max_steps);
     let drain = (!args.drain.is_empty()).then(|| {
-        let deadline = WallDeadline::after(Duration::from_millis(DRAIN_DEADLINE_MS));
-        let mut options = SolveOptions {
-            deadline: Some(&deadline),
-            ..SolveOptions::default()
-        };
-        if let Some(steps) = args.max_steps {
-            options.max_steps = steps;
-        }
         drain(
             &nodes,
             &placed.outside,
             &placed.running,
             &args.drain,
-            &options,
+            args.max_steps,
         )
     });
     Ok(Report {
@@ -358,7 +350,9 @@ fn place_all<'a>(
                     unsatisfiable: Some(refusal_for(&mi.spec, unsatisfiable)),
                     // Later replicas face the same cluster: one answer.
                     moves: (!std::mem::replace(&mut advised, true)).then(|| {
-                        advise(nodes, &outside, &running, &mi.spec, &holder, replica, &opts)
+                        advise(
+                            nodes, &outside, &running, &mi.spec, &holder, replica, max_steps,
+                        )
                     }),
                     serving: mi.spec.serving.clone(),
                 },

@@ -4,6 +4,7 @@
 //! `--drain`, the moves that would empty those nodes and what would stay.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -14,6 +15,8 @@ use tessera_core::moves::{
 };
 use tessera_core::placement::SolveOptions;
 use tessera_core::translate::{ClusterNode, planned_shards};
+
+use crate::process::wall_deadline::WallDeadline;
 
 /// What moving replicas placed earlier would do for a refused one.
 #[derive(Debug, Serialize)]
@@ -39,18 +42,20 @@ pub(crate) fn advise(
     spec: &ModelInstanceSpec,
     name: &str,
     replica: u32,
-    options: &SolveOptions<'_>,
+    max_steps: Option<u64>,
 ) -> MoveAdvice {
-    let ask = MoveAsk {
-        nodes,
-        others: outside,
-        running,
-        blocked: spec,
-        blocked_name: name,
-        limits: MoveLimits::default(),
-        options,
-    };
-    match plan_moves(&ask) {
+    let answer = solving(max_steps, |options| {
+        plan_moves(&MoveAsk {
+            nodes,
+            others: outside,
+            running,
+            blocked: spec,
+            blocked_name: name,
+            limits: MoveLimits::default(),
+            options,
+        })
+    });
+    match answer {
         Ok(plan) => MoveAdvice::Room {
             then: planned_shards(&plan.placed.plan, replica),
             gpus_moved: plan.gpus_moved,
@@ -93,8 +98,22 @@ fn devices(shards: &[PlannedShard]) -> String {
         .join(" | ")
 }
 
-/// The solver's deadline for all the solves of a drain together.
-pub(crate) const DRAIN_DEADLINE_MS: u64 = 10_000;
+/// The solver's deadline for all the solves of one answer together (a
+/// move plan or a drain): its own, whatever the placements before it spent.
+const MOVES_DEADLINE: Duration = Duration::from_secs(10);
+
+/// `answer` given solve options with that deadline and `max_steps`.
+fn solving<R>(max_steps: Option<u64>, answer: impl FnOnce(&SolveOptions<'_>) -> R) -> R {
+    let deadline = WallDeadline::after(MOVES_DEADLINE);
+    let mut options = SolveOptions {
+        deadline: Some(&deadline),
+        ..SolveOptions::default()
+    };
+    if let Some(steps) = max_steps {
+        options.max_steps = steps;
+    }
+    answer(&options)
+}
 
 /// The moves that would empty `nodes`, and what would stay on them.
 #[derive(Debug, Serialize)]
@@ -110,15 +129,17 @@ pub(crate) fn drain(
     outside: &HashMap<(String, String), String>,
     running: &[RunningReplica<'_>],
     leaving: &[String],
-    options: &SolveOptions<'_>,
+    max_steps: Option<u64>,
 ) -> Drain {
     let leaving_set: BTreeSet<String> = leaving.iter().cloned().collect();
-    let evacuation = plan_evacuation(&EvacuationAsk {
-        nodes,
-        others: outside,
-        running,
-        leaving: &leaving_set,
-        options,
+    let evacuation = solving(max_steps, |options| {
+        plan_evacuation(&EvacuationAsk {
+            nodes,
+            others: outside,
+            running,
+            leaving: &leaving_set,
+            options,
+        })
     });
     Drain {
         nodes: leaving_set.into_iter().collect(),
