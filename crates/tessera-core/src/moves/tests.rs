@@ -21,6 +21,8 @@ fn node(name: &str, gpus: u32, product: &str) -> ClusterNode {
 fn offering(name: &str, gpus: u32, product: &str, shares: &str) -> ClusterNode {
     let (tflops, bandwidth, memory) = match product {
         "L40S" => (362.0, 864.0, 48),
+        // Too slow for an 8B model's 50 ms a token.
+        "slow" => (20.0, 150.0, 80),
         _ => (989.0, 3350.0, 80),
     };
     let devices: Vec<String> = (0..gpus)
@@ -507,6 +509,34 @@ fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
     assert_eq!(
         replay_moves(&others, &running, &evacuation.moves, &freed),
         Ok(())
+    );
+}
+
+#[test]
+fn a_drain_never_takes_a_replica_where_it_would_miss_its_target() {
+    // The only GPU off b is one an 8B model cannot decode on within 50 ms a
+    // token: the replica stays, and says why.
+    let nodes = [node("b", 1, "H100"), node("slow", 1, "slow")];
+    let small = small();
+    let running = [replica("ml/small replica 0", &small, "b", &[0], true)];
+    let others = HashMap::new();
+    let options = SolveOptions::default();
+    let leaving = BTreeSet::from(["b".to_string()]);
+    let evacuation = plan_evacuation(&EvacuationAsk {
+        nodes: &nodes,
+        others: &others,
+        running: &running,
+        leaving: &leaving,
+        options: &options,
+    });
+    assert!(evacuation.moves.is_empty(), "{:?}", evacuation.moves);
+    assert_eq!(evacuation.staying.len(), 1);
+    assert!(
+        evacuation.staying[0]
+            .reason
+            .starts_with("elsewhere it would miss its latency target: 0.00 requests/s"),
+        "{:?}",
+        evacuation.staying
     );
 }
 
