@@ -7,13 +7,13 @@
 use std::collections::BTreeSet;
 
 use super::room::Candidate;
-use super::world::World;
+use super::world::{World, nodes_of};
 use super::{Move, MoveAsk, MovePlan};
 use crate::api::{ModelInstanceSpec, PipelineStages, PlannedShard, TensorSize};
 use crate::placement::Plan;
 use crate::serving::Capacity;
-use crate::sizing::{TensorChoice, capacity, solve_parallelism};
-use crate::translate::{evaluate_placed, planned_shards, tensor_choice};
+use crate::sizing::{TensorChoice, solve_parallelism};
+use crate::translate::{judge_placed, planned_shards, tensor_choice};
 
 /// Relative slack in comparing what a replica serves before and after a
 /// move: the same devices elsewhere predict the same figures up to rounding.
@@ -86,13 +86,7 @@ pub(crate) fn carry_out(
         moves.push(settle(&mut now, index, from, &placed.plan, (before, after)));
     }
     now.release_blocked();
-    let scope: BTreeSet<String> = candidate
-        .placed
-        .plan
-        .stages
-        .iter()
-        .map(|stage| stage.node.clone())
-        .collect();
+    let scope = nodes_of(&candidate.placed.plan);
     let placed = solve_parallelism(
         &now.problem(ask.blocked, Some(&scope)),
         tensor_choice(ask.blocked),
@@ -196,12 +190,8 @@ pub(crate) fn worth_where_it_is(world: &World<'_>, index: usize) -> Worth {
         .without(&BTreeSet::from([index]))
         .problem(spec, Some(&scope));
     let refs: Vec<&PlannedShard> = shards.iter().collect();
-    let Ok(plan) = evaluate_placed(problem.clone(), &refs) else {
-        return Worth::default();
-    };
-    let served = problem
-        .served
-        .as_ref()
-        .map(|served| capacity(served, &problem.goal, &problem, &plan).map(|(c, _)| c));
-    Worth::of(served.as_ref(), &plan)
+    match judge_placed(problem, &refs) {
+        Ok((plan, capacity)) => Worth::of(Some(&capacity), &plan),
+        Err(_) => Worth::default(),
+    }
 }

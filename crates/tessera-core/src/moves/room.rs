@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::world::World;
+use super::world::{World, nodes_of};
 use super::{MoveAsk, NoRoom};
 use crate::placement::{ModelShape, Unsatisfiable};
 use crate::sizing::{InstancePlan, solve_parallelism};
@@ -25,14 +25,7 @@ pub(crate) struct Candidate {
 impl Candidate {
     /// The nodes the blocked replica would run on, in words.
     pub(crate) fn nodes(&self) -> String {
-        let nodes: BTreeSet<&str> = self
-            .placed
-            .plan
-            .stages
-            .iter()
-            .map(|stage| stage.node.as_str())
-            .collect();
-        nodes.into_iter().collect::<Vec<_>>().join(", ")
+        Vec::from_iter(nodes_of(&self.placed.plan)).join(", ")
     }
 }
 
@@ -207,10 +200,7 @@ fn fewest_in_the_way(
     let mut in_the_way = world.holders_of(&placed.plan, out);
     // Over the whole cluster, narrowed on the nodes the plan took: a solve
     // there is a small one.
-    let taken: BTreeSet<String> = match scope {
-        Some(scope) => scope.clone(),
-        None => placed.plan.stages.iter().map(|s| s.node.clone()).collect(),
-    };
+    let taken = scope.cloned().unwrap_or_else(|| nodes_of(&placed.plan));
     let cost = |index: &usize| ask.running[*index].cost();
     let mut costliest_first: Vec<usize> = in_the_way.iter().copied().collect();
     costliest_first.sort_by(|a, b| cost(b).total_cmp(&cost(a)).then(a.cmp(b)));

@@ -448,6 +448,17 @@ fn replay_moves(
     Ok(())
 }
 
+/// The evacuation of node `b`, no pods outside tessera.
+fn drain_b(nodes: &[ClusterNode], running: &[RunningReplica<'_>]) -> Evacuation {
+    plan_evacuation(&EvacuationAsk {
+        nodes,
+        others: &HashMap::new(),
+        running,
+        leaving: &BTreeSet::from(["b".to_string()]),
+        options: &SolveOptions::default(),
+    })
+}
+
 #[test]
 fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
     let nodes = [node("a", 4, "H100"), node("b", 4, "H100")];
@@ -460,19 +471,7 @@ fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
         replica("ml/big replica 0", &big, "a", &[0, 1, 2, 3], true),
         replica("ml/small replica 1", &small, "b", &[2], true),
     ];
-    let others = HashMap::new();
-    let options = SolveOptions::default();
-    let leaving = BTreeSet::from(["b".to_string()]);
-    let drain = |nodes: &[ClusterNode]| {
-        plan_evacuation(&EvacuationAsk {
-            nodes,
-            others: &others,
-            running: &running,
-            leaving: &leaving,
-            options: &options,
-        })
-    };
-    let evacuation = drain(&nodes);
+    let evacuation = drain_b(&nodes, &running);
     // a is full: the small replicas have nowhere to go, the fixed one may not.
     let reasons: Vec<(&str, &str)> = evacuation
         .staying
@@ -498,7 +497,7 @@ fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
         node("b", 4, "H100"),
         node("c", 2, "H100"),
     ];
-    let evacuation = drain(&nodes);
+    let evacuation = drain_b(&nodes, &running);
     assert_eq!(evacuation.moves.len(), 2, "{:?}", evacuation.moves);
     assert!(evacuation.moves.iter().all(|m| m.to[0].node == "c"));
     assert_eq!(evacuation.staying.len(), 1, "only the fixed one stays");
@@ -507,7 +506,7 @@ fn a_drain_moves_what_may_move_off_the_node_and_says_why_the_rest_stays() {
         ("b".to_string(), "b-g2".to_string()),
     ];
     assert_eq!(
-        replay_moves(&others, &running, &evacuation.moves, &freed),
+        replay_moves(&HashMap::new(), &running, &evacuation.moves, &freed),
         Ok(())
     );
 }
@@ -519,16 +518,7 @@ fn a_drain_never_takes_a_replica_where_it_would_miss_its_target() {
     let nodes = [node("b", 1, "H100"), node("slow", 1, "slow")];
     let small = small();
     let running = [replica("ml/small replica 0", &small, "b", &[0], true)];
-    let others = HashMap::new();
-    let options = SolveOptions::default();
-    let leaving = BTreeSet::from(["b".to_string()]);
-    let evacuation = plan_evacuation(&EvacuationAsk {
-        nodes: &nodes,
-        others: &others,
-        running: &running,
-        leaving: &leaving,
-        options: &options,
-    });
+    let evacuation = drain_b(&nodes, &running);
     assert!(evacuation.moves.is_empty(), "{:?}", evacuation.moves);
     assert_eq!(evacuation.staying.len(), 1);
     assert!(

@@ -135,6 +135,11 @@ impl<'a> World<'a> {
     }
 }
 
+/// The nodes a plan runs on.
+pub(crate) fn nodes_of(plan: &Plan) -> BTreeSet<String> {
+    plan.stages.iter().map(|stage| stage.node.clone()).collect()
+}
+
 /// A plan's devices as `(node, device)`.
 pub(crate) fn devices_of(plan: &Plan) -> Vec<(String, String)> {
     plan.stages

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use super::{ClusterNode, HeldShares, build_problem, evaluate_placed};
 use crate::api::{InstanceCapacity, ModelInstanceSpec, PlannedShard, ReplicaCapacity};
+use crate::placement::{Plan, Problem};
 use crate::serving::Capacity;
 use crate::sizing::served_together;
 
@@ -25,12 +26,25 @@ pub fn placed_capacity<'a>(
         &HashMap::new(),
         &HeldShares::new(),
     );
+    judge_placed(problem, shards)?.1
+}
+
+/// A placed replica's shards evaluated on `problem`'s nodes (as free as the
+/// caller built them), and what that plan serves at the target. The outer
+/// error says the shards cannot hold the model there; the inner one that
+/// the serving model has no answer for the plan.
+pub fn judge_placed(
+    problem: Problem,
+    shards: &[&PlannedShard],
+) -> Result<(Plan, Result<Capacity, String>), String> {
     let plan = evaluate_placed(problem.clone(), shards)?;
-    let served = problem
+    let capacity = problem
         .served
         .as_ref()
-        .ok_or_else(|| "the problem says nothing of what is served".to_string())?;
-    crate::sizing::capacity(served, &problem.goal, &problem, &plan).map(|(capacity, _)| capacity)
+        .ok_or_else(|| "the problem says nothing of what is served".to_string())
+        .and_then(|served| crate::sizing::capacity(served, &problem.goal, &problem, &plan))
+        .map(|(capacity, _)| capacity);
+    Ok((plan, capacity))
 }
 
 /// A replica's capacity as the status shows it: the load at the target, or

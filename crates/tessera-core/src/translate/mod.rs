@@ -6,7 +6,7 @@ mod capacity;
 mod devices;
 mod kv_floor;
 
-pub use capacity::{instance_capacity, placed_capacity, replica_capacity};
+pub use capacity::{instance_capacity, judge_placed, placed_capacity, replica_capacity};
 
 use std::collections::{BTreeMap, HashMap};
 
