@@ -159,8 +159,22 @@ fn instance_file(m: &Model) -> Value {
 /// Bytes one device of a stage needs with `layers` layers: overhead plus its
 /// share of the stage's weights and KV cache (1.5 GiB overhead, bf16).
 fn need(m: &Model, layers: u32) -> f64 {
-    let per_layer = (m.billions * 1e9 * 2.0 + m.kv_gib * GIB) / f64::from(m.layers);
+    let per_layer = (m.billions * 1e9 * 2.0 + kv_bytes(m)) / f64::from(m.layers);
     1.5 * GIB + f64::from(layers) * per_layer / f64::from(m.tensor)
+}
+
+/// The KV cache a plan holds room for: `kvCacheGiB`, or with 0 (nothing
+/// reserved) one request of the default 1,024 + 256 tokens, at the
+/// documented estimate for a model without its heads given: one bf16 key
+/// and value of the hidden size per token and layer, the hidden size that
+/// of a standard decoder block (12·h² parameters per layer).
+fn kv_bytes(m: &Model) -> f64 {
+    if m.kv_gib > 0.0 {
+        return m.kv_gib * GIB;
+    }
+    let layers = f64::from(m.layers);
+    let hidden = (m.billions * 1e9 / (12.0 * layers)).sqrt();
+    2.0 * hidden * 2.0 * 1280.0 * layers
 }
 
 /// Why a device may not carry a shard at all, judged on raw readings.
