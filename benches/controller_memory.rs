@@ -118,6 +118,7 @@ fn main() {
             .map(|s| {
                 let node = &generated[(i * SHARDS + s) % NODES];
                 PlannedShard {
+                    copy: 0,
                     replica: 0,
                     shard: s as u32,
                     node: node.name.clone(),

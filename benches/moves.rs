@@ -57,6 +57,7 @@ fn fragmented(
                 holder: format!("bench/chat-{} replica 0", device.id),
                 spec: small,
                 shards: vec![PlannedShard {
+                    copy: 0,
                     replica: 0,
                     shard: 0,
                     node: state.name.clone(),

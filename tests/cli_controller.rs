@@ -75,6 +75,15 @@ fn malformed_flags_are_refused() {
             &["controller", "--model-cache-dir", "/"],
             &["the host's root"],
         ),
+        (&["controller", "--moves", "sometimes"], &["sometimes"]),
+        (&["controller", "--max-moves-in-flight", "0"], &["0"]),
+        (&["controller", "--max-moves-in-flight", "65"], &["65"]),
+        (
+            &["controller", "--move-timeout", "5"],
+            &["5", "--move-timeout"],
+        ),
+        (&["controller", "--move-timeout", "ten"], &["ten"]),
+        (&["controller", "--move-backoff", "-3"], &["-3"]),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {
         assert_bad_input_result(args, run(args, &[]), needles);

@@ -54,6 +54,7 @@ fn plan(layers: &[u32], tensor: &[usize]) -> Vec<PlannedShard> {
         .enumerate()
         .map(|(i, (&count, &gpus))| {
             let shard = PlannedShard {
+                copy: 0,
                 replica: 0,
                 shard: i as u32,
                 node: format!("node-{i}"),

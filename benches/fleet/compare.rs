@@ -578,6 +578,7 @@ fn judge(
         let shards: Vec<PlannedShard> = pods
             .iter()
             .map(|pod| PlannedShard {
+                copy: 0,
                 replica: r.replica,
                 shard: pod.shard,
                 node: pod.node.clone(),

@@ -243,6 +243,7 @@ mod tests {
 
     fn shard(node: &str, device: &str, replica: u32, index: u32) -> PlannedShard {
         PlannedShard {
+            copy: 0,
             replica,
             shard: index,
             node: node.into(),

@@ -16,6 +16,7 @@ use super::event_log::EventLog;
 use super::hashes::placement_hash;
 use super::held::Claims;
 use super::metrics::Metrics;
+use super::moves::book::MoveBook;
 use super::node_cache::CachedNode;
 use super::node_gate::NodeGate;
 use super::settings::Settings;
@@ -50,6 +51,8 @@ pub struct Context {
     pub(crate) node_gate: NodeGate,
     /// The last events about each instance, for the cluster map.
     pub(crate) event_log: EventLog,
+    /// Moves handed on and not yet recorded, and those backing off.
+    pub(crate) moves: MoveBook,
 }
 
 impl Context {
@@ -71,6 +74,7 @@ impl Context {
             claims: tokio::sync::Mutex::default(),
             node_gate: NodeGate::default(),
             event_log: EventLog::default(),
+            moves: MoveBook::default(),
         }
     }
 }

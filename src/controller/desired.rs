@@ -35,21 +35,26 @@ pub(crate) fn shard_labels(instance: &str, shard: &PlannedShard) -> BTreeMap<Str
     labels
 }
 
-/// `<instance>-shard-<i>` for the first replica, `<instance>-r<r>-shard-<i>`
-/// for the others: a replica's shards sort together.
-pub(crate) fn shard_pod_name(instance: &str, replica: u32, shard: u32) -> String {
-    if replica == 0 {
-        format!("{instance}-shard-{shard}")
+/// A planned shard's pod name: `<instance>-shard-<i>` for the first
+/// replica, `<instance>-r<r>-shard-<i>` for the others, so a replica's
+/// shards sort together. The other copy of a replica (`copy` 1, see
+/// `PlannedShard::copy`) has `-m` before `-shard`, so a move's new copy runs
+/// beside the old one.
+pub(crate) fn pod_name_of(instance: &str, shard: &PlannedShard) -> String {
+    let replica = if shard.replica == 0 {
+        String::new()
     } else {
-        format!("{instance}-r{replica}-shard-{shard}")
-    }
+        format!("-r{}", shard.replica)
+    };
+    let copy = if shard.copy == 0 { "" } else { "-m" };
+    format!("{instance}{replica}{copy}-shard-{}", shard.shard)
 }
 
 /// The stable DNS name of a shard: `<pod>.<service>.<namespace>.svc`.
-pub(crate) fn shard_address(instance: &str, namespace: &str, replica: u32, shard: u32) -> String {
+pub(crate) fn shard_address(instance: &str, namespace: &str, shard: &PlannedShard) -> String {
     format!(
         "{}.{instance}.{namespace}.svc",
-        shard_pod_name(instance, replica, shard)
+        pod_name_of(instance, shard)
     )
 }
 
@@ -156,7 +161,7 @@ fn shard_pod(
     let tmeta = template.metadata.unwrap_or_default();
     let mut spec = template.spec.unwrap_or_default();
     let replica = shard.replica;
-    let pod_name = shard_pod_name(&name, replica, shard.shard);
+    let pod_name = pod_name_of(&name, shard);
 
     let mut labels = tmeta.labels.unwrap_or_default();
     labels.extend(shard_labels(&name, shard));
@@ -173,11 +178,11 @@ fn shard_pod(
 
     let peers: Vec<String> = plan
         .iter()
-        .map(|s| shard_address(&name, &namespace, replica, s.shard))
+        .map(|s| shard_address(&name, &namespace, s))
         .collect();
     let neighbour = |i: Option<u32>| {
         i.and_then(|i| plan.iter().find(|s| s.shard == i))
-            .map(|s| shard_address(&name, &namespace, replica, s.shard))
+            .map(|s| shard_address(&name, &namespace, s))
             .unwrap_or_default()
     };
     let mut env = vec![
@@ -198,7 +203,11 @@ fn shard_pod(
     if replica > 0 {
         env.push(("TESSERA_REPLICA", replica.to_string()));
     }
-    let master = shard_address(&name, &namespace, replica, 0);
+    let master = plan
+        .iter()
+        .find(|s| s.shard == 0)
+        .map(|s| shard_address(&name, &namespace, s))
+        .unwrap_or_default();
     env.extend(runtime_env(
         plan,
         master,
@@ -340,6 +349,7 @@ mod tests {
     fn plan() -> Vec<PlannedShard> {
         (0..2)
             .map(|i| PlannedShard {
+                copy: 0,
                 replica: 0,
                 shard: i,
                 node: format!("n{i}"),
@@ -359,6 +369,28 @@ mod tests {
             .flatten()
             .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
             .collect()
+    }
+
+    #[test]
+    fn a_moved_replicas_new_copy_has_pod_names_of_its_own() {
+        let mut shard = plan().remove(0);
+        assert_eq!(pod_name_of("llama", &shard), "llama-shard-0");
+        shard.copy = 1;
+        assert_eq!(pod_name_of("llama", &shard), "llama-m-shard-0");
+        shard.replica = 2;
+        assert_eq!(pod_name_of("llama", &shard), "llama-r2-m-shard-0");
+        shard.copy = 0;
+        assert_eq!(pod_name_of("llama", &shard), "llama-r2-shard-0");
+        // Its peers are named after their own copy.
+        let mi = instance("llama", SMALL);
+        let mut stages = plan();
+        for stage in &mut stages {
+            stage.copy = 1;
+        }
+        let pods = shard_pods(&mi, &stages, |_| "tessera.dev/gpu".into());
+        assert_eq!(pods[1].metadata.name.as_deref(), Some("llama-m-shard-1"));
+        let peers = env(&pods[1], 0)["TESSERA_PEERS"].clone();
+        assert!(peers.starts_with("llama-m-shard-0.llama."), "{peers}");
     }
 
     #[test]

@@ -139,6 +139,7 @@ mod tests {
     #[test]
     fn a_planned_event_reads_layers_inclusive() {
         let shard = PlannedShard {
+            copy: 0,
             replica: 0,
             shard: 0,
             node: "a".into(),

@@ -51,21 +51,28 @@ pub(crate) type Claims = HashMap<String, Vec<PlannedShard>>;
 
 /// Devices held by anything but the instance with UID `me`. An instance's
 /// plan is its entry in `claimed` when it has one (newer than the cached
-/// status), else its cached `status.plan`. The instance's own shard pods'
-/// allocations are its own.
+/// status), else its cached `status.plan` and both copies of a move in
+/// flight. The instance's own shard pods' allocations are its own.
 pub(crate) fn held_devices<'a>(
     me: &str,
     instances: impl IntoIterator<Item = &'a ModelInstance>,
-    claimed: &Claims,
+    claimed: &'a Claims,
     shard_pods: impl IntoIterator<Item = &'a Pod>,
     nodes: &[Arc<NodeInfo>],
 ) -> Held {
     let instances: Vec<&ModelInstance> = instances.into_iter().collect();
-    let plan_of =
-        |mi: &'a ModelInstance| match mi.metadata.uid.as_ref().and_then(|uid| claimed.get(uid)) {
-            Some(plan) => plan.as_slice(),
-            None => mi.status.as_ref().map_or(&[][..], |s| s.plan.as_slice()),
-        };
+    // A move in flight holds both copies' devices.
+    let plan_of = |mi: &'a ModelInstance| -> Vec<&'a PlannedShard> {
+        match mi.metadata.uid.as_ref().and_then(|uid| claimed.get(uid)) {
+            Some(plan) => plan.iter().collect(),
+            None => mi.status.as_ref().map_or_else(Vec::new, |s| {
+                s.plan
+                    .iter()
+                    .chain(s.moves.iter().flat_map(|m| m.held()))
+                    .collect()
+            }),
+        }
+    };
     // The memory shares instances plan, by (instance UID, node, GPU): a shard
     // pod names its GPU in its devices annotation, but holds only its share,
     // which the instance's plan counts.
@@ -73,7 +80,7 @@ pub(crate) fn held_devices<'a>(
         .iter()
         .flat_map(|mi| {
             let uid = mi.metadata.uid.as_deref().unwrap_or_default();
-            plan_of(mi).iter().filter_map(move |shard| {
+            plan_of(mi).into_iter().filter_map(move |shard| {
                 let share = shard.share.as_ref()?;
                 (share.kind == ShareKind::Memory).then_some((
                     uid,
@@ -213,6 +220,7 @@ mod tests {
         let mut other = instance("other", SMALL);
         other.status = Some(tessera_core::api::ModelInstanceStatus {
             plan: vec![PlannedShard {
+                copy: 0,
                 replica: 0,
                 shard: 0,
                 node: "a".into(),
@@ -252,6 +260,7 @@ mod tests {
         let mut other = instance("other", SMALL);
         other.status = Some(tessera_core::api::ModelInstanceStatus {
             plan: vec![PlannedShard {
+                copy: 0,
                 replica: 0,
                 shard: 0,
                 node: "a".into(),
@@ -297,6 +306,7 @@ mod tests {
         let mut me = instance("me", SMALL);
         me.status = Some(tessera_core::api::ModelInstanceStatus {
             plan: vec![PlannedShard {
+                copy: 0,
                 replica: 0,
                 shard: 0,
                 node: "a".into(),
@@ -328,8 +338,41 @@ mod tests {
         assert_eq!(held.devices.len(), 3);
     }
 
+    #[test]
+    fn a_move_in_flight_holds_both_copies() {
+        use tessera_core::api::{ModelInstanceStatus, MoveInFlight, MovePhase};
+        let mut other = instance("other", SMALL);
+        other.status = Some(ModelInstanceStatus {
+            plan: vec![shard("a", "a-g0")],
+            moves: vec![MoveInFlight {
+                replica: 0,
+                phase: MovePhase::Surging,
+                from: vec![shard("a", "a-g0")],
+                to: vec![PlannedShard {
+                    copy: 1,
+                    ..shard("b", "b-g0")
+                }],
+                started: "2026-06-01T11:59:00Z".into(),
+                reason: "to make room".into(),
+                waiting: None,
+            }],
+            ..Default::default()
+        });
+        let nodes = infos(&[
+            node_with("a", &state("a", 2, H100)),
+            node_with("b", &state("b", 2, H100)),
+        ]);
+        let none: [&Pod; 0] = [];
+        let held = held_devices("uid-me", [&other], &Claims::new(), none, &nodes);
+        let who = |n: &str, d: &str| held.get(&(n.to_string(), d.to_string())).cloned();
+        assert_eq!(who("a", "a-g0").as_deref(), Some("ModelInstance ml/other"));
+        assert_eq!(who("b", "b-g0").as_deref(), Some("ModelInstance ml/other"));
+        assert_eq!(held.devices.len(), 2);
+    }
+
     fn shard(node: &str, device: &str) -> PlannedShard {
         PlannedShard {
+            copy: 0,
             replica: 0,
             shard: 0,
             node: node.into(),

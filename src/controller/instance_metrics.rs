@@ -265,6 +265,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(shard, device)| PlannedShard {
+                    copy: 0,
                     replica: 0,
                     shard: shard as u32,
                     node: "a".into(),

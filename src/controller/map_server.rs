@@ -296,6 +296,7 @@ mod tests {
         mi.status = Some(ModelInstanceStatus {
             phase: Some(Phase::Running),
             plan: vec![PlannedShard {
+                copy: 0,
                 replica: 0,
                 shard: 0,
                 node: node.into(),

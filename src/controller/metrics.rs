@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::instance_metrics::InstanceMetrics;
+use super::moves::metrics::MoveMetrics;
 use super::watch_errors::WatchErrors;
 use tessera_core::api::{ModelInstance, Phase};
 
@@ -104,6 +105,7 @@ pub struct Metrics {
     leader: Gauge,
     pub(crate) watch_errors: WatchErrors,
     per_instance: InstanceMetrics,
+    pub(crate) moves: MoveMetrics,
     /// Set once the caches have their first full list.
     pub(crate) synced: Arc<AtomicBool>,
     pub(crate) is_leader: Arc<AtomicBool>,
@@ -154,6 +156,7 @@ impl Default for Metrics {
         let watch_errors = WatchErrors::default();
         watch_errors.register(&mut registry);
         let per_instance = InstanceMetrics::register(&mut registry);
+        let moves = MoveMetrics::register(&mut registry);
         Self {
             registry,
             reconciles,
@@ -165,6 +168,7 @@ impl Default for Metrics {
             leader,
             watch_errors,
             per_instance,
+            moves,
             synced: Arc::default(),
             is_leader: Arc::default(),
         }
@@ -288,6 +292,7 @@ mod tests {
 
     fn shard(replica: u32) -> PlannedShard {
         PlannedShard {
+            copy: 0,
             replica,
             shard: 0,
             node: "a".into(),

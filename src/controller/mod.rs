@@ -5,7 +5,8 @@
 //! `stage` runs the pure decision) → `build` (with `desired`) → `apply` (its
 //! `stage`, with `node_gate`, and `dra` for shards on DRA nodes) → `status`
 //! (its `write`), then `events` and `requeue`. Each stage is handed the
-//! `context`; `reconcile` calls them in that order and nothing else does; `hashes` holds every hash they compare;
+//! `context`; `reconcile` calls them in that order and nothing else does; `moves`
+//! carries out moves that make room, make before break; `hashes` holds every hash they compare;
 //! `tessera_core::translate` (shared with `tessera place`) turns Kubernetes objects
 //! into the solver's problem; `run` wires caches (`synced`, `triggers`, `room_wakes`), leader election
 //! and the HTTP endpoints.
@@ -26,6 +27,7 @@ mod instance_metrics;
 pub mod map_server;
 pub mod metrics;
 pub mod model_cache;
+mod moves;
 pub mod node_cache;
 mod node_changes;
 mod node_gate;

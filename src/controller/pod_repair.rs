@@ -124,6 +124,7 @@ mod tests {
     fn plan(stages: u32) -> Vec<PlannedShard> {
         (0..stages)
             .map(|i| PlannedShard {
+                copy: 0,
                 replica: 0,
                 shard: i,
                 node: format!("n{i}"),

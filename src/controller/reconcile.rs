@@ -1,5 +1,6 @@
 //! One reconcile of a ModelInstance, as a plain sequence of stages:
-//! observe (the caches) → validate → decide (plan) → build → apply → status,
+//! observe (the caches) → validate → decide (plan, a move carried on) →
+//! moves (room looked for when a replica has none) → build → apply → status,
 //! then the Events for what was decided and when to look again. The stages
 //! live in their own modules (`observe`, `validate`, `decide::stage`, `build`,
 //! `apply::stage`, `status::write`, `events`, `requeue`); this file only hands
@@ -16,9 +17,10 @@ use super::context::Instance;
 pub use super::context::{Caches, Context, Error};
 use super::decide::stage as decide;
 use super::lock;
-pub use super::settings::Settings;
+pub use super::settings::{MoveSettings, Settings};
 use super::{
-    apply::stage as apply, build, events, observe, requeue, status::write as status, validate,
+    apply::stage as apply, build, events, moves::propose as moves, observe, requeue,
+    status::write as status, validate,
 };
 use tessera_core::api::ModelInstance;
 
@@ -79,10 +81,20 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     // the solver's), so each instance plans against the devices others took.
     let mut claims = ctx.claims.lock().await;
     let held = observe::held_by_others(ctx, &instance, &observed, &mut claims);
-    let decided = match validate::check(mi, &ctx.settings) {
+    let mut decided = match validate::check(mi, &ctx.settings) {
         Err(invalid) => decide::refuse(mi, invalid, &mut notes),
-        Ok(()) => decide::plan(mi, ctx, &instance, &observed, held, now, &mut notes).await?,
+        Ok(()) => {
+            decide::plan(mi, ctx, &instance, &observed, held.clone(), now, &mut notes).await?
+        }
     };
+    moves::for_blocked(
+        ctx,
+        (mi, &instance),
+        &observed,
+        (&held, &mut claims),
+        &mut decided,
+        (now, &mut notes),
+    );
     claims.insert(instance.uid.clone(), decided.plan());
     drop(claims);
 
@@ -108,7 +120,7 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
 
     Ok(Action::requeue(requeue::after(
         &decided,
-        &applied,
+        &applied.replicas,
         &observed.nodes,
         now,
         ctx.settings.node_grace,

@@ -17,6 +17,10 @@ const UNSATISFIABLE_RETRY: Duration = Duration::from_secs(300);
 /// How soon a reconcile that left a shard unbound looks again (the agent's
 /// report of the allocation it waits for usually wakes it sooner).
 const BIND_RETRY: Duration = Duration::from_secs(1);
+/// How often a move in flight is looked at without an event: a move just
+/// recorded starts its new copy, a refused eviction is tried again, and a
+/// surge copy's time runs out.
+const MOVE_RETRY: Duration = Duration::from_secs(5);
 
 /// How soon to look again after a reconcile that applied `applied`: soon when
 /// a pod was left unbound (its node busy with another), when a replica's
@@ -35,7 +39,10 @@ pub(crate) fn after(
     {
         return BIND_RETRY;
     }
-    let next = next_check(decided, nodes, now, grace);
+    let mut next = next_check(decided, nodes, now, grace);
+    if decided.moving.is_some() {
+        next = next.min(MOVE_RETRY);
+    }
     applied
         .iter()
         .filter_map(|a| a.waiting.as_ref())

@@ -461,8 +461,15 @@ async fn run_controller(
         Arc::clone(metrics),
     ));
     *super::lock(&cache.map) = Some(Arc::clone(&ctx));
+    // A move handed from one instance's reconcile to another's wakes it.
+    let (move_wakes, moved) = tokio::sync::mpsc::unbounded_channel();
+    ctx.moves.wake_into(move_wakes);
     let (room_changes, wakes) = room_wakes(ROOM_WAKE_PAUSE);
     let wakes = wakes.flat_map(move |()| futures::stream::iter(waiting_instances(&waiting_store)));
+    let wakes = futures::stream::select(
+        wakes,
+        tokio_stream::wrappers::UnboundedReceiverStream::new(moved),
+    );
     let node_room = room_changes.clone();
     let mut controller = controller
         .owns_stream(pod_stream)
@@ -523,6 +530,7 @@ mod tests {
         }))
         .unwrap();
         let shard = PlannedShard {
+            copy: 0,
             replica: 0,
             shard: 0,
             node: node.to_string(),

@@ -106,6 +106,7 @@ mod tests {
 
     fn stage(shard: u32, gpus: usize, layers: (u32, u32)) -> PlannedShard {
         PlannedShard {
+            copy: 0,
             replica: 0,
             shard,
             node: format!("n{shard}"),

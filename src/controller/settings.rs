@@ -19,6 +19,33 @@ pub struct Settings {
     /// The host directory of the node-local model cache
     /// (`--model-cache-dir`); `None` refuses templates that mount it.
     pub model_cache: Option<ModelCacheDir>,
+    pub moves: MoveSettings,
+}
+
+/// When and how far the controller moves running replicas to make room.
+#[derive(Clone, Debug)]
+pub struct MoveSettings {
+    /// Move replicas at all (`--moves`).
+    pub enabled: bool,
+    /// Moves in flight at once in the whole cluster (`--max-moves-in-flight`).
+    pub max_in_flight: usize,
+    /// How long a surge copy has to become Ready before its move is
+    /// abandoned (`--move-timeout`).
+    pub timeout: Duration,
+    /// How long a replica whose move was abandoned is left where it is
+    /// (`--move-backoff`).
+    pub backoff: Duration,
+}
+
+impl Default for MoveSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_in_flight: 1,
+            timeout: Duration::from_secs(600),
+            backoff: Duration::from_secs(600),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -29,6 +56,7 @@ impl Default for Settings {
             max_steps: tessera_core::placement::SolveOptions::default().max_steps,
             dra_driver: None,
             model_cache: None,
+            moves: MoveSettings::default(),
         }
     }
 }

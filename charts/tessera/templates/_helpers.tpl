@@ -156,6 +156,11 @@ controller.watchNamespace).
 - apiGroups: [""]
   resources: ["pods/binding"]
   verbs: ["create"]
+# A moved replica's old pods go through the Eviction API once its new copy is Ready,
+# so that PodDisruptionBudgets count.
+- apiGroups: [""]
+  resources: ["pods/eviction"]
+  verbs: ["create"]
 # The headless Service of each instance (stable DNS names of its shards); owner
 # references delete it with the instance.
 - apiGroups: [""]

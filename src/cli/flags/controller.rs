@@ -9,7 +9,7 @@ use super::values::{
 };
 use crate::api::ResourceName;
 use crate::controller::model_cache::ModelCacheDir;
-use crate::controller::reconcile::Settings;
+use crate::controller::reconcile::{MoveSettings, Settings};
 use crate::controller::run::{ControllerConfig, LeaderElection, run};
 use crate::kubernetes::initial_list::InitialList;
 
@@ -71,6 +71,22 @@ pub struct ControllerFlags {
     /// templates are refused.
     #[arg(long, value_name = "DIR", value_parser = model_cache_dir)]
     model_cache_dir: Option<ModelCacheDir>,
+    /// Move running replicas, make before break (the new copy Ready before
+    /// the old one is evicted), when that makes room for a replica that
+    /// cannot be placed. Instances with `placement.moves: Never` are never
+    /// moved either way.
+    #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set)]
+    moves: bool,
+    /// Moves in flight at once in the whole cluster (one per instance at most).
+    #[arg(long, value_name = "N", default_value = "1", value_parser = clap::value_parser!(u64).range(1..=64))]
+    max_moves_in_flight: u64,
+    /// Seconds a move's new copy has to become Ready; past them the move is
+    /// abandoned and the new copy removed, the old one untouched.
+    #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = clap::value_parser!(u64).range(10..=86400))]
+    move_timeout: u64,
+    /// Seconds a replica whose move was abandoned is not moved again.
+    #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    move_backoff: u64,
 }
 
 impl ControllerFlags {
@@ -91,6 +107,10 @@ impl ControllerFlags {
             allocation,
             dra_driver_name,
             model_cache_dir,
+            moves,
+            max_moves_in_flight,
+            move_timeout,
+            move_backoff,
         } = self;
         let leader_election = if leader_elect {
             let Some(lease_namespace) = lease_namespace else {
@@ -123,6 +143,12 @@ impl ControllerFlags {
                 max_steps,
                 dra_driver: Some(dra_driver_name),
                 model_cache: model_cache_dir,
+                moves: MoveSettings {
+                    enabled: moves,
+                    max_in_flight: max_moves_in_flight as usize,
+                    timeout: std::time::Duration::from_secs(move_timeout),
+                    backoff: std::time::Duration::from_secs(move_backoff),
+                },
             },
             initial_list,
             allocation: allocation.into(),

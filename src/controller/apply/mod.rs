@@ -530,16 +530,19 @@ pub(crate) async fn status(
     Ok(true)
 }
 
-/// Pods labelled as shards of this instance that its plan no longer has.
+/// Pods labelled as shards of this instance that its plan no longer has,
+/// but for those to be evicted instead (`evicted`).
 pub(crate) async fn remove_extra(
     api: &Api<Pod>,
     existing: &BTreeMap<String, Arc<Pod>>,
     desired: &[(Pod, String)],
+    evicted: &[String],
 ) -> Result<(), ApplyError> {
     for (name, pod) in existing {
         let wanted = desired
             .iter()
-            .any(|(p, _)| p.metadata.name.as_deref() == Some(name));
+            .any(|(p, _)| p.metadata.name.as_deref() == Some(name))
+            || evicted.contains(name);
         if !wanted && pod.metadata.deletion_timestamp.is_none() {
             delete(api, pod).await?;
         }

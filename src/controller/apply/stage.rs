@@ -35,7 +35,7 @@ pub(crate) async fn apply(
     desired: &Desired,
     decided: &Decided,
     notes: &mut Vec<EventNote>,
-) -> Result<Vec<ReplicaApplied>, Error> {
+) -> Result<Applied, Error> {
     let namespace = instance.namespace.as_str();
     if decided
         .replicas
@@ -57,8 +57,22 @@ pub(crate) async fn apply(
         .await?;
     }
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let every_desired: Vec<(Pod, String)> = desired.pods.iter().flatten().cloned().collect();
-    super::remove_extra(&pods_api, &observed.mine, &every_desired).await?;
+    let every_desired: Vec<(Pod, String)> = desired
+        .pods
+        .iter()
+        .flatten()
+        .chain(&desired.surge)
+        .cloned()
+        .collect();
+    // A moved replica's old copy goes through the Eviction API, the rest
+    // of what is no longer wanted is deleted.
+    let evict = decided
+        .moving
+        .as_ref()
+        .map(|m| m.evict.as_slice())
+        .unwrap_or_default();
+    super::remove_extra(&pods_api, &observed.mine, &every_desired, evict).await?;
+    let eviction_refused = evict_old_copy(&pods_api, &observed.mine, evict).await?;
     let gate = may_bind(
         &ctx.node_gate,
         &observed.nodes,
@@ -88,6 +102,30 @@ pub(crate) async fn apply(
     };
     let mut states = Vec::with_capacity(desired.pods.len());
     let now = Timestamp::now();
+    if let Some(moving) = decided
+        .moving
+        .as_ref()
+        .filter(|_| !desired.surge.is_empty())
+    {
+        let repair = Repair {
+            policy: mi.spec.restart_policy,
+            backoff: Backoff {
+                replica: moving.record.replica,
+                previous: None,
+                pod_hash: String::new(),
+                now,
+            },
+        };
+        let surge = (desired.surge.as_slice(), &repair);
+        match &shard_claims {
+            Some(claims) => {
+                super::pods(&pods_api, surge, &observed.mine, &gate, claims, notes).await?
+            }
+            None => {
+                super::pods(&pods_api, surge, &observed.mine, &gate, &BindAtOnce, notes).await?
+            }
+        };
+    }
     for (index, (replica_desired, replica)) in
         desired.pods.iter().zip(&decided.replicas).enumerate()
     {
@@ -129,7 +167,28 @@ pub(crate) async fn apply(
         notes.extend(claims.take_notes());
     }
     notes.extend(backoff_notes(mi, &states));
-    Ok(states)
+    Ok(Applied {
+        replicas: states,
+        eviction_refused,
+    })
+}
+
+/// What the apply stage did: each replica's shard states, and why an
+/// eviction of a moved replica's old pods was refused, if one was.
+pub(crate) struct Applied {
+    pub(crate) replicas: Vec<ReplicaApplied>,
+    pub(crate) eviction_refused: Option<String>,
+}
+
+async fn evict_old_copy(
+    api: &Api<Pod>,
+    mine: &std::collections::BTreeMap<String, std::sync::Arc<Pod>>,
+    names: &[String],
+) -> Result<Option<String>, Error> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    Ok(crate::controller::moves::evict::evict(api, mine, names).await?)
 }
 
 /// A replica's restart backoff, from its record in the status and the

@@ -378,6 +378,7 @@ fn repair(
         let stage = planned_shards(&found, inputs.replica).into_iter().next()?;
         new_plan[index] = PlannedShard {
             shard,
+            copy: old.copy,
             layer_start: old.layer_start,
             layer_end: old.layer_end,
             ..stage

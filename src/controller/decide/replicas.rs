@@ -208,6 +208,7 @@ mod tests {
         let big = "model: {name: big, parametersBillions: 70, layers: 80}";
         let mut case = Case::new(big, 1);
         case.current[0] = vec![PlannedShard {
+            copy: 0,
             replica: 0,
             shard: 0,
             node: "gone".into(),

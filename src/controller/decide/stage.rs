@@ -18,6 +18,8 @@ use crate::controller::desired::REPLICA_LABEL;
 use crate::controller::events::{EventNote, plan_notes, unsatisfiable_text};
 use crate::controller::held::Held;
 use crate::controller::lock;
+use crate::controller::moves::Moving;
+use crate::controller::moves::progress::{self, MoveInputs};
 use crate::controller::observe::Observed;
 use crate::controller::status::{Outcome, PLACED};
 use tessera_core::api::{
@@ -30,6 +32,8 @@ use tessera_core::placement::Unsatisfiable;
 /// replica order (a single entry for all of them when the spec is invalid).
 pub(crate) struct Decided {
     pub(crate) replicas: Vec<ReplicaDecided>,
+    /// A replica being moved, when one is.
+    pub(crate) moving: Option<Moving>,
 }
 
 /// One replica's outcome.
@@ -41,11 +45,13 @@ pub(crate) struct ReplicaDecided {
 }
 
 impl Decided {
-    /// Every replica's plan, replica by replica.
+    /// Every replica's plan, replica by replica, and both copies of a
+    /// replica being moved: every device the instance holds.
     pub(crate) fn plan(&self) -> Vec<PlannedShard> {
         self.replicas
             .iter()
             .flat_map(|replica| replica.outcome.plan().iter().cloned())
+            .chain(self.moving.iter().flat_map(|m| m.record.held().cloned()))
             .collect()
     }
 }
@@ -76,6 +82,7 @@ pub(crate) fn refuse(
             },
             broken: BTreeMap::new(),
         }],
+        moving: None,
     }
 }
 
@@ -119,6 +126,7 @@ pub(crate) async fn plan(
     let by_replica: Vec<Vec<PlannedShard>> = (0..most)
         .map(|replica| replica_plan(&current_plan, replica))
         .collect();
+    let held_by_others = held.clone();
     let job = {
         let (spec, nodes, by_replica) =
             (mi.spec.clone(), observed.nodes.clone(), by_replica.clone());
@@ -154,6 +162,10 @@ pub(crate) async fn plan(
         .await
         .map_err(|e| Error::Planning(e.to_string()))?;
     let wanted = decisions.len();
+    let kept: Vec<bool> = decisions
+        .iter()
+        .map(|(decision, _)| *decision == PlanDecision::Keep)
+        .collect();
     if decisions
         .iter()
         .any(|(decision, _)| *decision != PlanDecision::Keep)
@@ -162,7 +174,7 @@ pub(crate) async fn plan(
             .plan_seconds
             .observe(planning.elapsed().as_secs_f64());
     }
-    let replicas = decisions
+    let mut replicas: Vec<ReplicaDecided> = decisions
         .into_iter()
         .zip(capacities)
         .enumerate()
@@ -187,7 +199,84 @@ pub(crate) async fn plan(
             decided
         })
         .collect();
-    Ok(Decided { replicas })
+    let moving = move_step(
+        ctx,
+        (mi, instance),
+        observed,
+        (&held_by_others, &by_replica, &kept),
+        &mut replicas,
+        (now, notes),
+    );
+    Ok(Decided { replicas, moving })
+}
+
+/// The move in flight carried one step on (see `moves::progress`): the
+/// moved replica's plan switched once its new copy serves, the end of a
+/// move counted and told.
+fn move_step(
+    ctx: &Context,
+    (mi, instance): (&ModelInstance, &Instance),
+    observed: &Observed,
+    (held, by_replica, kept): (&Held, &[Vec<PlannedShard>], &[bool]),
+    replicas: &mut [ReplicaDecided],
+    (now, notes): (Timestamp, &mut Vec<EventNote>),
+) -> Option<Moving> {
+    let tolerations = mi
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    let refused_node = |node: &str| match observed.nodes.iter().find(|n| n.name() == node) {
+        None => Some(format!("node {node} publishes no GPU state")),
+        Some(n) => n.accepts(&tolerations).err(),
+    };
+    let handed = ctx.moves.take(&instance.uid);
+    let for_instance = handed.as_ref().and_then(|h| h.for_instance.clone());
+    let step = progress::step(MoveInputs {
+        instance: &instance.name,
+        recorded: mi.status.as_ref().and_then(|s| s.moves.first()),
+        handed,
+        current: by_replica,
+        kept: &|replica| kept.get(replica as usize).copied().unwrap_or(false),
+        pods: &observed.mine,
+        held,
+        refused_node: &refused_node,
+        now,
+        timeout: ctx.settings.moves.timeout,
+    });
+    if let Some((replica, to)) = step.switched
+        && let Some(ReplicaDecided {
+            outcome: Outcome::Placed { plan, .. },
+            ..
+        }) = replicas.get_mut(replica as usize)
+    {
+        *plan = to;
+    }
+    if step
+        .note
+        .as_ref()
+        .is_some_and(|n| n.reason == "MoveStarted")
+    {
+        ctx.moves.started_for(&instance.uid, for_instance);
+    }
+    notes.extend(step.note);
+    if let Some((outcome, gpu_seconds)) = step.ended {
+        ctx.metrics.moves.ended(outcome, gpu_seconds);
+        ctx.moves.finished(&instance.uid);
+    }
+    if let Some(replica) = step.back_off {
+        let until = now
+            .checked_add(ctx.settings.moves.backoff)
+            .unwrap_or(Timestamp::MAX);
+        ctx.moves.back_off(&instance.uid, replica, until);
+    }
+    step.record.map(|record| Moving {
+        record,
+        surge: step.surge,
+        evict: step.evict,
+    })
 }
 
 /// The shards of `replica` in a plan of all replicas.

@@ -201,6 +201,7 @@ mod tests {
 
     fn shard(devices: &[&str]) -> PlannedShard {
         PlannedShard {
+            copy: 0,
             replica: 0,
             shard: 0,
             node: "node-1".into(),

@@ -10,8 +10,8 @@ pub(crate) mod write;
 
 use super::apply::ShardState;
 use tessera_core::api::{
-    InstanceCapacity, ModelInstanceStatus, Phase, PlannedShard, ReplicaCapacity, ReplicaPrediction,
-    ReplicaRestarts,
+    InstanceCapacity, ModelInstanceStatus, MoveInFlight, Phase, PlannedShard, ReplicaCapacity,
+    ReplicaPrediction, ReplicaRestarts,
 };
 use tessera_core::translate::instance_capacity;
 
@@ -78,6 +78,8 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) waiting: Vec<String>,
     /// `serving.requestsPerSecond`.
     pub(crate) demand: Option<f64>,
+    /// The move in flight, if any (`status.moves`).
+    pub(crate) moves: Vec<MoveInFlight>,
     pub(crate) now: Timestamp,
 }
 
@@ -181,6 +183,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
             inputs.placement_hash.clone()
         },
         restarts: inputs.restarts.clone(),
+        moves: inputs.moves.clone(),
     }
 }
 
@@ -537,6 +540,7 @@ mod tests {
 
     fn shard(i: u32) -> PlannedShard {
         PlannedShard {
+            copy: 0,
             replica: 0,
             shard: i,
             node: format!("n{i}"),
@@ -571,6 +575,7 @@ mod tests {
             restarts: Vec::new(),
             waiting: Vec::new(),
             demand: None,
+            moves: Vec::new(),
             now: now(),
         })
     }
@@ -670,6 +675,7 @@ mod tests {
                 restarts: Vec::new(),
                 waiting: Vec::new(),
                 demand: None,
+                moves: Vec::new(),
                 now: "2026-06-01T13:00:00Z".parse().unwrap(),
             })
         };
@@ -713,6 +719,7 @@ mod tests {
             restarts: Vec::new(),
             waiting: Vec::new(),
             demand: None,
+            moves: Vec::new(),
             now: now(),
         })
     }
@@ -864,6 +871,7 @@ mod tests {
                 restarts: Vec::new(),
                 waiting: Vec::new(),
                 demand,
+                moves: Vec::new(),
                 now: now(),
             })
         };

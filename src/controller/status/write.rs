@@ -4,7 +4,7 @@
 use kube::api::Api;
 
 use super::{ReplicaStatus, StatusInputs};
-use crate::controller::apply::ReplicaApplied;
+use crate::controller::apply::stage::Applied;
 use crate::controller::context::{Context, Error, Instance};
 use crate::controller::decide::stage::Decided;
 use crate::controller::desired::INSTANCE_LABEL;
@@ -17,13 +17,13 @@ pub(crate) async fn write_status(
     ctx: &Context,
     instance: &Instance,
     decided: &Decided,
-    applied: &[ReplicaApplied],
+    applied: &Applied,
     now: Timestamp,
 ) -> Result<(), Error> {
     let replicas: Vec<ReplicaStatus> = decided
         .replicas
         .iter()
-        .zip(applied)
+        .zip(&applied.replicas)
         .map(|(replica, applied)| ReplicaStatus {
             outcome: &replica.outcome,
             shards: &applied.states,
@@ -35,12 +35,28 @@ pub(crate) async fn write_status(
         placement_hash: Some(instance.placement_hash.clone()),
         replicas: &replicas,
         selector: Some(format!("{INSTANCE_LABEL}={}", instance.name)),
-        restarts: applied.iter().filter_map(|a| a.restarts.clone()).collect(),
+        restarts: applied
+            .replicas
+            .iter()
+            .filter_map(|a| a.restarts.clone())
+            .collect(),
         waiting: applied
+            .replicas
             .iter()
             .filter_map(|a| a.waiting.as_ref().map(|(message, _)| message.clone()))
             .collect(),
         demand: mi.spec.demand(),
+        moves: decided
+            .moving
+            .iter()
+            .map(|moving| {
+                let mut record = moving.record.clone();
+                if let Some(refused) = &applied.eviction_refused {
+                    record.waiting = Some(refused.clone());
+                }
+                record
+            })
+            .collect(),
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);

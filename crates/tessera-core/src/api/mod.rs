@@ -6,6 +6,7 @@ mod crd;
 mod gpu_state;
 pub mod limits;
 mod model_instance;
+mod moves_status;
 mod partitions;
 mod resource_name;
 mod serving_spec;
@@ -22,6 +23,7 @@ pub use model_instance::{
     PlannedShard, ReplicaCapacity, ReplicaPrediction, ReplicaRestarts, RestartPolicy, ScoreWeights,
     ShardShare, ShareKind, Sharing, Strategy, TensorSize, layer_range,
 };
+pub use moves_status::{MoveInFlight, MovePhase};
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};
 pub use serving_spec::{KvCacheDtype, Runtime, ServingSpec};

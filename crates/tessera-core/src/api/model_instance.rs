@@ -20,7 +20,7 @@ use super::limits::{
     MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND, MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS,
     PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
-use super::{GIB, KvCacheDtype, ServingSpec, Vendor};
+use super::{GIB, KvCacheDtype, MoveInFlight, ServingSpec, Vendor};
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
 // Two printer columns share `type_ = "integer"`, which clippy mistakes for a repeated attribute.
@@ -841,6 +841,10 @@ pub struct ModelInstanceStatus {
     /// counted waits 10 s × 2^(N-1), at most 10 minutes, before its next one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restarts: Vec<ReplicaRestarts>,
+    /// Replicas being moved, make before break (at most one at a time):
+    /// where from, where to, and how far the move has got.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<MoveInFlight>,
 }
 
 /// What one placed replica is predicted to do.
@@ -942,6 +946,13 @@ pub struct PlannedShard {
     /// The replica the shard belongs to (0 for the first).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replica: u32,
+    /// Which of the replica's two sets of pod names its shards' pods have
+    /// (0: `<instance>-shard-<i>`, 1: `<instance>-m-shard-<i>`, with `-r<r>`
+    /// after the instance for replicas after the first). A move starts the
+    /// new copy under the other set, so both run side by side until the
+    /// switch.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub copy: u32,
     /// The shard's place in the replica's pipeline (0 for the first stage).
     pub shard: u32,
     /// The node the shard's pod is bound to.

@@ -85,6 +85,7 @@ fn replica<'a>(
         holder: holder.into(),
         spec,
         shards: vec![PlannedShard {
+            copy: 0,
             replica: 0,
             shard: 0,
             node: node.into(),

@@ -215,6 +215,7 @@ pub fn planned_shards(plan: &Plan, replica: u32) -> Vec<PlannedShard> {
         .iter()
         .enumerate()
         .map(|(index, stage)| PlannedShard {
+            copy: 0,
             replica,
             shard: index as u32,
             node: stage.node.clone(),
@@ -382,6 +383,7 @@ mod tests {
         }];
         let problem = || build_problem(&spec(), &nodes, &HashMap::new(), &HeldShares::new());
         let shard = |devices: &[&str]| PlannedShard {
+            copy: 0,
             replica: 0,
             shard: 0,
             node: "a".into(),

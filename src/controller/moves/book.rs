@@ -1,0 +1,155 @@
+//! What the controller knows of moves besides the statuses: a move handed
+//! to the instance it moves but not yet in that instance's status, the
+//! replicas whose move was abandoned (left alone for a while), and how to
+//! wake an instance's reconcile from another's.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::controller::lock;
+use tessera_core::api::{ModelInstance, PlannedShard};
+
+/// A move the planner chose, handed to the moved instance's next reconcile,
+/// which writes it into its status before it starts anything.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Handed {
+    pub(crate) replica: u32,
+    pub(crate) from: Vec<PlannedShard>,
+    pub(crate) to: Vec<PlannedShard>,
+    pub(crate) reason: String,
+    /// The instance the move makes room for: woken when the move is done.
+    pub(crate) for_instance: Option<ObjectRef<ModelInstance>>,
+}
+
+#[derive(Default)]
+pub(crate) struct MoveBook {
+    /// By the moved instance's UID.
+    handed: Mutex<HashMap<String, Handed>>,
+    /// Who each move in flight makes room for, by the moved instance's UID.
+    waiting: Mutex<HashMap<String, ObjectRef<ModelInstance>>>,
+    /// Until when a replica whose move was abandoned is not moved again, by
+    /// (instance UID, replica).
+    backoff: Mutex<HashMap<(String, u32), Timestamp>>,
+    wake: Mutex<Option<UnboundedSender<ObjectRef<ModelInstance>>>>,
+}
+
+impl MoveBook {
+    /// Where wakes go (the controller's reconcile queue).
+    pub(crate) fn wake_into(&self, sender: UnboundedSender<ObjectRef<ModelInstance>>) {
+        *lock(&self.wake) = Some(sender);
+    }
+
+    pub(crate) fn wake(&self, instance: ObjectRef<ModelInstance>) {
+        if let Some(sender) = lock(&self.wake).as_ref() {
+            // A closed queue means the controller is stopping.
+            let _ = sender.send(instance);
+        }
+    }
+
+    /// Hands `handed` to the instance with UID `uid` and wakes it.
+    pub(crate) fn hand(&self, uid: &str, instance: ObjectRef<ModelInstance>, handed: Handed) {
+        lock(&self.handed).insert(uid.to_string(), handed);
+        self.wake(instance);
+    }
+
+    /// The move handed to the instance with UID `uid`, taken.
+    pub(crate) fn take(&self, uid: &str) -> Option<Handed> {
+        lock(&self.handed).remove(uid)
+    }
+
+    /// Whether a move is handed to `uid` and not yet taken.
+    pub(crate) fn is_handed(&self, uid: &str) -> bool {
+        lock(&self.handed).contains_key(uid)
+    }
+
+    /// Moves handed and not yet taken.
+    pub(crate) fn handed_count(&self) -> usize {
+        lock(&self.handed).len()
+    }
+
+    /// The move of `uid` that started makes room for `instance`.
+    pub(crate) fn started_for(&self, uid: &str, instance: Option<ObjectRef<ModelInstance>>) {
+        if let Some(instance) = instance {
+            lock(&self.waiting).insert(uid.to_string(), instance);
+        }
+    }
+
+    /// The move of `uid` is over: the instance it made room for looks again.
+    pub(crate) fn finished(&self, uid: &str) {
+        let waiting = lock(&self.waiting).remove(uid);
+        if let Some(instance) = waiting {
+            self.wake(instance);
+        }
+    }
+
+    pub(crate) fn back_off(&self, uid: &str, replica: u32, until: Timestamp) {
+        lock(&self.backoff).insert((uid.to_string(), replica), until);
+    }
+
+    /// Whether the replica's last move was abandoned less than the backoff ago.
+    pub(crate) fn backing_off(&self, uid: &str, replica: u32, now: Timestamp) -> bool {
+        let mut backoff = lock(&self.backoff);
+        backoff.retain(|_, until| *until > now);
+        backoff.contains_key(&(uid.to_string(), replica))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handed(replica: u32) -> Handed {
+        Handed {
+            replica,
+            from: Vec::new(),
+            to: Vec::new(),
+            reason: "room".into(),
+            for_instance: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_handed_move_is_taken_once_and_wakes_its_instance() {
+        let book = MoveBook::default();
+        let (sender, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        book.wake_into(sender);
+        book.hand("uid-a", ObjectRef::new("a").within("ns"), handed(1));
+        assert!(book.is_handed("uid-a"));
+        assert_eq!(book.handed_count(), 1);
+        assert_eq!(woken.recv().await.map(|r| r.name), Some("a".to_string()));
+        assert_eq!(book.take("uid-a"), Some(handed(1)));
+        assert_eq!(book.take("uid-a"), None);
+        assert_eq!(book.handed_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_finished_move_wakes_the_instance_it_made_room_for() {
+        let book = MoveBook::default();
+        let (sender, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        book.wake_into(sender);
+        book.started_for("uid-a", Some(ObjectRef::new("blocked").within("ns")));
+        book.finished("uid-a");
+        assert_eq!(
+            woken.recv().await.map(|r| r.name),
+            Some("blocked".to_string())
+        );
+        // Only once.
+        book.finished("uid-a");
+        assert!(woken.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_backoff_ends() {
+        let book = MoveBook::default();
+        let now: Timestamp = "2026-06-01T12:00:00Z".parse().unwrap();
+        let later: Timestamp = "2026-06-01T12:10:00Z".parse().unwrap();
+        book.back_off("uid-a", 0, later);
+        assert!(book.backing_off("uid-a", 0, now));
+        assert!(!book.backing_off("uid-a", 1, now));
+        assert!(!book.backing_off("uid-a", 0, later));
+    }
+}

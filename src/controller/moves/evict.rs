@@ -1,0 +1,56 @@
+//! The old copy's pods removed through the Eviction API, so that an
+//! instance's PodDisruptionBudget counts: one the eviction would break
+//! refuses it (HTTP 429), and the move waits with the old pods serving.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+
+use crate::controller::apply::ApplyError;
+
+/// Evicts the pods of `names` that still run (each the very object seen).
+/// Gives why an eviction was refused, when one was.
+pub(crate) async fn evict(
+    api: &Api<Pod>,
+    existing: &BTreeMap<String, Arc<Pod>>,
+    names: &[String],
+) -> Result<Option<String>, ApplyError> {
+    let mut refused = None;
+    for name in names {
+        let Some(pod) = existing.get(name) else {
+            continue;
+        };
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: pod.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            }),
+            ..EvictParams::default()
+        };
+        match api.evict(name, &params).await {
+            Ok(_) => tracing::info!(pod = %name, "evicted the old copy's pod"),
+            Err(kube::Error::Api(status)) if status.code == 429 => {
+                refused.get_or_insert(format!(
+                    "the eviction of pod {name} was refused ({}); the old copy serves on",
+                    status.message
+                ));
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(ApplyError {
+                    action: format!("evict pod {name}"),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(refused)
+}

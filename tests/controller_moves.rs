@@ -1,0 +1,349 @@
+//! Moves in the controller's reconciles against a mocked API server: a
+//! blocked instance hands a move to the instance in its way, which records
+//! it, starts its new copy on the planned devices, switches once that copy
+//! is Ready, evicts the old pods through the Eviction API and is done; a
+//! refused eviction leaves the old copy serving and says why.
+
+use std::sync::Arc;
+
+use http::{Method, StatusCode};
+use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus};
+use serde_json::{Value, json};
+use tessera::api::{ModelInstance, ModelInstanceStatus, MoveInFlight, MovePhase, PlannedShard};
+use tessera::controller::desired::shard_pods;
+use tessera::controller::reconcile::reconcile;
+use tower_test::mock;
+
+#[path = "common/mock_api.rs"]
+mod mock_api;
+use mock_api::*;
+
+/// A 7B instance of `tensor` GPUs per shard, one stage.
+fn model(name: &str, tensor: u32) -> ModelInstance {
+    serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "ModelInstance",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"), "generation": 1},
+        "spec": {
+            "model": {"name": name, "parametersBillions": 7, "layers": 32, "kvCacheGiB": 2},
+            "parallelism": {"tensor": tensor, "pipeline": 1},
+            "template": {"spec": {"containers": [{"name": "shard", "image": "busybox:1.37"}]}},
+        },
+    }))
+    .unwrap()
+}
+
+fn shard(node: &str, device: &str, copy: u32) -> PlannedShard {
+    PlannedShard {
+        replica: 0,
+        copy,
+        shard: 0,
+        node: node.into(),
+        devices: vec![device.into()],
+        layer_start: 0,
+        layer_end: 32,
+        predicted_memory_gib: 16.54,
+        share: None,
+    }
+}
+
+/// `mi`'s pod for `shard`, bound where planned and Ready.
+fn ready_pod(mi: &ModelInstance, shard: &PlannedShard) -> Pod {
+    let mut pod = shard_pods(mi, std::slice::from_ref(shard), |_| {
+        "tessera.dev/gpu".into()
+    })
+    .remove(0);
+    pod.metadata.uid = Some(format!(
+        "uid-{}",
+        pod.metadata.name.as_deref().unwrap_or("")
+    ));
+    pod.spec.as_mut().unwrap().node_name = Some(shard.node.clone());
+    pod.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..PodCondition::default()
+        }]),
+        ..PodStatus::default()
+    });
+    pod
+}
+
+fn nodes() -> Vec<Node> {
+    vec![node("a", 2), node("b", 1)]
+}
+
+/// `small` running on `a-g0`, with the move (if any) in its status.
+fn small_with(plan: PlannedShard, moves: Vec<MoveInFlight>) -> ModelInstance {
+    let mut small = model("small", 1);
+    small.status = Some(ModelInstanceStatus {
+        moves,
+        ..running(&small, vec![plan])
+    });
+    small
+}
+
+fn reasons(calls: &[(Method, String, Value)]) -> Vec<String> {
+    events_of(calls)
+        .into_iter()
+        .map(|(reason, _, _)| reason)
+        .collect()
+}
+
+fn posted(calls: &[(Method, String, Value)], part: &str) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|(method, path, _)| *method == Method::POST && path.contains(part))
+        .map(|(_, path, _)| path.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() {
+    // `big` needs both GPUs of node a; `small` holds one of them and fits on b.
+    let small = small_with(shard("a", "a-g0", 0), Vec::new());
+    let big = model("big", 2);
+    let old_pod = ready_pod(&small, &shard("a", "a-g0", 0));
+    let (service, mut api) = mock::pair();
+    let ctx = context(
+        World {
+            nodes: nodes(),
+            pods: vec![old_pod.clone()],
+            services: vec![],
+            instances: vec![small.clone(), big.clone()],
+        },
+        kube::Client::new(service, "default"),
+    );
+
+    // 1. big's reconcile finds no place and hands small a move.
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(big), ctx.clone())),
+    )
+    .await;
+    let status = written_status(&calls);
+    let placed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Placed")
+        .unwrap();
+    assert_eq!(placed.status, "False");
+    assert!(
+        placed
+            .message
+            .contains("making room: moving ml/small replica 0 from a [a-g0] to b [b-g0]"),
+        "{}",
+        placed.message
+    );
+    assert!(
+        reasons(&calls).contains(&"MakingRoom".to_string()),
+        "{calls:?}"
+    );
+
+    // 2. small's reconcile writes the move into its status, and starts
+    // nothing before that write.
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(small.clone()), ctx)),
+    )
+    .await;
+    assert!(created_pods(&calls).is_empty(), "{calls:?}");
+    let status = written_status(&calls);
+    assert_eq!(status.plan, vec![shard("a", "a-g0", 0)]);
+    let [record] = status.moves.as_slice() else {
+        panic!("one move recorded: {:?}", status.moves)
+    };
+    assert_eq!(record.phase, MovePhase::Surging);
+    assert_eq!(record.to, vec![shard("b", "b-g0", 1)]);
+    assert_eq!(record.reason, "to make room for ml/big replica 0");
+    assert!(reasons(&calls).contains(&"MoveStarted".to_string()));
+
+    // 3. With the move recorded, the new copy's pod is made and bound on b
+    // beside the old one, which stays.
+    let small = small_with(shard("a", "a-g0", 0), vec![record.clone()]);
+    let (service, mut api) = mock::pair();
+    let ctx = context(
+        World {
+            nodes: nodes(),
+            pods: vec![old_pod.clone()],
+            services: vec![],
+            instances: vec![small.clone(), model("big", 2)],
+        },
+        kube::Client::new(service, "default"),
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    let created = created_pods(&calls);
+    assert_eq!(created.len(), 1, "{calls:?}");
+    assert_eq!(created[0]["metadata"]["name"], "small-m-shard-0");
+    assert_eq!(
+        created[0]["metadata"]["annotations"]["tessera.dev/devices"],
+        "b-g0"
+    );
+    assert_eq!(
+        posted(&calls, "/binding"),
+        ["/api/v1/namespaces/ml/pods/small-m-shard-0/binding?"]
+    );
+    assert!(deleted(&calls).is_empty() && posted(&calls, "/eviction").is_empty());
+    let status = written_status(&calls);
+    assert_eq!(status.moves[0].phase, MovePhase::Surging);
+    assert_eq!(
+        status.moves[0].waiting.as_deref(),
+        Some("the new copy: 0 of 1 pods Ready")
+    );
+
+    // 4. The new copy is Ready: the replica switches to it and the old pod
+    // is evicted, not deleted.
+    let small = small_with(shard("a", "a-g0", 0), vec![record.clone()]);
+    let new_pod = ready_pod(&small, &shard("b", "b-g0", 1));
+    let (service, mut api) = mock::pair();
+    let ctx = context(
+        World {
+            nodes: nodes(),
+            pods: vec![old_pod.clone(), new_pod.clone()],
+            services: vec![],
+            instances: vec![small.clone()],
+        },
+        kube::Client::new(service, "default"),
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    assert_eq!(
+        posted(&calls, "/eviction"),
+        ["/api/v1/namespaces/ml/pods/small-shard-0/eviction?"]
+    );
+    assert!(deleted(&calls).is_empty(), "{calls:?}");
+    assert!(created_pods(&calls).is_empty());
+    let status = written_status(&calls);
+    assert_eq!(status.plan, vec![shard("b", "b-g0", 1)]);
+    assert_eq!(status.moves[0].phase, MovePhase::Draining);
+    let draining = status.moves[0].clone();
+
+    // 5. The old pod is gone: the move is done.
+    let small = small_with(shard("b", "b-g0", 1), vec![draining]);
+    let (service, mut api) = mock::pair();
+    let ctx = context(
+        World {
+            nodes: nodes(),
+            pods: vec![new_pod],
+            services: vec![],
+            instances: vec![small.clone()],
+        },
+        kube::Client::new(service, "default"),
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    let status = written_status(&calls);
+    assert!(status.moves.is_empty());
+    assert_eq!(status.plan, vec![shard("b", "b-g0", 1)]);
+    let moved = events_of(&calls);
+    let (_, kind, note) = moved
+        .iter()
+        .find(|(reason, _, _)| reason == "Moved")
+        .expect("Moved");
+    assert_eq!(kind, "Normal");
+    assert!(note.contains("from a [a-g0] to b [b-g0]"), "{note}");
+    assert!(created_pods(&calls).is_empty() && deleted(&calls).is_empty());
+}
+
+#[tokio::test]
+async fn an_eviction_a_disruption_budget_refuses_keeps_the_old_copy_and_says_why() {
+    let surging = MoveInFlight {
+        replica: 0,
+        phase: MovePhase::Surging,
+        from: vec![shard("a", "a-g0", 0)],
+        to: vec![shard("b", "b-g0", 1)],
+        started: k8s_openapi::jiff::Timestamp::now().to_string(),
+        reason: "to make room for ml/big replica 0".into(),
+        waiting: None,
+    };
+    let small = small_with(shard("a", "a-g0", 0), vec![surging]);
+    let pods = vec![
+        ready_pod(&small, &shard("a", "a-g0", 0)),
+        ready_pod(&small, &shard("b", "b-g0", 1)),
+    ];
+    let (service, mut api) = mock::pair();
+    let ctx = context(
+        World {
+            nodes: nodes(),
+            pods,
+            services: vec![],
+            instances: vec![small.clone()],
+        },
+        kube::Client::new(service, "default"),
+    );
+    let refuse = |method: &Method, path: &str| {
+        (*method == Method::POST && path.contains("/eviction")).then(|| {
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+                       "reason": "TooManyRequests",
+                       "message": "Cannot evict pod as it would violate the pod's disruption budget."}),
+            )
+        })
+    };
+    let (calls, _) = serve_reconcile_answering(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(small), ctx)),
+        refuse,
+    )
+    .await;
+    assert!(
+        deleted(&calls).is_empty(),
+        "the old pod is not deleted: {calls:?}"
+    );
+    let status = written_status(&calls);
+    assert_eq!(status.moves[0].phase, MovePhase::Draining);
+    let waiting = status.moves[0].waiting.clone().unwrap_or_default();
+    assert!(
+        waiting.contains("eviction of pod small-shard-0 was refused")
+            && waiting.contains("disruption budget"),
+        "{waiting}"
+    );
+}
+
+#[tokio::test]
+async fn a_surge_copy_not_ready_in_time_is_removed_and_the_old_copy_untouched() {
+    let started = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(std::time::Duration::from_secs(660))
+        .unwrap();
+    let surging = MoveInFlight {
+        replica: 0,
+        phase: MovePhase::Surging,
+        from: vec![shard("a", "a-g0", 0)],
+        to: vec![shard("b", "b-g0", 1)],
+        started: started.to_string(),
+        reason: "to make room for ml/big replica 0".into(),
+        waiting: None,
+    };
+    let small = small_with(shard("a", "a-g0", 0), vec![surging]);
+    let mut never_ready = ready_pod(&small, &shard("b", "b-g0", 1));
+    never_ready.status = Some(PodStatus {
+        phase: Some("Pending".into()),
+        ..PodStatus::default()
+    });
+    let (service, mut api) = mock::pair();
+    let ctx = context(
+        World {
+            nodes: nodes(),
+            pods: vec![ready_pod(&small, &shard("a", "a-g0", 0)), never_ready],
+            services: vec![],
+            instances: vec![small.clone()],
+        },
+        kube::Client::new(service, "default"),
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    assert_eq!(
+        deleted(&calls),
+        ["/api/v1/namespaces/ml/pods/small-m-shard-0?"]
+    );
+    assert!(posted(&calls, "/eviction").is_empty() && created_pods(&calls).is_empty());
+    let status = written_status(&calls);
+    assert!(status.moves.is_empty());
+    assert_eq!(status.plan, vec![shard("a", "a-g0", 0)]);
+    let events = events_of(&calls);
+    let (_, kind, note) = events
+        .iter()
+        .find(|(reason, _, _)| reason == "MoveAbandoned")
+        .expect("MoveAbandoned");
+    assert_eq!(kind, "Warning");
+    assert!(note.contains("not Ready within 600s"), "{note}");
+}
