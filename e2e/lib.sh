@@ -117,8 +117,9 @@ print_plan() {
 }
 
 # inject_fault NODE INDEX...: marks NODE's fake devices INDEX unhealthy in the fake GPU
-# ConfigMap, in NODE's own file (a copy of default.yaml when it has none);
-# restore_fault undoes it (a no-op when nothing is injected).
+# ConfigMap, in NODE's own file (a copy of default.yaml when it has none), or gives them
+# the fault FAULT names instead (e.g. FAULT='memoryUsedGiB: 50'); restore_fault undoes
+# it (a no-op when nothing is injected).
 fault_key=""
 fault_original=""
 fault_had_key=0
@@ -142,7 +143,7 @@ inject_fault() {
   key="$node.yaml"
   faulty=$(printf '%s\nfaults:' "${original%$'\n'}")
   for index in "$@"; do
-    faulty+=$(printf '\n  - {device: %s, unhealthy: "e2e: injected fault"}' "$index")
+    faulty+=$(printf '\n  - {device: %s, %s}' "$index" "${FAULT:-unhealthy: \"e2e: injected fault\"}")
   done
   fault_key="$key"
   fault_original="$original"

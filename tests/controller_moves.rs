@@ -7,11 +7,11 @@
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
-use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, MoveInFlight, MovePhase, PlannedShard};
 use tessera::controller::desired::shard_pods;
-use tessera::controller::reconcile::reconcile;
+use tessera::controller::reconcile::{Context, reconcile};
 use tower_test::mock;
 
 #[path = "common/mock_api.rs"]
@@ -70,8 +70,26 @@ fn ready_pod(mi: &ModelInstance, shard: &PlannedShard) -> Pod {
     pod
 }
 
-fn nodes() -> Vec<Node> {
-    vec![node("a", 2), node("b", 1)]
+/// A context over node a (2 GPUs) and node b (1 GPU) with `pods` and
+/// `instances` cached, and the mocked API server behind its client.
+fn on_two_nodes(pods: Vec<Pod>, instances: Vec<ModelInstance>) -> (Arc<Context>, ApiHandle) {
+    on(vec![node("a", 2), node("b", 1)], pods, instances)
+}
+
+/// [`on_two_nodes`] with the nodes given.
+fn on(
+    nodes: Vec<k8s_openapi::api::core::v1::Node>,
+    pods: Vec<Pod>,
+    instances: Vec<ModelInstance>,
+) -> (Arc<Context>, ApiHandle) {
+    let (service, api) = mock::pair();
+    let world = World {
+        nodes,
+        pods,
+        services: vec![],
+        instances,
+    };
+    (context(world, kube::Client::new(service, "default")), api)
 }
 
 /// `small` running on `a-g0`, with the move (if any) in its status.
@@ -82,6 +100,19 @@ fn small_with(plan: PlannedShard, moves: Vec<MoveInFlight>) -> ModelInstance {
         ..running(&small, vec![plan])
     });
     small
+}
+
+/// `small`'s move from a-g0 to b-g0, surging since `started`.
+fn surging_since(started: k8s_openapi::jiff::Timestamp) -> MoveInFlight {
+    MoveInFlight {
+        replica: 0,
+        phase: MovePhase::Surging,
+        from: vec![shard("a", "a-g0", 0)],
+        to: vec![shard("b", "b-g0", 1)],
+        started: started.to_string(),
+        reason: "to make room for ml/big replica 0".into(),
+        waiting: None,
+    }
 }
 
 fn reasons(calls: &[(Method, String, Value)]) -> Vec<String> {
@@ -105,16 +136,7 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
     let small = small_with(shard("a", "a-g0", 0), Vec::new());
     let big = model("big", 2);
     let old_pod = ready_pod(&small, &shard("a", "a-g0", 0));
-    let (service, mut api) = mock::pair();
-    let ctx = context(
-        World {
-            nodes: nodes(),
-            pods: vec![old_pod.clone()],
-            services: vec![],
-            instances: vec![small.clone(), big.clone()],
-        },
-        kube::Client::new(service, "default"),
-    );
+    let (ctx, mut api) = on_two_nodes(vec![old_pod.clone()], vec![small.clone(), big.clone()]);
 
     // 1. big's reconcile finds no place and hands small a move.
     let calls = serve_reconcile(
@@ -162,16 +184,7 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
     // 3. With the move recorded, the new copy's pod is made and bound on b
     // beside the old one, which stays.
     let small = small_with(shard("a", "a-g0", 0), vec![record.clone()]);
-    let (service, mut api) = mock::pair();
-    let ctx = context(
-        World {
-            nodes: nodes(),
-            pods: vec![old_pod.clone()],
-            services: vec![],
-            instances: vec![small.clone(), model("big", 2)],
-        },
-        kube::Client::new(service, "default"),
-    );
+    let (ctx, mut api) = on_two_nodes(vec![old_pod.clone()], vec![small.clone(), model("big", 2)]);
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
     let created = created_pods(&calls);
     assert_eq!(created.len(), 1, "{calls:?}");
@@ -196,16 +209,7 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
     // is evicted, not deleted.
     let small = small_with(shard("a", "a-g0", 0), vec![record.clone()]);
     let new_pod = ready_pod(&small, &shard("b", "b-g0", 1));
-    let (service, mut api) = mock::pair();
-    let ctx = context(
-        World {
-            nodes: nodes(),
-            pods: vec![old_pod.clone(), new_pod.clone()],
-            services: vec![],
-            instances: vec![small.clone()],
-        },
-        kube::Client::new(service, "default"),
-    );
+    let (ctx, mut api) = on_two_nodes(vec![old_pod.clone(), new_pod.clone()], vec![small.clone()]);
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
     assert_eq!(
         posted(&calls, "/eviction"),
@@ -220,16 +224,7 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
 
     // 5. The old pod is gone: the move is done.
     let small = small_with(shard("b", "b-g0", 1), vec![draining]);
-    let (service, mut api) = mock::pair();
-    let ctx = context(
-        World {
-            nodes: nodes(),
-            pods: vec![new_pod],
-            services: vec![],
-            instances: vec![small.clone()],
-        },
-        kube::Client::new(service, "default"),
-    );
+    let (ctx, mut api) = on_two_nodes(vec![new_pod], vec![small.clone()]);
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
     let status = written_status(&calls);
     assert!(status.moves.is_empty());
@@ -246,30 +241,15 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
 
 #[tokio::test]
 async fn an_eviction_a_disruption_budget_refuses_keeps_the_old_copy_and_says_why() {
-    let surging = MoveInFlight {
-        replica: 0,
-        phase: MovePhase::Surging,
-        from: vec![shard("a", "a-g0", 0)],
-        to: vec![shard("b", "b-g0", 1)],
-        started: k8s_openapi::jiff::Timestamp::now().to_string(),
-        reason: "to make room for ml/big replica 0".into(),
-        waiting: None,
-    };
-    let small = small_with(shard("a", "a-g0", 0), vec![surging]);
+    let small = small_with(
+        shard("a", "a-g0", 0),
+        vec![surging_since(k8s_openapi::jiff::Timestamp::now())],
+    );
     let pods = vec![
         ready_pod(&small, &shard("a", "a-g0", 0)),
         ready_pod(&small, &shard("b", "b-g0", 1)),
     ];
-    let (service, mut api) = mock::pair();
-    let ctx = context(
-        World {
-            nodes: nodes(),
-            pods,
-            services: vec![],
-            instances: vec![small.clone()],
-        },
-        kube::Client::new(service, "default"),
-    );
+    let (ctx, mut api) = on_two_nodes(pods, vec![small.clone()]);
     let refuse = |method: &Method, path: &str| {
         (*method == Method::POST && path.contains("/eviction")).then(|| {
             (
@@ -305,30 +285,15 @@ async fn a_surge_copy_not_ready_in_time_is_removed_and_the_old_copy_untouched() 
     let started = k8s_openapi::jiff::Timestamp::now()
         .checked_sub(std::time::Duration::from_secs(660))
         .unwrap();
-    let surging = MoveInFlight {
-        replica: 0,
-        phase: MovePhase::Surging,
-        from: vec![shard("a", "a-g0", 0)],
-        to: vec![shard("b", "b-g0", 1)],
-        started: started.to_string(),
-        reason: "to make room for ml/big replica 0".into(),
-        waiting: None,
-    };
-    let small = small_with(shard("a", "a-g0", 0), vec![surging]);
+    let small = small_with(shard("a", "a-g0", 0), vec![surging_since(started)]);
     let mut never_ready = ready_pod(&small, &shard("b", "b-g0", 1));
     never_ready.status = Some(PodStatus {
         phase: Some("Pending".into()),
         ..PodStatus::default()
     });
-    let (service, mut api) = mock::pair();
-    let ctx = context(
-        World {
-            nodes: nodes(),
-            pods: vec![ready_pod(&small, &shard("a", "a-g0", 0)), never_ready],
-            services: vec![],
-            instances: vec![small.clone()],
-        },
-        kube::Client::new(service, "default"),
+    let (ctx, mut api) = on_two_nodes(
+        vec![ready_pod(&small, &shard("a", "a-g0", 0)), never_ready],
+        vec![small.clone()],
     );
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
     assert_eq!(
@@ -346,4 +311,108 @@ async fn a_surge_copy_not_ready_in_time_is_removed_and_the_old_copy_untouched() 
         .expect("MoveAbandoned");
     assert_eq!(kind, "Warning");
     assert!(note.contains("not Ready within 600s"), "{note}");
+}
+
+/// [`node`], cordoned.
+fn cordoned(name: &str, gpus: usize) -> k8s_openapi::api::core::v1::Node {
+    let mut node = node(name, gpus);
+    node.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+    node
+}
+
+#[tokio::test]
+async fn a_replica_on_a_cordoned_node_moves_itself_off_make_before_break() {
+    let small = small_with(shard("a", "a-g0", 0), Vec::new());
+    let old_pod = ready_pod(&small, &shard("a", "a-g0", 0));
+    let (ctx, mut api) = on(
+        vec![cordoned("a", 2), node("b", 1)],
+        vec![old_pod],
+        vec![small.clone()],
+    );
+    // The first reconcile finds its node cordoned and hands itself the move.
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(small.clone()), ctx.clone())),
+    )
+    .await;
+    let leaving = events_of(&calls);
+    let (_, _, note) = leaving
+        .iter()
+        .find(|(reason, _, _)| reason == "LeavingNode")
+        .expect("LeavingNode");
+    assert!(
+        note.contains("leaves cordoned node a: moving from a [a-g0] to b [b-g0]"),
+        "{note}"
+    );
+    // The next records it, and nothing is deleted or evicted before the new
+    // copy serves.
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    let status = written_status(&calls);
+    let [record] = status.moves.as_slice() else {
+        panic!("one move recorded: {:?}", status.moves)
+    };
+    assert_eq!(record.phase, MovePhase::Surging);
+    assert_eq!(record.to, vec![shard("b", "b-g0", 1)]);
+    assert_eq!(record.reason, "to leave cordoned node a");
+    assert!(deleted(&calls).is_empty() && posted(&calls, "/eviction").is_empty());
+}
+
+#[tokio::test]
+async fn a_replica_with_nowhere_to_go_stays_on_its_cordoned_node_and_says_so_once() {
+    let small = small_with(shard("a", "a-g0", 0), Vec::new());
+    let (ctx, mut api) = on(
+        vec![cordoned("a", 2)],
+        vec![ready_pod(&small, &shard("a", "a-g0", 0))],
+        vec![small.clone()],
+    );
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(small.clone()), ctx.clone())),
+    )
+    .await;
+    let events = events_of(&calls);
+    let (_, kind, note) = events
+        .iter()
+        .find(|(reason, _, _)| reason == "CannotLeave")
+        .expect("CannotLeave");
+    assert_eq!(kind, "Warning");
+    assert!(
+        note.starts_with("ml/small replica 0 stays on a cordoned node: "),
+        "{note}"
+    );
+    assert!(deleted(&calls).is_empty() && posted(&calls, "/eviction").is_empty());
+    // Told once.
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    assert!(
+        !events_of(&calls)
+            .iter()
+            .any(|(reason, _, _)| reason == "CannotLeave"),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_instance_that_never_moves_stays_on_its_cordoned_node() {
+    let mut small = small_with(shard("a", "a-g0", 0), Vec::new());
+    small.spec.placement.moves = tessera::api::Moves::Never;
+    let (ctx, mut api) = on(
+        vec![cordoned("a", 2), node("b", 1)],
+        vec![ready_pod(&small, &shard("a", "a-g0", 0))],
+        vec![small.clone()],
+    );
+    for _ in 0..2 {
+        let calls = serve_reconcile(
+            &mut api,
+            tokio::spawn(reconcile(Arc::new(small.clone()), ctx.clone())),
+        )
+        .await;
+        assert!(created_pods(&calls).is_empty(), "{calls:?}");
+        assert!(
+            calls
+                .iter()
+                .filter(|(_, path, _)| path.contains("/status?"))
+                .all(|(_, _, body)| body["status"]["moves"].is_null()),
+            "{calls:?}"
+        );
+    }
 }

@@ -43,6 +43,7 @@ pub(super) fn html(report: &Report) -> String {
                 message: None,
                 predicted_tokens_per_second: None,
                 plan: Vec::new(),
+                moves: Vec::new(),
                 predictions: Vec::new(),
                 curves: Vec::new(),
                 target_tpot_ms: placement

@@ -1,4 +1,4 @@
-//! One instance's details: its plan, what the speed model makes of each
+//! One instance's details: its plan and moves in flight, what the speed model makes of each
 //! replica (score parts, where a token's time goes), what each serves at the
 //! target (its capacity curve), its conditions and last events. The live map gives it a page; the offline map puts it below the
 //! nodes. Every text from the cluster is spliced, so escaped.
@@ -10,7 +10,16 @@ use super::links::anchor;
 use super::model::{MapInstance, Prediction};
 use tessera_core::api::{PlannedShard, ShareKind};
 
-/// An instance's plan, predictions, conditions and last events.
+/// `node [devices]`, shard by shard.
+fn places(shards: &[PlannedShard]) -> String {
+    shards
+        .iter()
+        .map(|shard| format!("{} [{}]", shard.node, shard.devices.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// An instance's plan, moves in flight, predictions, conditions and last events.
 pub(super) fn instance_section(instance: &MapInstance) -> Markup {
     html! {
         section.instance id=(anchor(instance)) data-instance=(instance.key()) {
@@ -37,6 +46,20 @@ pub(super) fn instance_section(instance: &MapInstance) -> Markup {
                             td { (shard.layers()) }
                             td { (format!("{:.1}", shard.predicted_memory_gib)) " GiB" }
                             td { (share_text(shard)) }
+                        }
+                    }
+                }
+            }
+            @if !instance.moves.is_empty() {
+                h3 { "Moves in flight" }
+                table {
+                    tr { th { "replica" } th { "phase" } th { "from" } th { "to" } th { "started" } th { "why" } th { "waiting for" } }
+                    @for record in &instance.moves {
+                        tr.move {
+                            td { (record.replica) } td { (format!("{:?}", record.phase)) }
+                            td { (places(&record.from)) } td { (places(&record.to)) }
+                            td { (record.started) } td.message { (record.reason) }
+                            td.message { (record.waiting.as_deref().unwrap_or("")) }
                         }
                     }
                 }

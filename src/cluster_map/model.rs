@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use tessera_core::api::{GpuDevice, Health, PlannedShard};
+use tessera_core::api::{GpuDevice, Health, MoveInFlight, PlannedShard};
 use tessera_core::placement::Plan;
 use tessera_core::serving::Capacity;
 use tessera_core::translate::ClusterNode;
@@ -50,6 +50,8 @@ pub(crate) struct MapInstance {
     pub(crate) message: Option<String>,
     pub(crate) predicted_tokens_per_second: Option<f64>,
     pub(crate) plan: Vec<PlannedShard>,
+    /// Replicas being moved (`status.moves`).
+    pub(crate) moves: Vec<MoveInFlight>,
     /// By replica; empty where not worked out (the cluster page).
     pub(crate) predictions: Vec<(u32, Prediction)>,
     /// By replica, as the predictions.

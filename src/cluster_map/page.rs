@@ -228,7 +228,7 @@ mod tests {
 
     use super::*;
     use crate::cluster_map::model::{MapCondition, MapEvent};
-    use tessera_core::api::{GpuPartition, Health, MigState, ShardShare};
+    use tessera_core::api::{GpuPartition, Health, MigState, MoveInFlight, MovePhase, ShardShare};
     use tessera_core::translate::ClusterNode;
 
     const HOSTILE: &str = "<script>alert(1)</script>";
@@ -263,6 +263,7 @@ mod tests {
             phase: "Running".into(),
             message: Some(format!("{HOSTILE} & more")),
             predicted_tokens_per_second: Some(120.0),
+            moves: Vec::new(),
             plan,
             predictions: vec![(0, Err(HOSTILE.into()))],
             curves: vec![(0, Err(HOSTILE.into()))],
@@ -336,6 +337,15 @@ mod tests {
         let h100 = device(&nodes, "h100-0", 0);
         let mut hostile = instance("llama", vec![shard("h100-0", &h100, 0, 0)]);
         hostile.name = format!("x\"><script>{}", "y");
+        hostile.moves = vec![MoveInFlight {
+            replica: 0,
+            phase: MovePhase::Surging,
+            from: vec![shard("h100-0", &h100, 0, 0)],
+            to: vec![shard("h100-0", &device(&nodes, "h100-0", 3), 0, 0)],
+            started: HOSTILE.into(),
+            reason: HOSTILE.into(),
+            waiting: Some(HOSTILE.into()),
+        }];
         let mut view = view(&nodes, vec![hostile], true);
         view.others.insert(
             ("h100-0".into(), device(&nodes, "h100-0", 1)),
@@ -345,6 +355,7 @@ mod tests {
             assert!(!page.contains("<script"), "{page}");
             assert!(page.contains("&lt;script&gt;"), "{page}");
         }
+        assert!(instance_page(&view.instances[0]).contains("Moves in flight"));
         let page = cluster_page(&view);
         // The instance's own page link is percent-encoded, not just escaped.
         assert!(page.contains("instances/ml/x%22%3E%3Cscript%3Ey"), "{page}");

@@ -196,6 +196,7 @@ fn map_instance(mi: &ModelInstance, judged: Judged, events: Vec<MapEvent>) -> Ma
         message: status.message,
         predicted_tokens_per_second: status.predicted_tokens_per_second,
         plan: status.plan,
+        moves: status.moves,
         predictions: judged.predictions,
         curves: judged.curves,
         target_tpot_ms: mi

@@ -8,6 +8,16 @@ use k8s_openapi::jiff::Timestamp;
 
 use tessera_core::translate::ClusterNode;
 
+/// The tolerations of an instance's shard pods (its template's).
+pub(crate) fn tolerations_of(mi: &tessera_core::api::ModelInstance) -> Vec<Toleration> {
+    mi.spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default()
+}
+
 /// A GPU node: its published state plus what decides whether it can take work.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeInfo {

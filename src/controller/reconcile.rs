@@ -1,6 +1,7 @@
 //! One reconcile of a ModelInstance, as a plain sequence of stages:
 //! observe (the caches) → validate → decide (plan, a move carried on) →
-//! moves (room looked for when a replica has none) → build → apply → status,
+//! moves (room looked for when a replica has none, cordoned nodes left) →
+//! build → apply → status,
 //! then the Events for what was decided and when to look again. The stages
 //! live in their own modules (`observe`, `validate`, `decide::stage`, `build`,
 //! `apply::stage`, `status::write`, `events`, `requeue`); this file only hands
@@ -19,8 +20,8 @@ use super::decide::stage as decide;
 use super::lock;
 pub use super::settings::{MoveSettings, Settings};
 use super::{
-    apply::stage as apply, build, events, moves::propose as moves, observe, requeue,
-    status::write as status, validate,
+    apply::stage as apply, build, events, moves, observe, requeue, status::write as status,
+    validate,
 };
 use tessera_core::api::ModelInstance;
 
@@ -87,12 +88,20 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
             decide::plan(mi, ctx, &instance, &observed, held.clone(), now, &mut notes).await?
         }
     };
-    moves::for_blocked(
+    moves::propose::for_blocked(
         ctx,
         (mi, &instance),
         &observed,
         (&held, &mut claims),
         &mut decided,
+        (now, &mut notes),
+    );
+    moves::drain::for_cordoned(
+        ctx,
+        (mi, &instance),
+        &observed,
+        (&held, &mut claims),
+        &decided,
         (now, &mut notes),
     );
     claims.insert(instance.uid.clone(), decided.plan());

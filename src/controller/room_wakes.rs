@@ -1,4 +1,5 @@
-//! Waking the instances that wait for room, at most once per pause.
+//! Waking the instances that wait for room, at most once per pause, and
+//! which instances those are.
 //!
 //! Any Node or slice change may make room, so each one wakes every waiting
 //! instance. Handed to the reconcile queue one by one, a storm of them (5,000
@@ -11,8 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, stream};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use super::status::PLACED;
+use tessera_core::api::{ModelInstance, ModelInstanceStatus};
 
 /// Where a change that may have made room is noted.
 #[derive(Clone)]
@@ -41,6 +46,30 @@ pub(crate) fn room_wakes(pause: Duration) -> (RoomChanges, impl Stream<Item = ()
         },
     );
     (RoomChanges(notify), wakes)
+}
+
+/// Instances waiting for room: any Node or slice change may make it (woken
+/// through `room_wakes`). A new instance, with no status yet, is woken by its
+/// own creation.
+pub(crate) fn waiting_instances(instances: &Store<ModelInstance>) -> Vec<ObjectRef<ModelInstance>> {
+    instances_where(instances, |status| {
+        !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == PLACED && c.status == "True")
+    })
+}
+
+pub(crate) fn instances_where(
+    instances: &Store<ModelInstance>,
+    wanted: impl Fn(&ModelInstanceStatus) -> bool,
+) -> Vec<ObjectRef<ModelInstance>> {
+    instances
+        .state()
+        .iter()
+        .filter(|mi| mi.status.as_ref().is_some_and(&wanted))
+        .map(|mi| ObjectRef::from_obj(mi.as_ref()))
+        .collect()
 }
 
 #[cfg(test)]

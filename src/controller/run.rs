@@ -26,8 +26,7 @@ use super::metrics::{InstanceCache, Metrics, router};
 use super::node_cache::{StateReports, cached};
 use super::node_changes::NodeChanges;
 use super::reconcile::{Settings, error_policy, reconcile};
-use super::room_wakes::room_wakes;
-use super::status::PLACED;
+use super::room_wakes::{instances_where, room_wakes, waiting_instances};
 use super::synced::{ALWAYS, Cache, CacheSync};
 use super::triggers::{Touch, triggers};
 use crate::kubernetes::api_requests::ApiRequests;
@@ -35,7 +34,7 @@ use crate::kubernetes::client::kube_client;
 use crate::kubernetes::initial_list::InitialList;
 use crate::kubernetes::watch_backoff::with_backoff;
 use crate::process::signal::terminated;
-use tessera_core::api::{ModelInstance, ModelInstanceStatus};
+use tessera_core::api::ModelInstance;
 
 pub struct ControllerConfig {
     pub kubeconfig: Option<PathBuf>,
@@ -297,30 +296,6 @@ fn instances_on_node(
     })
 }
 
-/// Instances waiting for room: any Node or slice change may make it (woken
-/// through `room_wakes`). A new instance, with no status yet, is woken by its
-/// own creation.
-fn waiting_instances(instances: &Store<ModelInstance>) -> Vec<ObjectRef<ModelInstance>> {
-    instances_where(instances, |status| {
-        !status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == PLACED && c.status == "True")
-    })
-}
-
-fn instances_where(
-    instances: &Store<ModelInstance>,
-    wanted: impl Fn(&ModelInstanceStatus) -> bool,
-) -> Vec<ObjectRef<ModelInstance>> {
-    instances
-        .state()
-        .iter()
-        .filter(|mi| mi.status.as_ref().is_some_and(&wanted))
-        .map(|mi| ObjectRef::from_obj(mi.as_ref()))
-        .collect()
-}
-
 async fn run_controller(
     client: Client,
     config: &ControllerConfig,
@@ -516,6 +491,8 @@ async fn run_controller(
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use tessera_core::api::{ModelInstanceStatus, PlannedShard};
+
+    use crate::controller::status::PLACED;
 
     use super::super::testkit::{SMALL, instance};
     use super::*;

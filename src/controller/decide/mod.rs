@@ -283,14 +283,14 @@ fn problem_for(
     (problem, excluded)
 }
 
-fn options(deadline: &WallDeadline, max_steps: u64) -> SolveOptions<'_> {
+pub(crate) fn options(deadline: &WallDeadline, max_steps: u64) -> SolveOptions<'_> {
     SolveOptions {
         deadline: Some(deadline as &dyn Deadline),
         max_steps,
     }
 }
 
-fn deadline(spec: &ModelInstanceSpec) -> WallDeadline {
+pub(crate) fn deadline(spec: &ModelInstanceSpec) -> WallDeadline {
     WallDeadline::after(Duration::from_millis(u64::from(spec.placement.deadline_ms)))
 }
 

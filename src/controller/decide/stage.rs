@@ -20,7 +20,9 @@ use crate::controller::held::Held;
 use crate::controller::lock;
 use crate::controller::moves::Moving;
 use crate::controller::moves::progress::{self, MoveInputs};
+use crate::controller::nodes::tolerations_of;
 use crate::controller::observe::Observed;
+use crate::controller::room_wakes::waiting_instances;
 use crate::controller::status::{Outcome, PLACED};
 use tessera_core::api::{
     DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
@@ -111,13 +113,7 @@ pub(crate) async fn plan(
             .map(|replica| cache.get(&(instance.uid.clone(), replica)).cloned())
             .collect()
     };
-    let tolerations = mi
-        .spec
-        .template
-        .as_ref()
-        .and_then(|t| t.spec.as_ref())
-        .and_then(|s| s.tolerations.clone())
-        .unwrap_or_default();
+    let tolerations = tolerations_of(mi);
     let current_hash = previous.and_then(|s| s.placement_hash.clone());
     // When nothing fits, a running plan of the same spec that only lost
     // shards keeps the rest.
@@ -221,19 +217,12 @@ fn move_step(
     replicas: &mut [ReplicaDecided],
     (now, notes): (Timestamp, &mut Vec<EventNote>),
 ) -> Option<Moving> {
-    let tolerations = mi
-        .spec
-        .template
-        .as_ref()
-        .and_then(|t| t.spec.as_ref())
-        .and_then(|s| s.tolerations.clone())
-        .unwrap_or_default();
+    let tolerations = tolerations_of(mi);
     let refused_node = |node: &str| match observed.nodes.iter().find(|n| n.name() == node) {
         None => Some(format!("node {node} publishes no GPU state")),
         Some(n) => n.accepts(&tolerations).err(),
     };
     let handed = ctx.moves.take(&instance.uid);
-    let for_instance = handed.as_ref().and_then(|h| h.for_instance.clone());
     let step = progress::step(MoveInputs {
         instance: &instance.name,
         recorded: mi.status.as_ref().and_then(|s| s.moves.first()),
@@ -254,17 +243,14 @@ fn move_step(
     {
         *plan = to;
     }
-    if step
-        .note
-        .as_ref()
-        .is_some_and(|n| n.reason == "MoveStarted")
-    {
-        ctx.moves.started_for(&instance.uid, for_instance);
-    }
     notes.extend(step.note);
     if let Some((outcome, gpu_seconds)) = step.ended {
         ctx.metrics.moves.ended(outcome, gpu_seconds);
-        ctx.moves.finished(&instance.uid);
+        // What the move freed (or gave back) may be the room an instance
+        // waits for; a restarted controller does not know which one.
+        for waiting in waiting_instances(&ctx.caches.instances) {
+            ctx.moves.wake(waiting);
+        }
     }
     if let Some(replica) = step.back_off {
         let until = now

@@ -1,7 +1,7 @@
 //! What the controller knows of moves besides the statuses: a move handed
 //! to the instance it moves but not yet in that instance's status, the
-//! replicas whose move was abandoned (left alone for a while), and how to
-//! wake an instance's reconcile from another's.
+//! replicas whose move was abandoned (left alone for a while), refusals
+//! told, and how to wake an instance's reconcile from another's.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,20 +21,18 @@ pub(crate) struct Handed {
     pub(crate) from: Vec<PlannedShard>,
     pub(crate) to: Vec<PlannedShard>,
     pub(crate) reason: String,
-    /// The instance the move makes room for: woken when the move is done.
-    pub(crate) for_instance: Option<ObjectRef<ModelInstance>>,
 }
 
 #[derive(Default)]
 pub(crate) struct MoveBook {
     /// By the moved instance's UID.
     handed: Mutex<HashMap<String, Handed>>,
-    /// Who each move in flight makes room for, by the moved instance's UID.
-    waiting: Mutex<HashMap<String, ObjectRef<ModelInstance>>>,
     /// Until when a replica whose move was abandoned is not moved again, by
     /// (instance UID, replica).
     backoff: Mutex<HashMap<(String, u32), Timestamp>>,
     wake: Mutex<Option<UnboundedSender<ObjectRef<ModelInstance>>>>,
+    /// The last refusal told about each instance (by UID).
+    told: Mutex<HashMap<String, String>>,
 }
 
 impl MoveBook {
@@ -66,24 +64,23 @@ impl MoveBook {
         lock(&self.handed).contains_key(uid)
     }
 
-    /// Moves handed and not yet taken.
-    pub(crate) fn handed_count(&self) -> usize {
-        lock(&self.handed).len()
+    /// Moves handed and not yet taken, once those handed to instances that
+    /// are gone (`live` says which are not) are forgotten.
+    pub(crate) fn handed_count(&self, live: impl Fn(&str) -> bool) -> usize {
+        let mut handed = lock(&self.handed);
+        handed.retain(|uid, _| live(uid));
+        handed.len()
     }
 
-    /// The move of `uid` that started makes room for `instance`.
-    pub(crate) fn started_for(&self, uid: &str, instance: Option<ObjectRef<ModelInstance>>) {
-        if let Some(instance) = instance {
-            lock(&self.waiting).insert(uid.to_string(), instance);
+    /// Whether `message` differs from the last one told about `uid` (and
+    /// is now the last): a refusal is told once, not at every reconcile.
+    pub(crate) fn first_told(&self, uid: &str, message: &str) -> bool {
+        let mut told = lock(&self.told);
+        if told.get(uid).is_some_and(|last| last == message) {
+            return false;
         }
-    }
-
-    /// The move of `uid` is over: the instance it made room for looks again.
-    pub(crate) fn finished(&self, uid: &str) {
-        let waiting = lock(&self.waiting).remove(uid);
-        if let Some(instance) = waiting {
-            self.wake(instance);
-        }
+        told.insert(uid.to_string(), message.to_string());
+        true
     }
 
     pub(crate) fn back_off(&self, uid: &str, replica: u32, until: Timestamp) {
@@ -108,7 +105,6 @@ mod tests {
             from: Vec::new(),
             to: Vec::new(),
             reason: "room".into(),
-            for_instance: None,
         }
     }
 
@@ -119,27 +115,29 @@ mod tests {
         book.wake_into(sender);
         book.hand("uid-a", ObjectRef::new("a").within("ns"), handed(1));
         assert!(book.is_handed("uid-a"));
-        assert_eq!(book.handed_count(), 1);
+        assert_eq!(book.handed_count(|_| true), 1);
         assert_eq!(woken.recv().await.map(|r| r.name), Some("a".to_string()));
         assert_eq!(book.take("uid-a"), Some(handed(1)));
         assert_eq!(book.take("uid-a"), None);
-        assert_eq!(book.handed_count(), 0);
+        assert_eq!(book.handed_count(|_| true), 0);
     }
 
-    #[tokio::test]
-    async fn a_finished_move_wakes_the_instance_it_made_room_for() {
+    #[test]
+    fn a_move_handed_to_an_instance_that_is_gone_is_forgotten() {
         let book = MoveBook::default();
-        let (sender, mut woken) = tokio::sync::mpsc::unbounded_channel();
-        book.wake_into(sender);
-        book.started_for("uid-a", Some(ObjectRef::new("blocked").within("ns")));
-        book.finished("uid-a");
-        assert_eq!(
-            woken.recv().await.map(|r| r.name),
-            Some("blocked".to_string())
-        );
-        // Only once.
-        book.finished("uid-a");
-        assert!(woken.try_recv().is_err());
+        book.hand("uid-a", ObjectRef::new("a").within("ns"), handed(0));
+        book.hand("uid-b", ObjectRef::new("b").within("ns"), handed(0));
+        assert_eq!(book.handed_count(|uid| uid == "uid-b"), 1);
+        assert!(!book.is_handed("uid-a"));
+    }
+
+    #[test]
+    fn a_refusal_is_told_once() {
+        let book = MoveBook::default();
+        assert!(book.first_told("uid-a", "stays"));
+        assert!(!book.first_told("uid-a", "stays"));
+        assert!(book.first_told("uid-a", "stays for another reason"));
+        assert!(book.first_told("uid-b", "stays"));
     }
 
     #[test]

@@ -6,13 +6,17 @@
 //! the new copy's pods made and bound on the planned devices, the switch
 //! once every one is Ready, the old pods evicted through the Eviction API
 //! (`evict`, so PodDisruptionBudgets count), or the move abandoned with the
-//! old copy untouched. `metrics` counts how moves end.
+//! old copy untouched. A replica on a cordoned node hands itself the move
+//! that takes it off (`drain`). `world` is the cluster as both planners see
+//! it from the caches; `metrics` counts how moves end.
 
 pub(crate) mod book;
+pub(crate) mod drain;
 pub(crate) mod evict;
 pub(crate) mod metrics;
 pub(crate) mod progress;
 pub(crate) mod propose;
+mod world;
 
 use tessera_core::api::MoveInFlight;
 

@@ -325,7 +325,6 @@ mod tests {
             from: vec![shard("a", "a-g0", 0)],
             to: vec![shard("b", "b-g0", 1)],
             reason: "to make room for ml/big replica 0".into(),
-            for_instance: None,
         }
     }
 
