@@ -518,6 +518,8 @@ log "the map in Chromium: $summary; crasher's page: $shown; screenshot target/e2
 current_test=least_privilege
 # Grants a run may not use, with why they are needed all the same.
 readonly MAY_GO_UNUSED=(
+  # Evictions are a move's (e2e/real-node-moves.sh makes one); nothing here moves.
+  "controller create core/pods/eviction"
   # With allocation auto a node whose kubelet does not register the driver falls back
   # to the device plugin, which watches the node's pods; this node registered it.
   "agent list core/pods"

@@ -262,6 +262,11 @@ moves_told=$(kubectl get events -n "$NAMESPACE" --field-selector involvedObject.
 log "small's moves: $moves_told"
 log "small moved to $(small_field '.status.plan[0].devices[0]'); big runs on $(kubectl get mi big -n "$NAMESPACE" -o json | jq -r '.status.plan[0].devices | join(",")')"
 
+logs=$(kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=controller --tail=-1 2>&1)
+if grep -qi forbidden <<<"$logs"; then
+  die "the API server refused the controller something (its eviction?): $(grep -i forbidden <<<"$logs" | head -3)"
+fi
+
 current_test=served
 kill "$poller"
 poller=""
