@@ -17,6 +17,7 @@ use crate::controller::desired::headless_service;
 use crate::controller::dra::apply::{ShardClaims, claim_of};
 use crate::controller::events::EventNote;
 use crate::controller::hashes::{recorded_pod_hash, replica_pod_hash};
+use crate::controller::moves::evict;
 use crate::controller::node_gate::may_bind;
 use crate::controller::observe::Observed;
 use crate::controller::restart_backoff::Backoff;
@@ -72,7 +73,7 @@ pub(crate) async fn apply(
         .map(|m| m.evict.as_slice())
         .unwrap_or_default();
     super::remove_extra(&pods_api, &observed.mine, &every_desired, evict).await?;
-    let eviction_refused = evict_old_copy(&pods_api, &observed.mine, evict).await?;
+    let eviction_refused = evict::evict(&pods_api, &observed.mine, evict).await?;
     let gate = may_bind(
         &ctx.node_gate,
         &observed.nodes,
@@ -178,17 +179,6 @@ pub(crate) async fn apply(
 pub(crate) struct Applied {
     pub(crate) replicas: Vec<ReplicaApplied>,
     pub(crate) eviction_refused: Option<String>,
-}
-
-async fn evict_old_copy(
-    api: &Api<Pod>,
-    mine: &std::collections::BTreeMap<String, std::sync::Arc<Pod>>,
-    names: &[String],
-) -> Result<Option<String>, Error> {
-    if names.is_empty() {
-        return Ok(None);
-    }
-    Ok(crate::controller::moves::evict::evict(api, mine, names).await?)
 }
 
 /// A replica's restart backoff, from its record in the status and the
