@@ -70,6 +70,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
     );
     for placer in [
         options::Placer::Tessera,
+        options::Placer::TesseraNoMoves,
         options::Placer::KubeScheduler,
         options::Placer::KubeSchedulerGang,
     ] {
@@ -77,6 +78,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
     }
     assert!(options::USAGE.contains("--compare"));
     assert!(options::USAGE.contains("kube-scheduler-gang"));
+    assert!(options::USAGE.contains("tessera-no-moves"));
     assert_eq!(
         options.steady_for(Duration::from_secs(300)),
         Duration::from_secs(360),

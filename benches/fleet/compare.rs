@@ -2,7 +2,9 @@
 //! ResourceSlices: the cluster benchmark's seeded arrivals and deletions are
 //! replayed once per placer, as ModelInstances for tessera's controller or
 //! as a user would write them for kube-scheduler (`user_pods`), then a burst
-//! of 405B-class arrivals tests the room left for large models. Every
+//! of 405B-class arrivals tests the room left for large models, which
+//! tessera's controller makes by moving running replicas (make before
+//! break; `tessera-no-moves` runs it with moves off). Every
 //! replica either placer bound is judged by the same calls
 //! (`translate::evaluate_placed`, then the serving model at the instance's
 //! target) on the nodes as published: what it serves there, nothing where it
@@ -23,6 +25,7 @@ use tessera::translate::{ClusterNode, HeldShares, build_problem, evaluate_placed
 use tokio::time::Instant;
 
 use crate::agents::Fleet;
+use crate::instance_watch::InstanceWatch;
 use crate::kubelet::{Bindings, Bound};
 use crate::nodes::{RUN_LABEL, TAINT_KEY};
 use crate::options::Placer;
@@ -39,6 +42,10 @@ const SETTLE: Duration = Duration::from_secs(30);
 /// A replica found unplaceable is looked at once more after this, in case
 /// its placer was still working on it.
 const RECHECK: Duration = Duration::from_millis(1500);
+/// How long a burst arrival may wait while moves make room for it.
+const ROOM: Duration = Duration::from_secs(300);
+/// How long moves in flight may take to end before the cluster is judged.
+const MOVES_END: Duration = Duration::from_secs(180);
 
 /// What the runs share: the cluster, the run's namespace and the stand-in
 /// kubelets' record of bound pods.
@@ -62,6 +69,8 @@ enum Side {
     Tessera {
         api: Api<ModelInstance>,
         controller: ControllerProcess,
+        watch: InstanceWatch,
+        moves: bool,
     },
     Users {
         pods: UserPods,
@@ -73,21 +82,29 @@ impl Side {
     /// Creates one arrival's replicas and waits until each is bound or
     /// refused: per replica, how long it took to be bound; and the shards a
     /// replica has where the user fixed them (tessera plans them whole).
+    /// With `room`, a tessera arrival refused waits while moves make room
+    /// for it.
     async fn place(
         &self,
         bench: &Bench<'_>,
-        name: &str,
-        spec: &ModelInstanceSpec,
+        (name, spec): (&str, &ModelInstanceSpec),
         replicas: u32,
+        room: bool,
     ) -> (Option<usize>, Vec<Option<Duration>>) {
         let created = Instant::now();
         let refused = vec![None; replicas as usize];
         match self {
-            Side::Tessera { api, .. } => {
+            Side::Tessera {
+                api, watch, moves, ..
+            } => {
                 let mi: ModelInstance = ModelInstance::new(name, spec.clone());
                 if let Err(e) = api.create(&PostParams::default(), &mi).await {
                     eprintln!("creating {name}: {e}");
                     return (None, refused);
+                }
+                if room && *moves {
+                    let placed = room_made(watch, bench.bindings, name, created).await;
+                    return (None, vec![placed]);
                 }
                 (
                     None,
@@ -125,6 +142,57 @@ impl Side {
             Side::Tessera { api, .. } => workload::delete(api, name).await,
             Side::Users { pods, .. } => pods.delete(name).await,
         }
+    }
+
+    /// Lets the moves in flight end (a move's two copies would be judged
+    /// as one replica).
+    async fn let_moves_end(&self, scenario: &str) {
+        if let Side::Tessera { watch, .. } = self
+            && !moves_ended(watch, MOVES_END).await
+        {
+            eprintln!(
+                "{scenario}: {} moves still in flight after {} s",
+                watch.moving(),
+                MOVES_END.as_secs()
+            );
+        }
+    }
+
+    /// Prints the moves the controller made since `before` and what the
+    /// instances' status writes showed meanwhile; returns the figures now.
+    fn report_moves(
+        &self,
+        scenario: &str,
+        part: &str,
+        before: Option<MovesSoFar>,
+    ) -> Option<MovesSoFar> {
+        let Side::Tessera {
+            controller, watch, ..
+        } = self
+        else {
+            return None;
+        };
+        let now = MovesSoFar {
+            controller: crate::measure::controller(controller.pid(), controller.port),
+            record: watch.record(),
+        };
+        let then = before.unwrap_or_default();
+        let new_drops = &now.record.drops[then.record.drops.len().min(now.record.drops.len())..];
+        println!(
+            "REPORT {scenario} moves in the {part}: {} moved, {} abandoned, {:.0} GPU-seconds held by surge copies; {} moves seen in status writes, {} status writes while moving; ready replicas fewer than an earlier write of the same instance said: {}{}",
+            now.controller.moved - then.controller.moved,
+            now.controller.abandoned - then.controller.abandoned,
+            now.controller.surge_gpu_seconds - then.controller.surge_gpu_seconds,
+            now.record.moves_seen - then.record.moves_seen,
+            now.record.writes_moving - then.record.writes_moving,
+            new_drops.len(),
+            new_drops
+                .iter()
+                .take(5)
+                .map(|d| format!("; {d}"))
+                .collect::<String>(),
+        );
+        Some(now)
     }
 
     /// CPU seconds the placer's process has used.
@@ -171,9 +239,59 @@ async fn tessera_settled(
             out.push(None);
             continue;
         };
-        out.push(bound_within(bindings, name, replica, shards, created).await);
+        out.push(bound_within(bindings, (name, replica, shards), created, SETTLE).await);
     }
     out
+}
+
+/// Waits for a refused replica 0 to be placed by the moves made for it:
+/// bound in whole, or `None` once the controller says no moves make room,
+/// or nothing moves and it is still refused.
+async fn room_made(
+    watch: &InstanceWatch,
+    bindings: &Bindings,
+    name: &str,
+    created: Instant,
+) -> Option<Duration> {
+    let mut still_since: Option<Instant> = None;
+    while created.elapsed() < ROOM {
+        let status = watch.get(name).and_then(|mi| {
+            let status = mi.status.clone()?;
+            (status.observed_generation.is_some()
+                && status.observed_generation == mi.metadata.generation)
+                .then_some(status)
+        });
+        if let Some(status) = status {
+            let shards = status.plan.iter().filter(|s| s.replica == 0).count();
+            if shards > 0 {
+                return bound_within(bindings, (name, 0, shards), created, ROOM).await;
+            }
+            let message = status.message.unwrap_or_default();
+            if message.contains("no moves make room") {
+                return None;
+            }
+            if message.contains("making room") || watch.moving() > 0 {
+                still_since = None;
+            } else if still_since.get_or_insert_with(Instant::now).elapsed() >= RECHECK {
+                return None;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Waits until no instance has a move in flight; `false` if some still do
+/// after `limit`.
+async fn moves_ended(watch: &InstanceWatch, limit: Duration) -> bool {
+    let started = Instant::now();
+    while watch.moving() > 0 {
+        if started.elapsed() >= limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    true
 }
 
 /// Waits for kube-scheduler's decision on every pod of the replica; bound
@@ -190,7 +308,7 @@ async fn users_settled(
     while created.elapsed() < SETTLE {
         let standing = pods.standing(name, replica).await;
         if standing.bound == shards {
-            return bound_within(bindings, name, replica, shards, created).await;
+            return bound_within(bindings, (name, replica, shards), created, SETTLE).await;
         }
         if standing.settled(shards) {
             let since = *settled_since.get_or_insert_with(Instant::now);
@@ -206,15 +324,15 @@ async fn users_settled(
 }
 
 /// The time from `created` to the last of the replica's pods bound, once
-/// the stand-in kubelets have seen all `shards` of them.
+/// the stand-in kubelets have seen all `shards` of them (within `limit` of
+/// `created`).
 async fn bound_within(
     bindings: &Bindings,
-    name: &str,
-    replica: u32,
-    shards: usize,
+    (name, replica, shards): (&str, u32, usize),
     created: Instant,
+    limit: Duration,
 ) -> Option<Duration> {
-    while created.elapsed() < SETTLE {
+    while created.elapsed() < limit {
         let bound = replica_pods(bindings, name, replica);
         if bound.len() >= shards {
             let last = bound.iter().map(|pod| pod.at).max()?;
@@ -255,6 +373,13 @@ impl Replica {
     }
 }
 
+/// The moves counted up to a point of a tessera run.
+#[derive(Default)]
+struct MovesSoFar {
+    controller: crate::measure::Controller,
+    record: crate::instance_watch::ReadyRecord,
+}
+
 /// What one placer's run measured.
 #[derive(Default)]
 struct Figures {
@@ -273,7 +398,8 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
     let scenario = format!("compare/{}_nodes/{}", bench.nodes, placer.name());
     ensure_device_class(bench.client, bench.driver).await;
     let side = match placer {
-        Placer::Tessera => {
+        Placer::Tessera | Placer::TesseraNoMoves => {
+            let moves = placer == Placer::Tessera;
             let log =
                 std::env::temp_dir().join(format!("tessera-compare-{}-controller.log", bench.run));
             let controller = ControllerProcess::start(
@@ -281,6 +407,7 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
                 bench.namespace,
                 bench.initial_list,
                 true,
+                &["--moves", if moves { "true" } else { "false" }],
                 log,
             );
             if !controller.ready(Duration::from_secs(300)).await {
@@ -290,9 +417,12 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
                 );
                 return;
             }
+            let api = Api::namespaced(bench.client.clone(), bench.namespace);
             Side::Tessera {
-                api: Api::namespaced(bench.client.clone(), bench.namespace),
+                watch: InstanceWatch::start(api.clone()).await,
+                api,
                 controller,
+                moves,
             }
         }
         Placer::KubeScheduler | Placer::KubeSchedulerGang => Side::Users {
@@ -319,7 +449,9 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
             Event::Arrive(arrival) => {
                 let name = format!("a{:03}-{}", arrival.id, arrival.class.to_lowercase());
                 let spec = arrival_spec(arrival, bench.run);
-                let (expected, results) = side.place(bench, &name, &spec, arrival.replicas).await;
+                let (expected, results) = side
+                    .place(bench, (&name, &spec), arrival.replicas, false)
+                    .await;
                 for (replica, result) in results.iter().enumerate() {
                     figures.asked += 1;
                     if let Some(took) = result {
@@ -363,6 +495,7 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         }
     }
     figures.partial_gpu_seconds = partial.gpu_seconds;
+    side.let_moves_end(&scenario).await;
     let cpu = side.cpu_seconds() - cpu_before;
     let nodes = nominal_nodes(bench.client, bench.run).await;
     let end = judge(bench.bindings, &replicas, &specs, &nodes);
@@ -392,6 +525,7 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         "REPORT {scenario} at the end by class and GPU: {}",
         end.breakdown()
     );
+    let moves_before = side.report_moves(&scenario, "sequence", None);
     if !end.cannot_hold_examples.is_empty() {
         eprintln!(
             "{scenario}: bound but unable to hold their shards: {}",
@@ -420,14 +554,21 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         };
         let name = format!("burst-{k:02}");
         let spec = arrival_spec(&arrival, bench.run);
-        if side.place(bench, &name, &spec, 1).await.1[0].is_some() {
+        if side.place(bench, (&name, &spec), 1, true).await.1[0].is_some() {
             fitted += 1;
         }
         live.push(name);
     }
+    side.let_moves_end(&scenario).await;
+    let burst: Vec<&String> = live.iter().filter(|n| n.starts_with("burst-")).collect();
+    let at_end = burst
+        .iter()
+        .filter(|name| !bench.bindings.of_instance(name).is_empty())
+        .count();
     println!(
-        "REPORT {scenario} burst: {fitted} of {BURST} 405B-class replicas (tensor 8, pipeline auto) fit after every other instance was deleted"
+        "REPORT {scenario} burst: {fitted} of {BURST} 405B-class replicas (tensor 8, pipeline auto) fit after every other instance was deleted; bound at the end {at_end}"
     );
+    side.report_moves(&scenario, "burst", moves_before);
 
     for name in &live {
         side.delete(name).await;

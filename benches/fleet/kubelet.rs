@@ -3,7 +3,9 @@
 //! the agent records and publishes), and a pod being deleted is removed for
 //! good once "its containers stop" (at once: there are none), freeing them.
 //! Every binding is timed, so the benchmark can tell when an instance's
-//! shards are all bound.
+//! shards are all bound. With `ready` a bound pod is also marked Running and
+//! Ready, as a kubelet does once its containers start: a move waits for that
+//! before the old copy goes.
 //!
 //! With DRA the devices are those the pod's ResourceClaim is allocated, as a
 //! kubelet hands the claim to the driver; a pod bound before its claim was
@@ -16,7 +18,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tessera::api::{DEVICES_ANNOTATION, INSTANCE_LABEL, REPLICA_LABEL, SHARD_ANNOTATION};
@@ -103,6 +105,7 @@ pub(crate) async fn run(
     fleet: Arc<Fleet>,
     bindings: Arc<Bindings>,
     dra: bool,
+    ready: bool,
 ) {
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
@@ -196,6 +199,10 @@ pub(crate) async fn run(
                 at: seen,
             },
         );
+        if ready {
+            let (pods, name) = (pods.clone(), pod.name_any());
+            tokio::spawn(async move { mark_ready(&pods, &name).await });
+        }
         if let Some(wait) = fleet.allocate(&node, &devices, &uid) {
             let (fleet, bindings) = (Arc::clone(&fleet), Arc::clone(&bindings));
             tokio::spawn(async move {
@@ -203,6 +210,29 @@ pub(crate) async fn run(
                     lock(&bindings.allocation_writes).push(took);
                 }
             });
+        }
+    }
+}
+
+/// The pod's status as its kubelet writes it once the containers run and
+/// pass their readiness checks (there are none to run here).
+async fn mark_ready(pods: &Api<Pod>, name: &str) {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = serde_json::json!({"status": {
+        "phase": "Running",
+        "conditions": [
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+        ],
+    }});
+    if let Err(e) = pods
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+    {
+        // A pod deleted meanwhile has no status to write.
+        if !matches!(&e, kube::Error::Api(s) if s.code == 404) {
+            eprintln!("marking pod {name} Ready: {e}");
         }
     }
 }

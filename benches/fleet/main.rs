@@ -44,6 +44,7 @@ mod support;
 mod agents;
 mod compare;
 mod gpus;
+mod instance_watch;
 mod kubelet;
 mod measure;
 mod nodes;
@@ -207,6 +208,7 @@ async fn run(
         Arc::clone(&fleet),
         Arc::clone(&bindings),
         options.dra,
+        !options.compare.is_empty(),
     ));
     if !options.compare.is_empty() {
         let bench = compare::Bench {
@@ -267,6 +269,9 @@ async fn churn(
         namespace,
         &options.initial_list,
         options.dra,
+        // The churn's stand-in kubelets do not mark pods Ready, which a move
+        // waits for; the comparison measures moves.
+        &["--moves", "false"],
         log,
     );
     assert!(

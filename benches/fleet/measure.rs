@@ -79,6 +79,10 @@ pub(crate) struct Controller {
     pub(crate) peak_rss_bytes: u64,
     pub(crate) cpu_seconds: f64,
     pub(crate) reconciles: f64,
+    /// Moves ended by outcome, and the GPU-seconds surge copies held.
+    pub(crate) moved: f64,
+    pub(crate) abandoned: f64,
+    pub(crate) surge_gpu_seconds: f64,
 }
 
 pub(crate) fn controller(pid: u32, port: u16) -> Controller {
@@ -110,5 +114,20 @@ pub(crate) fn controller(pid: u32, port: u16) -> Controller {
         peak_rss_bytes: kib("VmHWM:"),
         cpu_seconds,
         reconciles: sum(&text, "tessera_controller_reconciles_total", &[]),
+        moved: sum(
+            &text,
+            "tessera_controller_moves_total",
+            &[("outcome", "moved")],
+        ),
+        abandoned: sum(
+            &text,
+            "tessera_controller_moves_total",
+            &[("outcome", "abandoned")],
+        ),
+        surge_gpu_seconds: sum(
+            &text,
+            "tessera_controller_move_surge_gpu_seconds_total",
+            &[],
+        ),
     }
 }

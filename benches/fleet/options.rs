@@ -16,8 +16,8 @@ http1|http2 (http1: the agents' connections as a real agent's, kube-rs's HTTP/1.
 each node's agent and its Lease renewals multiplex over one HTTP/2 connection, for fleets whose HTTP/1.1 sockets would \
 pass this process's open-file limit; default http1) --nodes-per-connection N (with http2: nodes sharing one connection; \
 default 1) --compare PLACER[,PLACER...] (instead of the steady state and churn: replay the cluster benchmark's \
-arrivals and a burst of large models under each placer in turn, tessera, kube-scheduler or kube-scheduler-gang, \
-with DRA; kube-scheduler-gang needs the API server's and scheduler's gang-scheduling gates on) --events N \
+arrivals and a burst of large models under each placer in turn, tessera, tessera-no-moves (the controller with \
+--moves false), kube-scheduler or kube-scheduler-gang, with DRA; kube-scheduler-gang needs the API server's and scheduler's gang-scheduling gates on) --events N \
 (events of the replayed sequence; default 300) --seed N (the replayed sequence's seed, decimal or 0x hex; \
 default the cluster benchmark's)";
 
@@ -170,6 +170,8 @@ fn either(flag: &str, value: &str, no: &str, yes: &str) -> Result<bool, String> 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Placer {
     Tessera,
+    /// tessera's controller with moves off.
+    TesseraNoMoves,
     KubeScheduler,
     /// kube-scheduler with each replica's pods in one gang (PodGroup).
     KubeSchedulerGang,
@@ -179,10 +181,11 @@ impl Placer {
     pub(crate) fn parse(name: &str) -> Result<Self, String> {
         match name {
             "tessera" => Ok(Placer::Tessera),
+            "tessera-no-moves" => Ok(Placer::TesseraNoMoves),
             "kube-scheduler" => Ok(Placer::KubeScheduler),
             "kube-scheduler-gang" => Ok(Placer::KubeSchedulerGang),
             _ => Err(format!(
-                "--compare {name:?}: expected tessera, kube-scheduler or kube-scheduler-gang"
+                "--compare {name:?}: expected tessera, tessera-no-moves, kube-scheduler or kube-scheduler-gang"
             )),
         }
     }
@@ -190,6 +193,7 @@ impl Placer {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Placer::Tessera => "tessera",
+            Placer::TesseraNoMoves => "tessera-no-moves",
             Placer::KubeScheduler => "kube-scheduler",
             Placer::KubeSchedulerGang => "kube-scheduler-gang",
         }

@@ -129,6 +129,7 @@ impl ControllerProcess {
         namespace: &str,
         initial_list: &str,
         dra: bool,
+        extra: &[&str],
         log: PathBuf,
     ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -143,6 +144,7 @@ impl ControllerProcess {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--initial-list", initial_list])
             .args(["--allocation", if dra { "dra" } else { "device-plugin" }])
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
