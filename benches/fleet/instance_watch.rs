@@ -16,8 +16,6 @@ use tokio::task::JoinHandle;
 /// What the status writes showed about ready replicas.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ReadyRecord {
-    /// Status writes seen.
-    pub(crate) writes: u64,
     /// Writes seen while the instance had a move in flight.
     pub(crate) writes_moving: u64,
     /// Writes whose ready replicas were fewer than an earlier write of the
@@ -104,7 +102,6 @@ impl Tally {
             return;
         };
         let uid = mi.uid().unwrap_or_default();
-        self.record.writes += 1;
         if !status.moves.is_empty() {
             self.record.writes_moving += 1;
         }
