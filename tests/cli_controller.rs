@@ -84,6 +84,23 @@ fn malformed_flags_are_refused() {
         ),
         (&["controller", "--move-timeout", "ten"], &["ten"]),
         (&["controller", "--move-backoff", "-3"], &["-3"]),
+        (&["controller", "--continuous-moves", "yes"], &["yes"]),
+        (
+            &["controller", "--continuous-min-gain=-0.1"],
+            &["-0.1", "a fraction from 0 to 10"],
+        ),
+        (
+            &["controller", "--continuous-min-gain", "11"],
+            &["11", "a fraction from 0 to 10"],
+        ),
+        (
+            &["controller", "--continuous-min-gain", "NaN"],
+            &["NaN", "a fraction"],
+        ),
+        (
+            &["controller", "--continuous-interval", "1"],
+            &["1", "--continuous-interval"],
+        ),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {
         assert_bad_input_result(args, run(args, &[]), needles);

@@ -1,6 +1,7 @@
 //! One reconcile of a ModelInstance, as a plain sequence of stages:
 //! observe (the caches) → validate → decide (plan, a move carried on) →
-//! moves (room looked for when a replica has none, cordoned nodes left) →
+//! moves (room looked for when a replica has none, cordoned nodes left,
+//! with continuous moves a replica moved where it serves more) →
 //! build → apply → status,
 //! then the Events for what was decided and when to look again. The stages
 //! live in their own modules (`observe`, `validate`, `decide::stage`, `build`,
@@ -18,7 +19,7 @@ use super::context::Instance;
 pub use super::context::{Caches, Context, Error};
 use super::decide::stage as decide;
 use super::lock;
-pub use super::settings::{MoveSettings, Settings};
+pub use super::settings::{ContinuousMoves, MoveSettings, Settings};
 use super::{
     apply::stage as apply, build, events, moves, observe, requeue, status::write as status,
     validate,
@@ -103,6 +104,14 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         (&held, &mut claims),
         &decided,
         (now, &mut notes),
+    );
+    moves::improve::for_cluster(
+        ctx,
+        (mi, &instance),
+        &observed,
+        (&held, &mut claims),
+        &decided,
+        now,
     );
     claims.insert(instance.uid.clone(), decided.plan());
     drop(claims);

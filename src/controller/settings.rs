@@ -35,6 +35,31 @@ pub struct MoveSettings {
     /// How long a replica whose move was abandoned is left where it is
     /// (`--move-backoff`).
     pub backoff: Duration,
+    /// Moves made while nothing is blocked, where a replica serves more
+    /// elsewhere (`--continuous-moves`); `None`: only to make room and to
+    /// leave cordoned nodes.
+    pub continuous: Option<ContinuousMoves>,
+}
+
+/// How far continuous moves go.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContinuousMoves {
+    /// The least gain worth a move: requests/s at the target gained, as a
+    /// fraction of what the moved replicas served (`--continuous-min-gain`).
+    pub min_gain: f64,
+    /// The cluster is looked at once in this long at most, and a move that
+    /// improves it started no sooner after the last one ended
+    /// (`--continuous-interval`).
+    pub interval: Duration,
+}
+
+impl Default for ContinuousMoves {
+    fn default() -> Self {
+        Self {
+            min_gain: 0.2,
+            interval: Duration::from_secs(600),
+        }
+    }
 }
 
 impl Default for MoveSettings {
@@ -44,6 +69,7 @@ impl Default for MoveSettings {
             max_in_flight: 1,
             timeout: Duration::from_secs(600),
             backoff: Duration::from_secs(600),
+            continuous: None,
         }
     }
 }

@@ -5,11 +5,11 @@ use std::process::ExitCode;
 
 use super::exit::block_on;
 use super::values::{
-    AllocationFlag, driver_name, host_name, model_cache_dir, non_empty, resource_name,
+    AllocationFlag, driver_name, fraction, host_name, model_cache_dir, non_empty, resource_name,
 };
 use crate::api::ResourceName;
 use crate::controller::model_cache::ModelCacheDir;
-use crate::controller::reconcile::{MoveSettings, Settings};
+use crate::controller::reconcile::{ContinuousMoves, MoveSettings, Settings};
 use crate::controller::run::{ControllerConfig, LeaderElection, run};
 use crate::kubernetes::initial_list::InitialList;
 
@@ -87,6 +87,21 @@ pub struct ControllerFlags {
     /// Seconds a replica whose move was abandoned is not moved again.
     #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = clap::value_parser!(u64).range(0..=86400))]
     move_backoff: u64,
+    /// Also move replicas while nothing is blocked, where one serves more at
+    /// its target elsewhere (devices free now, or devices a replica leaves
+    /// for free ones where it still meets its target): opt-in, one move at a
+    /// time, at most one started per --continuous-interval.
+    #[arg(long, value_name = "BOOL", default_value = "false", action = clap::ArgAction::Set)]
+    continuous_moves: bool,
+    /// The least gain a continuous move is made for: requests/s at the target
+    /// gained, as a fraction of what the moved replicas serve now (0.2: a
+    /// fifth more).
+    #[arg(long, value_name = "FRACTION", default_value = "0.2", value_parser = fraction)]
+    continuous_min_gain: f64,
+    /// Seconds between looks for continuous moves: the cluster is judged at
+    /// most once in this long, and no sooner after a continuous move ends.
+    #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = clap::value_parser!(u64).range(10..=86400))]
+    continuous_interval: u64,
 }
 
 impl ControllerFlags {
@@ -111,6 +126,9 @@ impl ControllerFlags {
             max_moves_in_flight,
             move_timeout,
             move_backoff,
+            continuous_moves,
+            continuous_min_gain,
+            continuous_interval,
         } = self;
         let leader_election = if leader_elect {
             let Some(lease_namespace) = lease_namespace else {
@@ -148,6 +166,10 @@ impl ControllerFlags {
                     max_in_flight: max_moves_in_flight as usize,
                     timeout: std::time::Duration::from_secs(move_timeout),
                     backoff: std::time::Duration::from_secs(move_backoff),
+                    continuous: continuous_moves.then(|| ContinuousMoves {
+                        min_gain: continuous_min_gain,
+                        interval: std::time::Duration::from_secs(continuous_interval),
+                    }),
                 },
             },
             initial_list,

@@ -59,3 +59,13 @@ pub(crate) fn celsius(text: &str) -> Result<f64, String> {
         _ => Err(format!("{text:?} is not a temperature from 0 to 150 °C")),
     }
 }
+
+/// A share flag: a finite number from 0 to 10 (0.2: a fifth).
+pub(crate) fn fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=10.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{text:?} is not a fraction from 0 to 10 (0.2: a fifth)"
+        )),
+    }
+}

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
@@ -33,6 +34,8 @@ pub(crate) struct MoveBook {
     wake: Mutex<Option<UnboundedSender<ObjectRef<ModelInstance>>>>,
     /// The last refusal told about each instance (by UID).
     told: Mutex<HashMap<String, String>>,
+    /// When continuous moves may look next; unset until the first ask.
+    continuous_next: Mutex<Option<Timestamp>>,
 }
 
 impl MoveBook {
@@ -81,6 +84,31 @@ impl MoveBook {
         }
         told.insert(uid.to_string(), message.to_string());
         true
+    }
+
+    /// Whether continuous moves may look now; if so, the next look is an
+    /// `interval` away. The first ask only starts the clock: a controller
+    /// that just started (or took over) sees the cluster a while first.
+    pub(crate) fn continuous_due(&self, now: Timestamp, interval: Duration) -> bool {
+        let mut next = lock(&self.continuous_next);
+        let later = now.checked_add(interval).unwrap_or(now);
+        match *next {
+            Some(due) if due > now => false,
+            Some(_) => {
+                *next = Some(later);
+                true
+            }
+            None => {
+                *next = Some(later);
+                false
+            }
+        }
+    }
+
+    /// The next look may come as soon as no move is under way: an
+    /// improvement of two moves is not held up between them.
+    pub(crate) fn continuous_soon(&self, now: Timestamp) {
+        *lock(&self.continuous_next) = Some(now);
     }
 
     pub(crate) fn back_off(&self, uid: &str, replica: u32, until: Timestamp) {
@@ -138,6 +166,21 @@ mod tests {
         assert!(!book.first_told("uid-a", "stays"));
         assert!(book.first_told("uid-a", "stays for another reason"));
         assert!(book.first_told("uid-b", "stays"));
+    }
+
+    #[test]
+    fn continuous_moves_look_once_an_interval_after_a_first_wait() {
+        let book = MoveBook::default();
+        let at = |text: &str| -> Timestamp { text.parse().unwrap() };
+        let interval = Duration::from_secs(600);
+        assert!(!book.continuous_due(at("2026-06-01T12:00:00Z"), interval));
+        assert!(!book.continuous_due(at("2026-06-01T12:09:59Z"), interval));
+        assert!(book.continuous_due(at("2026-06-01T12:10:00Z"), interval));
+        assert!(!book.continuous_due(at("2026-06-01T12:15:00Z"), interval));
+        book.continuous_soon(at("2026-06-01T12:15:00Z"));
+        assert!(book.continuous_due(at("2026-06-01T12:15:01Z"), interval));
+        assert!(!book.continuous_due(at("2026-06-01T12:15:02Z"), interval));
+        assert!(book.continuous_due(at("2026-06-01T12:25:01Z"), interval));
     }
 
     #[test]

@@ -7,12 +7,15 @@
 //! once every one is Ready, the old pods evicted through the Eviction API
 //! (`evict`, so PodDisruptionBudgets count), or the move abandoned with the
 //! old copy untouched. A replica on a cordoned node hands itself the move
-//! that takes it off (`drain`). `world` is the cluster as both planners see
-//! it from the caches; `metrics` counts how moves end.
+//! that takes it off (`drain`). With `--continuous-moves`, a replica that
+//! serves more elsewhere is handed its move while nothing is blocked
+//! (`improve`). `world` is the cluster as the planners see it from the
+//! caches; `metrics` counts how moves end.
 
 pub(crate) mod book;
 pub(crate) mod drain;
 pub(crate) mod evict;
+pub(crate) mod improve;
 pub(crate) mod metrics;
 pub(crate) mod progress;
 pub(crate) mod propose;

@@ -11,9 +11,12 @@
 //! - `relocate`: a candidate carried out, each displaced replica placed
 //!   elsewhere, never where it serves less;
 //! - `evacuate`: nodes emptied for a drain, each replica placed off them
-//!   while it still runs where it is.
+//!   while it still runs where it is;
+//! - `improve`: for continuous moves, a replica moved where it serves more,
+//!   alone or once others made way.
 
 mod evacuate;
+mod improve;
 mod relocate;
 mod room;
 mod world;
@@ -29,6 +32,7 @@ use crate::translate::ClusterNode;
 use world::World;
 
 pub use evacuate::{Evacuation, EvacuationAsk, Staying, plan_evacuation};
+pub use improve::{ImproveAsk, Improvement, plan_improvement};
 
 /// A replica tessera runs, as a move planner needs it.
 #[derive(Clone, Debug)]

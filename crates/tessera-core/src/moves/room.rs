@@ -182,7 +182,7 @@ fn ranked_nodes<'a>(
 /// The blocked replica's plan with the replicas in `out` out of the way,
 /// then narrowed: each replica in its way, the costliest first, stays where
 /// it is if the replica still fits without its devices.
-fn fewest_in_the_way(
+pub(crate) fn fewest_in_the_way(
     ask: &MoveAsk<'_>,
     world: &World<'_>,
     out: &BTreeSet<usize>,

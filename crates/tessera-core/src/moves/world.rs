@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::RunningReplica;
 use crate::api::{ModelInstanceSpec, PlannedShard};
 use crate::placement::{Plan, Problem};
-use crate::translate::{ClusterNode, HeldShares, build_problem, hold_shard};
+use crate::translate::{ClusterNode, HeldShares, build_problem, hold_shard, release_shard};
 
 #[derive(Clone)]
 pub(crate) struct World<'a> {
@@ -92,6 +92,38 @@ impl<'a> World<'a> {
             &allocated,
             &shares,
         )
+    }
+
+    /// Each placed replica's problem where it stands, beside what the others
+    /// hold (as `without` that replica, on its own nodes): the holdings are
+    /// built once, not once a replica, so judging every replica of a large
+    /// cluster stays a linear walk.
+    pub(crate) fn each_where_it_is(&self, mut visit: impl FnMut(usize, &[PlannedShard], Problem)) {
+        let (mut allocated, mut shares) = self.holdings();
+        let by_name: HashMap<&str, &ClusterNode> = self
+            .nodes
+            .iter()
+            .map(|node| (node.name.as_str(), node))
+            .collect();
+        for (index, (replica, at)) in self.running.iter().zip(&self.at).enumerate() {
+            let Some(shards) = at else {
+                continue;
+            };
+            for shard in shards {
+                release_shard(shard, &replica.holder, &mut allocated, &mut shares);
+            }
+            let scope: BTreeSet<&str> = shards.iter().map(|s| s.node.as_str()).collect();
+            let problem = build_problem(
+                replica.spec,
+                scope.iter().filter_map(|name| by_name.get(name).copied()),
+                &allocated,
+                &shares,
+            );
+            visit(index, shards, problem);
+            for shard in shards {
+                hold_shard(shard, &replica.holder, &mut allocated, &mut shares);
+            }
+        }
     }
 
     /// Who holds what at this step: pods outside tessera, the running

@@ -93,6 +93,32 @@ pub fn hold_shard(
     }
 }
 
+/// Undoes [`hold_shard`]: what `holder`'s shard held is free again.
+pub(crate) fn release_shard(
+    shard: &PlannedShard,
+    holder: &str,
+    allocated: &mut HashMap<(String, String), String>,
+    shares: &mut HeldShares,
+) {
+    if let Some(share) = &shard.share
+        && share.kind == api::ShareKind::Memory
+    {
+        let key = (shard.node.clone(), share.gpu.clone());
+        if let Some(held) = shares.get_mut(&key)
+            && let Some(at) = held.iter().position(|(who, _)| who == holder)
+        {
+            held.remove(at);
+        }
+        return;
+    }
+    for device in &shard.devices {
+        let key = (shard.node.clone(), device.clone());
+        if allocated.get(&key).is_some_and(|who| who == holder) {
+            allocated.remove(&key);
+        }
+    }
+}
+
 /// Builds the solver's problem. `allocated` maps `(node, device id)` to the
 /// workload holding that device (or partition) whole; those devices are not
 /// free. `shares` are the memory shares others hold: what they leave is

@@ -10,6 +10,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::api::NodeGpuState;
 
+mod improve;
+
 const GIB: u64 = 1 << 30;
 
 /// A node of `gpus` GPUs of one product, every pair NVLink-linked.
@@ -23,6 +25,8 @@ fn offering(name: &str, gpus: u32, product: &str, shares: &str) -> ClusterNode {
         "L40S" => (362.0, 864.0, 48),
         // Too slow for an 8B model's 50 ms a token.
         "slow" => (20.0, 150.0, 80),
+        "slow-large" => (20.0, 150.0, 192),
+        "H200" => (989.0, 4800.0, 141),
         _ => (989.0, 3350.0, 80),
     };
     let devices: Vec<String> = (0..gpus)

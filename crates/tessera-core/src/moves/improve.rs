@@ -1,0 +1,212 @@
+//! Improvements, for continuous moves: nothing is blocked, but a replica
+//! serves more at its target elsewhere. Either devices free now serve it
+//! better (it was placed when they were taken), or devices another replica
+//! holds do and that one still meets its target on free devices (an 8B on
+//! an MI300X that a 70B replica on slower GPUs could use). Make before break
+//! like every move: each new copy goes to devices free at its step. The
+//! answer is the improvement that gains the most requests/s at the target,
+//! and only one that gains more than the asked share of what its moved
+//! replicas served before.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use super::relocate::{Worth, same_shape, settle};
+use super::room::fewest_in_the_way;
+use super::world::{World, nodes_of};
+use super::{Move, MoveAsk, MoveLimits, RunningReplica};
+use crate::placement::SolveOptions;
+use crate::sizing::solve_parallelism;
+use crate::translate::{ClusterNode, judge_placed, tensor_choice};
+
+/// Replicas moved out of the way of the one that gains, at most: an
+/// improvement is worth a short sequence only.
+const MAX_OUT_OF_THE_WAY: usize = 2;
+
+/// What the planner is asked for an improvement.
+pub struct ImproveAsk<'a> {
+    pub nodes: &'a [ClusterNode],
+    /// Devices held whole by pods that are not tessera's replicas.
+    pub others: &'a std::collections::HashMap<(String, String), String>,
+    pub running: &'a [RunningReplica<'a>],
+    /// The least gain worth moving for: requests/s at the target gained, as
+    /// a fraction of what the moved replicas served before (0.2: a fifth
+    /// more). A replica that served nothing at its target gains by any
+    /// request it then serves.
+    pub min_gain: f64,
+    /// Replicas tried as the one that gains, those serving the least per
+    /// GPU first.
+    pub max_tried: usize,
+    pub options: &'a SolveOptions<'a>,
+}
+
+/// Moves that raise what the cluster serves, in order.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Improvement {
+    pub moves: Vec<Move>,
+    pub gpus_moved: f64,
+    /// Requests/s at the target the moved replicas serve before and after.
+    pub requests_per_second_before: f64,
+    pub requests_per_second_after: f64,
+    /// The cluster's requests/s at the target per GPU its replicas hold,
+    /// before and after (moves keep every replica's shape, so the GPUs held
+    /// stay the same).
+    pub cluster_per_gpu_before: f64,
+    pub cluster_per_gpu_after: f64,
+}
+
+impl Improvement {
+    /// Requests/s at the target gained.
+    pub fn gain(&self) -> f64 {
+        self.requests_per_second_after - self.requests_per_second_before
+    }
+}
+
+/// The improvement that gains the most, if one gains more than
+/// `ask.min_gain`; ties go to fewer GPUs moved, then to the replica tried
+/// first.
+pub fn plan_improvement(ask: &ImproveAsk<'_>) -> Option<Improvement> {
+    let world = World::new(ask.nodes, ask.others, ask.running, "a better placement");
+    let mut worth = vec![Worth::default(); ask.running.len()];
+    world.each_where_it_is(|index, shards, problem| {
+        let refs: Vec<_> = shards.iter().collect();
+        if let Ok((plan, capacity)) = judge_placed(problem, &refs) {
+            worth[index] = Worth::of(Some(&capacity), &plan);
+        }
+    });
+    let gpus: f64 = ask.running.iter().map(RunningReplica::gpus).sum();
+    let served: f64 = worth.iter().map(|w| w.requests_per_second).sum();
+    let per_gpu = |served: f64| if gpus > 0.0 { served / gpus } else { 0.0 };
+    let mut tried: Vec<usize> = (0..ask.running.len())
+        .filter(|&index| ask.running[index].movable())
+        .collect();
+    let per_gpu_of = |index: usize| {
+        worth[index].requests_per_second / ask.running[index].gpus().max(f64::MIN_POSITIVE)
+    };
+    tried.sort_by(|&a, &b| per_gpu_of(a).total_cmp(&per_gpu_of(b)).then(a.cmp(&b)));
+    let mut best: Option<Improvement> = None;
+    for &gainer in tried.iter().take(ask.max_tried) {
+        let ways = [
+            alone(ask, &world, worth[gainer], gainer),
+            making_way(ask, &world, &worth, gainer),
+        ];
+        for moves in ways.into_iter().flatten() {
+            let before: f64 = moves.iter().map(|m| m.requests_per_second_before).sum();
+            let after: f64 = moves.iter().map(|m| m.requests_per_second_after).sum();
+            if after - before <= ask.min_gain * before || after <= before {
+                continue;
+            }
+            let gpus_moved = moves.iter().fold(0.0, |sum, m| sum + m.gpus);
+            let better = best.as_ref().is_none_or(|best| {
+                let gain = after - before;
+                gain > best.gain() || (gain == best.gain() && gpus_moved < best.gpus_moved)
+            });
+            if better {
+                best = Some(Improvement {
+                    moves,
+                    gpus_moved,
+                    requests_per_second_before: before,
+                    requests_per_second_after: after,
+                    cluster_per_gpu_before: per_gpu(served),
+                    cluster_per_gpu_after: per_gpu(served - before + after),
+                });
+            }
+        }
+    }
+    best
+}
+
+/// `gainer` moved to devices free now, where it serves more than where it
+/// is (judged beside what the others hold, as every move is).
+fn alone(
+    ask: &ImproveAsk<'_>,
+    world: &World<'_>,
+    before: Worth,
+    gainer: usize,
+) -> Option<Vec<Move>> {
+    let replica = &ask.running[gainer];
+    let from = world.shards_of(gainer)?.to_vec();
+    let (spec, tensor) = same_shape(replica.spec, &from);
+    let placed = solve_parallelism(&world.problem(&spec, None), tensor, ask.options).ok()?;
+    let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
+    if after.requests_per_second <= before.requests_per_second {
+        return None;
+    }
+    let mut now = world.clone();
+    Some(vec![settle(
+        &mut now,
+        gainer,
+        from,
+        &placed.plan,
+        (before, after),
+    )])
+}
+
+/// `gainer` moved onto devices others hold, once they moved to free
+/// devices where each still meets the target it meets now (it may serve
+/// less there: the sum is what is judged).
+fn making_way(
+    ask: &ImproveAsk<'_>,
+    world: &World<'_>,
+    worth: &[Worth],
+    gainer: usize,
+) -> Option<Vec<Move>> {
+    let replica = &ask.running[gainer];
+    let from = world.shards_of(gainer)?.to_vec();
+    let (spec, _) = same_shape(replica.spec, &from);
+    let movable: BTreeSet<usize> = (0..ask.running.len())
+        .filter(|&index| index != gainer && ask.running[index].movable())
+        .collect();
+    let as_blocked = MoveAsk {
+        nodes: ask.nodes,
+        others: ask.others,
+        running: ask.running,
+        blocked: &spec,
+        blocked_name: &replica.holder,
+        limits: MoveLimits::default(),
+        options: ask.options,
+    };
+    let candidate = fewest_in_the_way(&as_blocked, world, &movable, None).ok()?;
+    if candidate.in_the_way.is_empty() || candidate.in_the_way.len() > MAX_OUT_OF_THE_WAY {
+        return None;
+    }
+    let mut now = world.clone();
+    now.hold_for_blocked(&candidate.placed.plan);
+    let mut order: Vec<usize> = candidate.in_the_way.iter().copied().collect();
+    order.sort_by(|&a, &b| {
+        let gpus = |index: usize| ask.running[index].gpus();
+        gpus(b).total_cmp(&gpus(a)).then(a.cmp(&b))
+    });
+    let mut moves = Vec::new();
+    for index in order {
+        let from = now.shards_of(index)?.to_vec();
+        let (spec, tensor) = same_shape(ask.running[index].spec, &from);
+        let placed = solve_parallelism(&now.problem(&spec, None), tensor, ask.options).ok()?;
+        let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
+        let before = worth[index];
+        if before.requests_per_second > 0.0 && after.requests_per_second <= 0.0 {
+            return None;
+        }
+        moves.push(settle(&mut now, index, from, &placed.plan, (before, after)));
+    }
+    now.release_blocked();
+    let before = worth[gainer];
+    let scope = nodes_of(&candidate.placed.plan);
+    let placed = solve_parallelism(
+        &now.problem(&spec, Some(&scope)),
+        tensor_choice(&spec),
+        ask.options,
+    )
+    .ok()?;
+    let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
+    moves.push(settle(
+        &mut now,
+        gainer,
+        from,
+        &placed.plan,
+        (before, after),
+    ));
+    Some(moves)
+}
