@@ -4,7 +4,10 @@
 //! node is free whole, and a 405B-class replica (8 GPUs a shard, pipeline
 //! `auto`) asks for room. Criterion times one answer; a `REPORT` line per
 //! cluster gives the moves, the GPUs moved and where the replica then runs.
-//! Target: one answer < 50 ms at 1,000 nodes.
+//! Target: one answer < 50 ms at 1,000 nodes. The improvement planner of
+//! continuous moves (`moves::plan_improvement`) on the same clusters: one
+//! look, every replica judged where it is and the eight serving least per
+//! GPU tried elsewhere; its `REPORT` line gives what it would move.
 
 #[allow(dead_code)]
 mod support;
@@ -14,7 +17,10 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tessera::api::{ModelInstanceSpec, PlannedShard};
-use tessera::moves::{MoveAsk, MoveLimits, RunningReplica, plan_moves};
+use tessera::moves::{
+    IMPROVE_MAX_TRIED, ImproveAsk, MoveAsk, MoveLimits, RunningReplica, plan_improvement,
+    plan_moves,
+};
 use tessera::placement::SolveOptions;
 use tessera::sizing::TensorChoice;
 use tessera::translate::ClusterNode;
@@ -98,6 +104,7 @@ fn moves_benches(c: &mut Criterion) {
             blocked: &big,
             blocked_name: "bench/405b",
             limits: MoveLimits::default(),
+            trade: None,
             options: &options,
         };
         match plan_moves(&ask) {
@@ -127,6 +134,42 @@ fn moves_benches(c: &mut Criterion) {
         }
         group.bench_function(format!("405b_over_{nodes}x8"), |b| {
             b.iter(|| plan_moves(black_box(&ask)))
+        });
+        let improve = ImproveAsk {
+            nodes: &cluster,
+            others: &others,
+            running: &running,
+            min_gain: 0.2,
+            max_tried: IMPROVE_MAX_TRIED,
+            options: &options,
+        };
+        match plan_improvement(&improve) {
+            Some(found) => {
+                let moved: Vec<String> = found
+                    .moves
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{} -> {} ({:.2} -> {:.2} requests/s)",
+                            m.from[0].node,
+                            m.to[0].node,
+                            m.requests_per_second_before,
+                            m.requests_per_second_after
+                        )
+                    })
+                    .collect();
+                eprintln!(
+                    "REPORT moves/improve_{nodes}x8: {} move(s) ({}); the cluster {:.3} -> {:.3} requests/s per GPU",
+                    found.moves.len(),
+                    moved.join(", "),
+                    found.cluster_per_gpu_before,
+                    found.cluster_per_gpu_after
+                );
+            }
+            None => eprintln!("REPORT moves/improve_{nodes}x8: nothing gains a fifth"),
+        }
+        group.bench_function(format!("improve_{nodes}x8"), |b| {
+            b.iter(|| plan_improvement(black_box(&improve)))
         });
     }
     group.finish();

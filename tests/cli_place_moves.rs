@@ -170,3 +170,101 @@ fn a_drain_of_a_node_the_cluster_lacks_is_bad_input() {
         );
     }
 }
+
+const TRADE_CLUSTER: &str = "tests/fixtures/moves/trade-cluster.yaml";
+const TRADE_INSTANCES: &str = "tests/fixtures/moves/trade-instances.yaml";
+
+#[test]
+fn improve_shows_the_continuous_moves_that_raise_what_the_cluster_serves() {
+    // The 8B took the H200 first; the 70B runs on an H100 with little KV
+    // cache. The 8B making way to the free H100 and the 70B taking the H200
+    // gain about a tenth of what the two serve.
+    let args = ["place", "-c", TRADE_CLUSTER, "-f", TRADE_INSTANCES];
+    let (code, table, stderr) = run(&[&args[..], &["--improve", "0.05"]].concat(), None);
+    assert_eq!(code, 0, "{table}\n{stderr}");
+    let shown = &table[table
+        .find("improve: 2 move(s)")
+        .unwrap_or_else(|| panic!("{table}"))..];
+    assert!(shown.contains("shown, not made"), "{shown}");
+    assert!(
+        shown.contains("1. ml/chat: h200-a h200-a-gpu0 -> h100-c h100-c-gpu0"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("2. ml/big: h100-b h100-b-gpu0 -> h200-a h200-a-gpu0"),
+        "{shown}"
+    );
+    // A fifth more (the default, as the controller's) is not reached.
+    let (_, table, _) = run(&[&args[..], &["--improve"]].concat(), None);
+    assert!(
+        table.contains("improve: no move gains more than 20% of what its replicas serve"),
+        "{table}"
+    );
+    // Without --improve nothing is said.
+    let (_, table, _) = run(&args, None);
+    assert!(!table.contains("improve:"), "{table}");
+
+    let (_, json, _) = run(
+        &[&args[..], &["-o", "json", "--improve=0.05"]].concat(),
+        None,
+    );
+    let report: Value = serde_json::from_str(&json).expect("JSON output parses");
+    let found = &report["improve"]["found"];
+    assert_eq!(report["improve"]["minGain"], 0.05);
+    assert_eq!(found["moves"].as_array().map(Vec::len), Some(2), "{found}");
+    assert!(
+        found["requestsPerSecondAfter"].as_f64() > found["requestsPerSecondBefore"].as_f64(),
+        "{found}"
+    );
+    assert!(found["clusterPerGpuAfter"].as_f64() > found["clusterPerGpuBefore"].as_f64());
+    // The placements stay as placed.
+    assert_eq!(
+        report["placements"][0]["plan"]["stages"][0]["node"],
+        "h200-a"
+    );
+}
+
+#[test]
+fn improve_shows_room_made_by_a_trade_where_strict_moves_make_none() {
+    // The 70B asks for the H200 the 8B holds: the 8B would serve less on an
+    // H100, so only a trade (continuous moves) makes room.
+    let dir = Scratch::new("cli_place_moves", "trade");
+    let only_h200 = fixture(TRADE_INSTANCES).replace(
+        "dtype: fp8}\n",
+        "dtype: fp8}\n  placement: {products: [\"NVIDIA H200\"]}\n",
+    );
+    let path = dir.file("only-h200.yaml", &only_h200);
+    let args = ["place", "-c", TRADE_CLUSTER, "-f", &path];
+    let (code, table, _) = run(&args, None);
+    assert_eq!(code, 2, "{table}");
+    assert!(
+        table.contains("no moves make room: ml/big fits on h200-a by moving 1 replica(s) (ml/chat), but ml/chat would serve less elsewhere"),
+        "{table}"
+    );
+    let (code, table, _) = run(&[&args[..], &["--improve", "0.05"]].concat(), None);
+    assert_eq!(code, 2, "the refusal stands: {table}");
+    assert!(
+        table.contains("moves that would make room (1 GPU(s) moved"),
+        "{table}"
+    );
+    assert!(table.contains("then ml/big: h200-a h200-a-gpu0"), "{table}");
+    // Asked for more than the trade gains, it says what it would lose.
+    let (_, table, _) = run(&[&args[..], &["--improve", "5"]].concat(), None);
+    assert!(table.contains("the replicas moved would lose"), "{table}");
+}
+
+#[test]
+fn a_malformed_least_gain_is_bad_input() {
+    for gain in [
+        "--improve=much",
+        "--improve=-0.5",
+        "--improve=11",
+        "--improve=inf",
+    ] {
+        assert_bad_input(
+            &["place", "-c", TRADE_CLUSTER, "-f", TRADE_INSTANCES, gain],
+            None,
+            &["a fraction from 0 to 10"],
+        );
+    }
+}

@@ -302,6 +302,7 @@ proptest! {
             output: PlaceOutput::Json,
             max_steps: Some(20_000),
             drain: Vec::new(),
+            improve: None,
         })
         .map_err(|e| TestCaseError::fail(format!("refused as bad input: {e}")))?;
         let _ = std::fs::remove_dir_all(&dir);

@@ -622,6 +622,7 @@ fn make_room(
         blocked: &spec,
         blocked_name: "bench/burst",
         limits: MoveLimits::default(),
+        trade: None,
         options: &options,
     };
     let answer = plan_moves(&ask).ok()?;

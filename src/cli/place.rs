@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::InputError;
 use super::input::{parse_cluster, parse_instances, read_input};
-use super::place_moves::{Drain, MoveAdvice, advise, drain};
+use super::place_moves::{Drain, Improve, MoveAdvice, advise, drain, improve};
 use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
 use tessera_core::moves::RunningReplica;
@@ -63,6 +63,11 @@ pub struct PlaceArgs {
     /// Nodes to plan a drain of once every instance is placed: the moves
     /// that would take tessera's replicas off them.
     pub drain: Vec<String>,
+    /// With a least gain: the continuous move that would raise what the
+    /// cluster serves by more than it, once every instance is placed; and
+    /// room for a refused replica made as continuous moves make it (a
+    /// replica moved may serve less where it goes, for that gain).
+    pub improve: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -138,6 +143,9 @@ pub struct Report {
     /// With `--drain`: the moves that would empty those nodes, and what stays.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) drain: Option<Drain>,
+    /// With `--improve`: the continuous move the controller would make.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) improve: Option<Improve>,
     /// The cluster planned on, for the map.
     #[serde(skip)]
     pub(crate) nodes: Vec<ClusterNode>,
@@ -199,7 +207,7 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
             )));
         }
     }
-    let placed = place_all(&instances, &nodes, args.max_steps);
+    let placed = place_all(&instances, &nodes, args.max_steps, args.improve);
     let drain = (!args.drain.is_empty()).then(|| {
         drain(
             &nodes,
@@ -209,11 +217,21 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
             args.max_steps,
         )
     });
+    let improve = args.improve.map(|min_gain| {
+        improve(
+            &nodes,
+            &placed.outside,
+            &placed.running,
+            min_gain,
+            args.max_steps,
+        )
+    });
     Ok(Report {
         cluster: cluster_origin,
         placements: placed.placements,
         demands: placed.demands,
         drain,
+        improve,
         nodes,
     })
 }
@@ -232,6 +250,7 @@ fn place_all<'a>(
     instances: &'a [ModelInstance],
     nodes: &[ClusterNode],
     max_steps: Option<u64>,
+    trade: Option<f64>,
 ) -> Placed<'a> {
     // Devices the node agents report as handed to pods are taken, as for the controller.
     let mut allocated: HashMap<(String, String), String> = nodes
@@ -351,7 +370,13 @@ fn place_all<'a>(
                     // Later replicas face the same cluster: one answer.
                     moves: (!std::mem::replace(&mut advised, true)).then(|| {
                         advise(
-                            nodes, &outside, &running, &mi.spec, &holder, replica, max_steps,
+                            nodes,
+                            &outside,
+                            &running,
+                            &mi.spec,
+                            (&holder, replica),
+                            max_steps,
+                            trade,
                         )
                     }),
                     serving: mi.spec.serving.clone(),
@@ -380,6 +405,7 @@ mod tests {
             output: PlaceOutput::Table,
             max_steps: Some(20_000),
             drain: Vec::new(),
+            improve: None,
         })
         .unwrap();
         assert_eq!(report.placements.len(), 3);

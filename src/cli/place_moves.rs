@@ -1,7 +1,8 @@
 //! `tessera place`'s moves, shown and never made: for a refused replica the
 //! moves of replicas placed before it that would make room (make before
 //! break, as `moves::plan_moves` plans them) or why none would; with
-//! `--drain`, the moves that would empty those nodes and what would stay.
+//! `--drain`, the moves that would empty those nodes and what would stay;
+//! with `--improve`, the continuous move the controller would make.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -10,8 +11,8 @@ use serde::Serialize;
 
 use tessera_core::api::{ModelInstanceSpec, PlannedShard};
 use tessera_core::moves::{
-    Evacuation, EvacuationAsk, Move, MoveAsk, MoveLimits, RunningReplica, plan_evacuation,
-    plan_moves,
+    Evacuation, EvacuationAsk, IMPROVE_MAX_TRIED, ImproveAsk, Improvement, Move, MoveAsk,
+    MoveLimits, RunningReplica, plan_evacuation, plan_improvement, plan_moves,
 };
 use tessera_core::placement::SolveOptions;
 use tessera_core::translate::{ClusterNode, planned_shards};
@@ -34,15 +35,16 @@ pub(crate) enum MoveAdvice {
 }
 
 /// Asks the planner about replica `replica` of `spec` (named `name`) on the
-/// cluster `running` and `outside` hold.
+/// cluster `running` and `outside` hold; with `trade` (`--improve`), as
+/// continuous moves make room.
 pub(crate) fn advise(
     nodes: &[ClusterNode],
     outside: &HashMap<(String, String), String>,
     running: &[RunningReplica<'_>],
     spec: &ModelInstanceSpec,
-    name: &str,
-    replica: u32,
+    (name, replica): (&str, u32),
     max_steps: Option<u64>,
+    trade: Option<f64>,
 ) -> MoveAdvice {
     let answer = solving(max_steps, |options| {
         plan_moves(&MoveAsk {
@@ -52,6 +54,7 @@ pub(crate) fn advise(
             blocked: spec,
             blocked_name: name,
             limits: MoveLimits::default(),
+            trade,
             options,
         })
     });
@@ -162,6 +165,60 @@ impl Drain {
         }
         for stays in staying {
             lines.push(format!("  stays: {}: {}", stays.replica, stays.reason));
+        }
+        lines
+    }
+}
+
+/// What continuous moves would do on the cluster as placed.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Improve {
+    pub(crate) min_gain: f64,
+    /// The improvement found, or none that gains that much.
+    pub(crate) found: Option<Improvement>,
+}
+
+/// Looks for the improvement the controller's continuous moves would make.
+pub(crate) fn improve(
+    nodes: &[ClusterNode],
+    outside: &HashMap<(String, String), String>,
+    running: &[RunningReplica<'_>],
+    min_gain: f64,
+    max_steps: Option<u64>,
+) -> Improve {
+    let found = solving(max_steps, |options| {
+        plan_improvement(&ImproveAsk {
+            nodes,
+            others: outside,
+            running,
+            min_gain,
+            max_tried: IMPROVE_MAX_TRIED,
+            options,
+        })
+    });
+    Improve { min_gain, found }
+}
+
+impl Improve {
+    /// The improvement as the table prints it.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let Some(found) = &self.found else {
+            return vec![format!(
+                "improve: no move gains more than {:.0}% of what its replicas serve (shown, not made)",
+                self.min_gain * 100.0
+            )];
+        };
+        let mut lines = vec![format!(
+            "improve: {} move(s), {:.2} -> {:.2} requests/s at the target for the replicas moved, the cluster {:.3} -> {:.3} per GPU (each new copy serving before the old one goes; shown, not made):",
+            found.moves.len(),
+            found.requests_per_second_before,
+            found.requests_per_second_after,
+            found.cluster_per_gpu_before,
+            found.cluster_per_gpu_after
+        )];
+        for (step, moved) in found.moves.iter().enumerate() {
+            lines.push(format!("  {}. {}", step + 1, move_words(moved)));
         }
         lines
     }

@@ -202,6 +202,12 @@ fn table(report: &Report) -> String {
             let _ = writeln!(out, "{line}");
         }
     }
+    if let Some(improve) = &report.improve {
+        let _ = writeln!(out);
+        for line in improve.lines() {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     out
 }
 

@@ -90,7 +90,9 @@ pub struct ControllerFlags {
     /// Also move replicas while nothing is blocked, where one serves more at
     /// its target elsewhere (devices free now, or devices a replica leaves
     /// for free ones where it still meets its target): opt-in, one move at a
-    /// time, at most one started per --continuous-interval.
+    /// time, at most one started per --continuous-interval. Room for a
+    /// blocked replica may then also be made by trades: a replica moved
+    /// serves less, still meeting its target, for more the blocked one serves.
     #[arg(long, value_name = "BOOL", default_value = "false", action = clap::ArgAction::Set)]
     continuous_moves: bool,
     /// The least gain a continuous move is made for: requests/s at the target

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use super::values::fraction;
 use crate::cli::place::{PlaceArgs, PlaceOutput};
 
 #[derive(clap::Args)]
@@ -27,6 +28,15 @@ pub struct PlaceFlags {
     /// nodes); nothing is moved. Exit 2 when a replica would have to stay.
     #[arg(long, value_name = "NODE")]
     drain: Vec<String>,
+    /// Once every instance is placed, show the move the controller's
+    /// continuous moves would make: the one that raises the requests/s served
+    /// at the target the most, by more than FRACTION of what its replicas
+    /// serve (0.2 without a value, as `--continuous-min-gain`); and room for
+    /// a refused replica shown as continuous moves make it (a replica moved
+    /// may serve less, still meeting its target, for that gain). Nothing is
+    /// moved.
+    #[arg(long, value_name = "FRACTION", num_args = 0..=1, default_missing_value = "0.2", value_parser = fraction)]
+    improve: Option<f64>,
 }
 
 impl PlaceFlags {
@@ -37,6 +47,7 @@ impl PlaceFlags {
             output,
             max_steps,
             drain,
+            improve,
         } = self;
         let args = PlaceArgs {
             instances,
@@ -44,6 +55,7 @@ impl PlaceFlags {
             output,
             max_steps,
             drain,
+            improve,
         };
         match crate::cli::place::run(&args) {
             Ok(report) => {

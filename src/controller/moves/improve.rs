@@ -20,13 +20,9 @@ use crate::controller::held::{Claims, Held};
 use crate::controller::nodes::{NodeInfo, Readiness, tolerations_of};
 use crate::controller::observe::Observed;
 use tessera_core::api::{ModelInstance, Moves};
-use tessera_core::moves::{ImproveAsk, Improvement, plan_improvement};
+use tessera_core::moves::{IMPROVE_MAX_TRIED, ImproveAsk, Improvement, plan_improvement};
 use tessera_core::placement::SolveOptions;
 use tessera_core::translate::ClusterNode;
-
-/// Replicas tried as the one that gains, those serving least per GPU first:
-/// a look stays within a few dozen solves.
-const MAX_TRIED: usize = 8;
 
 /// Looks for a continuous move, from the reconcile of `instance`, once its
 /// own plan is settled (what it decided is what its status holds).
@@ -86,7 +82,7 @@ pub(crate) fn for_cluster(
         others: &others,
         running: &planned,
         min_gain: continuous.min_gain,
-        max_tried: MAX_TRIED,
+        max_tried: IMPROVE_MAX_TRIED,
         options: &options,
     }) else {
         tracing::debug!(instance = %instance.name, "continuous moves: nothing gains enough");

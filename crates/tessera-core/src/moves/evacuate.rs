@@ -91,7 +91,7 @@ pub fn plan_evacuation(ask: &EvacuationAsk<'_>) -> Evacuation {
                 }
             };
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
-        if before.requests_per_second > 0.0 && after.requests_per_second <= 0.0 {
+        if !after.keeps_target_of(&before) {
             evacuation.staying.push(stay(format!(
                 "elsewhere it would miss its latency target: {} against {} where it is",
                 after.words(),

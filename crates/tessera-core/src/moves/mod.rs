@@ -32,7 +32,7 @@ use crate::translate::ClusterNode;
 use world::World;
 
 pub use evacuate::{Evacuation, EvacuationAsk, Staying, plan_evacuation};
-pub use improve::{ImproveAsk, Improvement, plan_improvement};
+pub use improve::{IMPROVE_MAX_TRIED, ImproveAsk, Improvement, plan_improvement};
 
 /// A replica tessera runs, as a move planner needs it.
 #[derive(Clone, Debug)]
@@ -117,6 +117,12 @@ pub struct MoveAsk<'a> {
     pub blocked: &'a ModelInstanceSpec,
     pub blocked_name: &'a str,
     pub limits: MoveLimits,
+    /// With continuous moves, the least gain of a trade: a replica moved out
+    /// of the way may then serve less where it goes, if it still meets the
+    /// target it meets now and the blocked replica serves more than the
+    /// moved ones lose, by this fraction of what they served. `None`: no
+    /// replica moved for room serves less.
+    pub trade: Option<f64>,
     /// For every solve the planner makes.
     pub options: &'a SolveOptions<'a>,
 }

@@ -2,7 +2,9 @@
 //! replica is to get are held for it, then each replica in its way is
 //! placed elsewhere on what is free at that step (its old devices are still
 //! its own) and only then leaves them. A replica goes nowhere it would serve
-//! less at its target than where it is.
+//! less at its target than where it is; with a trade asked (continuous
+//! moves), nowhere it would miss a target it meets, and the blocked replica
+//! must gain more than the moved ones lose.
 
 use std::collections::BTreeSet;
 
@@ -12,7 +14,7 @@ use super::{Move, MoveAsk, MovePlan};
 use crate::api::{ModelInstanceSpec, PipelineStages, PlannedShard, TensorSize};
 use crate::placement::Plan;
 use crate::serving::Capacity;
-use crate::sizing::{TensorChoice, solve_parallelism};
+use crate::sizing::{InstancePlan, TensorChoice, solve_parallelism};
 use crate::translate::{judge_placed, planned_shards, tensor_choice};
 
 /// Relative slack in comparing what a replica serves before and after a
@@ -72,7 +74,8 @@ pub(crate) fn carry_out(
             },
         )?;
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
-        if !after.at_least(&before) {
+        let traded = ask.trade.is_some() && after.keeps_target_of(&before);
+        if !after.at_least(&before) && !traded {
             return Err(Failure {
                 reason: format!(
                     "{prefix}, but {} would serve less elsewhere: {} against {} where it is",
@@ -96,11 +99,40 @@ pub(crate) fn carry_out(
         reason: format!("{prefix}, but the room made does not hold it: {refusal}"),
         stuck: last_moved,
     })?;
+    if let Some(min_gain) = ask.trade {
+        trade_pays(&moves, &placed, min_gain).map_err(|why| Failure {
+            reason: format!("{prefix}, but {why}"),
+            stuck: last_moved,
+        })?;
+    }
     Ok(MovePlan {
         gpus_moved: moves.iter().fold(0.0, |sum, m| sum + m.gpus),
         moves,
         placed,
     })
+}
+
+/// Whether what `moves` lose is paid for: the blocked replica, `placed`,
+/// serves more than the moved replicas lose, by `min_gain` of what they
+/// served. Moves that lose nothing need no pay.
+fn trade_pays(moves: &[Move], placed: &InstancePlan, min_gain: f64) -> Result<(), String> {
+    let lost: f64 = moves
+        .iter()
+        .map(|m| (m.requests_per_second_before - m.requests_per_second_after).max(0.0))
+        .sum();
+    if lost <= 0.0 {
+        return Ok(());
+    }
+    let served: f64 = moves.iter().map(|m| m.requests_per_second_before).sum();
+    let gained = Worth::of(placed.capacity.as_ref(), &placed.plan).requests_per_second;
+    if gained - lost > min_gain * served {
+        Ok(())
+    } else {
+        Err(format!(
+            "the replicas moved would lose {lost:.2} requests/s at their targets for {gained:.2} it gains, not {:.0}% more than they serve",
+            min_gain * 100.0
+        ))
+    }
 }
 
 /// Replica `index` of `now` moved from `from` onto `plan`, which it was
@@ -167,6 +199,12 @@ impl Worth {
         } else {
             not_below(self.tokens_per_second, before.tokens_per_second)
         }
+    }
+
+    /// Whether it still meets a latency target `before` meets (it may serve
+    /// less at it).
+    pub(crate) fn keeps_target_of(&self, before: &Worth) -> bool {
+        before.requests_per_second <= 0.0 || self.requests_per_second > 0.0
     }
 
     pub(crate) fn words(&self) -> String {

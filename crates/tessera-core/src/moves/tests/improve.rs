@@ -2,7 +2,8 @@
 //! free devices where it serves more, or onto devices another one leaves
 //! for free ones where that one still meets its target; the least gain
 //! honoured, what may not move left alone, and every answer replayed with
-//! no device given twice.
+//! no device given twice. And room made by a trade, as continuous moves
+//! make it for a blocked replica.
 
 use super::*;
 
@@ -165,4 +166,42 @@ fn a_cluster_where_every_replica_is_as_well_placed_as_it_can_be_gets_no_moves() 
         replica("ml/chat replica 1", &small, "b", &[1], true),
     ];
     assert!(improve(&nodes, &running, 0.0).is_none());
+}
+
+#[test]
+fn with_a_trade_room_is_made_by_a_move_that_serves_less_but_gains_in_all() {
+    let nodes = [node("a", 1, "H200"), node("b", 1, "H100")];
+    let (small, large) = (small(), large_one_gpu());
+    let running = [replica("ml/chat replica 0", &small, "a", &[0], true)];
+    let others = HashMap::new();
+    let strict = plan_moves(&ask(&nodes, &others, &running, &large)).expect_err("no trade");
+    assert!(
+        strict.reason.contains("would serve less elsewhere"),
+        "{strict}"
+    );
+
+    let traded = |min_gain: f64| {
+        let mut asked = ask(&nodes, &others, &running, &large);
+        asked.trade = Some(min_gain);
+        plan_moves(&asked)
+    };
+    let answer = traded(0.1).expect("room by a trade");
+    assert_eq!(answer.moves.len(), 1);
+    let moved = &answer.moves[0];
+    assert_eq!(moved.to[0].node, "b");
+    assert!(moved.requests_per_second_after < moved.requests_per_second_before);
+    assert!(moved.requests_per_second_after > 0.0);
+    assert_eq!(answer.placed.plan.stages[0].node, "a");
+    replay_checks(&others, &running, &answer).expect("a sound sequence");
+
+    // The 8B loses about 1 of its 4.8 requests/s for the 1.5 the 90B gains:
+    // not the whole of what it served more.
+    let refused = traded(1.0).expect_err("the gain is too small");
+    assert!(refused.reason.contains("would lose"), "{refused}");
+
+    // Where the 8B would miss its target, no trade makes room.
+    let slow = [node("a", 1, "H200"), node("b", 1, "slow")];
+    let mut asked = ask(&slow, &others, &running, &large);
+    asked.trade = Some(0.0);
+    assert!(plan_moves(&asked).is_err());
 }

@@ -118,6 +118,7 @@ fn ask<'a>(
         blocked,
         blocked_name: "ml/big",
         limits: MoveLimits::default(),
+        trade: None,
         options,
     }
 }
