@@ -71,6 +71,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
     for placer in [
         options::Placer::Tessera,
         options::Placer::TesseraNoMoves,
+        options::Placer::TesseraContinuous,
         options::Placer::KubeScheduler,
         options::Placer::KubeSchedulerGang,
     ] {
@@ -79,6 +80,7 @@ fn flags_parse_and_bad_values_name_the_flag() {
     assert!(options::USAGE.contains("--compare"));
     assert!(options::USAGE.contains("kube-scheduler-gang"));
     assert!(options::USAGE.contains("tessera-no-moves"));
+    assert!(options::USAGE.contains("tessera-continuous"));
     assert_eq!(
         options.steady_for(Duration::from_secs(300)),
         Duration::from_secs(360),

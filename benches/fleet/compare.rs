@@ -4,7 +4,8 @@
 //! as a user would write them for kube-scheduler (`user_pods`), then a burst
 //! of 405B-class arrivals tests the room left for large models, which
 //! tessera's controller makes by moving running replicas (make before
-//! break; `tessera-no-moves` runs it with moves off). Every
+//! break; `tessera-no-moves` runs it with moves off, `tessera-continuous`
+//! with continuous moves on). Every
 //! replica either placer bound is judged by the same calls
 //! (`translate::evaluate_placed`, then the serving model at the instance's
 //! target) on the nodes as published: what it serves there, nothing where it
@@ -398,8 +399,13 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
     let scenario = format!("compare/{}_nodes/{}", bench.nodes, placer.name());
     ensure_device_class(bench.client, bench.driver).await;
     let side = match placer {
-        Placer::Tessera | Placer::TesseraNoMoves => {
-            let moves = placer == Placer::Tessera;
+        Placer::Tessera | Placer::TesseraNoMoves | Placer::TesseraContinuous => {
+            let moves = placer != Placer::TesseraNoMoves;
+            let continuous = if placer == Placer::TesseraContinuous {
+                "true"
+            } else {
+                "false"
+            };
             let log =
                 std::env::temp_dir().join(format!("tessera-compare-{}-controller.log", bench.run));
             let controller = ControllerProcess::start(
@@ -407,7 +413,14 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
                 bench.namespace,
                 bench.initial_list,
                 true,
-                &["--moves", if moves { "true" } else { "false" }],
+                &[
+                    "--moves",
+                    if moves { "true" } else { "false" },
+                    "--continuous-moves",
+                    continuous,
+                    "--continuous-interval",
+                    "10",
+                ],
                 log,
             );
             if !controller.ready(Duration::from_secs(300)).await {

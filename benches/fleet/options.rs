@@ -17,7 +17,7 @@ each node's agent and its Lease renewals multiplex over one HTTP/2 connection, f
 pass this process's open-file limit; default http1) --nodes-per-connection N (with http2: nodes sharing one connection; \
 default 1) --compare PLACER[,PLACER...] (instead of the steady state and churn: replay the cluster benchmark's \
 arrivals and a burst of large models under each placer in turn, tessera, tessera-no-moves (the controller with \
---moves false), kube-scheduler or kube-scheduler-gang, with DRA; kube-scheduler-gang needs the API server's and scheduler's gang-scheduling gates on) --events N \
+--moves false), tessera-continuous (with --continuous-moves true, looking every 10 s), kube-scheduler or kube-scheduler-gang, with DRA; kube-scheduler-gang needs the API server's and scheduler's gang-scheduling gates on) --events N \
 (events of the replayed sequence; default 300) --seed N (the replayed sequence's seed, decimal or 0x hex; \
 default the cluster benchmark's)";
 
@@ -172,6 +172,8 @@ pub(crate) enum Placer {
     Tessera,
     /// tessera's controller with moves off.
     TesseraNoMoves,
+    /// tessera's controller with continuous moves on.
+    TesseraContinuous,
     KubeScheduler,
     /// kube-scheduler with each replica's pods in one gang (PodGroup).
     KubeSchedulerGang,
@@ -182,10 +184,11 @@ impl Placer {
         match name {
             "tessera" => Ok(Placer::Tessera),
             "tessera-no-moves" => Ok(Placer::TesseraNoMoves),
+            "tessera-continuous" => Ok(Placer::TesseraContinuous),
             "kube-scheduler" => Ok(Placer::KubeScheduler),
             "kube-scheduler-gang" => Ok(Placer::KubeSchedulerGang),
             _ => Err(format!(
-                "--compare {name:?}: expected tessera, tessera-no-moves, kube-scheduler or kube-scheduler-gang"
+                "--compare {name:?}: expected tessera, tessera-no-moves, tessera-continuous, kube-scheduler or kube-scheduler-gang"
             )),
         }
     }
@@ -194,6 +197,7 @@ impl Placer {
         match self {
             Placer::Tessera => "tessera",
             Placer::TesseraNoMoves => "tessera-no-moves",
+            Placer::TesseraContinuous => "tessera-continuous",
             Placer::KubeScheduler => "kube-scheduler",
             Placer::KubeSchedulerGang => "kube-scheduler-gang",
         }

@@ -627,8 +627,11 @@ impl Sharing {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Moves {
     /// A replica may be moved, make before break (its new copy Ready before
-    /// the old one goes), to make room for a replica that cannot be placed;
-    /// never to devices where it serves less at its latency target.
+    /// the old one goes): to make room for a replica that cannot be placed
+    /// (to devices where it serves as much at its latency target, or with
+    /// the controller's continuous moves less, for more the blocked replica
+    /// serves), off a cordoned node, and with continuous moves where the
+    /// cluster serves more. Never where it would miss a target it meets.
     #[default]
     Allowed,
     /// The instance's replicas stay where they were placed.
@@ -679,9 +682,10 @@ pub struct PlacementPolicy {
     #[serde(default, skip_serializing_if = "Sharing::is_exclusive")]
     pub sharing: Sharing,
     /// Whether tessera may move this instance's running replicas, make
-    /// before break, to make room for a replica that cannot be placed:
-    /// `Allowed` (default) or `Never`. A replica is never moved to devices
-    /// where it serves less at its latency target.
+    /// before break: `Allowed` (default) or `Never`. Moves make room for a
+    /// replica that cannot be placed, leave cordoned nodes and, with the
+    /// controller's continuous moves, go where the cluster serves more. A
+    /// replica is never moved where it would miss a latency target it meets.
     // Left out when `Allowed`, so specs written before it existed keep their
     // placement hash; the hash leaves it out in any case.
     #[serde(default, skip_serializing_if = "Moves::is_allowed")]
