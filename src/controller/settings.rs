@@ -47,8 +47,7 @@ pub struct ContinuousMoves {
     /// The least gain worth a move: requests/s at the target gained, as a
     /// fraction of what the moved replicas served (`--continuous-min-gain`).
     pub min_gain: f64,
-    /// The cluster is looked at once in this long at most, and a move that
-    /// improves it started no sooner after the last one ended
+    /// The cluster is looked at once in this long at most
     /// (`--continuous-interval`).
     pub interval: Duration,
 }

@@ -101,7 +101,8 @@ pub struct ControllerFlags {
     #[arg(long, value_name = "FRACTION", default_value = "0.2", value_parser = fraction)]
     continuous_min_gain: f64,
     /// Seconds between looks for continuous moves: the cluster is judged at
-    /// most once in this long, and no sooner after a continuous move ends.
+    /// most once in this long (the replica a move made way for follows at the
+    /// next look, without waiting).
     #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = clap::value_parser!(u64).range(10..=86400))]
     continuous_interval: u64,
 }
