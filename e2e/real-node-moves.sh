@@ -15,7 +15,11 @@
 #      move on: the new copy serves, the old pod is evicted through the Eviction API,
 #      `small` runs on a GPU with less memory free and `big` on the four that have it
 #      (Events Moved, MakingRoom);
-#   4. throughout, a client polls `small` as a Service would route it (every ready
+#   4. cordoned: the node is cordoned; small has nowhere else to go and says so
+#      (condition OnCordonedNode, reason CannotLeave; Event CannotLeave), and a
+#      `kubectl drain` of its pods is refused by its PodDisruptionBudget while it keeps
+#      serving; uncordoned, the condition goes;
+#   5. throughout, a client polls `small` as a Service would route it (every ready
 #      address of small-api's EndpointSlices, as kube-proxy would pick one; this kit
 #      runs no kube-proxy) and no request fails, and `small` never has fewer ready
 #      replicas than the one it started with.
@@ -65,6 +69,7 @@ cleanup() {
   [[ -n "$poller" ]] && kill "$poller" 2>/dev/null
   rm -rf "$API_USE" "$poll_dir"
   restore_fault || true
+  kubectl uncordon "$NODE" >/dev/null 2>&1 || true
   [ "${KEEP:-0}" = 1 ] && return 0
   kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
   "$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
@@ -267,6 +272,29 @@ if grep -qi forbidden <<<"$logs"; then
   die "the API server refused the controller something (its eviction?): $(grep -i forbidden <<<"$logs" | head -3)"
 fi
 
+current_test=cordoned
+# The only node cordoned: small cannot leave it, and says so; its PDB keeps a drain of
+# its pods from taking its one copy.
+kubectl cordon "$NODE" >/dev/null
+cordon_condition() {
+  small_field '.status.conditions[]? | select(.type == "OnCordonedNode") | "\(.status) \(.reason): \(.message)"'
+}
+cannot_leave() { [[ "$(cordon_condition)" == "True CannotLeave: "*"stays on a cordoned node: no devices off the leaving nodes hold it"* ]]; }
+wait_until 60 "small's OnCordonedNode condition says it cannot leave" cannot_leave
+event_reason small CannotLeave || die "no CannotLeave event on small"
+log "$(cordon_condition)"
+if kubectl drain "$NODE" --pod-selector=tessera.dev/instance=small --ignore-daemonsets \
+  --timeout=20s >"$poll_dir/drain" 2>&1; then
+  die "kubectl drain evicted small's only copy: $(cat "$poll_dir/drain")"
+fi
+grep -q "disruption budget" "$poll_dir/drain" \
+  || die "the drain failed, but not for small's PodDisruptionBudget: $(tail -3 "$poll_dir/drain")"
+[ "$(small_field '.status.readyReplicas')" = 1 ] || die "small lost its ready replica to the drain"
+log "kubectl drain refused by small's PodDisruptionBudget; small still serves"
+kubectl uncordon "$NODE" >/dev/null
+no_condition() { [[ -z "$(cordon_condition)" ]]; }
+wait_until 60 "small's OnCordonedNode condition gone" no_condition
+
 current_test=served
 kill "$poller"
 poller=""
@@ -274,4 +302,4 @@ read -r ok failed fewest <"$poll_dir/counts"
 ((failed == 0)) || die "$failed of $((ok + failed)) requests to small failed during the moves: $(head -5 "$poll_dir/failures")"
 ((fewest >= 1)) || die "small had $fewest ready replicas at some point during the moves"
 ((ok > 100)) || die "only $ok requests answered; the poller did not run through the moves"
-log "ok: $ok requests to small answered, none failed; small never had fewer than 1 ready replica"
+log "ok: $ok requests to small answered, none failed; small never had fewer than 1 ready replica (moves, cordon and drain)"

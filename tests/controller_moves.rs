@@ -115,6 +115,16 @@ fn surging_since(started: k8s_openapi::jiff::Timestamp) -> MoveInFlight {
     }
 }
 
+/// The `OnCordonedNode` condition of the last status written, as (status,
+/// reason, message).
+fn on_cordoned(calls: &[(Method, String, Value)]) -> Option<(String, String, String)> {
+    written_status(calls)
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "OnCordonedNode")
+        .map(|c| (c.status, c.reason, c.message))
+}
+
 fn reasons(calls: &[(Method, String, Value)]) -> Vec<String> {
     events_of(calls)
         .into_iter()
@@ -344,9 +354,21 @@ async fn a_replica_on_a_cordoned_node_moves_itself_off_make_before_break() {
         note.contains("leaves cordoned node a: moving from a [a-g0] to b [b-g0]"),
         "{note}"
     );
+    let (status, reason, message) = on_cordoned(&calls).expect("OnCordonedNode");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Leaving"));
+    assert!(
+        message.contains("moving from a [a-g0] to b [b-g0]"),
+        "{message}"
+    );
     // The next records it, and nothing is deleted or evicted before the new
     // copy serves.
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    let (_, reason, message) = on_cordoned(&calls).expect("OnCordonedNode");
+    assert_eq!(reason, "Leaving");
+    assert!(
+        message.contains("a move is under way (to leave cordoned node a)"),
+        "{message}"
+    );
     let status = written_status(&calls);
     let [record] = status.moves.as_slice() else {
         panic!("one move recorded: {:?}", status.moves)
@@ -380,6 +402,10 @@ async fn a_replica_with_nowhere_to_go_stays_on_its_cordoned_node_and_says_so_onc
         note.starts_with("ml/small replica 0 stays on a cordoned node: "),
         "{note}"
     );
+    // The status says so too, while it stays.
+    let (status, reason, message) = on_cordoned(&calls).expect("OnCordonedNode");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "CannotLeave"));
+    assert_eq!(&message, note);
     assert!(deleted(&calls).is_empty() && posted(&calls, "/eviction").is_empty());
     // Told once.
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
@@ -415,4 +441,28 @@ async fn an_instance_that_never_moves_stays_on_its_cordoned_node() {
             "{calls:?}"
         );
     }
+    let (ctx, mut api) = on(
+        vec![cordoned("a", 2), node("b", 1)],
+        vec![ready_pod(&small, &shard("a", "a-g0", 0))],
+        vec![small.clone()],
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    let (_, reason, message) = on_cordoned(&calls).expect("OnCordonedNode");
+    assert_eq!(reason, "CannotLeave");
+    assert_eq!(
+        message,
+        "on cordoned node a: its instance has placement.moves: Never; a drain evicts its pods as they are"
+    );
+}
+
+#[tokio::test]
+async fn an_instance_on_no_cordoned_node_has_no_cordon_condition() {
+    let small = small_with(shard("a", "a-g0", 0), Vec::new());
+    let (ctx, mut api) = on(
+        vec![node("a", 2), cordoned("b", 1)],
+        vec![ready_pod(&small, &shard("a", "a-g0", 0))],
+        vec![small.clone()],
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    assert_eq!(on_cordoned(&calls), None);
 }

@@ -102,7 +102,7 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
         (mi, &instance),
         &observed,
         (&held, &mut claims),
-        &decided,
+        &mut decided,
         (now, &mut notes),
     );
     moves::improve::for_cluster(

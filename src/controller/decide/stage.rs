@@ -36,6 +36,9 @@ pub(crate) struct Decided {
     pub(crate) replicas: Vec<ReplicaDecided>,
     /// A replica being moved, when one is.
     pub(crate) moving: Option<Moving>,
+    /// Set by the moves stage while a replica has a shard on a cordoned
+    /// node: the `OnCordonedNode` condition's reason and message.
+    pub(crate) cordoned: Option<(&'static str, String)>,
 }
 
 /// One replica's outcome.
@@ -85,6 +88,7 @@ pub(crate) fn refuse(
             broken: BTreeMap::new(),
         }],
         moving: None,
+        cordoned: None,
     }
 }
 
@@ -203,7 +207,11 @@ pub(crate) async fn plan(
         &mut replicas,
         (now, notes),
     );
-    Ok(Decided { replicas, moving })
+    Ok(Decided {
+        replicas,
+        moving,
+        cordoned: None,
+    })
 }
 
 /// The move in flight carried one step on (see `moves::progress`): the

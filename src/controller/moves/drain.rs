@@ -2,7 +2,8 @@
 //! instance's own reconcile, the core's evacuation planner run on the
 //! caches, and the move that takes this instance's first replica off the
 //! cordoned nodes handed to itself. The move then runs make before break as
-//! any other (`progress`); one that cannot be made is told once, with why.
+//! any other (`progress`); one that cannot be made is told once, with why,
+//! and the `OnCordonedNode` condition says how the replicas stand.
 
 use std::collections::BTreeSet;
 
@@ -20,35 +21,90 @@ use tessera_core::api::ModelInstance;
 use tessera_core::moves::{EvacuationAsk, plan_evacuation};
 use tessera_core::translate::ClusterNode;
 
-/// Moves this instance's replicas off cordoned nodes, one at a time.
+/// Moves this instance's replicas off cordoned nodes, one at a time, and
+/// says how that stands in `decided.cordoned` (the `OnCordonedNode`
+/// condition) while any of its shards is on one.
 pub(crate) fn for_cordoned(
     ctx: &Context,
     (mi, instance): (&ModelInstance, &Instance),
     observed: &Observed,
     (held, claims): (&Held, &mut Claims),
-    decided: &Decided,
+    decided: &mut Decided,
     (now, notes): (Timestamp, &mut Vec<EventNote>),
 ) {
-    if !ctx.settings.moves.enabled
-        || !mi.spec.placement.moves.is_allowed()
-        || decided.moving.is_some()
-        || ctx.moves.is_handed(&instance.uid)
-    {
-        return;
-    }
     let leaving: BTreeSet<String> = observed
         .nodes
         .iter()
         .filter(|n| n.cordoned)
         .map(|n| n.name().to_string())
         .collect();
+    // Both copies while a move is in flight: the old one leaves last.
     let plan = decided.plan();
-    if !plan.iter().any(|shard| leaving.contains(&shard.node)) {
+    let on: BTreeSet<&str> = plan
+        .iter()
+        .filter(|shard| leaving.contains(&shard.node))
+        .map(|shard| shard.node.as_str())
+        .collect();
+    if on.is_empty() {
         return;
+    }
+    let on = Vec::from_iter(on).join(", ");
+    decided.cordoned = Some(standing(
+        ctx,
+        (mi, instance),
+        observed,
+        (held, claims),
+        (decided, &leaving, &on),
+        (now, notes),
+    ));
+}
+
+/// How this instance's replicas on the cordoned nodes `on` stand: a move
+/// that takes one off handed to itself now, or why none is.
+fn standing(
+    ctx: &Context,
+    (mi, instance): (&ModelInstance, &Instance),
+    observed: &Observed,
+    (held, claims): (&Held, &mut Claims),
+    (decided, leaving, on): (&Decided, &BTreeSet<String>, &str),
+    (now, notes): (Timestamp, &mut Vec<EventNote>),
+) -> (&'static str, String) {
+    let cannot = |why: &str| {
+        (
+            "CannotLeave",
+            format!("on cordoned node {on}: {why}; a drain evicts its pods as they are"),
+        )
+    };
+    if !ctx.settings.moves.enabled {
+        return cannot("moves are off (--moves=false)");
+    }
+    if !mi.spec.placement.moves.is_allowed() {
+        return cannot("its instance has placement.moves: Never");
+    }
+    if let Some(moving) = &decided.moving {
+        return (
+            "Leaving",
+            format!(
+                "on cordoned node {on}: a move is under way ({})",
+                moving.record.reason
+            ),
+        );
+    }
+    if ctx.moves.is_handed(&instance.uid) {
+        return (
+            "Leaving",
+            format!("on cordoned node {on}: a move is about to start"),
+        );
     }
     let instances = ctx.caches.instances.state();
     if !room_for_another(ctx, &instances) {
-        return;
+        return (
+            "Leaving",
+            format!(
+                "on cordoned node {on}: waiting for a move to end (at most {} at once, --max-moves-in-flight)",
+                ctx.settings.moves.max_in_flight
+            ),
+        );
     }
     // The leaving nodes stay in the world: their replicas hold devices
     // there until their new copies serve.
@@ -67,7 +123,7 @@ pub(crate) fn for_cordoned(
         nodes: &nodes,
         others: &others,
         running: &planned,
-        leaving: &leaving,
+        leaving,
         options: &options,
     });
     let mine = |holder: &str| {
@@ -93,32 +149,40 @@ pub(crate) fn for_cordoned(
             chosen,
             format!("to leave cordoned node {}", left.join(", ")),
         );
+        let message = format!(
+            "replica {} leaves cordoned node {}: moving from {} to {}",
+            victim.replica,
+            left.join(", "),
+            places(&victim.shards),
+            places(&to)
+        );
         notes.push(EventNote {
             warning: false,
             reason: "LeavingNode",
-            message: format!(
-                "replica {} leaves cordoned node {}: moving from {} to {}",
-                victim.replica,
-                left.join(", "),
-                places(&victim.shards),
-                places(&to)
-            ),
+            message: message.clone(),
         });
-        return;
+        return ("Leaving", message);
     }
-    for staying in &evacuation.staying {
-        if mine(&staying.replica).is_some() {
+    let mut staying = Vec::new();
+    for stays in &evacuation.staying {
+        if mine(&stays.replica).is_some() {
             let message = format!(
                 "{} stays on a cordoned node: {}",
-                staying.replica, staying.reason
+                stays.replica, stays.reason
             );
             if ctx.moves.first_told(&instance.uid, &message) {
                 notes.push(EventNote {
                     warning: true,
                     reason: "CannotLeave",
-                    message,
+                    message: message.clone(),
                 });
             }
+            staying.push(message);
         }
+    }
+    if staying.is_empty() {
+        cannot("no move takes its replicas off now")
+    } else {
+        ("CannotLeave", staying.join("; "))
     }
 }

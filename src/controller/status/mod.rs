@@ -24,6 +24,10 @@ pub(crate) const REPLICA_FAILURE: &str = "ReplicaFailure";
 /// Present when the instance has a demand (`serving.requestsPerSecond`):
 /// whether its placed replicas serve it at the latency target.
 pub(crate) const DEMAND_MET: &str = "DemandMet";
+/// Present while a replica has a shard on a cordoned node: `True`, reason
+/// `Leaving` while a move takes it off (or waits its turn), `CannotLeave`
+/// when nothing does, with why.
+pub(crate) const ON_CORDONED_NODE: &str = "OnCordonedNode";
 
 /// What the earlier stages concluded.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,6 +84,8 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) demand: Option<f64>,
     /// The move in flight, if any (`status.moves`).
     pub(crate) moves: Vec<MoveInFlight>,
+    /// The `OnCordonedNode` condition's reason and message, when present.
+    pub(crate) cordoned: Option<(&'static str, String)>,
     pub(crate) now: Timestamp,
 }
 
@@ -150,6 +156,12 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
     .into_iter()
     .chain(replica_failure(inputs))
     .chain(demand_met(inputs, capacity.as_ref(), &capacities))
+    .chain(
+        inputs
+            .cordoned
+            .clone()
+            .map(|(reason, message)| (ON_CORDONED_NODE, ("True", reason, message))),
+    )
     .map(|(type_, (status, reason, message))| {
         condition(
             previous_conditions,
@@ -576,6 +588,7 @@ mod tests {
             waiting: Vec::new(),
             demand: None,
             moves: Vec::new(),
+            cordoned: None,
             now: now(),
         })
     }
@@ -676,6 +689,7 @@ mod tests {
                 waiting: Vec::new(),
                 demand: None,
                 moves: Vec::new(),
+                cordoned: None,
                 now: "2026-06-01T13:00:00Z".parse().unwrap(),
             })
         };
@@ -720,6 +734,7 @@ mod tests {
             waiting: Vec::new(),
             demand: None,
             moves: Vec::new(),
+            cordoned: None,
             now: now(),
         })
     }
@@ -872,6 +887,7 @@ mod tests {
                 waiting: Vec::new(),
                 demand,
                 moves: Vec::new(),
+                cordoned: None,
                 now: now(),
             })
         };

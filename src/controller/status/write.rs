@@ -57,6 +57,7 @@ pub(crate) async fn write_status(
                 record
             })
             .collect(),
+        cordoned: decided.cordoned.clone(),
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);
