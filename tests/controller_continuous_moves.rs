@@ -9,10 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, MoveInFlight, MovePhase, PlannedShard};
-use tessera::controller::desired::shard_pods;
 use tessera::controller::reconcile::{Context, ContinuousMoves, MoveSettings, Settings, reconcile};
 use tower_test::mock;
 
@@ -22,21 +21,17 @@ use mock_api::*;
 
 /// A node of one GPU that decodes a 7B far slower than 50 ms a token.
 fn slow_node(name: &str) -> Node {
-    let device = H100
-        .replace("NVIDIA H100 80GB HBM3", "NVIDIA Slow 80GB")
-        .replace("\"id\":\"ID\"", &format!("\"id\":\"{name}-g0\""))
-        .replace("\"index\":I", "\"index\":0")
-        .replace("\"fp16Tflops\":989.0", "\"fp16Tflops\":20.0")
-        .replace(
-            "\"memoryBandwidthGbps\":3350.0",
-            "\"memoryBandwidthGbps\":150.0",
-        );
-    let state = format!(r#"{{"version":"v1","backend":"fake","devices":[{device}],"links":[]}}"#);
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": {"tessera.dev/gpu-state": state}},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-    }))
-    .unwrap()
+    one_gpu_node(
+        name,
+        &[
+            ("NVIDIA H100 80GB HBM3", "NVIDIA Slow 80GB"),
+            ("\"fp16Tflops\":989.0", "\"fp16Tflops\":20.0"),
+            (
+                "\"memoryBandwidthGbps\":3350.0",
+                "\"memoryBandwidthGbps\":150.0",
+            ),
+        ],
+    )
 }
 
 fn model(name: &str, moves: &str) -> ModelInstance {
@@ -75,19 +70,7 @@ fn serving(mut mi: ModelInstance, at: PlannedShard) -> (ModelInstance, Pod) {
         ready_replicas: 1,
         ..running(&mi, vec![at.clone()])
     });
-    let mut pod =
-        shard_pods(&mi, std::slice::from_ref(&at), |_| "tessera.dev/gpu".into()).remove(0);
-    pod.metadata.uid = Some("uid-pod".into());
-    pod.spec.as_mut().unwrap().node_name = Some(at.node.clone());
-    pod.status = Some(PodStatus {
-        phase: Some("Running".into()),
-        conditions: Some(vec![PodCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            ..PodCondition::default()
-        }]),
-        ..PodStatus::default()
-    });
+    let pod = ready_pod(&mi, &at);
     (mi, pod)
 }
 
@@ -220,22 +203,18 @@ async fn an_instance_that_never_moves_or_a_move_under_way_keeps_the_replica_wher
 
 /// A node of one H200 (141 GB, 4.8 TB/s).
 fn h200_node(name: &str) -> Node {
-    let device = H100
-        .replace("NVIDIA H100 80GB HBM3", "NVIDIA H200")
-        .replace("\"id\":\"ID\"", &format!("\"id\":\"{name}-g0\""))
-        .replace("\"index\":I", "\"index\":0")
-        .replace("85899345920", "151397597184")
-        .replace("85000000000", "151000000000")
-        .replace(
-            "\"memoryBandwidthGbps\":3350.0",
-            "\"memoryBandwidthGbps\":4800.0",
-        );
-    let state = format!(r#"{{"version":"v1","backend":"fake","devices":[{device}],"links":[]}}"#);
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": {"tessera.dev/gpu-state": state}},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-    }))
-    .unwrap()
+    one_gpu_node(
+        name,
+        &[
+            ("NVIDIA H100 80GB HBM3", "NVIDIA H200"),
+            ("85899345920", "151397597184"),
+            ("85000000000", "151000000000"),
+            (
+                "\"memoryBandwidthGbps\":3350.0",
+                "\"memoryBandwidthGbps\":4800.0",
+            ),
+        ],
+    )
 }
 
 #[tokio::test]

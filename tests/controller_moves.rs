@@ -7,10 +7,9 @@
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde_json::{Value, json};
 use tessera::api::{ModelInstance, ModelInstanceStatus, MoveInFlight, MovePhase, PlannedShard};
-use tessera::controller::desired::shard_pods;
 use tessera::controller::reconcile::{Context, reconcile};
 use tower_test::mock;
 
@@ -45,29 +44,6 @@ fn shard(node: &str, device: &str, copy: u32) -> PlannedShard {
         predicted_memory_gib: 16.54,
         share: None,
     }
-}
-
-/// `mi`'s pod for `shard`, bound where planned and Ready.
-fn ready_pod(mi: &ModelInstance, shard: &PlannedShard) -> Pod {
-    let mut pod = shard_pods(mi, std::slice::from_ref(shard), |_| {
-        "tessera.dev/gpu".into()
-    })
-    .remove(0);
-    pod.metadata.uid = Some(format!(
-        "uid-{}",
-        pod.metadata.name.as_deref().unwrap_or("")
-    ));
-    pod.spec.as_mut().unwrap().node_name = Some(shard.node.clone());
-    pod.status = Some(PodStatus {
-        phase: Some("Running".into()),
-        conditions: Some(vec![PodCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            ..PodCondition::default()
-        }]),
-        ..PodStatus::default()
-    });
-    pod
 }
 
 /// A context over node a (2 GPUs) and node b (1 GPU) with `pods` and

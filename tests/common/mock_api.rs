@@ -10,15 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus, Service};
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use tessera::api::{ModelInstance, ModelInstanceStatus, Phase};
+use tessera::api::{ModelInstance, ModelInstanceStatus, Phase, PlannedShard};
 use tessera::controller::decide::{Current, PlanDecision, PlanInputs, decide};
+use tessera::controller::desired::shard_pods;
 use tessera::controller::dra::DraCaches;
 use tessera::controller::held::Held;
 use tessera::controller::metrics::Metrics;
@@ -47,6 +48,48 @@ pub(crate) fn node(name: &str, gpus: usize) -> Node {
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }))
     .unwrap()
+}
+
+/// A node of one GPU: the H100 with `edits` (text, replacement) made to its
+/// JSON. The edits come first: the id's placeholder also occurs in the
+/// product name.
+pub(crate) fn one_gpu_node(name: &str, edits: &[(&str, &str)]) -> Node {
+    let device = edits
+        .iter()
+        .fold(H100.to_string(), |device, (from, to)| {
+            device.replace(from, to)
+        })
+        .replace("\"id\":\"ID\"", &format!("\"id\":\"{name}-g0\""))
+        .replace("\"index\":I", "\"index\":0");
+    let state = format!(r#"{{"version":"v1","backend":"fake","devices":[{device}],"links":[]}}"#);
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"tessera.dev/gpu-state": state}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .unwrap()
+}
+
+/// `mi`'s pod for `shard`, bound where planned and Ready.
+pub(crate) fn ready_pod(mi: &ModelInstance, shard: &PlannedShard) -> Pod {
+    let mut pod = shard_pods(mi, std::slice::from_ref(shard), |_| {
+        "tessera.dev/gpu".into()
+    })
+    .remove(0);
+    pod.metadata.uid = Some(format!(
+        "uid-{}",
+        pod.metadata.name.as_deref().unwrap_or("")
+    ));
+    pod.spec.as_mut().unwrap().node_name = Some(shard.node.clone());
+    pod.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..PodCondition::default()
+        }]),
+        ..PodStatus::default()
+    });
+    pod
 }
 
 pub(crate) fn instance() -> ModelInstance {
