@@ -617,3 +617,125 @@ fn the_shared_example_keeps_vllm_to_its_memory_share() {
     );
     assert_eq!(started(&[]), "0.9");
 }
+
+/// What vLLM's own parser makes of each command line (`TESSERA_TEST_VLLM_PYTHON`:
+/// a Python with vLLM installed), one entry per line: the engine arguments or
+/// the parser's error.
+fn vllm_reads(python: &std::ffi::OsStr, lines: &[Vec<String>]) -> Vec<serde_json::Value> {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm/parse_serve_args.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the Python of TESSERA_TEST_VLLM_PYTHON starts");
+    let input = serde_json::to_vec(lines).expect("command lines as JSON");
+    std::io::Write::write_all(child.stdin.as_mut().expect("a stdin"), &input).expect("written");
+    drop(child.stdin.take());
+    let output = child.wait_with_output().expect("the parser ends");
+    assert!(
+        output.status.success(),
+        "vLLM's parser failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the parser's JSON")
+}
+
+/// Every rank's `vllm serve` command line of 2- and 3-stage plans, and the
+/// shared example's with and without a memory share, read by vLLM's own
+/// argument parser (the version of the examples' image): each
+/// flag is one vLLM knows, and it reads the planned concurrency, context
+/// length and memory fraction, the parallel sizes and the rendezvous as the
+/// controller gave them. A bad value the example passes on is refused there.
+/// Skipped, saying why, without such a Python (CI installs one).
+#[test]
+fn vllms_own_parser_reads_every_ranks_command_line() {
+    let Some(python) = std::env::var_os("TESSERA_TEST_VLLM_PYTHON") else {
+        eprintln!(
+            "skipped: TESSERA_TEST_VLLM_PYTHON is not set (a Python with vLLM installed, as .ci/run installs it)"
+        );
+        return;
+    };
+    let (mi, _) = example();
+    let mut lines = Vec::new();
+    let mut wants = Vec::new();
+    for layers in [&[44, 36][..], &[30, 26, 24]] {
+        let pods = render(&mi, &plan(layers, &vec![4; layers.len()]));
+        for (rank, pod) in pods.iter().enumerate() {
+            let started = start(pod);
+            assert!(started.success, "rank {rank}: {}", started.stderr);
+            lines.push(started.stdout);
+            wants.push((rank, env(pod)));
+        }
+    }
+    // The shared example's single GPU, with a memory share's fraction and without.
+    let mut shared: ModelInstance =
+        serde_saphyr::from_str(include_str!("../examples/vllm-llama-8b-shared.yaml"))
+            .expect("the shared example parses");
+    shared.metadata.namespace = Some("ml".into());
+    shared.metadata.uid = Some("uid-shared".into());
+    let shared_pod = &render(&shared, &plan(&[32], &[1]))[0];
+    let shared_command = runtime(shared_pod).command.as_ref().expect("a command");
+    let mut shared_fractions = Vec::new();
+    for extra in [&[("TESSERA_GPU_MEMORY_FRACTION", "0.312")][..], &[]] {
+        let ran = run(shared_command, shared_pod, extra);
+        assert!(ran.success, "{}", ran.stderr);
+        lines.push(ran.stdout);
+        shared_fractions.push(
+            extra
+                .first()
+                .map_or(0.9, |(_, f)| f.parse().expect("a fraction")),
+        );
+    }
+    // The planned concurrency as a pod would get it from a bad edit of the example.
+    let pod = &render(&mi, &plan(&[44, 36], &[4, 4]))[0];
+    let command = runtime(pod).command.as_ref().expect("a command");
+    let bad = run(command, pod, &[("TESSERA_MAX_NUM_SEQS", "sixty-four")]);
+    assert!(bad.success, "{}", bad.stderr);
+    lines.push(bad.stdout);
+
+    let read = vllm_reads(&python, &lines);
+    assert_eq!(read.len(), lines.len());
+    for ((rank, vars), read) in wants.iter().zip(&read) {
+        let what = format!("rank {rank} of {}", vars["TESSERA_SHARD_COUNT"]);
+        let args = read.get("ok").unwrap_or_else(|| panic!("{what}: {read}"));
+        for (field, name) in [
+            ("tensor_parallel_size", "TESSERA_TENSOR_PARALLEL"),
+            ("pipeline_parallel_size", "TESSERA_PIPELINE_PARALLEL"),
+            ("nnodes", "TESSERA_SHARD_COUNT"),
+            ("node_rank", "TESSERA_SHARD_INDEX"),
+            ("master_port", "TESSERA_MASTER_PORT"),
+            ("max_num_seqs", "TESSERA_MAX_NUM_SEQS"),
+            ("max_model_len", "TESSERA_MAX_MODEL_LEN"),
+            ("gpu_memory_utilization", "TESSERA_GPU_MEMORY_FRACTION"),
+        ] {
+            let planned: f64 = vars[name].parse().expect("a number");
+            assert_eq!(args[field].as_f64(), Some(planned), "{what}: {field}");
+        }
+        assert_eq!(args["model"], vars["TESSERA_MODEL"], "{what}");
+        assert_eq!(args["master_addr"], vars["TESSERA_MASTER_ADDR"], "{what}");
+        assert_eq!(args["distributed_executor_backend"], "mp", "{what}");
+        assert_eq!(args["headless"], *rank != 0, "{what}");
+        if *rank == 0 {
+            assert_eq!(args["host"], "0.0.0.0", "{what}");
+            assert_eq!(args["port"], 8000, "{what}");
+        }
+    }
+    for (read, fraction) in read[wants.len()..].iter().zip(&shared_fractions) {
+        let args = read
+            .get("ok")
+            .unwrap_or_else(|| panic!("the shared example: {read}"));
+        assert_eq!(args["model"], shared.spec.model.name.as_str());
+        assert_eq!(args["gpu_memory_utilization"].as_f64(), Some(*fraction));
+        assert_eq!(args["tensor_parallel_size"], 1);
+        assert_eq!(args["host"], "0.0.0.0");
+    }
+    let refused = read.last().expect("the bad line's answer");
+    let error = refused["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("--max-num-seqs") && error.contains("sixty-four"),
+        "vLLM refuses a concurrency that is not a number: {refused}"
+    );
+}
