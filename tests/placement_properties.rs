@@ -182,6 +182,7 @@ fn build(
     }
     Problem {
         served: None,
+        one_device: false,
         nodes: out,
         model: ModelShape {
             layers,

@@ -257,6 +257,7 @@ pub(crate) fn problem(
 ) -> Problem {
     Problem {
         served: None,
+        one_device: false,
         nodes,
         model: model_shape(model),
         tensor,

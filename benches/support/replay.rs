@@ -176,6 +176,7 @@ impl ClusterState {
     pub(crate) fn problem(&self, arrival: &Arrival, strategy: Strategy) -> Problem {
         Problem {
             served: Some(Served::of(&arrival.spec())),
+            one_device: false,
             nodes: self.nodes.clone(),
             model: model_shape(&arrival.model),
             tensor: match arrival.tensor {

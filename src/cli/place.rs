@@ -18,8 +18,7 @@ use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable};
 use tessera_core::serving::Capacity;
 use tessera_core::sizing::{served_together, solve_for_demand, solve_replicas};
 use tessera_core::translate::{
-    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, refusal_for,
-    tensor_choice,
+    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, tensor_choice,
 };
 
 /// The sample the quick start runs: a mixed NVIDIA + AMD cluster of four nodes
@@ -366,7 +365,7 @@ fn place_all<'a>(
                     parallelism: None,
                     plan: None,
                     status_plan: Vec::new(),
-                    unsatisfiable: Some(refusal_for(&mi.spec, unsatisfiable)),
+                    unsatisfiable: Some(unsatisfiable),
                     // Later replicas face the same cluster: one answer.
                     moves: (!std::mem::replace(&mut advised, true)).then(|| {
                         advise(

@@ -435,6 +435,7 @@ fn solver_tokens_per_second(input: &ServingInput) -> f64 {
     }
     let problem = Problem {
         served: None,
+        one_device: false,
         nodes: vec![NodeState {
             name: "node".into(),
             zone: None,

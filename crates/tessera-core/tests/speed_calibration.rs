@@ -101,6 +101,7 @@ fn predict(figure: &Figure, gpu: &Gpu) -> f64 {
     }
     let problem = Problem {
         served: None,
+        one_device: false,
         nodes: vec![NodeState {
             name: "node".into(),
             zone: None,

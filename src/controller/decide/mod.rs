@@ -18,9 +18,7 @@ use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{GpuDevice, GpuPartition, Health, ModelInstanceSpec, PlannedShard, Vendor};
 use tessera_core::placement::{Deadline, Problem, SolveOptions, Stages, Unsatisfiable, solve};
 use tessera_core::sizing::solve_parallelism;
-use tessera_core::translate::{
-    build_problem, evaluate_placed, planned_shards, refusal_for, tensor_choice,
-};
+use tessera_core::translate::{build_problem, evaluate_placed, planned_shards, tensor_choice};
 
 mod demand;
 mod replicas;
@@ -331,9 +329,8 @@ fn whole(
             // size whose GPU kinds were compared says so in `tessera place`.
             parallelism: chosen.parallelism_note().filter(|_| chosen.auto),
         }),
-        Err(explanation) => {
+        Err(mut explanation) => {
             let inputs = hash();
-            let mut explanation = refusal_for(spec, explanation);
             explanation.details.extend(excluded);
             PlanDecision::Unsatisfiable {
                 explanation,

@@ -7,11 +7,15 @@ use super::plan::Unsatisfiable;
 use super::problem::{Problem, Stages};
 use crate::api::GIB;
 
-/// What a plan too small for the model is told to try. An instance that may
-/// not use more GPUs (a sharing one) is told otherwise: see
-/// `translate::refusal_for`.
-pub(crate) const MORE_GPUS_ADVICE: &str =
-    "Use more stages, a larger tensor size or a smaller dtype";
+/// What a plan too small for the model is told to try: more GPUs, unless
+/// the instance runs on one GPU or a piece of one (`Problem::one_device`).
+fn too_small_advice(problem: &Problem) -> &'static str {
+    if problem.one_device {
+        "placement.sharing Isolated or Shared runs one shard on one GPU or a piece of one, so the model must fit one device or share: use a smaller dtype, or placement.sharing: Exclusive to split it over more GPUs"
+    } else {
+        "Use more stages, a larger tensor size or a smaller dtype"
+    }
+}
 
 fn gib(bytes: f64) -> String {
     format!("{:.1} GiB", bytes / GIB)
@@ -253,8 +257,9 @@ pub(crate) fn stage_count(
                 details.extend(exclusion_details(ctx));
                 return Err(unsat(
                     format!(
-                        "pipeline={stages} × tensor={tensor} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. {MORE_GPUS_ADVICE}",
-                        gib(shard_need)
+                        "pipeline={stages} × tensor={tensor} cannot hold the model: split evenly, each shard needs {} per GPU for {per_shard} layers{largest}. {}",
+                        gib(shard_need),
+                        too_small_advice(problem),
                     ),
                     details,
                 ));

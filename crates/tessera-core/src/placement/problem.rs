@@ -32,6 +32,11 @@ pub struct Problem {
     /// The solver itself never reads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served: Option<Served>,
+    /// The instance runs one shard on one GPU or a piece of one
+    /// (`placement.sharing` Isolated or Shared), so a refusal does not tell
+    /// it to split the model over more GPUs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub one_device: bool,
 }
 
 impl Served {

@@ -107,6 +107,7 @@ pub(crate) fn problem(
     let hidden = (params / (12.0 * f64::from(layers))).sqrt();
     Problem {
         served: None,
+        one_device: false,
         nodes,
         model: ModelShape {
             layers,

@@ -265,6 +265,7 @@ fn restricted_to(problem: &Problem, kind: &str) -> Problem {
         replica_nodes: problem.replica_nodes.clone(),
         goal: problem.goal,
         served: problem.served.clone(),
+        one_device: problem.one_device,
     }
 }
 

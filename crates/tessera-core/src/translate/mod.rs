@@ -18,7 +18,7 @@ use crate::api::{
 };
 use crate::placement::{
     Interconnect, Link, ModelShape, NodeState, Optimize, Plan, Problem, Selector, Served,
-    SpeedGoal, StageChoice, Stages, Strategy, Unsatisfiable, Weights, evaluate,
+    SpeedGoal, StageChoice, Stages, Strategy, Weights, evaluate,
 };
 use crate::sizing::TensorChoice;
 
@@ -180,6 +180,7 @@ pub fn build_problem<'a>(
             min_tokens_per_second: spec.parallelism.min_tokens_per_second,
         },
         served: Some(Served::of(spec)),
+        one_device: !sharing.is_exclusive(),
     }
 }
 
@@ -212,19 +213,6 @@ fn node_state(
         devices,
         links,
     }
-}
-
-/// A refusal as the spec's owner can act on it. A sharing instance runs one
-/// shard on one GPU or a piece of one, so "more stages or a larger tensor
-/// size" is not open to it: it is told what is.
-pub fn refusal_for(spec: &ModelInstanceSpec, mut refusal: Unsatisfiable) -> Unsatisfiable {
-    if !spec.placement.sharing.is_exclusive() {
-        refusal.reason = refusal.reason.replace(
-            crate::placement::explain::MORE_GPUS_ADVICE,
-            "placement.sharing Isolated or Shared runs one shard on one GPU or a piece of one, so the model must fit one device or share: use a smaller dtype, or placement.sharing: Exclusive to split it over more GPUs",
-        );
-    }
-    refusal
 }
 
 /// The solver's tensor size choice for the spec's `parallelism.tensor`.
@@ -398,6 +386,41 @@ mod tests {
         assert_eq!(p.model.kv_bytes_per_layer, 4.0 * GIB / 32.0);
         assert_eq!(p.selector.vendors, vec!["nvidia".to_string()]);
         assert_eq!(p.stages, Stages::Auto);
+    }
+
+    /// A model too large for one GPU is told to split over more GPUs, but a
+    /// sharing instance, which cannot, is told what it can do instead.
+    #[test]
+    fn a_refusal_advises_only_what_the_sharing_mode_allows() {
+        let nodes = vec![ClusterNode {
+            name: "a".into(),
+            labels: BTreeMap::new(),
+            gpu_state: state(),
+        }];
+        let refusal = |sharing: &str| {
+            let spec: ModelInstanceSpec = serde_saphyr::from_str(&format!(
+                "model: {{name: m, parametersBillions: 70, layers: 80, kvCacheGiB: 4}}\nparallelism: {{pipeline: 1}}\nplacement: {{vendors: [nvidia], sharing: {sharing}}}"
+            ))
+            .unwrap();
+            let problem = build_problem(&spec, &nodes, &HashMap::new(), &HeldShares::new());
+            assert_eq!(problem.one_device, sharing != "Exclusive", "{sharing}");
+            crate::placement::solve(&problem, &Default::default())
+                .expect_err("140 GB of weights on one 79 GiB GPU")
+                .reason
+        };
+        let exclusive = refusal("Exclusive");
+        assert!(
+            exclusive.ends_with("Use more stages, a larger tensor size or a smaller dtype"),
+            "{exclusive}"
+        );
+        for sharing in ["Isolated", "Shared"] {
+            let one = refusal(sharing);
+            assert!(!one.contains("more stages"), "{sharing}: {one}");
+            assert!(
+                one.contains("placement.sharing: Exclusive to split it over more GPUs"),
+                "{sharing}: {one}"
+            );
+        }
     }
 
     #[test]
