@@ -589,14 +589,20 @@ fn the_api_service_reaches_rank_0_of_every_replica_only() {
     assert_eq!(container_port.container_port, 8000);
 }
 
-#[test]
-fn the_shared_example_keeps_vllm_to_its_memory_share() {
+/// `examples/vllm-llama-8b-shared.yaml`'s instance, in namespace `ml`.
+fn shared_example() -> ModelInstance {
     let mut mi: ModelInstance =
         serde_saphyr::from_str(include_str!("../examples/vllm-llama-8b-shared.yaml"))
             .expect("the shared example parses");
-    mi.spec.validate().expect("a valid spec");
     mi.metadata.namespace = Some("ml".into());
     mi.metadata.uid = Some("uid-shared".into());
+    mi
+}
+
+#[test]
+fn the_shared_example_keeps_vllm_to_its_memory_share() {
+    let mi = shared_example();
+    mi.spec.validate().expect("a valid spec");
     assert_eq!(mi.spec.placement.sharing, tessera::api::Sharing::Shared);
     let pods = render(&mi, &plan(&[32], &[1]));
     let started = |fraction: &[(&str, &str)]| {
@@ -671,11 +677,7 @@ fn vllms_own_parser_reads_every_ranks_command_line() {
         }
     }
     // The shared example's single GPU, with a memory share's fraction and without.
-    let mut shared: ModelInstance =
-        serde_saphyr::from_str(include_str!("../examples/vllm-llama-8b-shared.yaml"))
-            .expect("the shared example parses");
-    shared.metadata.namespace = Some("ml".into());
-    shared.metadata.uid = Some("uid-shared".into());
+    let shared = shared_example();
     let shared_pod = &render(&shared, &plan(&[32], &[1]))[0];
     let shared_command = runtime(shared_pod).command.as_ref().expect("a command");
     let mut shared_fractions = Vec::new();
