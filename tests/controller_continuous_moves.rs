@@ -173,6 +173,36 @@ async fn a_replica_missing_its_target_moves_to_a_free_gpu_that_meets_it_only_whe
 }
 
 #[tokio::test]
+async fn a_continuous_move_goes_only_to_a_node_whose_taints_the_pods_tolerate() {
+    let looked = |(mi, pod): (ModelInstance, Pod)| async move {
+        let (service, mut api) = mock::pair();
+        let world = World {
+            nodes: vec![slow_node("a"), dedicated(node("b", 1))],
+            pods: vec![pod],
+            services: vec![],
+            instances: vec![mi.clone()],
+        };
+        let ctx = context_with(
+            world,
+            kube::Client::new(service, "default"),
+            None,
+            settings(every_time()),
+        );
+        reconciled(&mi, &ctx, &mut api, 3).await
+    };
+    // The one H100 is tainted: the replica stays on its slow GPU.
+    let small = model("small", "Allowed");
+    let written = looked(serving(small.clone(), shard("a", "a-g0"))).await;
+    assert!(written.iter().all(Vec::is_empty), "{written:?}");
+    // Its pods tolerating the taint, it moves there.
+    let written = looked(serving(tolerating_dedicated(small), shard("a", "a-g0"))).await;
+    let [record] = written[2].as_slice() else {
+        panic!("one move recorded: {written:?}")
+    };
+    assert_eq!(record.to[0].node, "b");
+}
+
+#[tokio::test]
 async fn an_instance_that_never_moves_or_a_move_under_way_keeps_the_replica_where_it_is() {
     let (fixed, pod) = serving(model("small", "Never"), shard("a", "a-g0"));
     let (ctx, mut api) = on(vec![pod], vec![fixed.clone()], settings(every_time()));

@@ -442,3 +442,56 @@ async fn an_instance_on_no_cordoned_node_has_no_cordon_condition() {
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
     assert_eq!(on_cordoned(&calls), None);
 }
+
+#[tokio::test]
+async fn room_is_not_made_by_moving_a_replica_onto_a_node_its_pods_do_not_tolerate() {
+    // `big` tolerates node b's taint and needs both GPUs of a; the only
+    // place for `small` is b, whose taint small's pods do not tolerate.
+    let small = small_with(shard("a", "a-g0", 0), Vec::new());
+    let big = tolerating_dedicated(model("big", 2));
+    let (ctx, mut api) = on(
+        vec![node("a", 2), dedicated(node("b", 1))],
+        vec![ready_pod(&small, &shard("a", "a-g0", 0))],
+        vec![small.clone(), big.clone()],
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(big), ctx))).await;
+    let placed = written_status(&calls)
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Placed")
+        .expect("Placed");
+    assert_eq!(placed.status, "False");
+    assert!(
+        placed.message.contains(
+            "no moves make room: the moves found take a replica to b, whose taints its pods do not tolerate"
+        ),
+        "{}",
+        placed.message
+    );
+    assert!(
+        !reasons(&calls).contains(&"MakingRoom".to_string()),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_does_not_leave_its_cordoned_node_for_one_its_pods_do_not_tolerate() {
+    let small = small_with(shard("a", "a-g0", 0), Vec::new());
+    let (ctx, mut api) = on(
+        vec![cordoned("a", 2), dedicated(node("b", 1))],
+        vec![ready_pod(&small, &shard("a", "a-g0", 0))],
+        vec![small.clone()],
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    let (status, reason, message) = on_cordoned(&calls).expect("OnCordonedNode");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "CannotLeave"));
+    assert!(
+        message.contains("the move found takes it to b, whose taints its pods do not tolerate"),
+        "{message}"
+    );
+    assert!(
+        !reasons(&calls).contains(&"LeavingNode".to_string()),
+        "{calls:?}"
+    );
+    assert!(created_pods(&calls).is_empty() && posted(&calls, "/eviction").is_empty());
+}

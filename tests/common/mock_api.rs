@@ -69,6 +69,32 @@ pub(crate) fn one_gpu_node(name: &str, edits: &[(&str, &str)]) -> Node {
     .unwrap()
 }
 
+/// `node` with the taint `dedicated=big:NoSchedule`.
+pub(crate) fn dedicated(mut node: Node) -> Node {
+    node.spec.get_or_insert_with(Default::default).taints =
+        Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: "dedicated".into(),
+            value: Some("big".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]);
+    node
+}
+
+/// `mi` with pods that tolerate [`dedicated`]'s taint.
+pub(crate) fn tolerating_dedicated(mut mi: ModelInstance) -> ModelInstance {
+    let template = mi.spec.template.as_mut().and_then(|t| t.spec.as_mut());
+    template.expect("a pod spec").tolerations =
+        Some(vec![k8s_openapi::api::core::v1::Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Equal".into()),
+            value: Some("big".into()),
+            effect: Some("NoSchedule".into()),
+            toleration_seconds: None,
+        }]);
+    mi
+}
+
 /// `mi`'s pod for `shard`, bound where planned and Ready.
 pub(crate) fn ready_pod(mi: &ModelInstance, shard: &PlannedShard) -> Pod {
     let mut pod = shard_pods(mi, std::slice::from_ref(shard), |_| {

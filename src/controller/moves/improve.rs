@@ -12,15 +12,15 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 
 use super::progress::places;
-use super::world::{hand, holder, others, replicas, room_for_another, running};
+use super::world::{hand, others, replicas, room_for_another, running, untolerated};
 use crate::controller::context::{Context, Instance};
 use crate::controller::decide::stage::Decided;
 use crate::controller::decide::{deadline, options};
 use crate::controller::held::{Claims, Held};
-use crate::controller::nodes::{NodeInfo, Readiness, tolerations_of};
+use crate::controller::nodes::{NodeInfo, Readiness};
 use crate::controller::observe::Observed;
 use tessera_core::api::{ModelInstance, Moves};
-use tessera_core::moves::{IMPROVE_MAX_TRIED, ImproveAsk, Improvement, plan_improvement};
+use tessera_core::moves::{IMPROVE_MAX_TRIED, ImproveAsk, plan_improvement};
 use tessera_core::placement::SolveOptions;
 use tessera_core::translate::ClusterNode;
 
@@ -94,7 +94,7 @@ pub(crate) fn for_cluster(
     let Some(victim) = world.iter().find(|r| r.holder == first.replica) else {
         return;
     };
-    if let Some(node) = untolerated(&instances, &open, &found) {
+    if let Some(node) = untolerated(&instances, &open, &found.moves) {
         tracing::info!(
             replica = %first.replica,
             node,
@@ -142,37 +142,4 @@ fn any_move_under_way(ctx: &Context, instances: &[Arc<ModelInstance>]) -> bool {
         || instances
             .iter()
             .any(|mi| mi.status.as_ref().is_some_and(|s| !s.moves.is_empty()))
-}
-
-/// A node some move of `found` goes to whose taints its instance's pods do
-/// not tolerate: the planner sees one cluster for every replica, the pods
-/// of each see their own.
-fn untolerated(
-    instances: &[Arc<ModelInstance>],
-    nodes: &[&NodeInfo],
-    found: &Improvement,
-) -> Option<String> {
-    for moved in &found.moves {
-        let replica = moved.from.first().map_or(0, |s| s.replica);
-        let Some(mi) = instances.iter().find(|mi| {
-            holder(
-                mi.metadata.namespace.as_deref().unwrap_or_default(),
-                mi.metadata.name.as_deref().unwrap_or_default(),
-                replica,
-            ) == moved.replica
-        }) else {
-            return Some("a node of an instance that is gone".to_string());
-        };
-        let tolerations = tolerations_of(mi);
-        for shard in &moved.to {
-            let refused = nodes
-                .iter()
-                .find(|n| n.name() == shard.node)
-                .is_none_or(|n| n.accepts(&tolerations).is_err());
-            if refused {
-                return Some(shard.node.clone());
-            }
-        }
-    }
-    None
 }

@@ -4,17 +4,19 @@
 //! time: once it is done the blocked replica looks again, and the planner
 //! answers on the cluster as it is then.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::progress::places;
-use super::world::{hand, holder, others, replicas, room_for_another, running};
+use super::world::{hand, holder, others, replicas, room_for_another, running, untolerated};
 use crate::controller::context::{Context, Instance};
 use crate::controller::decide::stage::Decided;
 use crate::controller::decide::{deadline, options};
 use crate::controller::events::EventNote;
 use crate::controller::held::{Claims, Held};
-use crate::controller::nodes::tolerations_of;
+use crate::controller::nodes::{NodeInfo, tolerations_of};
 use crate::controller::observe::Observed;
 use crate::controller::status::Outcome;
 use tessera_core::api::ModelInstance;
@@ -132,6 +134,12 @@ fn propose(
         Ok(plan) => plan,
         Err(no_room) => return Proposal::NoRoom(no_room.reason),
     };
+    let everywhere: Vec<&NodeInfo> = observed.nodes.iter().map(Arc::as_ref).collect();
+    if let Some(node) = untolerated(&instances, &everywhere, &plan.moves) {
+        return Proposal::NoRoom(format!(
+            "the moves found take a replica to {node}, whose taints its pods do not tolerate"
+        ));
+    }
     let Some(first) = plan.moves.first() else {
         return Proposal::NotNow;
     };

@@ -1,7 +1,8 @@
 //! The cluster as the controller's move planners see it from the caches:
 //! every instance's placed replicas (those that may not move now frozen),
-//! what else holds devices, whether another move may start, and a chosen
-//! move handed to the instance it moves.
+//! what else holds devices, whether another move may start, whether a
+//! move's nodes take its replica's pods, and a chosen move handed to the
+//! instance it moves.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::book::Handed;
 use crate::controller::context::Context;
 use crate::controller::held::{Claims, Held};
+use crate::controller::nodes::{NodeInfo, tolerations_of};
 use tessera_core::api::{ModelInstance, ModelInstanceSpec, Moves, PlannedShard};
 use tessera_core::moves::{Move, RunningReplica};
 
@@ -29,6 +31,40 @@ pub(super) fn room_for_another(ctx: &Context, instances: &[Arc<ModelInstance>]) 
         .count()
         + ctx.moves.handed_count(|uid| live.contains(uid));
     in_flight < ctx.settings.moves.max_in_flight
+}
+
+/// A node some move of `moves` takes a replica to whose taints that
+/// replica's pods do not tolerate (or that is not among `nodes`): the core's
+/// planners see one cluster for every replica, the pods of each see their
+/// own, so an answer with such a move is not taken.
+pub(super) fn untolerated(
+    instances: &[Arc<ModelInstance>],
+    nodes: &[&NodeInfo],
+    moves: &[Move],
+) -> Option<String> {
+    for moved in moves {
+        let replica = moved.from.first().map_or(0, |s| s.replica);
+        let Some(mi) = instances.iter().find(|mi| {
+            holder(
+                mi.metadata.namespace.as_deref().unwrap_or_default(),
+                mi.metadata.name.as_deref().unwrap_or_default(),
+                replica,
+            ) == moved.replica
+        }) else {
+            return Some("a node of an instance that is gone".to_string());
+        };
+        let tolerations = tolerations_of(mi);
+        for shard in &moved.to {
+            let refused = nodes
+                .iter()
+                .find(|n| n.name() == shard.node)
+                .is_none_or(|n| n.accepts(&tolerations).is_err());
+            if refused {
+                return Some(shard.node.clone());
+            }
+        }
+    }
+    None
 }
 
 /// The planner's view of `world`.
