@@ -151,6 +151,12 @@ fn surging(inputs: &MoveInputs, record: &MoveInFlight) -> MoveStep {
             ..MoveStep::default()
         };
     }
+    // A failed pod (refused at admission, or its container ended under
+    // restartPolicy Never) never turns Ready: waiting out the bound would only
+    // hold its devices.
+    if let Some((name, why)) = failed_pod(inputs.pods, inputs.instance, &record.to) {
+        return abandon(format!("its new copy's pod {name} failed ({why})"));
+    }
     if elapsed.is_none_or(|elapsed| elapsed > inputs.timeout) {
         return abandon(format!(
             "its new copy was not Ready within {}s ({ready} of {total} pods)",
@@ -240,6 +246,27 @@ fn ready_pods(
         })
         .count();
     (ready, shards.len())
+}
+
+/// The first pod of `shards` that failed, with why as its status says.
+fn failed_pod(
+    pods: &BTreeMap<String, Arc<Pod>>,
+    instance: &str,
+    shards: &[PlannedShard],
+) -> Option<(String, String)> {
+    shards.iter().find_map(|shard| {
+        let name = pod_name_of(instance, shard);
+        let status = pods.get(&name)?.status.as_ref()?;
+        if status.phase.as_deref() != Some("Failed") {
+            return None;
+        }
+        let why = match (status.reason.as_deref(), status.message.as_deref()) {
+            (Some(reason), Some(message)) => format!("{reason}: {message}"),
+            (Some(said), None) | (None, Some(said)) => said.to_string(),
+            (None, None) => "phase Failed".to_string(),
+        };
+        Some((name, why))
+    })
 }
 
 /// Names of the pods of `shards` that still exist (terminating ones too:
@@ -434,6 +461,36 @@ mod tests {
             "{}",
             note.message
         );
+    }
+
+    #[test]
+    fn a_surge_copy_whose_pod_failed_is_abandoned_at_once() {
+        // A minute in, well within the bound: kubelet refused the new pod.
+        let surging = record(MovePhase::Surging, "2026-06-01T11:59:00Z");
+        let (name, failed) = pod(&surging.to[0], false);
+        let mut failed = Pod::clone(&failed);
+        let status = failed.status.get_or_insert_with(PodStatus::default);
+        status.phase = Some("Failed".into());
+        status.reason = Some("UnexpectedAdmissionError".into());
+        status.message = Some("Allocate failed due to no devices".into());
+        let pods = BTreeMap::from([pod(&surging.from[0], true), (name, Arc::new(failed))]);
+        let step = step_with(Some(&surging), None, &pods, &Held::new());
+        assert_eq!(step.record, None, "the record goes, so the new copy does");
+        assert!(step.evict.is_empty(), "the old copy is untouched");
+        assert_eq!(step.back_off, Some(1));
+        assert_eq!(step.ended, Some((MoveOutcome::Abandoned, 60.0)));
+        let note = step.note.expect("told");
+        assert_eq!(note.reason, "MoveAbandoned");
+        assert!(
+            note.message.contains(
+                "its new copy's pod small-r1-m-shard-0 failed (UnexpectedAdmissionError: Allocate failed due to no devices)"
+            ),
+            "{}",
+            note.message
+        );
+        // Running, or not yet started, it is waited for as before.
+        let pods = BTreeMap::from([pod(&surging.from[0], true), pod(&surging.to[0], false)]);
+        assert!(step_with(Some(&surging), None, &pods, &Held::new()).surge);
     }
 
     #[test]
