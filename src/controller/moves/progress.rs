@@ -154,7 +154,7 @@ fn surging(inputs: &MoveInputs, record: &MoveInFlight) -> MoveStep {
     // A failed pod (refused at admission, or its container ended under
     // restartPolicy Never) never turns Ready: waiting out the bound would only
     // hold its devices.
-    if let Some((name, why)) = failed_pod(inputs.pods, inputs.instance, &record.to) {
+    if let Some((name, why)) = failed_pod(inputs.pods, inputs.instance, record) {
         return abandon(format!("its new copy's pod {name} failed ({why})"));
     }
     if elapsed.is_none_or(|elapsed| elapsed > inputs.timeout) {
@@ -248,15 +248,27 @@ fn ready_pods(
     (ready, shards.len())
 }
 
-/// The first pod of `shards` that failed, with why as its status says.
+/// The first pod of `record`'s new copy that failed, with why as its status
+/// says. A pod of the same name made before the move started, or going, is
+/// one an earlier move left and not this copy's.
 fn failed_pod(
     pods: &BTreeMap<String, Arc<Pod>>,
     instance: &str,
-    shards: &[PlannedShard],
+    record: &MoveInFlight,
 ) -> Option<(String, String)> {
-    shards.iter().find_map(|shard| {
+    let started = record.started.parse::<Timestamp>().ok();
+    record.to.iter().find_map(|shard| {
         let name = pod_name_of(instance, shard);
-        let status = pods.get(&name)?.status.as_ref()?;
+        let pod = pods.get(&name)?;
+        // Creation times are whole seconds.
+        let earlier = match (&pod.metadata.creation_timestamp, started) {
+            (Some(created), Some(started)) => created.0 + Duration::from_secs(1) < started,
+            _ => false,
+        };
+        if earlier || pod.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let status = pod.status.as_ref()?;
         if status.phase.as_deref() != Some("Failed") {
             return None;
         }
@@ -301,7 +313,7 @@ pub(crate) fn places(shards: &[PlannedShard]) -> String {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     use super::*;
     use crate::controller::testkit::now;
@@ -473,7 +485,11 @@ mod tests {
         status.phase = Some("Failed".into());
         status.reason = Some("UnexpectedAdmissionError".into());
         status.message = Some("Allocate failed due to no devices".into());
-        let pods = BTreeMap::from([pod(&surging.from[0], true), (name, Arc::new(failed))]);
+        failed.metadata.creation_timestamp = Some(Time("2026-06-01T11:59:00Z".parse().unwrap()));
+        let pods = BTreeMap::from([
+            pod(&surging.from[0], true),
+            (name.clone(), Arc::new(failed.clone())),
+        ]);
         let step = step_with(Some(&surging), None, &pods, &Held::new());
         assert_eq!(step.record, None, "the record goes, so the new copy does");
         assert!(step.evict.is_empty(), "the old copy is untouched");
@@ -488,8 +504,18 @@ mod tests {
             "{}",
             note.message
         );
-        // Running, or not yet started, it is waited for as before.
+        // Running, or not yet started, it is waited for as before; so is a
+        // failed pod an earlier move left (made before this one started) or
+        // one being deleted.
         let pods = BTreeMap::from([pod(&surging.from[0], true), pod(&surging.to[0], false)]);
+        assert!(step_with(Some(&surging), None, &pods, &Held::new()).surge);
+        let mut left = failed.clone();
+        left.metadata.creation_timestamp = Some(Time("2026-06-01T11:50:00Z".parse().unwrap()));
+        let pods = BTreeMap::from([(name.clone(), Arc::new(left))]);
+        assert!(step_with(Some(&surging), None, &pods, &Held::new()).surge);
+        let mut going = failed;
+        going.metadata.deletion_timestamp = Some(Time(now()));
+        let pods = BTreeMap::from([(name, Arc::new(going))]);
         assert!(step_with(Some(&surging), None, &pods, &Held::new()).surge);
     }
 
