@@ -9,9 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use tessera_core::translate::ClusterNode;
 
 /// The tolerations of an instance's shard pods (its template's).
-pub(crate) fn tolerations_of(mi: &tessera_core::api::ModelInstance) -> Vec<Toleration> {
-    mi.spec
-        .template
+pub(crate) fn tolerations_of(spec: &tessera_core::api::ModelInstanceSpec) -> Vec<Toleration> {
+    spec.template
         .as_ref()
         .and_then(|t| t.spec.as_ref())
         .and_then(|s| s.tolerations.clone())

@@ -117,7 +117,7 @@ pub(crate) async fn plan(
             .map(|replica| cache.get(&(instance.uid.clone(), replica)).cloned())
             .collect()
     };
-    let tolerations = tolerations_of(mi);
+    let tolerations = tolerations_of(&mi.spec);
     let current_hash = previous.and_then(|s| s.placement_hash.clone());
     // When nothing fits, a running plan of the same spec that only lost
     // shards keeps the rest.
@@ -225,7 +225,7 @@ fn move_step(
     replicas: &mut [ReplicaDecided],
     (now, notes): (Timestamp, &mut Vec<EventNote>),
 ) -> Option<Moving> {
-    let tolerations = tolerations_of(mi);
+    let tolerations = tolerations_of(&mi.spec);
     let refused_node = |node: &str| match observed.nodes.iter().find(|n| n.name() == node) {
         None => Some(format!("node {node} publishes no GPU state")),
         Some(n) => n.accepts(&tolerations).err(),

@@ -6,7 +6,6 @@
 //! and the `OnCordonedNode` condition says how the replicas stand.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -17,7 +16,6 @@ use crate::controller::decide::stage::Decided;
 use crate::controller::decide::{deadline, options};
 use crate::controller::events::EventNote;
 use crate::controller::held::{Claims, Held};
-use crate::controller::nodes::NodeInfo;
 use crate::controller::observe::Observed;
 use tessera_core::api::ModelInstance;
 use tessera_core::moves::{EvacuationAsk, plan_evacuation};
@@ -138,8 +136,7 @@ fn standing(
         .iter()
         .find_map(|m| Some((mine(&m.replica)?, m)))
     {
-        let everywhere: Vec<&NodeInfo> = observed.nodes.iter().map(Arc::as_ref).collect();
-        if let Some(node) = untolerated(&instances, &everywhere, std::slice::from_ref(chosen)) {
+        if let Some(node) = untolerated(&world, &observed.nodes, std::slice::from_ref(chosen)) {
             return cannot(&format!(
                 "the move found takes it to {node}, whose taints its pods do not tolerate"
             ));

@@ -94,7 +94,7 @@ pub(crate) fn for_cluster(
     let Some(victim) = world.iter().find(|r| r.holder == first.replica) else {
         return;
     };
-    if let Some(node) = untolerated(&instances, &open, &found.moves) {
+    if let Some(node) = untolerated(&world, &open, &found.moves) {
         tracing::info!(
             replica = %first.replica,
             node,

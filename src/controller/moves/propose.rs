@@ -4,8 +4,6 @@
 //! time: once it is done the blocked replica looks again, and the planner
 //! answers on the cluster as it is then.
 
-use std::sync::Arc;
-
 use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::jiff::Timestamp;
 
@@ -16,7 +14,7 @@ use crate::controller::decide::stage::Decided;
 use crate::controller::decide::{deadline, options};
 use crate::controller::events::EventNote;
 use crate::controller::held::{Claims, Held};
-use crate::controller::nodes::{NodeInfo, tolerations_of};
+use crate::controller::nodes::tolerations_of;
 use crate::controller::observe::Observed;
 use crate::controller::status::Outcome;
 use tessera_core::api::ModelInstance;
@@ -44,7 +42,7 @@ pub(crate) fn for_blocked(
     decided: &mut Decided,
     (now, notes): (Timestamp, &mut Vec<EventNote>),
 ) {
-    let tolerations = tolerations_of(mi);
+    let tolerations = tolerations_of(&mi.spec);
     let unplaced = decided
         .replicas
         .iter_mut()
@@ -134,8 +132,7 @@ fn propose(
         Ok(plan) => plan,
         Err(no_room) => return Proposal::NoRoom(no_room.reason),
     };
-    let everywhere: Vec<&NodeInfo> = observed.nodes.iter().map(Arc::as_ref).collect();
-    if let Some(node) = untolerated(&instances, &everywhere, &plan.moves) {
+    if let Some(node) = untolerated(&world, &observed.nodes, &plan.moves) {
         return Proposal::NoRoom(format!(
             "the moves found take a replica to {node}, whose taints its pods do not tolerate"
         ));

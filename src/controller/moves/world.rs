@@ -4,6 +4,7 @@
 //! move's nodes take its replica's pods, and a chosen move handed to the
 //! instance it moves.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -33,30 +34,24 @@ pub(super) fn room_for_another(ctx: &Context, instances: &[Arc<ModelInstance>]) 
     in_flight < ctx.settings.moves.max_in_flight
 }
 
-/// A node some move of `moves` takes a replica to whose taints that
-/// replica's pods do not tolerate (or that is not among `nodes`): the core's
-/// planners see one cluster for every replica, the pods of each see their
-/// own, so an answer with such a move is not taken.
+/// A node some move of `moves` takes a replica of `world` to whose taints
+/// that replica's pods do not tolerate (or that is not among `nodes`): the
+/// core's planners see one cluster for every replica, the pods of each see
+/// their own, so an answer with such a move is not taken.
 pub(super) fn untolerated(
-    instances: &[Arc<ModelInstance>],
-    nodes: &[&NodeInfo],
+    world: &[Running],
+    nodes: &[impl Borrow<NodeInfo>],
     moves: &[Move],
 ) -> Option<String> {
     for moved in moves {
-        let replica = moved.from.first().map_or(0, |s| s.replica);
-        let Some(mi) = instances.iter().find(|mi| {
-            holder(
-                mi.metadata.namespace.as_deref().unwrap_or_default(),
-                mi.metadata.name.as_deref().unwrap_or_default(),
-                replica,
-            ) == moved.replica
-        }) else {
+        let Some(replica) = world.iter().find(|r| r.holder == moved.replica) else {
             return Some("a node of an instance that is gone".to_string());
         };
-        let tolerations = tolerations_of(mi);
+        let tolerations = tolerations_of(&replica.spec);
         for shard in &moved.to {
             let refused = nodes
                 .iter()
+                .map(Borrow::borrow)
                 .find(|n| n.name() == shard.node)
                 .is_none_or(|n| n.accepts(&tolerations).is_err());
             if refused {
