@@ -61,6 +61,7 @@ fn fragmented(
         for device in usable.take(1 + index % 3) {
             running.push(RunningReplica {
                 holder: format!("bench/chat-{} replica 0", device.id),
+                instance: format!("bench/chat-{}", device.id),
                 spec: small,
                 shards: vec![PlannedShard {
                     copy: 0,
@@ -104,7 +105,6 @@ fn moves_benches(c: &mut Criterion) {
             blocked: &big,
             blocked_name: "bench/405b",
             limits: MoveLimits::default(),
-            trade: None,
             options: &options,
         };
         match plan_moves(&ask) {
@@ -159,11 +159,11 @@ fn moves_benches(c: &mut Criterion) {
                     })
                     .collect();
                 eprintln!(
-                    "REPORT moves/improve_{nodes}x8: {} move(s) ({}); the cluster {:.3} -> {:.3} requests/s per GPU",
+                    "REPORT moves/improve_{nodes}x8: {} move(s) ({}); the cluster {:.2} -> {:.2} TFLOP/s of model work per GPU",
                     found.moves.len(),
                     moved.join(", "),
-                    found.cluster_per_gpu_before,
-                    found.cluster_per_gpu_after
+                    found.cluster_tflops_per_gpu_before,
+                    found.cluster_tflops_per_gpu_after
                 );
             }
             None => eprintln!("REPORT moves/improve_{nodes}x8: nothing gains a fifth"),

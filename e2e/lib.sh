@@ -53,7 +53,8 @@ shards_match_plan() {
     node=$(jq -r '.node' <<<"$shard")
     devices=$(jq -r '.devices | join(",")' <<<"$shard")
     name=$(jq -r --arg instance "$instance" --arg i "$i" \
-      'if (.replica // 0) == 0 then "\($instance)-shard-\(.shard // $i)" else "\($instance)-r\(.replica)-shard-\(.shard)" end' <<<"$shard")
+      '(if (.replica // 0) == 0 then "" else "-r\(.replica)" end) as $r | (if (.copy // 0) == 1 then "-m" else "" end) as $m
+       | "\($instance)\($r)\($m)-shard-\(.shard // ($i | tonumber))"' <<<"$shard")
     pod=$(jq -c --arg name "$name" '.items[] | select(.metadata.name == $name)' <<<"$pods")
     if [[ -z "$pod" ]]; then
       echo "pod $name does not exist"
@@ -350,4 +351,36 @@ node_ready() {
       echo "$NODE is not Ready"
       return 1
     }
+}
+
+# --- a client of an instance's Service -----------------------------------------------
+
+# poll_service SERVICE INSTANCE DIR: every 0.3 s, every ready address of SERVICE's
+# EndpointSlices answers on port 8080 (as kube-proxy would pick one; the kits run no
+# kube-proxy), or the round counts a failure (in DIR/failures). DIR/counts holds "ok
+# failed fewest", fewest being the least INSTANCE's status ever said were ready. Runs
+# until killed (start it with &).
+poll_service() {
+  local service="$1" instance="$2" dir="$3"
+  local ok=0 failed=0 fewest=9 slices addresses address ready
+  while true; do
+    slices=$(kubectl get endpointslices -n "$NAMESPACE" -l "kubernetes.io/service-name=$service" -o json 2>/dev/null) || continue
+    addresses=$(jq -r '.items[].endpoints[]? | select(.conditions.ready == true) | .addresses[0]' <<<"$slices")
+    if [[ -z "$addresses" ]]; then
+      failed=$((failed + 1))
+      echo "$(date +%T) no ready address" >>"$dir/failures"
+    fi
+    for address in $addresses; do
+      if curl -fsS -m 2 "http://$address:8080/" >/dev/null 2>>"$dir/failures"; then
+        ok=$((ok + 1))
+      else
+        failed=$((failed + 1))
+        echo "$(date +%T) $address failed" >>"$dir/failures"
+      fi
+    done
+    ready=$(kubectl get mi "$instance" -n "$NAMESPACE" -o jsonpath='{.status.readyReplicas}' 2>/dev/null || echo "")
+    [[ "$ready" =~ ^[0-9]+$ ]] && ((ready < fewest)) && fewest=$ready
+    echo "$ok $failed $fewest" >"$dir/counts"
+    sleep 0.3
+  done
 }

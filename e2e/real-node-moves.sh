@@ -162,32 +162,8 @@ first_index=$(kubectl get node "$NODE" -o json \
 [[ "$first_index" =~ ^[0-7]$ ]] || die "small's device $first has no index on $NODE"
 log "small runs on $first (index $first_index)"
 
-# The poller: every 0.3 s, every ready address of small-api answers (or the round
-# fails); and small's ready replicas as its status says.
-poll() {
-  local ok=0 failed=0 fewest=9 slices addresses address ready
-  while true; do
-    slices=$(kubectl get endpointslices -n "$NAMESPACE" -l kubernetes.io/service-name=small-api -o json 2>/dev/null) || continue
-    addresses=$(jq -r '.items[].endpoints[]? | select(.conditions.ready == true) | .addresses[0]' <<<"$slices")
-    if [[ -z "$addresses" ]]; then
-      failed=$((failed + 1))
-      echo "$(date +%T) no ready address" >>"$poll_dir/failures"
-    fi
-    for address in $addresses; do
-      if curl -fsS -m 2 "http://$address:8080/" >/dev/null 2>>"$poll_dir/failures"; then
-        ok=$((ok + 1))
-      else
-        failed=$((failed + 1))
-        echo "$(date +%T) $address failed" >>"$poll_dir/failures"
-      fi
-    done
-    ready=$(kubectl get mi small -n "$NAMESPACE" -o jsonpath='{.status.readyReplicas}' 2>/dev/null || echo "")
-    [[ "$ready" =~ ^[0-9]+$ ]] && ((ready < fewest)) && fewest=$ready
-    echo "$ok $failed $fewest" >"$poll_dir/counts"
-    sleep 0.3
-  done
-}
-poll &
+# The poller: small-api's ready addresses answer, and small's ready replicas.
+poll_service small-api small "$poll_dir" &
 poller=$!
 wait_until 60 "the poller's first answer" bash -c "[ -s $poll_dir/counts ] && [ \"\$(cut -d' ' -f1 $poll_dir/counts)\" -gt 0 ]"
 

@@ -32,7 +32,7 @@ pub mod process;
 
 // The pure core lives in its own crate so the compiler keeps it free of I/O; it is
 // re-exported under the paths the rest of tessera and its users have always used.
-pub use tessera_core::{api, moves, placement, serving, sizing, translate};
+pub use tessera_core::{api, moves, objective, placement, serving, sizing, translate};
 
 pub use agent::device_plugin::registration::PluginConfig;
 pub use agent::dra::DraConfig;

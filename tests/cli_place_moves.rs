@@ -171,16 +171,18 @@ fn a_drain_of_a_node_the_cluster_lacks_is_bad_input() {
     }
 }
 
-const TRADE_CLUSTER: &str = "tests/fixtures/moves/trade-cluster.yaml";
-const TRADE_INSTANCES: &str = "tests/fixtures/moves/trade-instances.yaml";
+const MIXED_CLUSTER: &str = "tests/fixtures/moves/h200-h100-cluster.yaml";
+const CHAT_AND_BIG: &str = "tests/fixtures/moves/chat-and-big.yaml";
 
 #[test]
 fn improve_shows_the_continuous_moves_that_raise_what_the_cluster_serves() {
     // The 8B took the H200 first; the 70B runs on an H100 with little KV
     // cache. The 8B making way to the free H100 and the 70B taking the H200
-    // gain about a tenth of what the two serve.
-    let args = ["place", "-c", TRADE_CLUSTER, "-f", TRADE_INSTANCES];
-    let (code, table, stderr) = run(&[&args[..], &["--improve", "0.05"]].concat(), None);
+    // gain a tenth of what the two serve in raw requests/s (3.20 + 1.01 ->
+    // 2.57 + 2.01), but two thirds weighed by work: a 70B request costs
+    // 8.75 times an 8B one.
+    let args = ["place", "-c", MIXED_CLUSTER, "-f", CHAT_AND_BIG];
+    let (code, table, stderr) = run(&[&args[..], &["--improve"]].concat(), None);
     assert_eq!(code, 0, "{table}\n{stderr}");
     let shown = &table[table
         .find("improve: 2 move(s)")
@@ -194,10 +196,14 @@ fn improve_shows_the_continuous_moves_that_raise_what_the_cluster_serves() {
         shown.contains("2. ml/big: h100-b h100-b-gpu0 -> h200-a h200-a-gpu0"),
         "{shown}"
     );
-    // A fifth more (the default, as the controller's) is not reached.
-    let (_, table, _) = run(&[&args[..], &["--improve"]].concat(), None);
     assert!(
-        table.contains("improve: no move gains more than 20% of what its replicas serve"),
+        shown.contains("246.2 -> 412.4 TFLOP/s of model work at the targets"),
+        "{shown}"
+    );
+    // Twice what they serve is not reached.
+    let (_, table, _) = run(&[&args[..], &["--improve", "1"]].concat(), None);
+    assert!(
+        table.contains("improve: no move gains more than 100% of what its replicas serve"),
         "{table}"
     );
     // Without --improve nothing is said.
@@ -213,10 +219,12 @@ fn improve_shows_the_continuous_moves_that_raise_what_the_cluster_serves() {
     assert_eq!(report["improve"]["minGain"], 0.05);
     assert_eq!(found["moves"].as_array().map(Vec::len), Some(2), "{found}");
     assert!(
-        found["requestsPerSecondAfter"].as_f64() > found["requestsPerSecondBefore"].as_f64(),
+        found["workTflopsAfter"].as_f64() > found["workTflopsBefore"].as_f64(),
         "{found}"
     );
-    assert!(found["clusterPerGpuAfter"].as_f64() > found["clusterPerGpuBefore"].as_f64());
+    assert!(
+        found["clusterTflopsPerGpuAfter"].as_f64() > found["clusterTflopsPerGpuBefore"].as_f64()
+    );
     // The placements stay as placed.
     assert_eq!(
         report["placements"][0]["plan"]["stages"][0]["node"],
@@ -225,32 +233,37 @@ fn improve_shows_the_continuous_moves_that_raise_what_the_cluster_serves() {
 }
 
 #[test]
-fn improve_shows_room_made_by_a_trade_where_strict_moves_make_none() {
-    // The 70B asks for the H200 the 8B holds: the 8B would serve less on an
-    // H100, so only a trade (continuous moves) makes room.
-    let dir = Scratch::new("cli_place_moves", "trade");
-    let only_h200 = fixture(TRADE_INSTANCES).replace(
+fn room_is_made_where_the_replica_moved_still_meets_its_target_and_demand() {
+    // The 70B asks for the H200 the 8B holds: the 8B serves less on an H100
+    // but still meets its target there, so moves make room.
+    let dir = Scratch::new("cli_place_moves", "room");
+    let only_h200 = fixture(CHAT_AND_BIG).replace(
         "dtype: fp8}\n",
         "dtype: fp8}\n  placement: {products: [\"NVIDIA H200\"]}\n",
     );
     let path = dir.file("only-h200.yaml", &only_h200);
-    let args = ["place", "-c", TRADE_CLUSTER, "-f", &path];
-    let (code, table, _) = run(&args, None);
-    assert_eq!(code, 2, "{table}");
-    assert!(
-        table.contains("no moves make room: ml/big fits on h200-a by moving 1 replica(s) (ml/chat), but ml/chat would serve less elsewhere"),
-        "{table}"
-    );
-    let (code, table, _) = run(&[&args[..], &["--improve", "0.05"]].concat(), None);
-    assert_eq!(code, 2, "the refusal stands: {table}");
+    let (code, table, _) = run(&["place", "-c", MIXED_CLUSTER, "-f", &path], None);
+    assert_eq!(code, 2, "refused until the moves are made: {table}");
     assert!(
         table.contains("moves that would make room (1 GPU(s) moved"),
         "{table}"
     );
     assert!(table.contains("then ml/big: h200-a h200-a-gpu0"), "{table}");
-    // Asked for more than the trade gains, it says what it would lose.
-    let (_, table, _) = run(&[&args[..], &["--improve", "5"]].concat(), None);
-    assert!(table.contains("the replicas moved would lose"), "{table}");
+    // With a demand the H100 cannot serve, the 8B stays, and the refusal
+    // names what blocks it.
+    let demanding = only_h200.replace(
+        "kvCacheGiB: 1}\n  parallelism: {tensor: 1, pipeline: 1}\n",
+        "kvCacheGiB: 1}\n  parallelism: {tensor: 1, pipeline: 1}\n  serving: {requestsPerSecond: 4.5}\n",
+    );
+    assert_ne!(demanding, only_h200);
+    let path = dir.file("demanding.yaml", &demanding);
+    let (code, table, _) = run(&["place", "-c", MIXED_CLUSTER, "-f", &path], None);
+    assert_eq!(code, 2, "{table}");
+    assert!(
+        table.contains("no moves make room: ml/big fits on h200-a by moving 1 replica(s) (ml/chat), but ml/chat would fall short of its demand elsewhere: it would serve")
+            && table.contains("below its demand of 4.50"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -262,9 +275,36 @@ fn a_malformed_least_gain_is_bad_input() {
         "--improve=inf",
     ] {
         assert_bad_input(
-            &["place", "-c", TRADE_CLUSTER, "-f", TRADE_INSTANCES, gain],
+            &["place", "-c", MIXED_CLUSTER, "-f", CHAT_AND_BIG, gain],
             None,
             &["a fraction from 0 to 10"],
         );
     }
+}
+
+#[test]
+fn a_small_model_moves_to_a_slower_gpu_so_a_large_one_is_placed() {
+    // The worked example of docs/placement.md: the 1.2B on an H100 makes way
+    // for the 34B that may only use H100s, on an A100 where it serves less
+    // but meets its target; with a demand the A100 cannot serve, it stays.
+    let cluster = "tests/fixtures/moves/h100-a100-node.yaml";
+    let instances = "tests/fixtures/moves/small-and-34b.yaml";
+    let (code, table, _) = run(&["place", "-c", cluster, "-f", instances], None);
+    assert_eq!(code, 2, "refused until the move is made: {table}");
+    assert!(
+        table.contains("1. ml/small: n n-g0 -> n n-g4 (38.46 -> 18.28 requests/s at its target)")
+            && table.contains("then ml/big: n n-g0,n-g1,n-g2,n-g3"),
+        "{table}"
+    );
+    let dir = Scratch::new("cli_place_moves", "worked-example");
+    let demanding = fixture(instances).replace(
+        "  parallelism: {tensor: 1, pipeline: 1}\n",
+        "  parallelism: {tensor: 1, pipeline: 1}\n  serving: {requestsPerSecond: 25}\n",
+    );
+    let path = dir.file("demanding.yaml", &demanding);
+    let (_, table, _) = run(&["place", "-c", cluster, "-f", &path], None);
+    assert!(
+        table.contains("no moves make room: ml/big fits on n by moving 1 replica(s) (ml/small), but ml/small would fall short of its demand elsewhere: it would serve 18.28 requests/s at the target, below its demand of 25.00 (it serves 38.46)"),
+        "{table}"
+    );
 }

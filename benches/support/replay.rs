@@ -607,6 +607,7 @@ fn make_room(
             who.push((id, replica));
             running.push(RunningReplica {
                 holder: holder(id, replica as u32),
+                instance: format!("bench/instance-{id}"),
                 spec: &state.specs[&id],
                 shards: held.shards.clone(),
                 ready: true,
@@ -623,7 +624,6 @@ fn make_room(
         blocked: &spec,
         blocked_name: "bench/burst",
         limits: MoveLimits::default(),
-        trade: None,
         options: &options,
     };
     let answer = plan_moves(&ask).ok()?;

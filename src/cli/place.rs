@@ -62,10 +62,9 @@ pub struct PlaceArgs {
     /// Nodes to plan a drain of once every instance is placed: the moves
     /// that would take tessera's replicas off them.
     pub drain: Vec<String>,
-    /// With a least gain: the continuous move that would raise what the
-    /// cluster serves by more than it, once every instance is placed; and
-    /// room for a refused replica made as continuous moves make it (a
-    /// replica moved may serve less where it goes, for that gain).
+    /// With a least gain: the continuous move that would raise the work the
+    /// cluster serves at the targets by more than it, once every instance is
+    /// placed.
     pub improve: Option<f64>,
 }
 
@@ -206,7 +205,7 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
             )));
         }
     }
-    let placed = place_all(&instances, &nodes, args.max_steps, args.improve);
+    let placed = place_all(&instances, &nodes, args.max_steps);
     let drain = (!args.drain.is_empty()).then(|| {
         drain(
             &nodes,
@@ -249,7 +248,6 @@ fn place_all<'a>(
     instances: &'a [ModelInstance],
     nodes: &[ClusterNode],
     max_steps: Option<u64>,
-    trade: Option<f64>,
 ) -> Placed<'a> {
     // Devices the node agents report as handed to pods are taken, as for the controller.
     let mut allocated: HashMap<(String, String), String> = nodes
@@ -331,6 +329,7 @@ fn place_all<'a>(
                     }
                     running.push(RunningReplica {
                         holder: holder.clone(),
+                        instance: name.clone(),
                         spec: &mi.spec,
                         shards: status_plan.clone(),
                         ready: true,
@@ -375,7 +374,6 @@ fn place_all<'a>(
                             &mi.spec,
                             (&holder, replica),
                             max_steps,
-                            trade,
                         )
                     }),
                     serving: mi.spec.serving.clone(),

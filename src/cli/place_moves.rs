@@ -35,8 +35,7 @@ pub(crate) enum MoveAdvice {
 }
 
 /// Asks the planner about replica `replica` of `spec` (named `name`) on the
-/// cluster `running` and `outside` hold; with `trade` (`--improve`), as
-/// continuous moves make room.
+/// cluster `running` and `outside` hold.
 pub(crate) fn advise(
     nodes: &[ClusterNode],
     outside: &HashMap<(String, String), String>,
@@ -44,7 +43,6 @@ pub(crate) fn advise(
     spec: &ModelInstanceSpec,
     (name, replica): (&str, u32),
     max_steps: Option<u64>,
-    trade: Option<f64>,
 ) -> MoveAdvice {
     let answer = solving(max_steps, |options| {
         plan_moves(&MoveAsk {
@@ -54,7 +52,6 @@ pub(crate) fn advise(
             blocked: spec,
             blocked_name: name,
             limits: MoveLimits::default(),
-            trade,
             options,
         })
     });
@@ -210,12 +207,12 @@ impl Improve {
             )];
         };
         let mut lines = vec![format!(
-            "improve: {} move(s), {:.2} -> {:.2} requests/s at the target for the replicas moved, the cluster {:.3} -> {:.3} per GPU (each new copy serving before the old one goes; shown, not made):",
+            "improve: {} move(s), {:.1} -> {:.1} TFLOP/s of model work at the targets for the replicas moved, the cluster {:.2} -> {:.2} TFLOP/s per GPU (each new copy serving before the old one goes; shown, not made):",
             found.moves.len(),
-            found.requests_per_second_before,
-            found.requests_per_second_after,
-            found.cluster_per_gpu_before,
-            found.cluster_per_gpu_after
+            found.work_tflops_before,
+            found.work_tflops_after,
+            found.cluster_tflops_per_gpu_before,
+            found.cluster_tflops_per_gpu_after
         )];
         for (step, moved) in found.moves.iter().enumerate() {
             lines.push(format!("  {}. {}", step + 1, move_words(moved)));

@@ -10,6 +10,8 @@
 //!   time to first token and tokens/s by concurrency, and the load a latency target allows.
 //! - [`sizing`]: an instance as users ask for it: `tensor: auto` and the GPU kind chosen
 //!   by what a replica serves at the target, and replicas one after another.
+//! - [`objective`]: the one order on how well a cluster serves (replicas at their
+//!   target, demands met, fewest GPUs, then work-weighted headroom).
 //! - [`moves`]: running replicas moved, make before break, so that a replica that
 //!   cannot be placed gets room.
 //!
@@ -18,6 +20,7 @@
 
 pub mod api;
 pub mod moves;
+pub mod objective;
 pub mod placement;
 pub mod serving;
 pub mod sizing;

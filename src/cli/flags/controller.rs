@@ -87,17 +87,17 @@ pub struct ControllerFlags {
     /// Seconds a replica whose move was abandoned is not moved again.
     #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = clap::value_parser!(u64).range(0..=86400))]
     move_backoff: u64,
-    /// Also move replicas while nothing is blocked, where one serves more at
-    /// its target elsewhere (devices free now, or devices a replica leaves
-    /// for free ones where it still meets its target): opt-in, one move at a
-    /// time, at most one started per --continuous-interval. Room for a
-    /// blocked replica may then also be made by trades: a replica moved
-    /// serves less, still meeting its target, for more the blocked one serves.
+    /// Also move replicas while nothing is blocked, where the cluster serves
+    /// more work at the targets (devices free now, or devices a replica
+    /// leaves for free ones where it still meets its target and its
+    /// instance its demand): opt-in, one move at a time, at most one started
+    /// per --continuous-interval. (Room for a blocked replica is made
+    /// without it.)
     #[arg(long, value_name = "BOOL", default_value = "false", action = clap::ArgAction::Set)]
     continuous_moves: bool,
-    /// The least gain a continuous move is made for: requests/s at the target
-    /// gained, as a fraction of what the moved replicas serve now (0.2: a
-    /// fifth more).
+    /// The least gain a continuous move is made for: work served at the
+    /// targets (requests/s × the work a request costs) gained, as a fraction
+    /// of what the moved replicas serve now (0.2: a fifth more).
     #[arg(long, value_name = "FRACTION", default_value = "0.2", value_parser = fraction)]
     continuous_min_gain: f64,
     /// Seconds between looks for continuous moves: the cluster is judged at

@@ -29,12 +29,10 @@ pub struct PlaceFlags {
     #[arg(long, value_name = "NODE")]
     drain: Vec<String>,
     /// Once every instance is placed, show the move the controller's
-    /// continuous moves would make: the one that raises the requests/s served
-    /// at the target the most, by more than FRACTION of what its replicas
-    /// serve (0.2 without a value, as `--continuous-min-gain`); and room for
-    /// a refused replica shown as continuous moves make it (a replica moved
-    /// may serve less, still meeting its target, for that gain). Nothing is
-    /// moved.
+    /// continuous moves would make: the one that raises the work served at
+    /// the targets (requests/s × the work a request costs) the most, by more
+    /// than FRACTION of what its replicas serve (0.2 without a value, as
+    /// `--continuous-min-gain`). Nothing is moved.
     #[arg(long, value_name = "FRACTION", num_args = 0..=1, default_missing_value = "0.2", value_parser = fraction)]
     improve: Option<f64>,
 }

@@ -113,12 +113,12 @@ pub(crate) fn for_cluster(
         victim,
         first,
         format!(
-            "to serve more: {:.2} requests/s at the target instead of {:.2} for the {} replica(s) moved (the cluster {:.3} per GPU instead of {:.3})",
-            found.requests_per_second_after,
-            found.requests_per_second_before,
+            "to serve more: {:.1} TFLOP/s of model work at the targets instead of {:.1} for the {} replica(s) moved (the cluster {:.2} TFLOP/s per GPU instead of {:.2})",
+            found.work_tflops_after,
+            found.work_tflops_before,
             found.moves.len(),
-            found.cluster_per_gpu_after,
-            found.cluster_per_gpu_before,
+            found.cluster_tflops_per_gpu_after,
+            found.cluster_tflops_per_gpu_before,
         ),
     );
     tracing::info!(

@@ -125,7 +125,6 @@ fn propose(
         blocked: &blocked.mi.spec,
         blocked_name: &blocked_name,
         limits: MoveLimits::default(),
-        trade: settings.continuous.as_ref().map(|c| c.min_gain),
         options: &options,
     });
     let plan = match answer {

@@ -68,6 +68,7 @@ pub(super) fn replicas(world: &[Running]) -> Vec<RunningReplica<'_>> {
         .iter()
         .map(|r| RunningReplica {
             holder: r.holder.clone(),
+            instance: format!("{}/{}", r.namespace, r.name),
             spec: &r.spec,
             shards: r.shards.clone(),
             ready: r.ready,

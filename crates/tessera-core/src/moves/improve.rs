@@ -3,19 +3,23 @@
 //! better (it was placed when they were taken), or devices another replica
 //! holds do and that one still meets its target on free devices (an 8B on
 //! an MI300X that a 70B replica on slower GPUs could use). Make before break
-//! like every move: each new copy goes to devices free at its step. The
-//! answer is the improvement that gains the most requests/s at the target,
-//! and only one that gains more than the asked share of what its moved
-//! replicas served before.
+//! like every move: each new copy goes to devices free at its step. Only
+//! headroom is at stake here (nothing is blocked), so by the cluster
+//! objective it is weighed by the work a request costs, never in raw
+//! requests/s across unlike models: the answer is the improvement that
+//! gains the most work served at the targets, and only one that gains more
+//! than the asked share of what its moved replicas served before. A replica
+//! making way still meets its target and its instance its demand.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 
-use super::relocate::{Worth, same_shape, settle};
+use super::relocate::{Worth, move_keeps, same_shape, settle};
 use super::room::fewest_in_the_way;
 use super::world::{World, nodes_of};
 use super::{Move, MoveAsk, MoveLimits, RunningReplica};
+use crate::objective::{TFLOP, work_per_request};
 use crate::placement::SolveOptions;
 use crate::sizing::{InstancePlan, solve_parallelism};
 use crate::translate::{ClusterNode, judge_placed, tensor_choice};
@@ -34,13 +38,13 @@ pub struct ImproveAsk<'a> {
     /// Devices held whole by pods that are not tessera's replicas.
     pub others: &'a std::collections::HashMap<(String, String), String>,
     pub running: &'a [RunningReplica<'a>],
-    /// The least gain worth moving for: requests/s at the target gained, as
-    /// a fraction of what the moved replicas served before (0.2: a fifth
+    /// The least gain worth moving for: work served at the targets gained,
+    /// as a fraction of what the moved replicas served before (0.2: a fifth
     /// more). A replica that served nothing at its target gains by any
     /// request it then serves.
     pub min_gain: f64,
-    /// Replicas tried as the one that gains, those serving the least per
-    /// GPU first (one of those of one spec that serve alike).
+    /// Replicas tried as the one that gains, those serving the least work
+    /// per GPU first (one of those of one spec that serve alike).
     pub max_tried: usize,
     pub options: &'a SolveOptions<'a>,
 }
@@ -51,20 +55,21 @@ pub struct ImproveAsk<'a> {
 pub struct Improvement {
     pub moves: Vec<Move>,
     pub gpus_moved: f64,
-    /// Requests/s at the target the moved replicas serve before and after.
-    pub requests_per_second_before: f64,
-    pub requests_per_second_after: f64,
-    /// The cluster's requests/s at the target per GPU its replicas hold,
-    /// before and after (moves keep every replica's shape, so the GPUs held
-    /// stay the same).
-    pub cluster_per_gpu_before: f64,
-    pub cluster_per_gpu_after: f64,
+    /// Work the moved replicas serve at their targets before and after, in
+    /// TFLOP/s (requests/s × the work a request costs).
+    pub work_tflops_before: f64,
+    pub work_tflops_after: f64,
+    /// The cluster's work served at the targets per GPU its replicas hold,
+    /// before and after, in TFLOP/s (moves keep every replica's shape, so
+    /// the GPUs held stay the same).
+    pub cluster_tflops_per_gpu_before: f64,
+    pub cluster_tflops_per_gpu_after: f64,
 }
 
 impl Improvement {
-    /// Requests/s at the target gained.
+    /// Work served at the targets gained, in TFLOP/s.
     pub fn gain(&self) -> f64 {
-        self.requests_per_second_after - self.requests_per_second_before
+        self.work_tflops_after - self.work_tflops_before
     }
 }
 
@@ -80,14 +85,38 @@ pub fn plan_improvement(ask: &ImproveAsk<'_>) -> Option<Improvement> {
             worth[index] = Worth::of(Some(&capacity), &plan);
         }
     });
+    // A request's work in TFLOP: what weighs one model's requests against
+    // another's.
+    let weight: Vec<f64> = ask
+        .running
+        .iter()
+        .map(|replica| work_per_request(replica.spec) / TFLOP)
+        .collect();
+    let work = |moves: &[Move], after: bool| -> f64 {
+        moves
+            .iter()
+            .map(|m| {
+                let index = ask.running.iter().position(|r| r.holder == m.replica);
+                let rps = if after {
+                    m.requests_per_second_after
+                } else {
+                    m.requests_per_second_before
+                };
+                rps * index.map_or(0.0, |i| weight[i])
+            })
+            .sum()
+    };
     let gpus: f64 = ask.running.iter().map(RunningReplica::gpus).sum();
-    let served: f64 = worth.iter().map(|w| w.requests_per_second).sum();
+    let served: f64 = (0..ask.running.len())
+        .map(|index| worth[index].requests_per_second * weight[index])
+        .sum();
     let per_gpu = |served: f64| if gpus > 0.0 { served / gpus } else { 0.0 };
     let mut tried: Vec<usize> = (0..ask.running.len())
         .filter(|&index| ask.running[index].movable())
         .collect();
     let per_gpu_of = |index: usize| {
-        worth[index].requests_per_second / ask.running[index].gpus().max(f64::MIN_POSITIVE)
+        worth[index].requests_per_second * weight[index]
+            / ask.running[index].gpus().max(f64::MIN_POSITIVE)
     };
     tried.sort_by(|&a, &b| per_gpu_of(a).total_cmp(&per_gpu_of(b)).then(a.cmp(&b)));
     let mut best: Option<Improvement> = None;
@@ -105,8 +134,7 @@ pub fn plan_improvement(ask: &ImproveAsk<'_>) -> Option<Improvement> {
             making_way(ask, &world, &worth, gainer),
         ];
         for moves in ways.into_iter().flatten() {
-            let before: f64 = moves.iter().map(|m| m.requests_per_second_before).sum();
-            let after: f64 = moves.iter().map(|m| m.requests_per_second_after).sum();
+            let (before, after) = (work(&moves, false), work(&moves, true));
             if after - before <= ask.min_gain * before || after <= before {
                 continue;
             }
@@ -119,10 +147,10 @@ pub fn plan_improvement(ask: &ImproveAsk<'_>) -> Option<Improvement> {
                 best = Some(Improvement {
                     moves,
                     gpus_moved,
-                    requests_per_second_before: before,
-                    requests_per_second_after: after,
-                    cluster_per_gpu_before: per_gpu(served),
-                    cluster_per_gpu_after: per_gpu(served - before + after),
+                    work_tflops_before: before,
+                    work_tflops_after: after,
+                    cluster_tflops_per_gpu_before: per_gpu(served),
+                    cluster_tflops_per_gpu_after: per_gpu(served - before + after),
                 });
             }
         }
@@ -167,8 +195,9 @@ fn alone(
 }
 
 /// `gainer` moved onto devices others hold, once they moved to free
-/// devices where each still meets the target it meets now (it may serve
-/// less there: the sum is what is judged).
+/// devices where each still meets the target it meets now and its instance
+/// its demand (it may serve less there: the work gained in all is what is
+/// judged).
 fn making_way(
     ask: &ImproveAsk<'_>,
     world: &World<'_>,
@@ -188,7 +217,6 @@ fn making_way(
         blocked: &spec,
         blocked_name: &replica.holder,
         limits: MoveLimits::default(),
-        trade: None,
         options: ask.options,
     };
     let candidate = fewest_in_the_way(&as_blocked, world, &movable, None).ok()?;
@@ -209,9 +237,10 @@ fn making_way(
         let placed = solve_parallelism(&now.problem(&spec, None), tensor, ask.options).ok()?;
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
         let before = worth[index];
-        if !after.keeps_target_of(&before) {
-            return None;
-        }
+        move_keeps(ask.running, index, (before, after), |sibling| {
+            worth[sibling]
+        })
+        .ok()?;
         moves.push(settle(&mut now, index, from, &placed.plan, (before, after)));
     }
     now.release_blocked();

@@ -9,7 +9,8 @@
 //! - `room`: where the blocked replica could go if movable replicas made way,
 //!   and the fewest, cheapest replicas that takes;
 //! - `relocate`: a candidate carried out, each displaced replica placed
-//!   elsewhere, never where it serves less;
+//!   elsewhere where it still meets its target and its instance its demand
+//!   (the cluster objective, `crate::objective`);
 //! - `evacuate`: nodes emptied for a drain, each replica placed off them
 //!   while it still runs where it is;
 //! - `improve`: for continuous moves, a replica moved where it serves more,
@@ -39,6 +40,9 @@ pub use improve::{IMPROVE_MAX_TRIED, ImproveAsk, Improvement, plan_improvement};
 pub struct RunningReplica<'a> {
     /// Who holds its devices, as problems name holders (`ns/name replica 0`).
     pub holder: String,
+    /// Its instance (`ns/name`): replicas of one instance are judged
+    /// together against its demand.
+    pub instance: String,
     /// Its instance's spec: what it needs wherever it goes, and whether it
     /// may move at all (`placement.moves`).
     pub spec: &'a ModelInstanceSpec,
@@ -117,12 +121,6 @@ pub struct MoveAsk<'a> {
     pub blocked: &'a ModelInstanceSpec,
     pub blocked_name: &'a str,
     pub limits: MoveLimits,
-    /// With continuous moves, the least gain of a trade: a replica moved out
-    /// of the way may then serve less where it goes, if it still meets the
-    /// target it meets now and the blocked replica serves more than the
-    /// moved ones lose, by this fraction of what they served. `None`: no
-    /// replica moved for room serves less.
-    pub trade: Option<f64>,
     /// For every solve the planner makes.
     pub options: &'a SolveOptions<'a>,
 }

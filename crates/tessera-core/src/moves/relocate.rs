@@ -1,20 +1,22 @@
 //! A candidate carried out, make before break: the devices the blocked
 //! replica is to get are held for it, then each replica in its way is
 //! placed elsewhere on what is free at that step (its old devices are still
-//! its own) and only then leaves them. A replica goes nowhere it would serve
-//! less at its target than where it is; with a trade asked (continuous
-//! moves), nowhere it would miss a target it meets, and the blocked replica
-//! must gain more than the moved ones lose.
+//! its own) and only then leaves them. By the cluster objective (placing the
+//! blocked replica comes before any replica's headroom), a replica may go
+//! wherever it still meets the latency target it meets and its instance
+//! still meets its demand, even where it serves less; one that meets no
+//! target goes nowhere slower alone.
 
 use std::collections::BTreeSet;
 
 use super::room::Candidate;
 use super::world::{World, nodes_of};
-use super::{Move, MoveAsk, MovePlan};
+use super::{Move, MoveAsk, MovePlan, RunningReplica};
 use crate::api::{ModelInstanceSpec, PipelineStages, PlannedShard, TensorSize};
+use crate::objective::InstanceStanding;
 use crate::placement::Plan;
 use crate::serving::Capacity;
-use crate::sizing::{InstancePlan, TensorChoice, solve_parallelism};
+use crate::sizing::{TensorChoice, solve_parallelism};
 use crate::translate::{judge_placed, planned_shards, tensor_choice};
 
 /// Relative slack in comparing what a replica serves before and after a
@@ -58,6 +60,9 @@ pub(crate) fn carry_out(
     // it stays next time.
     let last_moved = order.last().copied();
     let mut moves = Vec::new();
+    // What replicas moved so far serve where they went: their instance's
+    // demand is judged with it.
+    let mut moved_worth: Vec<Option<Worth>> = vec![None; ask.running.len()];
     for index in order {
         let replica = &ask.running[index];
         let from = now.shards_of(index).unwrap_or_default().to_vec();
@@ -74,18 +79,16 @@ pub(crate) fn carry_out(
             },
         )?;
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
-        let traded = ask.trade.is_some() && after.keeps_target_of(&before);
-        if !after.at_least(&before) && !traded {
+        let worth_of = |sibling: usize| {
+            moved_worth[sibling].unwrap_or_else(|| worth_where_it_is(world, sibling))
+        };
+        if let Err(lost) = move_keeps(ask.running, index, (before, after), worth_of) {
             return Err(Failure {
-                reason: format!(
-                    "{prefix}, but {} would serve less elsewhere: {} against {} where it is",
-                    replica.holder,
-                    after.words(),
-                    before.words()
-                ),
+                reason: format!("{prefix}, but {lost}"),
                 stuck: Some(index),
             });
         }
+        moved_worth[index] = Some(after);
         moves.push(settle(&mut now, index, from, &placed.plan, (before, after)));
     }
     now.release_blocked();
@@ -99,12 +102,6 @@ pub(crate) fn carry_out(
         reason: format!("{prefix}, but the room made does not hold it: {refusal}"),
         stuck: last_moved,
     })?;
-    if let Some(min_gain) = ask.trade {
-        trade_pays(&moves, &placed, min_gain).map_err(|why| Failure {
-            reason: format!("{prefix}, but {why}"),
-            stuck: last_moved,
-        })?;
-    }
     Ok(MovePlan {
         gpus_moved: moves.iter().fold(0.0, |sum, m| sum + m.gpus),
         moves,
@@ -112,27 +109,72 @@ pub(crate) fn carry_out(
     })
 }
 
-/// Whether what `moves` lose is paid for: the blocked replica, `placed`,
-/// serves more than the moved replicas lose, by `min_gain` of what they
-/// served. Moves that lose nothing need no pay.
-fn trade_pays(moves: &[Move], placed: &InstancePlan, min_gain: f64) -> Result<(), String> {
-    let lost: f64 = moves
-        .iter()
-        .map(|m| (m.requests_per_second_before - m.requests_per_second_after).max(0.0))
-        .sum();
-    if lost <= 0.0 {
+/// Whether replica `index` of `running`, moved from where it is worth
+/// `before` to where it is worth `after`, keeps what the cluster objective
+/// puts above headroom: the latency target it meets, and its instance's
+/// demand (judged with its other replicas, worth `worth_of`). One that
+/// meets no target may go nowhere slower alone. The error says what it
+/// would lose, in words.
+pub(crate) fn move_keeps(
+    running: &[RunningReplica<'_>],
+    index: usize,
+    (before, after): (Worth, Worth),
+    worth_of: impl Fn(usize) -> Worth,
+) -> Result<(), String> {
+    let replica = &running[index];
+    if before.requests_per_second <= 0.0 {
+        return if after.tokens_per_second >= before.tokens_per_second * (1.0 - SAME_WORTH) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} meets no latency target and would be slower elsewhere: {} against {} where it is",
+                replica.holder,
+                after.words(),
+                before.words()
+            ))
+        };
+    }
+    if after.requests_per_second <= 0.0 {
+        return Err(format!(
+            "{} would miss its latency target elsewhere: {} against {} where it is",
+            replica.holder,
+            after.words(),
+            before.words()
+        ));
+    }
+    // Serving no less, it cannot take its instance below a demand.
+    let demanded = replica
+        .spec
+        .serving
+        .as_ref()
+        .is_some_and(|s| s.requests_per_second.is_some());
+    if !demanded || after.requests_per_second >= before.requests_per_second {
         return Ok(());
     }
-    let served: f64 = moves.iter().map(|m| m.requests_per_second_before).sum();
-    let gained = Worth::of(placed.capacity.as_ref(), &placed.plan).requests_per_second;
-    if gained - lost > min_gain * served {
-        Ok(())
-    } else {
-        Err(format!(
-            "the replicas moved would lose {lost:.2} requests/s at their targets for {gained:.2} it gains, not {:.0}% more than they serve",
-            min_gain * 100.0
-        ))
-    }
+    let siblings: Vec<usize> = (0..running.len())
+        .filter(|&other| other != index && running[other].instance == replica.instance)
+        .collect();
+    let standing = |this: Worth| {
+        let mut per_replica: Vec<f64> = siblings
+            .iter()
+            .map(|&sibling| worth_of(sibling).requests_per_second)
+            .collect();
+        per_replica.push(this.requests_per_second);
+        InstanceStanding::new(replica.spec, per_replica.len(), per_replica, 0.0)
+    };
+    standing(after).keeps(&standing(before)).map_err(|lost| {
+        if replica.holder == replica.instance {
+            format!(
+                "{} would fall short of its demand elsewhere: {lost}",
+                replica.holder
+            )
+        } else {
+            format!(
+                "moving {} would leave {} short: {lost}",
+                replica.holder, replica.instance
+            )
+        }
+    })
 }
 
 /// Replica `index` of `now` moved from `from` onto `plan`, which it was
@@ -189,15 +231,6 @@ impl Worth {
                 .and_then(|c| c.at_slo)
                 .map_or(0.0, |at| at.requests_per_second),
             tokens_per_second: plan.performance.tokens_per_second,
-        }
-    }
-
-    fn at_least(&self, before: &Worth) -> bool {
-        let not_below = |after: f64, before: f64| after >= before * (1.0 - SAME_WORTH);
-        if before.requests_per_second > 0.0 {
-            not_below(self.requests_per_second, before.requests_per_second)
-        } else {
-            not_below(self.tokens_per_second, before.tokens_per_second)
         }
     }
 

@@ -87,6 +87,7 @@ fn replica<'a>(
 ) -> RunningReplica<'a> {
     RunningReplica {
         holder: holder.into(),
+        instance: instance_of(holder),
         spec,
         shards: vec![PlannedShard {
             copy: 0,
@@ -101,6 +102,14 @@ fn replica<'a>(
         }],
         ready,
     }
+}
+
+/// The instance a holder names (`ml/small replica 0`: `ml/small`).
+fn instance_of(holder: &str) -> String {
+    holder
+        .split_once(" replica ")
+        .map_or(holder, |(instance, _)| instance)
+        .to_string()
 }
 
 fn ask<'a>(
@@ -118,7 +127,6 @@ fn ask<'a>(
         blocked,
         blocked_name: "ml/big",
         limits: MoveLimits::default(),
-        trade: None,
         options,
     }
 }
@@ -232,10 +240,24 @@ fn replicas_that_may_not_move_and_pods_outside_tessera_stay() {
 }
 
 #[test]
-fn no_replica_goes_where_it_would_serve_less() {
+fn a_replica_in_the_way_goes_where_it_serves_less_if_it_still_meets_its_target() {
     // The only free GPU elsewhere is an L40S: slower than the H100 the
-    // replica in the way runs on.
+    // replica in the way runs on, but fast enough for its 50 ms.
     let nodes = [node("a", 4, "H100"), node("b", 1, "L40S")];
+    let (small, big) = (small(), four_gpus());
+    let running = [replica("ml/small replica 0", &small, "a", &[0], true)];
+    let others = HashMap::new();
+    let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room");
+    let moved = &answer.moves[0];
+    assert_eq!(moved.to[0].node, "b");
+    assert!(moved.requests_per_second_after > 0.0, "{moved:?}");
+    assert!(moved.requests_per_second_after < moved.requests_per_second_before);
+    replay_checks(&others, &running, &answer).expect("a sound sequence");
+}
+
+#[test]
+fn no_replica_goes_where_it_would_miss_its_target() {
+    let nodes = [node("a", 4, "H100"), node("b", 1, "slow")];
     let (small, big) = (small(), four_gpus());
     let running = [replica("ml/small replica 0", &small, "a", &[0], true)];
     let others = HashMap::new();
@@ -243,17 +265,49 @@ fn no_replica_goes_where_it_would_serve_less() {
     assert!(
         refusal
             .reason
-            .contains("ml/small replica 0 would serve less elsewhere"),
+            .contains("ml/small replica 0 would miss its latency target elsewhere"),
         "{refusal}"
     );
     // An H100 free on another node takes it.
     let nodes = [
         node("a", 4, "H100"),
-        node("b", 1, "L40S"),
+        node("b", 1, "slow"),
         node("c", 1, "H100"),
     ];
     let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room");
     assert_eq!(answer.moves[0].to[0].node, "c");
+}
+
+#[test]
+fn no_replica_goes_where_its_instance_would_fall_short_of_its_demand() {
+    let nodes = [node("a", 4, "H100"), node("b", 1, "L40S")];
+    let big = four_gpus();
+    let with_demand = |rps: f64| {
+        let mut spec = small();
+        spec.serving = Some(crate::api::ServingSpec {
+            requests_per_second: Some(rps),
+            ..Default::default()
+        });
+        spec
+    };
+    let others = HashMap::new();
+    let serves = |spec: &ModelInstanceSpec| {
+        let running = [replica("ml/small replica 0", spec, "a", &[0], true)];
+        plan_moves(&ask(&nodes, &others, &running, &big)).map(|answer| answer.moves[0].clone())
+    };
+    // What it serves on the L40S, then a demand just above and just below.
+    let on_l40s = serves(&with_demand(0.1)).expect("a low demand is still met");
+    let after = on_l40s.requests_per_second_after;
+    assert!(after < on_l40s.requests_per_second_before);
+    let refusal = serves(&with_demand(after * 1.05)).unwrap_err();
+    assert!(
+        refusal
+            .reason
+            .contains("moving ml/small replica 0 would leave ml/small short")
+            && refusal.reason.contains("below its demand"),
+        "{refusal}"
+    );
+    assert!(serves(&with_demand(after * 0.95)).is_ok());
 }
 
 #[test]
@@ -582,6 +636,92 @@ proptest! {
                 prop_assert!(answer.moves.len() <= asked.limits.max_moves);
                 prop_assert_eq!(replay_checks(&others, &replicas, &answer), Ok(()));
                 prop_assert_eq!(answer.placed.plan.stages[0].devices.len(), 4);
+            }
+            Err(refusal) => prop_assert!(!room_exists, "room exists, yet: {}", refusal),
+        }
+    }
+}
+
+/// What one replica of `spec` serves at its target alone on a GPU of
+/// `product` (0 where it misses the target).
+fn alone_on(spec: &ModelInstanceSpec, product: &str) -> f64 {
+    let nodes = [node("alone", 1, product)];
+    let problem = crate::translate::build_problem(
+        spec,
+        nodes.iter(),
+        &HashMap::new(),
+        &crate::translate::HeldShares::new(),
+    );
+    crate::sizing::solve_parallelism(
+        &problem,
+        crate::translate::tensor_choice(spec),
+        &SolveOptions::default(),
+    )
+    .ok()
+    .and_then(|placed| placed.requests_per_second())
+    .unwrap_or(0.0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// The 8B's replicas (one instance, with or without a demand) hold GPUs
+    /// of node a, whose four H100s the blocked 70B needs; one-GPU nodes of
+    /// mixed kinds are free. By the objective, room is made exactly when
+    /// each replica on a has a free GPU where it still meets its target and
+    /// the instance still meets its demand (or serves no less, short of
+    /// it), whatever it served before; and no move answered takes a
+    /// replica below its target or its instance below its demand.
+    #[test]
+    fn room_is_made_whenever_moves_keep_every_target_and_demand(
+        on_a in proptest::collection::btree_set(0u32..4, 1..4),
+        kinds in proptest::collection::vec(0usize..3, 0..5),
+        demand in proptest::option::of(1.0f64..120.0),
+    ) {
+        const KINDS: [&str; 3] = ["H100", "L40S", "slow"];
+        let mut small = small();
+        small.serving = demand.map(|rps| crate::api::ServingSpec {
+            requests_per_second: Some(rps),
+            ..Default::default()
+        });
+        let big = four_gpus();
+        let mut nodes = vec![node("a", 4, "H100")];
+        nodes.extend(kinds.iter().enumerate().map(|(i, &kind)| node(&format!("b{i}"), 1, KINDS[kind])));
+        let running: Vec<RunningReplica<'_>> = on_a
+            .iter()
+            .enumerate()
+            .map(|(i, &device)| replica(&format!("ml/small replica {i}"), &small, "a", &[device], true))
+            .collect();
+        let others = HashMap::new();
+        // The free GPUs where a replica meets its target, the best first:
+        // the planner places each moved replica where it serves the most.
+        let mut meeting: Vec<f64> = kinds
+            .iter()
+            .map(|&kind| alone_on(&small, KINDS[kind]))
+            .filter(|rps| *rps > 0.0)
+            .collect();
+        meeting.sort_by(|a, b| b.total_cmp(a));
+        let count = running.len();
+        let on_h100 = alone_on(&small, "H100");
+        let served_before = count as f64 * on_h100;
+        let room_exists = meeting.len() >= count && {
+            let served_after = count as f64 * meeting[count - 1];
+            match demand {
+                None => true,
+                Some(demand) if served_before >= demand => served_after >= demand * (1.0 - 1e-9),
+                Some(_) => served_after >= served_before * (1.0 - 1e-9),
+            }
+        };
+        match plan_moves(&ask(&nodes, &others, &running, &big)) {
+            Ok(answer) => {
+                prop_assert!(room_exists, "room made where none should be: {:?}", answer.moves);
+                prop_assert_eq!(replay_checks(&others, &running, &answer), Ok(()));
+                let mut after: Vec<f64> = answer.moves.iter().map(|m| m.requests_per_second_after).collect();
+                prop_assert!(after.iter().all(|rps| *rps > 0.0), "{:?}", answer.moves);
+                after.resize(count, on_h100);
+                if let Some(demand) = demand.filter(|demand| served_before >= *demand) {
+                    prop_assert!(crate::sizing::served_together(&after) >= demand * (1.0 - 1e-9));
+                }
             }
             Err(refusal) => prop_assert!(!room_exists, "room exists, yet: {}", refusal),
         }
