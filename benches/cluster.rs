@@ -28,6 +28,13 @@
 //! runs once more with moves (an arrival refused asks `moves::plan_moves`
 //! for room and the moves are made), against the most that could fit with
 //! every replica kept on its GPU kind.
+//!
+//! Then the same sequences with a demand per instance (a request rate and
+//! request lengths, seeded: `support::demands`), placed by tessera (replicas
+//! sized to the demand) and by a careful user (the smallest size that holds,
+//! replicas added until the demand is served) and judged by the cluster
+//! objective (`support::demand_replay`), on the default sequence and the
+//! further sequences 1 and 2, on both clusters.
 
 #[allow(dead_code)]
 mod support;
@@ -40,6 +47,8 @@ use tessera::placement::{NodeState, SolveOptions, Strategy};
 use tessera::sizing::{TensorChoice, solve_replicas};
 
 use support::arrivals::{Arrival, Event, MODEL_70B, describe as describe_events, sequence};
+use support::demand_replay::{DemandOutcome, Placer, replay_demands};
+use support::demands::demands;
 use support::replay::{Outcome, Policy, Room, burst, replay};
 use support::{cluster, describe};
 
@@ -243,6 +252,41 @@ fn more_sequences_line(nodes: &[NodeState]) -> String {
     )
 }
 
+/// The sequences judged with demands: the default one and two further ones.
+const DEMAND_SEQUENCES: [u64; 3] = [SEQUENCE_SEED, 1, 2];
+/// tessera's GPUs per unit of work-weighted demand met against the careful
+/// user's, at most.
+const DEMAND_GPU_TARGET: f64 = 0.7;
+
+/// Both placers on one sequence with demands, and the targets: every demand
+/// tessera accepts met, at least as many demands met as the careful user,
+/// and GPUs per unit of demand met at most 0.7 of the user's.
+fn demand_lines(scenario: &str, nodes: &[NodeState], seed: u64) -> Vec<String> {
+    let events = sequence(EVENTS, seed);
+    let demands = demands(&events, seed);
+    let scenario = format!("{scenario} seed {seed:#x}");
+    let outcomes: Vec<DemandOutcome> = [Placer::Tessera, Placer::CarefulUser]
+        .into_iter()
+        .map(|placer| replay_demands(nodes, &events, &demands, placer))
+        .collect();
+    let (tessera, user) = (&outcomes[0], &outcomes[1]);
+    let ratio = tessera.gpus_per_pflops_met() / user.gpus_per_pflops_met();
+    let met = |ok: bool| if ok { "met" } else { "MISSED" };
+    vec![
+        tessera.line(&scenario, Placer::Tessera),
+        user.line(&scenario, Placer::CarefulUser),
+        format!(
+            "REPORT cluster/{scenario} demand tessera vs careful user: every demand tessera accepts met ({} short: {}), demands met {} vs {} (target >=: {}), GPUs per PFLOP/s of demand met x{ratio:.2} (target <= {DEMAND_GPU_TARGET}: {})",
+            tessera.short,
+            met(tessera.short == 0),
+            tessera.met,
+            user.met,
+            met(tessera.met >= user.met),
+            met(ratio <= DEMAND_GPU_TARGET),
+        ),
+    ]
+}
+
 /// The placement criterion times: one replica of a 70B instance with tensor `auto`.
 fn representative() -> Arrival {
     Arrival {
@@ -289,6 +333,11 @@ fn cluster_benches(c: &mut Criterion) {
         eprintln!("{}", time_line(&scenario, nodes, &outcomes));
         if nodes == 64 {
             eprintln!("{}", more_sequences_line(&generated));
+        }
+        for seed in DEMAND_SEQUENCES {
+            for line in demand_lines(&scenario, &generated, seed) {
+                eprintln!("{line}");
+            }
         }
 
         let (_, mid_sequence) = replay(

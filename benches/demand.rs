@@ -30,14 +30,15 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde_json::json;
 use tessera::api::{ModelInstanceSpec, PlannedShard, ShareKind};
-use tessera::placement::{Plan, Problem, SolveOptions, Stages, evaluate};
+use tessera::placement::{Plan, SolveOptions};
 use tessera::sizing::{served_together, solve_for_demand};
 use tessera::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, tensor_choice,
 };
 
+use support::demands::{REQUEST_SHAPES, user_replica};
 use support::shared_nodes::shared_cluster;
-use support::{SplitMix64, at_target, cluster, first_fit};
+use support::{SplitMix64, cluster};
 
 const CLUSTER_SEED: u64 = 0x7e55_e7a0_5eed_0001;
 const MIX_SEED: u64 = 0xde3a_4d00_0000_0045;
@@ -133,14 +134,6 @@ const CLASSES: [(Class, u32); 6] = [
     ),
 ];
 
-/// Typical requests: tokens in, tokens out.
-const REQUESTS: [((u32, u32), u32); 4] = [
-    ((1024, 256), 40),
-    ((512, 128), 25),
-    ((2048, 256), 20),
-    ((256, 1024), 15),
-];
-
 /// One instance of the mix.
 struct Instance {
     name: String,
@@ -159,7 +152,7 @@ fn mix() -> Vec<Instance> {
     (0..INSTANCES)
         .map(|at| {
             let class = &CLASSES[rng.weighted(&classes)].0;
-            let request = rng.weighted(&REQUESTS);
+            let request = rng.weighted(&REQUEST_SHAPES);
             let (low, high) = class.demand;
             // Log-uniform: a few busy instances and many quiet ones.
             let demand = (low.ln() + rng.unit() * (high.ln() - low.ln())).exp();
@@ -263,29 +256,6 @@ impl Outcome {
         self.replicas += 1;
         shards
     }
-}
-
-/// The careful user's replica: the smallest tensor size, then the fewest
-/// stages, that first fit finds free whole GPUs for and that meets the
-/// target there; with what it serves and the GPUs it takes.
-fn user_replica(problem: &Problem) -> Option<(Plan, f64, f64)> {
-    for tensor in [1, 2, 4, 8] {
-        for stages in 1..=problem.model.layers.min(16) {
-            let mut sized = problem.clone();
-            sized.tensor = tensor;
-            sized.stages = Stages::Fixed(stages);
-            let Some(choice) = first_fit(&sized) else {
-                continue;
-            };
-            let Ok(plan) = evaluate(&sized, &choice) else {
-                continue;
-            };
-            if let Some((at, gpus)) = at_target(&sized, &plan) {
-                return Some((plan, at.requests_per_second, gpus));
-            }
-        }
-    }
-    None
 }
 
 fn place(nodes: &[ClusterNode], instances: &[Instance], way: Way) -> Outcome {

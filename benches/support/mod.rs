@@ -3,6 +3,8 @@
 //! controller builds them, a plan validity check, and a first-fit baseline.
 
 pub(crate) mod arrivals;
+pub(crate) mod demand_replay;
+pub(crate) mod demands;
 pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod replay;

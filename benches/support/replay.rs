@@ -15,7 +15,9 @@ use tessera::placement::{
     Device, NodeState, Plan, Problem, Selector, Served, SolveOptions, SpeedGoal, Stages, Strategy,
     Weights, evaluate,
 };
-use tessera::sizing::{TensorChoice, solve_replicas, take_devices, tensor_candidates};
+use tessera::sizing::{
+    InstancePlan, TensorChoice, solve_replicas, take_devices, tensor_candidates,
+};
 use tessera::translate::{ClusterNode, planned_shards};
 
 use super::arrivals::{Arrival, Event, MODEL_405B};
@@ -193,7 +195,13 @@ impl ClusterState {
         }
     }
 
-    fn hold(&mut self, arrival: &Arrival, replica: u32, plan: &Plan, requests_per_second: f64) {
+    pub(crate) fn hold(
+        &mut self,
+        arrival: &Arrival,
+        replica: u32,
+        plan: &Plan,
+        requests_per_second: f64,
+    ) {
         self.specs
             .entry(arrival.id)
             .or_insert_with(|| arrival.spec());
@@ -217,6 +225,31 @@ impl ClusterState {
             tokens_per_second: plan.performance.tokens_per_second,
             requests_per_second,
         });
+    }
+
+    /// The nodes as the move planner reads them.
+    pub(crate) fn cluster_nodes(&self) -> Vec<ClusterNode> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                ClusterNode::from_node(&to_node(node))
+                    .expect("a valid GPU state")
+                    .expect("a GPU node")
+            })
+            .collect()
+    }
+
+    /// The spec the move planner judges `arrival`'s replicas by (by default
+    /// the one its first `hold` gives: no demand).
+    pub(crate) fn set_spec(&mut self, arrival: usize, spec: ModelInstanceSpec) {
+        self.specs.insert(arrival, spec);
+    }
+
+    /// The moves an answer made, in order.
+    pub(crate) fn settle_all(&mut self, made: &[MadeMove]) {
+        for (arrival, replica, moved) in made {
+            self.settle(*arrival, *replica, moved);
+        }
     }
 
     /// Replica `replica` of `arrival` moved: its new devices are taken while
@@ -249,7 +282,7 @@ impl ClusterState {
         running.requests_per_second = moved.requests_per_second_after;
     }
 
-    fn release(&mut self, arrival: usize) {
+    pub(crate) fn release(&mut self, arrival: usize) {
         for replica in self.held.remove(&arrival).unwrap_or_default() {
             for (node, device) in replica.devices {
                 self.nodes[node].devices[device].allocated_to = None;
@@ -499,15 +532,7 @@ pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize, moves
             entry.1 += free;
         }
     }
-    let cluster: Vec<ClusterNode> = state
-        .nodes
-        .iter()
-        .map(|node| {
-            ClusterNode::from_node(&to_node(node))
-                .expect("a valid GPU state")
-                .expect("a GPU node")
-        })
-        .collect();
+    let cluster = state.cluster_nodes();
     let mut room = Room {
         fitted: 0,
         instances_per_node,
@@ -541,16 +566,14 @@ pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize, moves
             Some(plan) => Some(plan),
             None if moves => {
                 let started = Instant::now();
-                let answer = make_room(&cluster, &state, &arrival);
+                let answer = make_room(&cluster, &state, &arrival.spec(), "bench/burst");
                 room.planner_ms.push(started.elapsed().as_secs_f64() * 1e3);
-                answer.map(|(made, plan)| {
+                answer.map(|(made, placed)| {
                     room.fitted_by_moves += 1;
                     room.moves_made += made.len();
-                    for (arrival, replica, moved) in &made {
-                        room.gpus_moved += moved.gpus;
-                        state.settle(*arrival, *replica, moved);
-                    }
-                    plan
+                    room.gpus_moved += made.iter().map(|(_, _, moved)| moved.gpus).sum::<f64>();
+                    state.settle_all(&made);
+                    placed.plan
                 })
             }
             None => None,
@@ -588,16 +611,18 @@ fn gpus_one_takes(state: &ClusterState, arrival: &Arrival, product: &str) -> Opt
 }
 
 /// A move the planner answered, with the arrival and replica it moves.
-type MadeMove = (usize, usize, Move);
+pub(crate) type MadeMove = (usize, usize, Move);
 
-/// The move planner's answer for `arrival` on the cluster as `state` holds
-/// it: the moves, each with the arrival and replica it moves, and the
-/// arrival's plan after them; `None` when it finds none.
-fn make_room(
+/// The move planner's answer for one more replica of `spec` (named `name`)
+/// on the cluster as `state` holds it: the moves, each with the arrival and
+/// replica it moves, and the replica's plan after them; `None` when it
+/// finds none.
+pub(crate) fn make_room(
     cluster: &[ClusterNode],
     state: &ClusterState,
-    arrival: &Arrival,
-) -> Option<(Vec<MadeMove>, Plan)> {
+    spec: &ModelInstanceSpec,
+    name: &str,
+) -> Option<(Vec<MadeMove>, InstancePlan)> {
     let mut ids: Vec<usize> = state.held.keys().copied().collect();
     ids.sort_unstable();
     let mut who = Vec::new();
@@ -614,15 +639,14 @@ fn make_room(
             });
         }
     }
-    let spec = arrival.spec();
     let others = HashMap::new();
     let options = SolveOptions::default();
     let ask = MoveAsk {
         nodes: cluster,
         others: &others,
         running: &running,
-        blocked: &spec,
-        blocked_name: "bench/burst",
+        blocked: spec,
+        blocked_name: name,
         limits: MoveLimits::default(),
         options: &options,
     };
@@ -638,7 +662,7 @@ fn make_room(
             (who[at].0, who[at].1, moved)
         })
         .collect();
-    Some((made, answer.placed.plan))
+    Some((made, answer.placed))
 }
 
 /// The name a replica's devices are held under.

@@ -181,7 +181,16 @@ pub fn plan_moves(ask: &MoveAsk<'_>) -> Result<MovePlan, NoRoom> {
                 Ok(plan) => return Ok(plan),
                 Err(failure) => {
                     first_failure.get_or_insert(failure.reason);
-                    stuck_now |= failure.stuck.is_some_and(|index| staying.insert(index));
+                    let Some(stuck) = failure.stuck else {
+                        continue;
+                    };
+                    stuck_now |= staying.insert(stuck);
+                    if failure.alike {
+                        let key = relocate::shape_key(&ask.running[stuck]);
+                        let alike = (0..ask.running.len())
+                            .filter(|&index| relocate::shape_key(&ask.running[index]) == key);
+                        staying.extend(alike);
+                    }
                 }
             }
         }

@@ -28,6 +28,9 @@ const SAME_WORTH: f64 = 1e-9;
 pub(crate) struct Failure {
     pub(crate) reason: String,
     pub(crate) stuck: Option<usize>,
+    /// The stuck replica has no place even on every device free before any
+    /// room is held: no replica of its shape can move, for any candidate.
+    pub(crate) alike: bool,
 }
 
 /// The moves that carry `candidate` out, or why one of them cannot be made.
@@ -76,6 +79,9 @@ pub(crate) fn carry_out(
                     replica.holder, refusal.reason
                 ),
                 stuck: Some(index),
+                // Another 405B in the way of a 405B, say: one solve on all
+                // that is free tells the planner not to try its like again.
+                alike: solve_parallelism(&world.problem(&spec, None), tensor, ask.options).is_err(),
             },
         )?;
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
@@ -86,6 +92,7 @@ pub(crate) fn carry_out(
             return Err(Failure {
                 reason: format!("{prefix}, but {lost}"),
                 stuck: Some(index),
+                alike: false,
             });
         }
         moved_worth[index] = Some(after);
@@ -101,6 +108,7 @@ pub(crate) fn carry_out(
     .map_err(|refusal| Failure {
         reason: format!("{prefix}, but the room made does not hold it: {refusal}"),
         stuck: last_moved,
+        alike: false,
     })?;
     Ok(MovePlan {
         gpus_moved: moves.iter().fold(0.0, |sum, m| sum + m.gpus),
@@ -198,6 +206,12 @@ pub(crate) fn settle(
     };
     now.settle(index, to);
     moved
+}
+
+/// What makes replicas alike to the planner: the spec in its shape as it
+/// runs (replicas of one key go wherever any of them goes).
+pub(crate) fn shape_key(replica: &RunningReplica<'_>) -> String {
+    serde_json::to_string(&same_shape(replica.spec, &replica.shards).0).unwrap_or_default()
 }
 
 /// The spec as it runs now: a move takes the replica elsewhere as it is

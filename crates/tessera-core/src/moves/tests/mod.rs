@@ -444,6 +444,50 @@ fn more_moves_than_the_limit_are_refused_with_the_count() {
     assert_eq!(answer.gpus_moved, 2.0);
 }
 
+#[test]
+fn replicas_alike_one_that_has_nowhere_to_go_are_not_tried_again() {
+    // Three 70B replicas, not yet Ready (the cheapest to move), each fill a
+    // node of four; the blocked 70B is just like them, so none has anywhere
+    // to go. Node z's four 8B replicas do: one free H100 each on c0..c3.
+    // One place a round and three in all: trying each 70B in turn would
+    // spend them all; after the first, its like stay and z is tried.
+    let mut nodes = vec![
+        node("x0", 4, "H100"),
+        node("x1", 4, "H100"),
+        node("x2", 4, "H100"),
+    ];
+    nodes.push(node("z", 4, "H100"));
+    nodes.extend((0..4).map(|i| node(&format!("c{i}"), 1, "H100")));
+    let (small, big) = (small(), four_gpus());
+    let mut running: Vec<RunningReplica<'_>> = (0..3)
+        .map(|i| {
+            replica(
+                &format!("ml/other replica {i}"),
+                &big,
+                &format!("x{i}"),
+                &[0, 1, 2, 3],
+                false,
+            )
+        })
+        .collect();
+    running
+        .extend((0..4).map(|i| replica(&format!("ml/small replica {i}"), &small, "z", &[i], true)));
+    let others = HashMap::new();
+    let mut asked = ask(&nodes, &others, &running, &big);
+    asked.limits.max_candidates = 1;
+    asked.limits.max_attempts = 3;
+    let answer = plan_moves(&asked).expect("room on z");
+    assert_eq!(answer.moves.len(), 4, "{:?}", answer.moves);
+    assert!(
+        answer
+            .moves
+            .iter()
+            .all(|m| m.replica.starts_with("ml/small"))
+    );
+    assert_eq!(answer.placed.plan.stages[0].node, "z");
+    replay_checks(&others, &running, &answer).expect("a sound sequence");
+}
+
 /// Replays `answer` on the cluster `running` and `others` describe: at
 /// every step each device has at most one holder, a move's new devices are
 /// free when it starts (its old ones still held), and the blocked

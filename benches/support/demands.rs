@@ -1,0 +1,107 @@
+//! Demands for the cluster benchmark's arrivals, and the careful user who
+//! serves them without tessera: a request rate and request lengths per
+//! arrival, drawn from a stream of their own so the sequence of arrivals and
+//! deletions stays the one the other measures replay; each arrival's spec as
+//! a tessera user writes it for a demand; and the replica a careful user
+//! writes for kube-scheduler.
+// Each benchmark uses part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use tessera::api::ModelInstanceSpec;
+use tessera::placement::{Plan, Problem, Stages, evaluate};
+
+use super::arrivals::{Arrival, Event};
+use super::{SplitMix64, at_target, first_fit};
+
+/// Typical requests, tokens in and out, with their weights.
+pub(crate) const REQUEST_SHAPES: [((u32, u32), u32); 4] = [
+    ((1024, 256), 40),
+    ((512, 128), 25),
+    ((2048, 256), 20),
+    ((256, 1024), 15),
+];
+
+/// The range a class's demand is drawn from (requests/s), log-uniform: a
+/// few busy instances and many quiet ones.
+fn demand_range(class: &str) -> (f64, f64) {
+    match class {
+        "8B" => (0.5, 20.0),
+        "70B" => (0.3, 6.0),
+        _ => (0.2, 2.0),
+    }
+}
+
+/// What an instance asks to serve.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Demand {
+    pub(crate) requests_per_second: f64,
+    pub(crate) input_tokens: u32,
+    pub(crate) output_tokens: u32,
+}
+
+/// A demand for every arrival of `events`, by arrival id; the same seed
+/// always gives the same demands.
+pub(crate) fn demands(events: &[Event], seed: u64) -> BTreeMap<usize, Demand> {
+    let mut rng = SplitMix64::new(seed ^ 0xde3a_4d5e_ed00_0061);
+    let mut out = BTreeMap::new();
+    for event in events {
+        let Event::Arrive(arrival) = event else {
+            continue;
+        };
+        let (input_tokens, output_tokens) = rng.weighted(&REQUEST_SHAPES);
+        let (low, high) = demand_range(arrival.class);
+        let rate = (low.ln() + rng.unit() * (high.ln() - low.ln())).exp();
+        out.insert(
+            arrival.id,
+            Demand {
+                requests_per_second: (rate * 100.0).round() / 100.0,
+                input_tokens,
+                output_tokens,
+            },
+        );
+    }
+    out
+}
+
+/// `arrival` as a tessera user writes it for `demand`: `tensor: auto`,
+/// `pipeline: auto`, `serving.replicasFromDemand` at the default target.
+pub(crate) fn tessera_spec(arrival: &Arrival, demand: &Demand) -> ModelInstanceSpec {
+    let mut spec = arrival.spec_json();
+    spec["parallelism"] = json!({"tensor": "auto", "pipeline": "auto"});
+    spec["serving"] = json!({
+        "inputTokens": demand.input_tokens,
+        "outputTokens": demand.output_tokens,
+        "requestsPerSecond": demand.requests_per_second,
+        "replicasFromDemand": true,
+    });
+    spec.as_object_mut().map(|spec| spec.remove("replicas"));
+    serde_json::from_value(spec).expect("a valid ModelInstance spec")
+}
+
+/// The careful user's replica on `problem`: the smallest tensor size, then
+/// the fewest stages, that first fit (nodes by name, as a scheduler without
+/// a solver) finds free whole GPUs for and that meets the target there;
+/// with what it serves at the target and the GPUs it takes. The user is
+/// given tessera's serving model, not its placement.
+pub(crate) fn user_replica(problem: &Problem) -> Option<(Plan, f64, f64)> {
+    for tensor in [1, 2, 4, 8] {
+        for stages in 1..=problem.model.layers.min(16) {
+            let mut sized = problem.clone();
+            sized.tensor = tensor;
+            sized.stages = Stages::Fixed(stages);
+            let Some(choice) = first_fit(&sized) else {
+                continue;
+            };
+            let Ok(plan) = evaluate(&sized, &choice) else {
+                continue;
+            };
+            if let Some((at, gpus)) = at_target(&sized, &plan) {
+                return Some((plan, at.requests_per_second, gpus));
+            }
+        }
+    }
+    None
+}
