@@ -30,11 +30,12 @@
 //! every replica kept on its GPU kind.
 //!
 //! Then the same sequences with a demand per instance (a request rate and
-//! request lengths, seeded: `support::demands`), placed by tessera (replicas
-//! sized to the demand) and by a careful user (the smallest size that holds,
-//! replicas added until the demand is served) and judged by the cluster
-//! objective (`support::demand_replay`), on the default sequence and the
-//! further sequences 1 and 2, on both clusters.
+//! request lengths, seeded: `support::demands`), on the same nodes handing
+//! out memory shares, placed by tessera (replicas sized to the demand, with
+//! and without sharing) and by a careful user (the smallest size that
+//! holds, replicas added until the demand is served) and judged by the
+//! cluster objective (`support::demand_replay`), on the default sequence and
+//! the further sequences 1 and 2, on both clusters.
 
 #[allow(dead_code)]
 mod support;
@@ -45,11 +46,13 @@ use std::time::Duration;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use tessera::placement::{NodeState, SolveOptions, Strategy};
 use tessera::sizing::{TensorChoice, solve_replicas};
+use tessera::translate::ClusterNode;
 
 use support::arrivals::{Arrival, Event, MODEL_70B, describe as describe_events, sequence};
 use support::demand_replay::{DemandOutcome, Placer, replay_demands};
 use support::demands::demands;
 use support::replay::{Outcome, Policy, Room, burst, replay};
+use support::shared_nodes::shared_cluster;
 use support::{cluster, describe};
 
 /// The placement benchmark's clusters.
@@ -261,22 +264,29 @@ const DEMAND_GPU_TARGET: f64 = 0.7;
 /// Both placers on one sequence with demands, and the targets: every demand
 /// tessera accepts met, at least as many demands met as the careful user,
 /// and GPUs per unit of demand met at most 0.7 of the user's.
-fn demand_lines(scenario: &str, nodes: &[NodeState], seed: u64) -> Vec<String> {
+fn demand_lines(scenario: &str, nodes: &[ClusterNode], seed: u64) -> Vec<String> {
     let events = sequence(EVENTS, seed);
     let demands = demands(&events, seed);
     let scenario = format!("{scenario} seed {seed:#x}");
-    let outcomes: Vec<DemandOutcome> = [Placer::Tessera, Placer::CarefulUser]
+    let placers = [
+        Placer::Tessera,
+        Placer::TesseraWholeGpus,
+        Placer::CarefulUser,
+    ];
+    let outcomes: Vec<DemandOutcome> = placers
         .into_iter()
         .map(|placer| replay_demands(nodes, &events, &demands, placer))
         .collect();
-    let (tessera, user) = (&outcomes[0], &outcomes[1]);
+    let (tessera, whole, user) = (&outcomes[0], &outcomes[1], &outcomes[2]);
     let ratio = tessera.gpus_per_pflops_met() / user.gpus_per_pflops_met();
     let met = |ok: bool| if ok { "met" } else { "MISSED" };
+    let whole_ratio = whole.gpus_per_pflops_met() / user.gpus_per_pflops_met();
     vec![
         tessera.line(&scenario, Placer::Tessera),
+        whole.line(&scenario, Placer::TesseraWholeGpus),
         user.line(&scenario, Placer::CarefulUser),
         format!(
-            "REPORT cluster/{scenario} demand tessera vs careful user: every demand tessera accepts met ({} short: {}), demands met {} vs {} (target >=: {}), GPUs per PFLOP/s of demand met x{ratio:.2} (target <= {DEMAND_GPU_TARGET}: {})",
+            "REPORT cluster/{scenario} demand tessera vs careful user: every demand tessera accepts met ({} short: {}), demands met {} vs {} (target >=: {}), GPUs per PFLOP/s of demand met x{ratio:.2} (target <= {DEMAND_GPU_TARGET}: {}); on whole GPUs x{whole_ratio:.2}",
             tessera.short,
             met(tessera.short == 0),
             tessera.met,
@@ -334,8 +344,9 @@ fn cluster_benches(c: &mut Criterion) {
         if nodes == 64 {
             eprintln!("{}", more_sequences_line(&generated));
         }
+        let shared = shared_cluster(&generated, false);
         for seed in DEMAND_SEQUENCES {
-            for line in demand_lines(&scenario, &generated, seed) {
+            for line in demand_lines(&scenario, &shared, seed) {
                 eprintln!("{line}");
             }
         }

@@ -514,108 +514,26 @@ fn h100s_and_a100s(name: &str) -> k8s_openapi::api::core::v1::Node {
     node
 }
 
-#[tokio::test]
-async fn a_small_replica_makes_way_on_a_slower_gpu_where_it_still_meets_its_target() {
-    // A 1.2B replica holds an H100; a 34B that may only use H100s asks for
-    // four, and the A100s are free. The 1.2B serves less on an A100 but
-    // still meets 50 ms a token there, so by default it moves (make before
-    // break) and the 34B gets the four H100s.
-    let instance = |name: &str,
-                    model: Value,
-                    parallelism: Value,
-                    placement: Value|
-     -> ModelInstance {
-        serde_json::from_value(json!({
-            "apiVersion": "tessera.dev/v1alpha1",
-            "kind": "ModelInstance",
-            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"), "generation": 1},
-            "spec": {
-                "model": model,
-                "parallelism": parallelism,
-                "placement": placement,
-                "template": {"spec": {"containers": [{"name": "shard", "image": "busybox:1.37"}]}},
-            },
-        }))
-        .unwrap()
-    };
+/// The `Placed` message the 34B's reconcile writes on node n of
+/// [`h100s_and_a100s`], where a 1.2B replica with `serving` holds n-g0 (an
+/// H100) and the 34B may only use H100s and asks for four; and the Event
+/// reasons.
+async fn the_34b_beside_a_small_replica(serving: Value) -> (String, Vec<String>) {
+    let mut small = model("small", 1);
+    small.spec.model.parameters_billions = 1.2;
+    small.spec.model.layers = 16;
+    small.spec.model.kv_cache_gib = None;
+    small.spec.serving = serde_json::from_value(serving).unwrap();
     let at_g0 = PlannedShard {
         layer_end: 16,
         predicted_memory_gib: 4.0,
         ..shard("n", "n-g0", 0)
     };
-    let mut small = instance(
-        "small",
-        json!({"name": "small-1.2b", "parametersBillions": 1.2, "layers": 16}),
-        json!({"tensor": 1, "pipeline": 1}),
-        json!({}),
-    );
-    small.status = Some(running(&small, vec![at_g0.clone()]));
-    let big = instance(
-        "big",
-        json!({"name": "big-34b", "parametersBillions": 34, "layers": 48}),
-        json!({"tensor": 4, "pipeline": 1}),
-        json!({"products": ["H100"]}),
-    );
-    let pod = ready_pod(&small, &at_g0);
-    let (ctx, mut api) = on(
-        vec![h100s_and_a100s("n")],
-        vec![pod],
-        vec![small, big.clone()],
-    );
-    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(big), ctx))).await;
-    let status = written_status(&calls);
-    let placed = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Placed")
-        .unwrap();
-    assert!(
-        placed
-            .message
-            .contains("making room: moving ml/small replica 0 from n [n-g0] to n [n-g"),
-        "{}",
-        placed.message
-    );
-    // To an A100: the only GPUs the 34B does not need.
-    let to = placed.message.split("to n [n-g").nth(1).unwrap_or_default();
-    assert!(
-        ["4]", "5]", "6]", "7]"].iter().any(|d| to.starts_with(d)),
-        "{}",
-        placed.message
-    );
-    assert!(
-        reasons(&calls).contains(&"MakingRoom".to_string()),
-        "{calls:?}"
-    );
-}
-
-#[tokio::test]
-async fn no_replica_makes_way_where_its_instance_would_fall_short_of_its_demand() {
-    // As above, but the 1.2B instance asks for 25 requests/s: one replica
-    // serves 38.5 on an H100 and 18.3 on an A100, so it stays, and the
-    // refusal says why.
-    let small: ModelInstance = serde_json::from_value(json!({
-        "apiVersion": "tessera.dev/v1alpha1",
-        "kind": "ModelInstance",
-        "metadata": {"name": "small", "namespace": "ml", "uid": "uid-small", "generation": 1},
-        "spec": {
-            "model": {"name": "small-1.2b", "parametersBillions": 1.2, "layers": 16},
-            "parallelism": {"tensor": 1, "pipeline": 1},
-            "serving": {"requestsPerSecond": 25},
-            "template": {"spec": {"containers": [{"name": "shard", "image": "busybox:1.37"}]}},
-        },
-    }))
-    .unwrap();
-    let at_g0 = PlannedShard {
-        layer_end: 16,
-        predicted_memory_gib: 4.0,
-        ..shard("n", "n-g0", 0)
-    };
-    let mut small = small;
     small.status = Some(running(&small, vec![at_g0.clone()]));
     let mut big = model("big", 4);
     big.spec.model.parameters_billions = 34.0;
     big.spec.model.layers = 48;
+    big.spec.model.kv_cache_gib = None;
     big.spec.placement.products = vec!["H100".into()];
     let pod = ready_pod(&small, &at_g0);
     let (ctx, mut api) = on(
@@ -628,14 +546,39 @@ async fn no_replica_makes_way_where_its_instance_would_fall_short_of_its_demand(
         .conditions
         .into_iter()
         .find(|c| c.type_ == "Placed")
-        .unwrap();
+        .map(|c| c.message)
+        .unwrap_or_default();
+    (placed, reasons(&calls))
+}
+
+#[tokio::test]
+async fn a_small_replica_makes_way_on_a_slower_gpu_where_it_still_meets_its_target() {
+    // The 1.2B serves less on an A100 but still meets 50 ms a token there,
+    // so by default it moves (make before break) and the 34B gets the four
+    // H100s.
+    let (placed, reasons) = the_34b_beside_a_small_replica(Value::Null).await;
     assert!(
-        placed.message.contains("no moves make room")
-            && placed
-                .message
-                .contains("moving ml/small replica 0 would leave ml/small short")
-            && placed.message.contains("below its demand of 25.00"),
-        "{}",
-        placed.message
+        placed.contains("making room: moving ml/small replica 0 from n [n-g0] to n [n-g"),
+        "{placed}"
+    );
+    // To an A100: the only GPUs the 34B does not need.
+    let to = placed.split("to n [n-g").nth(1).unwrap_or_default();
+    assert!(
+        ["4]", "5]", "6]", "7]"].iter().any(|d| to.starts_with(d)),
+        "{placed}"
+    );
+    assert!(reasons.contains(&"MakingRoom".to_string()), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn no_replica_makes_way_where_its_instance_would_fall_short_of_its_demand() {
+    // The 1.2B instance asks for 25 requests/s: one replica serves 38.5 on
+    // an H100 and 18.3 on an A100, so it stays, and the refusal says why.
+    let (placed, _) = the_34b_beside_a_small_replica(json!({"requestsPerSecond": 25})).await;
+    assert!(
+        placed.contains("no moves make room")
+            && placed.contains("moving ml/small replica 0 would leave ml/small short")
+            && placed.contains("below its demand of 25.00"),
+        "{placed}"
     );
 }

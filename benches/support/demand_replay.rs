@@ -1,33 +1,40 @@
 //! The cluster benchmark's arrivals and deletions replayed with a demand per
-//! instance, by tessera and by a careful user, and judged by the cluster
-//! objective (`tessera::objective`): instances whose demand is met, the
-//! demand served weighed by the work a request costs, GPUs, and GPUs per
-//! unit of work-weighted demand met.
+//! instance and judged by the cluster objective (`tessera::objective`):
+//! instances whose demand is met, the demand served weighed by the work a
+//! request costs, GPUs (a memory share by its part), and GPUs per unit of
+//! work-weighted demand met. On the nodes as the controller reads them,
+//! each handing out memory shares (`shared_nodes`), through the controller's
+//! translation (`build_problem`), three ways:
 //!
 //! - **tessera**: the spec a tessera user writes for a demand (`tensor:
-//!   auto`, `pipeline: auto`, `serving.replicasFromDemand`), under `pack`,
-//!   through `sizing::solve_for_demand`: replicas sized to the demand, the
-//!   GPU kind and size chosen for it; a replica refused for room asks the
-//!   move planner, as the controller does, and its moves are made (make
-//!   before break, each moved replica keeping its target and its instance's
-//!   demand);
-//! - **a careful user** (as for kube-scheduler): replicas of the smallest
-//!   size that holds the model and meets the target on GPUs first fit finds
-//!   (`demands::user_replica`), added until they serve the demand, judged by
-//!   tessera's own serving model.
+//!   auto`, `pipeline: auto`, `serving.replicasFromDemand`, the default
+//!   `pack`) with `sharing: Shared`, through `sizing::solve_for_demand`:
+//!   replicas sized to the demand, the GPU kind, size and share chosen for
+//!   it; a replica refused for room asks the move planner, as the
+//!   controller does, and its moves are made (make before break, each moved
+//!   replica keeping its target and its instance's demand);
+//! - **tessera on whole GPUs**: the same with `sharing: Exclusive`;
+//! - **a careful user** (as for kube-scheduler): whole GPUs, replicas of
+//!   the smallest size that holds the model and meets the target on GPUs
+//!   first fit finds (`demands::user_replica`), added until they serve the
+//!   demand, judged by tessera's own serving model.
 // Only the cluster benchmark uses it.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+use tessera::api::{ModelInstanceSpec, Moves, PlannedShard, Sharing};
+use tessera::moves::{MoveAsk, MoveLimits, RunningReplica, plan_moves};
 use tessera::objective::{InstanceStanding, TFLOP};
-use tessera::placement::{NodeState, Served, SolveOptions, Strategy};
-use tessera::sizing::{TensorChoice, served_together, solve_for_demand};
+use tessera::placement::SolveOptions;
+use tessera::sizing::{served_together, solve_for_demand};
+use tessera::translate::{
+    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, tensor_choice,
+};
 
 use super::arrivals::Event;
 use super::demands::{Demand, tessera_spec, user_replica};
-use super::replay::{ClusterState, make_room};
 
 /// Work is shown in PFLOP/s: a 70B replica serves a few hundred TFLOP/s.
 const PFLOP: f64 = 1e3 * TFLOP;
@@ -35,6 +42,7 @@ const PFLOP: f64 = 1e3 * TFLOP;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Placer {
     Tessera,
+    TesseraWholeGpus,
     CarefulUser,
 }
 
@@ -42,6 +50,7 @@ impl Placer {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Placer::Tessera => "tessera",
+            Placer::TesseraWholeGpus => "tessera on whole GPUs",
             Placer::CarefulUser => "careful user",
         }
     }
@@ -63,7 +72,8 @@ pub(crate) struct DemandOutcome {
     pub(crate) moves: usize,
     /// Replicas placed that meet no latency target.
     pub(crate) missed_target: usize,
-    /// GPUs taken by every replica placed, and by model class.
+    /// GPUs taken by every replica placed (a memory share by its part), and
+    /// by model class.
     pub(crate) gpus: f64,
     pub(crate) gpus_by_class: BTreeMap<&'static str, f64>,
     /// Work the instances ask for, work served toward it (each instance at
@@ -88,8 +98,13 @@ impl DemandOutcome {
     pub(crate) fn line(&self, scenario: &str, placer: Placer) -> String {
         let max_ms = self.ms.iter().copied().fold(0.0, f64::max);
         let mean_ms = self.ms.iter().sum::<f64>() / self.ms.len().max(1) as f64;
+        let by_class: Vec<String> = self
+            .gpus_by_class
+            .iter()
+            .map(|(class, gpus)| format!("{class}:{gpus:.0}"))
+            .collect();
         format!(
-            "REPORT cluster/{scenario} demand {}: demands met={} of {} (short={} refused={}) replicas={} moved={} missing their target={} demand served={:.2} of {:.2} PFLOP/s GPUs={:.0} GPUs per PFLOP/s of demand met={:.2} GPUs by class={} ms per instance mean={mean_ms:.2} max={max_ms:.2}",
+            "REPORT cluster/{scenario} demand {}: demands met={} of {} (short={} refused={}) replicas={} moved={} missing their target={} demand served={:.2} of {:.2} PFLOP/s GPUs={:.1} GPUs per PFLOP/s of demand met={:.2} GPUs by class={} ms per instance mean={mean_ms:.2} max={max_ms:.2}",
             placer.name(),
             self.met,
             self.instances,
@@ -102,31 +117,170 @@ impl DemandOutcome {
             self.work_demanded / PFLOP,
             self.gpus,
             self.gpus_per_pflops_met(),
-            self.gpus_by_class
-                .iter()
-                .map(|(class, gpus)| format!("{class}:{gpus:.0}"))
-                .collect::<Vec<_>>()
-                .join(","),
+            by_class.join(","),
         )
+    }
+}
+
+/// Who holds what, as the controller records it: devices held whole, memory
+/// shares, and each instance's replicas (holder, shards) for the move planner.
+#[derive(Default)]
+struct Ledger {
+    allocated: HashMap<(String, String), String>,
+    shares: HeldShares,
+    replicas: BTreeMap<usize, Vec<(String, Vec<PlannedShard>)>>,
+    specs: BTreeMap<usize, ModelInstanceSpec>,
+}
+
+impl Ledger {
+    fn hold(&mut self, id: usize, shards: Vec<PlannedShard>) {
+        let replicas = self.replicas.entry(id).or_default();
+        let holder = format!("bench/instance-{id} replica {}", replicas.len());
+        for shard in &shards {
+            hold_shard(shard, &holder, &mut self.allocated, &mut self.shares);
+        }
+        replicas.push((holder, shards));
+    }
+
+    fn release(&mut self, id: usize) {
+        for (holder, _) in self.replicas.remove(&id).unwrap_or_default() {
+            self.allocated.retain(|_, who| *who != holder);
+            for held in self.shares.values_mut() {
+                held.retain(|(who, _)| *who != holder);
+            }
+        }
+    }
+
+    /// Replica `holder` moved to `to`: its new devices taken while its old
+    /// ones are still held (they must be free then), then the old given up.
+    fn settle(&mut self, holder: &str, to: Vec<PlannedShard>) {
+        let Some((_, shards)) = self
+            .replicas
+            .values_mut()
+            .flatten()
+            .find(|(who, _)| who == holder)
+        else {
+            return;
+        };
+        for shard in &to {
+            if shard.share.is_none() {
+                for device in &shard.devices {
+                    let key = (shard.node.clone(), device.clone());
+                    assert!(
+                        !self.allocated.contains_key(&key),
+                        "{device} is not free for the new copy"
+                    );
+                }
+            }
+        }
+        let old = std::mem::replace(shards, to.clone());
+        let moved = format!("{holder} (moving)");
+        for shard in &to {
+            hold_shard(shard, &moved, &mut self.allocated, &mut self.shares);
+        }
+        for shard in &old {
+            for device in &shard.devices {
+                let key = (shard.node.clone(), device.clone());
+                if self.allocated.get(&key).is_some_and(|who| who == holder) {
+                    self.allocated.remove(&key);
+                }
+            }
+            if let Some(share) = &shard.share {
+                let key = (shard.node.clone(), share.gpu.clone());
+                if let Some(held) = self.shares.get_mut(&key)
+                    && let Some(at) = held.iter().position(|(who, _)| who == holder)
+                {
+                    held.remove(at);
+                }
+            }
+        }
+        for who in self.allocated.values_mut().filter(|who| **who == moved) {
+            *who = holder.to_string();
+        }
+        for (who, _) in self.shares.values_mut().flatten() {
+            if *who == moved {
+                *who = holder.to_string();
+            }
+        }
+    }
+
+    /// One more replica of `spec` by moves, as the controller asks: the
+    /// moves made and the replica's shards and figures, or `None`.
+    fn make_room(
+        &mut self,
+        nodes: &[ClusterNode],
+        (id, spec): (usize, &ModelInstanceSpec),
+        name: &str,
+    ) -> Option<(usize, Vec<PlannedShard>, f64, f64)> {
+        // The blocked instance's own replicas stay where they are for it.
+        let mut frozen = spec.clone();
+        frozen.placement.moves = Moves::Never;
+        let running: Vec<RunningReplica<'_>> = self
+            .replicas
+            .iter()
+            .flat_map(|(other, replicas)| {
+                replicas
+                    .iter()
+                    .map(move |(holder, shards)| (other, holder, shards))
+            })
+            .map(|(other, holder, shards)| RunningReplica {
+                holder: holder.clone(),
+                instance: format!("bench/instance-{other}"),
+                spec: if *other == id {
+                    &frozen
+                } else {
+                    &self.specs[other]
+                },
+                shards: shards.clone(),
+                ready: true,
+            })
+            .collect();
+        let others = HashMap::new();
+        let options = SolveOptions::default();
+        let answer = plan_moves(&MoveAsk {
+            nodes,
+            others: &others,
+            running: &running,
+            blocked: spec,
+            blocked_name: name,
+            limits: MoveLimits::default(),
+            options: &options,
+        })
+        .ok()?;
+        let moves: Vec<(String, Vec<PlannedShard>)> = answer
+            .moves
+            .iter()
+            .map(|moved| (moved.replica.clone(), moved.to.clone()))
+            .collect();
+        drop(running);
+        for (holder, to) in moves.iter().cloned() {
+            self.settle(&holder, to);
+        }
+        let placed = answer.placed;
+        Some((
+            moves.len(),
+            planned_shards(&placed.plan, 0),
+            placed.requests_per_second().unwrap_or(0.0),
+            placed.gpus,
+        ))
     }
 }
 
 /// Replays `events` on `nodes`, every arrival asking for its demand in
 /// `demands`, under `placer`.
 pub(crate) fn replay_demands(
-    nodes: &[NodeState],
+    nodes: &[ClusterNode],
     events: &[Event],
     demands: &BTreeMap<usize, Demand>,
     placer: Placer,
 ) -> DemandOutcome {
-    let mut state = ClusterState::new(nodes);
-    let cluster = state.cluster_nodes();
+    let mut ledger = Ledger::default();
     let mut outcome = DemandOutcome::default();
     let options = SolveOptions::default();
     for event in events {
         let arrival = match event {
             Event::Delete(id) => {
-                state.release(*id);
+                ledger.release(*id);
                 continue;
             }
             Event::Arrive(arrival) => arrival,
@@ -134,61 +288,58 @@ pub(crate) fn replay_demands(
         let Some(demand) = demands.get(&arrival.id) else {
             continue;
         };
-        let spec = tessera_spec(arrival, demand);
-        state.set_spec(arrival.id, spec.clone());
-        let most = spec.most_replicas();
-        let problem = |state: &ClusterState| {
-            let mut problem = state.problem(arrival, Strategy::Pack);
-            problem.served = Some(Served::of(&spec));
-            problem
-        };
+        let mut spec = tessera_spec(arrival, demand);
+        if placer == Placer::Tessera {
+            spec.placement.sharing = Sharing::Shared;
+        }
+        ledger.specs.insert(arrival.id, spec.clone());
+        let most = spec.most_replicas() as usize;
+        let owner = format!("bench/instance-{}", arrival.id);
         let mut served = Vec::new();
         let mut gpus = 0.0;
         let started = Instant::now();
-        match placer {
-            Placer::Tessera => {
-                let owner = format!("bench/instance-{}", arrival.id);
-                let results = solve_for_demand(
-                    &problem(&state),
-                    TensorChoice::Auto,
-                    demand.requests_per_second,
-                    most,
-                    &owner,
-                    &options,
-                );
-                let refused = results.last().is_some_and(Result::is_err);
-                for placed in results.into_iter().flatten() {
-                    let rps = placed.requests_per_second().unwrap_or(0.0);
-                    state.hold(arrival, served.len() as u32, &placed.plan, rps);
-                    served.push(rps);
-                    gpus += placed.gpus;
-                }
-                while refused
-                    && served_together(&served) < demand.requests_per_second
-                    && served.len() < most as usize
-                {
-                    let Some((made, placed)) = make_room(&cluster, &state, &spec, &owner) else {
-                        break;
-                    };
-                    state.settle_all(&made);
-                    outcome.moves += made.len();
-                    let rps = placed.requests_per_second().unwrap_or(0.0);
-                    state.hold(arrival, served.len() as u32, &placed.plan, rps);
-                    served.push(rps);
-                    gpus += placed.gpus;
-                }
+        if placer == Placer::CarefulUser {
+            while served_together(&served) < demand.requests_per_second && served.len() < most {
+                let problem = build_problem(&spec, nodes, &ledger.allocated, &ledger.shares);
+                let Some((plan, rps, taken)) = user_replica(&problem) else {
+                    break;
+                };
+                ledger.hold(arrival.id, planned_shards(&plan, served.len() as u32));
+                served.push(rps);
+                gpus += taken;
             }
-            Placer::CarefulUser => {
-                while served_together(&served) < demand.requests_per_second
-                    && served.len() < most as usize
-                {
-                    let Some((plan, rps, taken)) = user_replica(&problem(&state)) else {
-                        break;
-                    };
-                    state.hold(arrival, served.len() as u32, &plan, rps);
-                    served.push(rps);
-                    gpus += taken;
-                }
+        } else {
+            let problem = build_problem(&spec, nodes, &ledger.allocated, &ledger.shares);
+            let results = solve_for_demand(
+                &problem,
+                tensor_choice(&spec),
+                demand.requests_per_second,
+                most as u32,
+                &owner,
+                &options,
+            );
+            let refused = results.last().is_some_and(Result::is_err);
+            for placed in results.into_iter().flatten() {
+                ledger.hold(
+                    arrival.id,
+                    planned_shards(&placed.plan, served.len() as u32),
+                );
+                served.push(placed.requests_per_second().unwrap_or(0.0));
+                gpus += placed.gpus;
+            }
+            while refused
+                && served_together(&served) < demand.requests_per_second
+                && served.len() < most
+            {
+                let Some((moved, shards, rps, taken)) =
+                    ledger.make_room(nodes, (arrival.id, &spec), &owner)
+                else {
+                    break;
+                };
+                outcome.moves += moved;
+                ledger.hold(arrival.id, shards);
+                served.push(rps);
+                gpus += taken;
             }
         }
         outcome.ms.push(started.elapsed().as_secs_f64() * 1e3);

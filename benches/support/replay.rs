@@ -195,13 +195,7 @@ impl ClusterState {
         }
     }
 
-    pub(crate) fn hold(
-        &mut self,
-        arrival: &Arrival,
-        replica: u32,
-        plan: &Plan,
-        requests_per_second: f64,
-    ) {
+    fn hold(&mut self, arrival: &Arrival, replica: u32, plan: &Plan, requests_per_second: f64) {
         self.specs
             .entry(arrival.id)
             .or_insert_with(|| arrival.spec());
@@ -228,7 +222,7 @@ impl ClusterState {
     }
 
     /// The nodes as the move planner reads them.
-    pub(crate) fn cluster_nodes(&self) -> Vec<ClusterNode> {
+    fn cluster_nodes(&self) -> Vec<ClusterNode> {
         self.nodes
             .iter()
             .map(|node| {
@@ -239,14 +233,8 @@ impl ClusterState {
             .collect()
     }
 
-    /// The spec the move planner judges `arrival`'s replicas by (by default
-    /// the one its first `hold` gives: no demand).
-    pub(crate) fn set_spec(&mut self, arrival: usize, spec: ModelInstanceSpec) {
-        self.specs.insert(arrival, spec);
-    }
-
     /// The moves an answer made, in order.
-    pub(crate) fn settle_all(&mut self, made: &[MadeMove]) {
+    fn settle_all(&mut self, made: &[MadeMove]) {
         for (arrival, replica, moved) in made {
             self.settle(*arrival, *replica, moved);
         }
@@ -282,7 +270,7 @@ impl ClusterState {
         running.requests_per_second = moved.requests_per_second_after;
     }
 
-    pub(crate) fn release(&mut self, arrival: usize) {
+    fn release(&mut self, arrival: usize) {
         for replica in self.held.remove(&arrival).unwrap_or_default() {
             for (node, device) in replica.devices {
                 self.nodes[node].devices[device].allocated_to = None;
@@ -611,13 +599,13 @@ fn gpus_one_takes(state: &ClusterState, arrival: &Arrival, product: &str) -> Opt
 }
 
 /// A move the planner answered, with the arrival and replica it moves.
-pub(crate) type MadeMove = (usize, usize, Move);
+type MadeMove = (usize, usize, Move);
 
 /// The move planner's answer for one more replica of `spec` (named `name`)
 /// on the cluster as `state` holds it: the moves, each with the arrival and
 /// replica it moves, and the replica's plan after them; `None` when it
 /// finds none.
-pub(crate) fn make_room(
+fn make_room(
     cluster: &[ClusterNode],
     state: &ClusterState,
     spec: &ModelInstanceSpec,
