@@ -281,17 +281,23 @@ fn demand_lines(scenario: &str, nodes: &[ClusterNode], seed: u64) -> Vec<String>
     let ratio = tessera.gpus_per_pflops_met() / user.gpus_per_pflops_met();
     let met = |ok: bool| if ok { "met" } else { "MISSED" };
     let whole_ratio = whole.gpus_per_pflops_met() / user.gpus_per_pflops_met();
+    let (mine, theirs) = (tessera.standing(), user.standing());
+    let verdict = match mine.compare(&theirs) {
+        std::cmp::Ordering::Greater => "tessera first",
+        std::cmp::Ordering::Equal => "a tie",
+        std::cmp::Ordering::Less => "the user first",
+    };
     vec![
         tessera.line(&scenario, Placer::Tessera),
         whole.line(&scenario, Placer::TesseraWholeGpus),
         user.line(&scenario, Placer::CarefulUser),
         format!(
-            "REPORT cluster/{scenario} demand tessera vs careful user: every demand tessera accepts met ({} short: {}), demands met {} vs {} (target >=: {}), GPUs per PFLOP/s of demand met x{ratio:.2} (target <= {DEMAND_GPU_TARGET}: {}); on whole GPUs x{whole_ratio:.2}",
+            "REPORT cluster/{scenario} demand tessera vs careful user: the objective's order: {verdict}; every demand tessera accepts met ({} short: {}), demands met {} vs {} (target >=: {}), GPUs per PFLOP/s of demand met x{ratio:.2} (target <= {DEMAND_GPU_TARGET}: {}); on whole GPUs x{whole_ratio:.2}",
             tessera.short,
             met(tessera.short == 0),
-            tessera.met,
-            user.met,
-            met(tessera.met >= user.met),
+            mine.demands_met(),
+            theirs.demands_met(),
+            met(mine.demands_met() >= theirs.demands_met()),
             met(ratio <= DEMAND_GPU_TARGET),
         ),
     ]

@@ -199,7 +199,7 @@ event_reason() {
     | jq -e --arg r "$2" '[.items[] | select(.reason == $r)] | length > 0' >/dev/null
 }
 wait_until "$TIMEOUT" "big making room" event_reason big MakingRoom
-log "big: $(field big '.status.conditions[]? | select(.type == "Placed") | .message' | grep -o 'making room:.*' || true)"
+log "big: $(kubectl get events -n "$NAMESPACE" --field-selector involvedObject.name=big,reason=MakingRoom -o jsonpath='{.items[0].message}')"
 wait_until "$TIMEOUT" "big Running" running big
 event_reason small Moved || die "no Moved event on small"
 moved_to=$(field small '.status.plan[0].devices[0]')

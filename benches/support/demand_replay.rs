@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use tessera::api::{ModelInstanceSpec, Moves, PlannedShard, Sharing};
 use tessera::moves::{MoveAsk, MoveLimits, RunningReplica, plan_moves};
-use tessera::objective::{InstanceStanding, TFLOP};
+use tessera::objective::{ClusterStanding, InstanceStanding, TFLOP};
 use tessera::placement::SolveOptions;
 use tessera::sizing::{served_together, solve_for_demand};
 use tessera::translate::{
@@ -60,9 +60,8 @@ impl Placer {
 /// judged as it was placed).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DemandOutcome {
-    pub(crate) instances: usize,
-    /// Instances whose demand its replicas serve.
-    pub(crate) met: usize,
+    /// Each instance as it was placed: what the objective judges.
+    pub(crate) standings: Vec<InstanceStanding>,
     /// Instances with replicas placed that fall short of their demand.
     pub(crate) short: usize,
     /// Instances with no replica placed.
@@ -70,11 +69,7 @@ pub(crate) struct DemandOutcome {
     pub(crate) replicas: usize,
     /// Replicas moved to make room (tessera).
     pub(crate) moves: usize,
-    /// Replicas placed that meet no latency target.
-    pub(crate) missed_target: usize,
-    /// GPUs taken by every replica placed (a memory share by its part), and
-    /// by model class.
-    pub(crate) gpus: f64,
+    /// GPUs taken by model class (a memory share by its part).
     pub(crate) gpus_by_class: BTreeMap<&'static str, f64>,
     /// Work the instances ask for, work served toward it (each instance at
     /// most its demand), and the demand of the instances met, in FLOP/s.
@@ -86,10 +81,15 @@ pub(crate) struct DemandOutcome {
 }
 
 impl DemandOutcome {
+    /// The sequence at the objective's levels, summed over its instances.
+    pub(crate) fn standing(&self) -> ClusterStanding {
+        ClusterStanding::of(&self.standings)
+    }
+
     /// GPUs per PFLOP/s of demand met: what serving a unit of demand costs.
     pub(crate) fn gpus_per_pflops_met(&self) -> f64 {
         if self.work_met > 0.0 {
-            self.gpus / (self.work_met / PFLOP)
+            self.standing().gpus / (self.work_met / PFLOP)
         } else {
             f64::INFINITY
         }
@@ -103,19 +103,20 @@ impl DemandOutcome {
             .iter()
             .map(|(class, gpus)| format!("{class}:{gpus:.0}"))
             .collect();
+        let standing = self.standing();
         format!(
             "REPORT cluster/{scenario} demand {}: demands met={} of {} (short={} refused={}) replicas={} moved={} missing their target={} demand served={:.2} of {:.2} PFLOP/s GPUs={:.1} GPUs per PFLOP/s of demand met={:.2} GPUs by class={} ms per instance mean={mean_ms:.2} max={max_ms:.2}",
             placer.name(),
-            self.met,
-            self.instances,
+            standing.demands_met(),
+            standing.instances,
             self.short,
             self.refused,
             self.replicas,
             self.moves,
-            self.missed_target,
+            standing.missing_target,
             self.work_served / PFLOP,
             self.work_demanded / PFLOP,
-            self.gpus,
+            standing.gpus,
             self.gpus_per_pflops_met(),
             by_class.join(","),
         )
@@ -344,10 +345,7 @@ pub(crate) fn replay_demands(
         }
         outcome.ms.push(started.elapsed().as_secs_f64() * 1e3);
         let standing = InstanceStanding::new(&spec, served.len().max(1), served, gpus);
-        outcome.instances += 1;
         outcome.replicas += standing.per_replica.len();
-        outcome.missed_target += standing.missing_target();
-        outcome.gpus += gpus;
         *outcome.gpus_by_class.entry(arrival.class).or_default() += gpus;
         let work = standing.work_per_request;
         outcome.work_demanded += demand.requests_per_second * work;
@@ -355,11 +353,11 @@ pub(crate) fn replay_demands(
         if standing.per_replica.is_empty() {
             outcome.refused += 1;
         } else if standing.demand_met() {
-            outcome.met += 1;
             outcome.work_met += demand.requests_per_second * work;
         } else {
             outcome.short += 1;
         }
+        outcome.standings.push(standing);
     }
     outcome
 }
