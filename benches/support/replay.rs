@@ -15,9 +15,7 @@ use tessera::placement::{
     Device, NodeState, Plan, Problem, Selector, Served, SolveOptions, SpeedGoal, Stages, Strategy,
     Weights, evaluate,
 };
-use tessera::sizing::{
-    InstancePlan, TensorChoice, solve_replicas, take_devices, tensor_candidates,
-};
+use tessera::sizing::{TensorChoice, solve_replicas, take_devices, tensor_candidates};
 use tessera::translate::{ClusterNode, planned_shards};
 
 use super::arrivals::{Arrival, Event, MODEL_405B};
@@ -219,25 +217,6 @@ impl ClusterState {
             tokens_per_second: plan.performance.tokens_per_second,
             requests_per_second,
         });
-    }
-
-    /// The nodes as the move planner reads them.
-    fn cluster_nodes(&self) -> Vec<ClusterNode> {
-        self.nodes
-            .iter()
-            .map(|node| {
-                ClusterNode::from_node(&to_node(node))
-                    .expect("a valid GPU state")
-                    .expect("a GPU node")
-            })
-            .collect()
-    }
-
-    /// The moves an answer made, in order.
-    fn settle_all(&mut self, made: &[MadeMove]) {
-        for (arrival, replica, moved) in made {
-            self.settle(*arrival, *replica, moved);
-        }
     }
 
     /// Replica `replica` of `arrival` moved: its new devices are taken while
@@ -520,7 +499,15 @@ pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize, moves
             entry.1 += free;
         }
     }
-    let cluster = state.cluster_nodes();
+    let cluster: Vec<ClusterNode> = state
+        .nodes
+        .iter()
+        .map(|node| {
+            ClusterNode::from_node(&to_node(node))
+                .expect("a valid GPU state")
+                .expect("a GPU node")
+        })
+        .collect();
     let mut room = Room {
         fitted: 0,
         instances_per_node,
@@ -554,14 +541,16 @@ pub(crate) fn burst(mut state: ClusterState, policy: Policy, count: usize, moves
             Some(plan) => Some(plan),
             None if moves => {
                 let started = Instant::now();
-                let answer = make_room(&cluster, &state, &arrival.spec(), "bench/burst");
+                let answer = make_room(&cluster, &state, &arrival);
                 room.planner_ms.push(started.elapsed().as_secs_f64() * 1e3);
-                answer.map(|(made, placed)| {
+                answer.map(|(made, plan)| {
                     room.fitted_by_moves += 1;
                     room.moves_made += made.len();
-                    room.gpus_moved += made.iter().map(|(_, _, moved)| moved.gpus).sum::<f64>();
-                    state.settle_all(&made);
-                    placed.plan
+                    for (arrival, replica, moved) in &made {
+                        room.gpus_moved += moved.gpus;
+                        state.settle(*arrival, *replica, moved);
+                    }
+                    plan
                 })
             }
             None => None,
@@ -601,16 +590,14 @@ fn gpus_one_takes(state: &ClusterState, arrival: &Arrival, product: &str) -> Opt
 /// A move the planner answered, with the arrival and replica it moves.
 type MadeMove = (usize, usize, Move);
 
-/// The move planner's answer for one more replica of `spec` (named `name`)
-/// on the cluster as `state` holds it: the moves, each with the arrival and
-/// replica it moves, and the replica's plan after them; `None` when it
-/// finds none.
+/// The move planner's answer for `arrival` on the cluster as `state` holds
+/// it: the moves, each with the arrival and replica it moves, and the
+/// arrival's plan after them; `None` when it finds none.
 fn make_room(
     cluster: &[ClusterNode],
     state: &ClusterState,
-    spec: &ModelInstanceSpec,
-    name: &str,
-) -> Option<(Vec<MadeMove>, InstancePlan)> {
+    arrival: &Arrival,
+) -> Option<(Vec<MadeMove>, Plan)> {
     let mut ids: Vec<usize> = state.held.keys().copied().collect();
     ids.sort_unstable();
     let mut who = Vec::new();
@@ -627,14 +614,15 @@ fn make_room(
             });
         }
     }
+    let spec = arrival.spec();
     let others = HashMap::new();
     let options = SolveOptions::default();
     let ask = MoveAsk {
         nodes: cluster,
         others: &others,
         running: &running,
-        blocked: spec,
-        blocked_name: name,
+        blocked: &spec,
+        blocked_name: "bench/burst",
         limits: MoveLimits::default(),
         options: &options,
     };
@@ -650,7 +638,7 @@ fn make_room(
             (who[at].0, who[at].1, moved)
         })
         .collect();
-    Some((made, answer.placed))
+    Some((made, answer.placed.plan))
 }
 
 /// The name a replica's devices are held under.
