@@ -903,6 +903,20 @@ fn place_sizes_replicas_to_a_demand_and_says_when_it_is_not_met() {
     let (code, table, stderr) = run(&["place", "-f", &huge], None);
     assert_eq!(code, 2, "{table}\n{stderr}");
     assert!(table.contains("(NOT MET)"), "{table}");
+    assert!(
+        table.contains("by the cluster objective: 0 of 1 instance(s) served as asked"),
+        "{table}"
+    );
+    // The objective's levels in JSON: the sized instance is served as asked.
+    let objective = &report["objective"];
+    assert_eq!(objective["instances"], 1, "{objective}");
+    assert_eq!(objective["demandsUnmet"], 0, "{objective}");
+    assert_eq!(objective["unplaced"], 0, "{objective}");
+    assert_eq!(objective["gpus"].as_f64(), Some(placements.len() as f64));
+    let (code, json, _) = run(&["place", "-o", "json", "-f", &huge], None);
+    assert_eq!(code, 2);
+    let huge_report: Value = serde_json::from_str(&json).expect("JSON output parses");
+    assert_eq!(huge_report["objective"]["demandsUnmet"], 1, "{json}");
     // A fixed count with a demand is kept, and judged.
     let fixed = dir.file(
         "fixed.yaml",

@@ -14,9 +14,10 @@ use super::place_moves::{Drain, Improve, MoveAdvice, advise, drain, improve};
 use crate::process::wall_deadline::WallDeadline;
 use tessera_core::api::{ModelInstance, PlannedShard, ServingSpec};
 use tessera_core::moves::RunningReplica;
+use tessera_core::objective::{ClusterStanding, InstanceStanding};
 use tessera_core::placement::{Plan, SolveOptions, Unsatisfiable};
 use tessera_core::serving::Capacity;
-use tessera_core::sizing::{served_together, solve_for_demand, solve_replicas};
+use tessera_core::sizing::{InstancePlan, served_together, solve_for_demand, solve_replicas};
 use tessera_core::translate::{
     ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, pod_holder, tensor_choice,
 };
@@ -138,6 +139,8 @@ pub struct Report {
     /// Each instance with a demand, and whether it is met.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub demands: Vec<DemandOutcome>,
+    /// The instances as planned, at the cluster objective's levels.
+    pub(crate) objective: ClusterStanding,
     /// With `--drain`: the moves that would empty those nodes, and what stays.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) drain: Option<Drain>,
@@ -228,6 +231,7 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
         cluster: cluster_origin,
         placements: placed.placements,
         demands: placed.demands,
+        objective: ClusterStanding::of(&placed.standings),
         drain,
         improve,
         nodes,
@@ -238,6 +242,8 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
 struct Placed<'a> {
     placements: Vec<Placement>,
     demands: Vec<DemandOutcome>,
+    /// Each instance as planned, as the cluster objective judges it.
+    standings: Vec<InstanceStanding>,
     /// The replicas placed, as the move planner reads them.
     running: Vec<RunningReplica<'a>>,
     /// Devices pods outside tessera hold.
@@ -265,6 +271,7 @@ fn place_all<'a>(
     let mut shares = HeldShares::new();
     let mut out = Vec::new();
     let mut demands = Vec::new();
+    let mut standings = Vec::new();
     for mi in instances {
         let name = match &mi.metadata.namespace {
             Some(ns) => format!("{ns}/{}", mi.metadata.name.clone().unwrap_or_default()),
@@ -293,6 +300,16 @@ fn place_all<'a>(
                 &opts,
             ),
         };
+        let placed: Vec<&InstancePlan> = results.iter().flatten().collect();
+        standings.push(InstanceStanding::new(
+            &mi.spec,
+            results.len(),
+            placed
+                .iter()
+                .map(|p| p.requests_per_second().unwrap_or(0.0))
+                .collect(),
+            placed.iter().map(|p| p.gpus).sum(),
+        ));
         if let Some(demand) = mi.spec.demand() {
             let served: Vec<f64> = results
                 .iter()
@@ -385,6 +402,7 @@ fn place_all<'a>(
     Placed {
         placements: out,
         demands,
+        standings,
         running,
         outside,
     }

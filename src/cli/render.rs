@@ -196,6 +196,11 @@ fn table(report: &Report) -> String {
             if demand.met { "met" } else { "NOT MET" }
         );
     }
+    let _ = writeln!(
+        out,
+        "\nby the cluster objective: {}",
+        report.objective.words()
+    );
     if let Some(drain) = &report.drain {
         let _ = writeln!(out);
         for line in drain.lines() {

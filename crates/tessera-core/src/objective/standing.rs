@@ -168,7 +168,7 @@ impl ClusterStanding {
     /// The standing in words, work in TFLOP/s.
     pub fn words(&self) -> String {
         format!(
-            "{} of {} instance(s) with their demand met, {} replica(s) unplaced, {} missing their target, {:.2} GPUs, {:.1} TFLOP/s of model work served at the targets",
+            "{} of {} instance(s) served as asked (demand met, or the target where none is stated), {} replica(s) unplaced, {} missing their target, {:.2} GPUs, {:.1} TFLOP/s of model work served at the targets",
             self.demands_met(),
             self.instances,
             self.unplaced,

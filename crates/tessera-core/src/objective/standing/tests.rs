@@ -138,7 +138,7 @@ fn the_standing_in_words() {
     let words = ClusterStanding::of(&[InstanceStanding::new(&small(), 1, vec![10.0], 1.0)]).words();
     assert_eq!(
         words,
-        "1 of 1 instance(s) with their demand met, 0 replica(s) unplaced, 0 missing their target, 1.00 GPUs, 30.7 TFLOP/s of model work served at the targets"
+        "1 of 1 instance(s) served as asked (demand met, or the target where none is stated), 0 replica(s) unplaced, 0 missing their target, 1.00 GPUs, 30.7 TFLOP/s of model work served at the targets"
     );
 }
 
