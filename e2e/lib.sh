@@ -3,10 +3,26 @@
 # NAMESPACE (where the instances are), RESOURCE_NAME, KUBELET_CHECKPOINT (may be empty),
 # DRA_MANAGER_STATE (kubelet's record of prepared claims, with DRA; may be unset),
 # TESSERA_NAMESPACE and FAKE_CONFIGMAP (the fake GPU ConfigMap), NODE (the node with the
-# fake GPUs), KUBELET_PIDFILE (for restart_kubelet) and defines die MESSAGE and log
-# MESSAGE; it removes "$API_USE" when it exits.
+# fake GPUs), DRIVER (the DRA driver, for slice_devices), KUBELET_PIDFILE (for
+# restart_kubelet) and defines die MESSAGE and log MESSAGE; it removes "$API_USE" when
+# it exits.
 
 mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
+
+# mi_running INSTANCE: whether the instance's phase is Running.
+mi_running() { [ "$(kubectl get mi "$1" -n "$NAMESPACE" -o jsonpath='{.status.phase}')" = Running ]; }
+
+# event_reason OBJECT REASON: whether an Event of REASON names OBJECT in NAMESPACE.
+event_reason() {
+  kubectl get events -n "$NAMESPACE" --field-selector "involvedObject.name=$1" -o json \
+    | jq -e --arg r "$2" '[.items[] | select(.reason == $r)] | length > 0' >/dev/null
+}
+
+# slice_devices: the devices of NODE's ResourceSlices of the DRA driver DRIVER.
+slice_devices() {
+  kubectl get resourceslices -o json | jq --arg node "${NODE:?}" --arg d "${DRIVER:?}" \
+    '[.items[] | select(.spec.nodeName == $node and .spec.driver == $d) | .spec.devices[]?] | length'
+}
 
 # wait_until SECONDS DESCRIPTION COMMAND...: runs COMMAND every 3 s until it succeeds;
 # on timeout fails with DESCRIPTION and the command's last output.

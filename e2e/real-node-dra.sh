@@ -137,10 +137,6 @@ YAML
   || die "helm install did not become ready: $(kubectl -n "$TESSERA_NAMESPACE" get pods -o wide 2>&1)"
 kubectl create namespace "$NAMESPACE" >/dev/null
 
-slice_devices() {
-  kubectl get resourceslices -o json | jq --arg node "$NODE" --arg d "$DRIVER" \
-    '[.items[] | select(.spec.nodeName == $node and .spec.driver == $d) | .spec.devices[]?] | length'
-}
 eight_devices() { [[ "$(slice_devices)" == 8 ]]; }
 wait_until "$TIMEOUT" "the node's ResourceSlice with 8 devices, the left-over slice gone" eight_devices
 generation=$(kubectl get resourceslices -o json | jq --arg node "$NODE" --arg d "$DRIVER" \

@@ -154,8 +154,7 @@ spec:
 YAML
 
 small_field() { kubectl get mi small -n "$NAMESPACE" -o json | jq -r "$1"; }
-running() { [ "$(kubectl get mi "$1" -n "$NAMESPACE" -o jsonpath='{.status.phase}')" = Running ]; }
-wait_until "$TIMEOUT" "small Running" running small
+wait_until "$TIMEOUT" "small Running" mi_running small
 first=$(small_field '.status.plan[0].devices[0]')
 first_index=$(kubectl get node "$NODE" -o json \
   | jq -r --arg id "$first" '.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .devices[] | select(.id == $id) | .index')
@@ -202,10 +201,6 @@ spec:
 YAML
 
 current_test=never_ready
-event_reason() {
-  kubectl get events -n "$NAMESPACE" --field-selector "involvedObject.name=$1" -o json \
-    | jq -e --arg r "$2" '[.items[] | select(.reason == $r)] | length > 0' >/dev/null
-}
 wait_until "$TIMEOUT" "big making room" event_reason big MakingRoom
 wait_until 60 "small's move recorded" bash -c "[ \"\$(kubectl get mi small -n $NAMESPACE -o jsonpath='{.status.moves[0].phase}')\" = Surging ]"
 first_started=$(small_field '.status.moves[0].started')
@@ -235,7 +230,7 @@ moved() {
 }
 wait_until "$TIMEOUT" "small moved off $first" moved
 # The move over, the instance it made room for is woken (not left to its 5-minute retry).
-wait_until 60 "big Running" running big
+wait_until 60 "big Running" mi_running big
 event_reason small Moved || die "no Moved event on small"
 kubectl get pod small-shard-0 -n "$NAMESPACE" >/dev/null 2>&1 && die "the old pod small-shard-0 is still there"
 moves_told=$(kubectl get events -n "$NAMESPACE" --field-selector involvedObject.name=small -o json \

@@ -86,10 +86,6 @@ YAML
 "$helm" install "$RELEASE" charts/tessera -n "$TESSERA_NAMESPACE" --create-namespace \
   -f e2e/values-real-node.yaml -f "$work_dir/values.yaml" --set allocation=dra --wait --timeout 180s >/dev/null \
   || die "helm install did not become ready: $(kubectl -n "$TESSERA_NAMESPACE" get pods -o wide 2>&1)"
-slice_devices() {
-  kubectl get resourceslices -o json | jq --arg node "$NODE" --arg d "$DRIVER" \
-    '[.items[] | select(.spec.nodeName == $node and .spec.driver == $d) | .spec.devices[]?] | length'
-}
 eight_devices() { [[ "$(slice_devices)" == 8 ]]; }
 wait_until "$TIMEOUT" "the node's ResourceSlice with 8 devices" eight_devices
 kubectl create namespace "$NAMESPACE" >/dev/null
@@ -165,9 +161,8 @@ spec:
   minAvailable: 1
   selector: {matchLabels: {tessera.dev/instance: small}}
 YAML
-running() { [ "$(kubectl get mi "$1" -n "$NAMESPACE" -o jsonpath='{.status.phase}')" = Running ]; }
 field() { kubectl get mi "$1" -n "$NAMESPACE" -o json | jq -r "$2"; }
-wait_until "$TIMEOUT" "small Running" running small
+wait_until "$TIMEOUT" "small Running" mi_running small
 first=$(field small '.status.plan[0].devices[0]')
 [[ "$(product "$first")" == *H100* ]] || die "small runs on $first, a $(product "$first"), not on an H100 where it serves the most"
 log "small runs on $first ($(product "$first"))"
@@ -194,13 +189,9 @@ spec:
           imagePullPolicy: IfNotPresent
           command: [sh, -c, "echo \"shard on $(hostname) sees devices: $TESSERA_VISIBLE_DEVICES\"; trap 'exit 0' TERM; while true; do sleep 1; done"]
 YAML
-event_reason() {
-  kubectl get events -n "$NAMESPACE" --field-selector "involvedObject.name=$1" -o json \
-    | jq -e --arg r "$2" '[.items[] | select(.reason == $r)] | length > 0' >/dev/null
-}
 wait_until "$TIMEOUT" "big making room" event_reason big MakingRoom
 log "big: $(kubectl get events -n "$NAMESPACE" --field-selector involvedObject.name=big,reason=MakingRoom -o jsonpath='{.items[0].message}')"
-wait_until "$TIMEOUT" "big Running" running big
+wait_until "$TIMEOUT" "big Running" mi_running big
 event_reason small Moved || die "no Moved event on small"
 moved_to=$(field small '.status.plan[0].devices[0]')
 [[ "$(product "$moved_to")" == *A100* ]] || die "small moved to $moved_to, a $(product "$moved_to"), not an A100"

@@ -30,7 +30,8 @@ use tessera::objective::{ClusterStanding, InstanceStanding, TFLOP};
 use tessera::placement::SolveOptions;
 use tessera::sizing::{served_together, solve_for_demand};
 use tessera::translate::{
-    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, tensor_choice,
+    ClusterNode, HeldShares, build_problem, hold_shard, planned_shards, release_shard,
+    tensor_choice,
 };
 
 use super::arrivals::Event;
@@ -144,16 +145,15 @@ impl Ledger {
     }
 
     fn release(&mut self, id: usize) {
-        for (holder, _) in self.replicas.remove(&id).unwrap_or_default() {
-            self.allocated.retain(|_, who| *who != holder);
-            for held in self.shares.values_mut() {
-                held.retain(|(who, _)| *who != holder);
+        for (holder, shards) in self.replicas.remove(&id).unwrap_or_default() {
+            for shard in &shards {
+                release_shard(shard, &holder, &mut self.allocated, &mut self.shares);
             }
         }
     }
 
-    /// Replica `holder` moved to `to`: its new devices taken while its old
-    /// ones are still held (they must be free then), then the old given up.
+    /// Replica `holder` moved to `to`: its new devices must be free while its
+    /// old ones are still held (make before break); then the old are given up.
     fn settle(&mut self, holder: &str, to: Vec<PlannedShard>) {
         let Some((_, shards)) = self
             .replicas
@@ -163,45 +163,20 @@ impl Ledger {
         else {
             return;
         };
-        for shard in &to {
-            if shard.share.is_none() {
-                for device in &shard.devices {
-                    let key = (shard.node.clone(), device.clone());
-                    assert!(
-                        !self.allocated.contains_key(&key),
-                        "{device} is not free for the new copy"
-                    );
-                }
-            }
-        }
-        let old = std::mem::replace(shards, to.clone());
-        let moved = format!("{holder} (moving)");
-        for shard in &to {
-            hold_shard(shard, &moved, &mut self.allocated, &mut self.shares);
-        }
-        for shard in &old {
+        for shard in to.iter().filter(|shard| shard.share.is_none()) {
             for device in &shard.devices {
                 let key = (shard.node.clone(), device.clone());
-                if self.allocated.get(&key).is_some_and(|who| who == holder) {
-                    self.allocated.remove(&key);
-                }
-            }
-            if let Some(share) = &shard.share {
-                let key = (shard.node.clone(), share.gpu.clone());
-                if let Some(held) = self.shares.get_mut(&key)
-                    && let Some(at) = held.iter().position(|(who, _)| who == holder)
-                {
-                    held.remove(at);
-                }
+                assert!(
+                    !self.allocated.contains_key(&key),
+                    "{device} is not free for the new copy"
+                );
             }
         }
-        for who in self.allocated.values_mut().filter(|who| **who == moved) {
-            *who = holder.to_string();
+        for shard in &std::mem::replace(shards, to.clone()) {
+            release_shard(shard, holder, &mut self.allocated, &mut self.shares);
         }
-        for (who, _) in self.shares.values_mut().flatten() {
-            if *who == moved {
-                *who = holder.to_string();
-            }
+        for shard in &to {
+            hold_shard(shard, holder, &mut self.allocated, &mut self.shares);
         }
     }
 

@@ -166,6 +166,8 @@ pub fn plan_moves(ask: &MoveAsk<'_>) -> Result<MovePlan, NoRoom> {
     // Replicas found to have nowhere as good to go stay where they are.
     let mut staying = BTreeSet::new();
     let mut first_failure: Option<String> = None;
+    // Each replica's shape, worked out at the first replica with nowhere to go.
+    let mut shapes: Option<Vec<String>> = None;
     let mut attempts = 0;
     while attempts < ask.limits.max_attempts {
         let candidates = match room::candidates(ask, &world, &staying) {
@@ -186,9 +188,11 @@ pub fn plan_moves(ask: &MoveAsk<'_>) -> Result<MovePlan, NoRoom> {
                     };
                     stuck_now |= staying.insert(stuck);
                     if failure.alike {
-                        let key = relocate::shape_key(&ask.running[stuck]);
-                        let alike = (0..ask.running.len())
-                            .filter(|&index| relocate::shape_key(&ask.running[index]) == key);
+                        let shapes = shapes.get_or_insert_with(|| {
+                            ask.running.iter().map(relocate::shape_key).collect()
+                        });
+                        let alike =
+                            (0..shapes.len()).filter(|&index| shapes[index] == shapes[stuck]);
                         staying.extend(alike);
                     }
                 }

@@ -94,7 +94,7 @@ pub fn hold_shard(
 }
 
 /// Undoes [`hold_shard`]: what `holder`'s shard held is free again.
-pub(crate) fn release_shard(
+pub fn release_shard(
     shard: &PlannedShard,
     holder: &str,
     allocated: &mut HashMap<(String, String), String>,
