@@ -104,6 +104,8 @@ fn snapshot() -> Snapshot {
                 architecture: "9.0".into(),
                 compute_units: 132,
                 fp16_tflops: 989.0,
+                fp8_tflops: None,
+                fp4_tflops: None,
                 memory_bandwidth_gbps: 3350.0,
                 pci_bus_id: format!("0000:{:02x}:{:02x}.0", i / 32, i % 32),
                 numa_node: Some((i / 800) as i32),

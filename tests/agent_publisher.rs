@@ -38,6 +38,8 @@ fn device(id: &str, index: u32, temperature: f64, power: f64) -> DeviceState {
             architecture: "9.0".into(),
             compute_units: 132,
             fp16_tflops: 989.0,
+            fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: 3350.0,
             pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + index),
             numa_node: Some(0),

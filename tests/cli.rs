@@ -310,6 +310,53 @@ fn malformed_speed_goals_are_bad_input() {
 }
 
 #[test]
+fn a_refusal_names_only_the_target_missed_and_show_missed_plans_anyway() {
+    let cluster = repo_path("tests/fixtures/long-prompt/two-h100.yaml");
+    let long = repo_path("tests/fixtures/long-prompt/long-prompt-70b.yaml");
+    let (cluster, long) = (cluster.to_string_lossy(), long.to_string_lossy());
+    let (code, stdout, stderr) = run(&["place", "-c", &cluster, "-f", &long], None);
+    assert_eq!(code, 2, "stdout: {stdout}\nstderr: {stderr}");
+    // 20.4 ms a token meets the 50 ms target: only the first token misses.
+    assert!(
+        stdout.contains("against serving.maxTimeToFirstTokenMs 2000: "),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("maxTimePerOutputTokenMs"), "{stdout}");
+    let (code, stdout, stderr) = run(
+        &[
+            "place",
+            "-c",
+            &cluster,
+            "-f",
+            &long,
+            "--show-missed",
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    assert_eq!(
+        code, 2,
+        "a plan missing its target is not placed as asked: {stderr}"
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("JSON");
+    let plan = &report["placements"][0]["plan"];
+    let curve = plan["serving"]["curve"]
+        .as_array()
+        .expect("the curve is shown");
+    assert!(!curve.is_empty(), "{plan}");
+    let missed = &plan["serving"]["targetMissed"];
+    assert!(missed["bestTtftMs"].as_f64().expect("best first token") > 2000.0);
+    assert!(missed["bestTpotMs"].as_f64().expect("best per token") < 50.0);
+    // The flag takes no value.
+    assert_bad_input(
+        &["place", "-c", &cluster, "-f", &long, "--show-missed=yes"],
+        None,
+        &["--show-missed"],
+    );
+}
+
+#[test]
 fn a_speed_nothing_reaches_is_unsatisfiable_and_the_goal_is_explained() {
     let dir = Scratch::new("cli", "speed_goal_place");
     let slow = dir.file(

@@ -18,6 +18,8 @@ fn device(id: &str, index: u32) -> DeviceInfo {
         architecture: "9.0".into(),
         compute_units: 132,
         fp16_tflops: 989.4,
+        fp8_tflops: None,
+        fp4_tflops: None,
         memory_bandwidth_gbps: 3352.0,
         pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + index),
         numa_node: Some(0),

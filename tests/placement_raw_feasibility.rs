@@ -303,6 +303,7 @@ proptest! {
             max_steps: Some(20_000),
             drain: Vec::new(),
             improve: None,
+            show_missed: false,
         })
         .map_err(|e| TestCaseError::fail(format!("refused as bad input: {e}")))?;
         let _ = std::fs::remove_dir_all(&dir);

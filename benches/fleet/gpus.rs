@@ -133,6 +133,8 @@ impl SimGpus {
                     architecture: String::new(),
                     compute_units: 0,
                     fp16_tflops: kind.tflops,
+                    fp8_tflops: None,
+                    fp4_tflops: None,
                     memory_bandwidth_gbps: kind.bandwidth_gbps,
                     pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + index),
                     numa_node: Some(i32::from(index >= GPUS_PER_NODE / 2)),

@@ -187,6 +187,8 @@ fn node(i: usize, rng: &mut SplitMix64) -> NodeState {
                 memory_total_bytes: total,
                 memory_free_bytes: free,
                 fp16_tflops: kind.tflops,
+                fp8_tflops: None,
+                fp4_tflops: None,
                 memory_bandwidth_gbps: kind.bandwidth_gbps,
                 temperature_c: Some(temperature),
                 healthy,
@@ -248,6 +250,7 @@ pub(crate) fn model_shape(m: &ModelSpec) -> ModelShape {
         overhead_bytes_per_device: m.overhead_gib * GIB,
         activation_bytes_per_token: f64::from(m.hidden) * 2.0,
         flops_per_layer_token: 2.0 * m.parameters / layers,
+        precision: tessera::placement::Precision::Fp16,
     }
 }
 

@@ -46,6 +46,13 @@ pub struct DeviceInfo {
     pub compute_units: u32,
     /// Estimated dense FP16/BF16 throughput.
     pub fp16_tflops: f64,
+    /// Dense FP8 and FP4 throughput, where the tensor cores have the format.
+    /// Absent from registries written before they were read, hence the
+    /// default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_tflops: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4_tflops: Option<f64>,
     pub memory_bandwidth_gbps: f64,
     /// PCI bus ID, `0000:17:00.0`.
     pub pci_bus_id: String,
@@ -235,6 +242,8 @@ impl Snapshot {
                     memory_total_bytes: d.info.memory_total_bytes,
                     memory_free_bytes: d.telemetry.memory_free_bytes.min(d.info.memory_total_bytes),
                     fp16_tflops: d.info.fp16_tflops,
+                    fp8_tflops: d.info.fp8_tflops,
+                    fp4_tflops: d.info.fp4_tflops,
                     memory_bandwidth_gbps: d.info.memory_bandwidth_gbps,
                     temperature_c: d.telemetry.temperature_c,
                     power_w: d.telemetry.power_w,
@@ -280,6 +289,8 @@ pub(crate) fn test_device(id: &str, index: u32, vendor: Vendor, pci_bus_id: &str
         architecture: String::new(),
         compute_units: 1,
         fp16_tflops: 1.0,
+        fp8_tflops: None,
+        fp4_tflops: None,
         memory_bandwidth_gbps: 1.0,
         pci_bus_id: pci_bus_id.to_string(),
         numa_node: None,

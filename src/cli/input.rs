@@ -402,7 +402,24 @@ spec:
             "nodes:\n- name: a\n  gpuState: {s}\n- name: a\n  gpuState: {s}\n",
             s = state_json("v1")
         );
+        let narrow = |rate: &str| {
+            let state = state_json("v1").replace(
+                r#""fp16Tflops":1.0"#,
+                &format!(r#""fp16Tflops":1.0,"fp8Tflops":{rate}"#),
+            );
+            format!("nodes:\n- name: a\n  gpuState: {state}\n")
+        };
+        let (negative_fp8, text_fp8) = (narrow("-2"), narrow(r#""fast""#));
+        assert!(parse_cluster(&narrow("2.0"), "c").is_ok());
         for (text, want) in [
+            (
+                negative_fp8.as_str(),
+                "device g0 has fp8Tflops -2; it must be a positive number",
+            ),
+            (
+                text_fp8.as_str(),
+                "invalid type: string \"fast\", expected f64",
+            ),
             (
                 wrong_version.as_str(),
                 "node a: gpu-state version \"v7\" is not supported",

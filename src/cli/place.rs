@@ -67,6 +67,10 @@ pub struct PlaceArgs {
     /// cluster serves at the targets by more than it, once every instance is
     /// placed.
     pub improve: Option<f64>,
+    /// Plan instances whose `spec.serving` target no GPUs meet anyway, and
+    /// show the best plan and its curve marked as missing it, instead of
+    /// refusing them.
+    pub show_missed: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -94,6 +98,20 @@ pub struct Placement {
     /// The instance's `spec.serving`, for the capacity line.
     #[serde(skip)]
     pub(crate) serving: Option<ServingSpec>,
+}
+
+impl Placement {
+    /// Planned, and meeting the instance's `spec.serving` target where it
+    /// states one (a plan shown by `--show-missed` does not).
+    fn placed_as_asked(&self) -> bool {
+        self.plan.as_ref().is_some_and(|plan| {
+            self.serving.is_none()
+                || plan
+                    .serving
+                    .as_ref()
+                    .is_none_or(|capacity| capacity.target_missed.is_none())
+        })
+    }
 }
 
 /// A replica's plan, and what it serves at the instance's latency target
@@ -156,7 +174,7 @@ impl Report {
     /// Every replica placed, every demand met and every replica on a
     /// drained node with somewhere to go.
     pub fn all_placed(&self) -> bool {
-        self.placements.iter().all(|p| p.plan.is_some())
+        self.placements.iter().all(Placement::placed_as_asked)
             && self.demands.iter().all(|d| d.met)
             && self
                 .drain
@@ -208,7 +226,7 @@ pub fn run(args: &PlaceArgs) -> Result<Report, InputError> {
             )));
         }
     }
-    let placed = place_all(&instances, &nodes, args.max_steps);
+    let placed = place_all(&instances, &nodes, args.max_steps, args.show_missed);
     let drain = (!args.drain.is_empty()).then(|| {
         drain(
             &nodes,
@@ -254,6 +272,7 @@ fn place_all<'a>(
     instances: &'a [ModelInstance],
     nodes: &[ClusterNode],
     max_steps: Option<u64>,
+    show_missed: bool,
 ) -> Placed<'a> {
     // Devices the node agents report as handed to pods are taken, as for the controller.
     let mut allocated: HashMap<(String, String), String> = nodes
@@ -277,7 +296,10 @@ fn place_all<'a>(
             Some(ns) => format!("{ns}/{}", mi.metadata.name.clone().unwrap_or_default()),
             None => mi.metadata.name.clone().unwrap_or_default(),
         };
-        let problem = build_problem(&mi.spec, nodes, &allocated, &shares);
+        let mut problem = build_problem(&mi.spec, nodes, &allocated, &shares);
+        if show_missed && let Some(served) = problem.served.as_mut() {
+            served.target_required = false;
+        }
         let deadline = WallDeadline::after(Duration::from_millis(u64::from(
             mi.spec.placement.deadline_ms,
         )));
@@ -415,6 +437,7 @@ mod tests {
     #[test]
     fn the_built_in_sample_places_every_instance_on_distinct_devices() {
         let report = run(&PlaceArgs {
+            show_missed: false,
             instances: vec![],
             cluster: None,
             output: PlaceOutput::Table,

@@ -151,6 +151,9 @@ fn table(report: &Report) -> String {
                 write_rows(&mut out, &rows);
                 let _ = writeln!(out, "  {}", score_line(&plan.score));
                 let _ = writeln!(out, "  {}", token_line(&plan.performance.token_time));
+                for widened in &plan.performance.widened {
+                    let _ = writeln!(out, "  {widened}");
+                }
                 let _ = writeln!(out, "  {}", capacity_line(plan, placement.serving.as_ref()));
                 for (i, stage) in plan.stages.iter().enumerate() {
                     if let Some(share) = share_line(stage, &plan.performance) {

@@ -64,6 +64,8 @@ pub(crate) fn state(node: &str, count: u32, kind: Kind) -> NodeGpuState {
             memory_total_bytes: kind.memory_gib << 30,
             memory_free_bytes: (kind.memory_gib << 30) - (512 << 20),
             fp16_tflops: kind.tflops,
+            fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: kind.bandwidth,
             temperature_c: Some(40.0),
             power_w: None,

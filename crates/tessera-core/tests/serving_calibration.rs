@@ -149,6 +149,7 @@ fn serving_input(fixture: &Fixture, figure: &Figure) -> ServingInput {
         gpu: GpuFigures {
             vendor: gpu.vendor.clone(),
             fp16_tflops: gpu.fp16_tflops,
+            fp4_tflops: None,
             fp8_tflops: gpu.fp8_tflops,
             memory_bandwidth_gbps: gpu.memory_bandwidth_gbps,
             memory_bytes: gpu.memory_gib * GIB,
@@ -411,6 +412,8 @@ fn solver_tokens_per_second(input: &ServingInput) -> f64 {
             memory_total_bytes: gpu.memory_bytes as u64,
             memory_free_bytes: gpu.memory_bytes as u64,
             fp16_tflops: gpu.fp16_tflops,
+            fp8_tflops: gpu.fp8_tflops,
+            fp4_tflops: gpu.fp4_tflops,
             memory_bandwidth_gbps: gpu.memory_bandwidth_gbps,
             temperature_c: Some(40.0),
             healthy: true,

@@ -32,6 +32,8 @@ struct Gpu {
     #[serde(rename = "memoryGiB")]
     memory_gib: f64,
     fp16_tflops: f64,
+    #[serde(default)]
+    fp8_tflops: Option<f64>,
     memory_bandwidth_gbps: f64,
     link: String,
     link_gbps: f64,
@@ -79,6 +81,8 @@ fn predict(figure: &Figure, gpu: &Gpu) -> f64 {
             memory_total_bytes: (gpu.memory_gib * GIB) as u64,
             memory_free_bytes: (gpu.memory_gib * GIB) as u64,
             fp16_tflops: gpu.fp16_tflops,
+            fp8_tflops: gpu.fp8_tflops,
+            fp4_tflops: None,
             memory_bandwidth_gbps: gpu.memory_bandwidth_gbps,
             temperature_c: Some(40.0),
             healthy: true,

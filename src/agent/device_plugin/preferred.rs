@@ -360,6 +360,8 @@ mod tests {
                 architecture: "9.0".into(),
                 compute_units: 1,
                 fp16_tflops: 1.0,
+                fp8_tflops: None,
+                fp4_tflops: None,
                 memory_bandwidth_gbps: 1.0,
                 pci_bus_id: format!("0000:{index:02x}:00.0"),
                 numa_node: numa,

@@ -162,6 +162,8 @@ mod tests {
             memory_total_bytes,
             memory_free_bytes: memory_total_bytes,
             fp16_tflops: 100.0,
+            fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: 1000.0,
             temperature_c: None,
             power_w: None,

@@ -19,6 +19,8 @@ pub(super) fn device(id: &str, index: u32, vendor: Vendor, product: &str, gib: u
             architecture: "9.0".into(),
             compute_units: 132,
             fp16_tflops: 989.0,
+            fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: 3350.0,
             pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + index),
             numa_node: Some(0),

@@ -4,7 +4,9 @@
 
 use super::super::DeviceInfo;
 use super::drm::Card;
-use super::estimates::{fp16_flops_per_cu_clock, gfx_target_name, memory_bandwidth, round1};
+use super::estimates::{
+    fp16_flops_per_cu_clock, gfx_target_name, memory_bandwidth, narrow_ratios, round1,
+};
 use super::kfd::Gpu;
 use super::products::product;
 use super::sysfs_files::{parse_i64, read_opt_i64, read_text};
@@ -48,6 +50,9 @@ pub(super) fn describe(gpu: &Gpu, card: Option<&Card>, index: u32) -> Option<Dev
         tflops if tflops > 0.0 => round1(tflops),
         _ => table.map_or(0.0, |datasheet| datasheet.fp16_tflops),
     };
+    let (fp8_ratio, fp4_ratio) = narrow_ratios(gfx);
+    let narrow =
+        |ratio: f64| (ratio > 0.0 && fp16_tflops > 0.0).then(|| round1(fp16_tflops * ratio));
     let memory_bandwidth_gbps = memory_bandwidth(gpu, table);
 
     let numa_node = device.and_then(|dir| {
@@ -79,6 +84,8 @@ pub(super) fn describe(gpu: &Gpu, card: Option<&Card>, index: u32) -> Option<Dev
         architecture: gfx_target_name(gfx),
         compute_units,
         fp16_tflops,
+        fp8_tflops: narrow(fp8_ratio),
+        fp4_tflops: narrow(fp4_ratio),
         memory_bandwidth_gbps,
         pci_bus_id: gpu.pci_bus_id.clone(),
         numa_node,

@@ -49,6 +49,19 @@ pub(super) fn fp16_flops_per_cu_clock(gfx_target_version: u64) -> u32 {
     }
 }
 
+/// How many times the FP16 rate the dense FP8 and FP4 rates are, by GFX
+/// target; 0 where the matrix cores lack the format. CDNA3 (gfx94x) added FP8
+/// at twice the FP16 rate (MI300X 2,615 TF), CDNA4 (gfx950) FP4 at four times
+/// it (MI355X 10.1 PF MXFP4), RDNA4 (gfx12) FP8 at twice (not checked on
+/// hardware).
+pub(super) fn narrow_ratios(gfx_target_version: u64) -> (f64, f64) {
+    match gfx_parts(gfx_target_version) {
+        (9, 5, _) => (2.0, 4.0),
+        (9, 4, _) | (12, _, _) => (2.0, 0.0),
+        _ => (0.0, 0.0),
+    }
+}
+
 /// Data transfers per pin per reported memory clock (`mem_clk_max`), by GFX
 /// target, where known: HBM3 on gfx94x reports a quarter of the data rate
 /// (MI300X: 1300 MHz → 5.2 Gb/s → 8192 bit → 5.3 TB/s); HBM2/HBM2e on gfx906,
@@ -176,6 +189,15 @@ mod tests {
         assert!((bw(8192.0, 1300.0, 90402) - 5324.8).abs() < 0.1, "MI300X");
         assert!((bw(4096.0, 1600.0, 90010) - 1638.4).abs() < 0.1, "MI210");
         assert!((bw(4096.0, 1200.0, 90008) - 1228.8).abs() < 0.1, "MI100");
+    }
+
+    #[test]
+    fn narrow_rates_by_target() {
+        // MI300X: 2,614.9 FP8 TF; MI355X: 10.1 PF MXFP4; MI210: neither.
+        assert_eq!(narrow_ratios(90402), (2.0, 0.0));
+        assert_eq!(narrow_ratios(90500), (2.0, 4.0));
+        assert_eq!(narrow_ratios(90010), (0.0, 0.0));
+        assert_eq!(narrow_ratios(110000), (0.0, 0.0));
     }
 
     #[test]

@@ -14,7 +14,8 @@ use super::errors::{is_library_error, library_failed, optional};
 use super::mig;
 use super::pci::{normalize_pci_bus_id, read_numa_node};
 use super::specs::{
-    cuda_cores_per_sm, estimate_fp16_tflops, estimate_memory_bandwidth_gbps, sm_count_by_product,
+    cuda_cores_per_sm, estimate_fp16_tflops, estimate_memory_bandwidth_gbps,
+    estimate_narrow_tflops, sm_count_by_product,
 };
 use tessera_core::api::Vendor;
 
@@ -127,6 +128,7 @@ impl NvmlBackend {
         let pci_bus_id = normalize_pci_bus_id(&device.pci_info()?.bus_id);
         let numa_node = read_numa_node(&self.sysfs_root, &pci_bus_id);
         let fp16_tflops = estimate_fp16_tflops(&product, major, minor, sms, max_sm);
+        let (fp8_tflops, fp4_tflops) = estimate_narrow_tflops(major, minor, fp16_tflops);
         let memory_bandwidth_gbps = estimate_memory_bandwidth_gbps(bus_width, max_mem);
         let gpu = mig::Gpu {
             uuid: &id,
@@ -143,6 +145,8 @@ impl NvmlBackend {
             architecture: format!("{major}.{minor}"),
             compute_units: sms.unwrap_or(0),
             fp16_tflops: fp16_tflops.unwrap_or(PLACEHOLDER_FIGURE),
+            fp8_tflops,
+            fp4_tflops,
             memory_bandwidth_gbps: memory_bandwidth_gbps.unwrap_or(PLACEHOLDER_FIGURE),
             pci_bus_id,
             numa_node,
@@ -184,6 +188,8 @@ fn placeholder(index: u32) -> DeviceInfo {
         architecture: "unknown".to_string(),
         compute_units: 0,
         fp16_tflops: PLACEHOLDER_FIGURE,
+        fp8_tflops: None,
+        fp4_tflops: None,
         memory_bandwidth_gbps: PLACEHOLDER_FIGURE,
         pci_bus_id: String::new(),
         numa_node: None,

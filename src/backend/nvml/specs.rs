@@ -1,6 +1,6 @@
 //! What NVML does not say outright about a GPU's speed, estimated from what it
 //! does say: dense FP16 tensor throughput from SMs, clock and compute
-//! capability, memory bandwidth from bus width and memory clock, and SM counts
+//! capability (FP8 and FP4 from it where the tensor cores have them), memory bandwidth from bus width and memory clock, and SM counts
 //! by product for drivers that do not report them. The tables carry the
 //! data-sheet checks they were fitted to.
 
@@ -37,6 +37,36 @@ const FP16_FLOPS_PER_SM_CLOCK: &[((i32, i32), f64)] = &[
     ((10, 0), 8192.0),
     ((12, 0), 1024.0),
 ];
+
+/// FP8 and FP4 rates as multiples of the FP16 rate.
+type NarrowRatios = (f64, f64);
+
+/// How many times the FP16 tensor rate the FP8 and FP4 tensor rates are, by
+/// compute capability (same lookup as above); 0 where the tensor cores lack
+/// the format. Ada (8.9) and Hopper (9.0) added FP8 at twice the FP16 rate
+/// (H100 SXM 1,979 dense; L4 242.5; L40S 733; RTX 4090 330 with FP32
+/// accumulate, twice its halved FP16), Blackwell (10.0, 12.0) FP4 at four
+/// times it (B200 9 PFLOPS dense). Blackwell Ultra's larger FP4 rate (B300)
+/// is not told apart: it gets B200's ratio.
+const NARROW_RATIOS: &[((i32, i32), NarrowRatios)] = &[
+    ((0, 0), (0.0, 0.0)),
+    ((8, 9), (2.0, 0.0)),
+    ((9, 0), (2.0, 0.0)),
+    ((10, 0), (2.0, 4.0)),
+    ((12, 0), (2.0, 4.0)),
+];
+
+/// The dense FP8 and FP4 rates of a GPU of this capability whose FP16 rate
+/// is `fp16_tflops`, where its tensor cores have them.
+pub(super) fn estimate_narrow_tflops(
+    major: i32,
+    minor: i32,
+    fp16_tflops: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    let (fp8, fp4) = by_capability(NARROW_RATIOS, major, minor).unwrap_or((0.0, 0.0));
+    let rate = |ratio: f64| fp16_tflops.filter(|_| ratio > 0.0).map(|fp16| fp16 * ratio);
+    (rate(fp8), rate(fp4))
+}
 
 /// FP32 CUDA cores per SM, to turn `nvmlDeviceGetNumGpuCores` into SMs
 /// (A100: 6912 / 64 = 108; H100 SXM: 16896 / 128 = 132). Same lookup as above.
@@ -187,6 +217,26 @@ mod tests {
 
     fn close(got: f64, want: f64, tolerance: f64) -> bool {
         (got - want).abs() <= tolerance
+    }
+
+    #[test]
+    fn narrow_rates_only_where_the_tensor_cores_have_them() {
+        assert_eq!(estimate_narrow_tflops(8, 0, Some(312.0)), (None, None));
+        assert_eq!(estimate_narrow_tflops(8, 6, Some(150.0)), (None, None));
+        assert_eq!(
+            estimate_narrow_tflops(8, 9, Some(121.0)),
+            (Some(242.0), None)
+        );
+        assert_eq!(
+            estimate_narrow_tflops(9, 0, Some(989.0)),
+            (Some(1978.0), None)
+        );
+        assert_eq!(
+            estimate_narrow_tflops(10, 0, Some(2250.0)),
+            (Some(4500.0), Some(9000.0))
+        );
+        // No FP16 estimate, no narrow one.
+        assert_eq!(estimate_narrow_tflops(9, 0, None), (None, None));
     }
 
     #[test]

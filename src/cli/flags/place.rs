@@ -35,6 +35,11 @@ pub struct PlaceFlags {
     /// `--continuous-min-gain`). Nothing is moved.
     #[arg(long, value_name = "FRACTION", num_args = 0..=1, default_missing_value = "0.2", value_parser = fraction)]
     improve: Option<f64>,
+    /// Plan an instance whose `spec.serving` target no GPUs here meet
+    /// anyway, and show its best plan and curve marked as missing the
+    /// target, instead of refusing it (exit 2 all the same).
+    #[arg(long)]
+    show_missed: bool,
 }
 
 impl PlaceFlags {
@@ -46,6 +51,7 @@ impl PlaceFlags {
             max_steps,
             drain,
             improve,
+            show_missed,
         } = self;
         let args = PlaceArgs {
             instances,
@@ -54,6 +60,7 @@ impl PlaceFlags {
             max_steps,
             drain,
             improve,
+            show_missed,
         };
         match crate::cli::place::run(&args) {
             Ok(report) => {

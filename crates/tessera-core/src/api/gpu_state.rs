@@ -125,6 +125,16 @@ pub struct GpuDevice {
     pub memory_free_bytes: u64,
     /// Estimated dense FP16/BF16 throughput.
     pub fp16_tflops: f64,
+    /// Dense FP8 throughput, on a GPU with FP8 tensor cores (Ada, Hopper,
+    /// Blackwell, MI300 and later). Without it FP8 weights are planned at the
+    /// FP16 figure, and the plan says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_tflops: Option<f64>,
+    /// Dense FP4 throughput, on a GPU with FP4 tensor cores (Blackwell,
+    /// MI350 and later); FP4 weights elsewhere are planned at the FP8 figure,
+    /// or the FP16 one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4_tflops: Option<f64>,
     pub memory_bandwidth_gbps: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature_c: Option<f64>,
@@ -282,6 +292,12 @@ impl NodeGpuState {
                     device.id, device.memory_free_bytes, device.memory_total_bytes
                 )));
             }
+            let low_precision = [
+                ("fp8Tflops", device.fp8_tflops),
+                ("fp4Tflops", device.fp4_tflops),
+            ]
+            .into_iter()
+            .filter_map(|(what, v)| Some((what, v?, MAX_POSSIBLE_TFLOPS)));
             for (what, v, max) in [
                 ("fp16Tflops", device.fp16_tflops, MAX_POSSIBLE_TFLOPS),
                 (
@@ -289,7 +305,10 @@ impl NodeGpuState {
                     device.memory_bandwidth_gbps,
                     MAX_POSSIBLE_GBPS,
                 ),
-            ] {
+            ]
+            .into_iter()
+            .chain(low_precision)
+            {
                 if !(v.is_finite() && v > 0.0 && v <= max) {
                     return Err(GpuStateError::Invalid(format!(
                         "device {} has {what} {}; it must be a positive number of at most {}",
@@ -393,6 +412,8 @@ mod tests {
                 memory_total_bytes: 80 << 30,
                 memory_free_bytes: 79 << 30,
                 fp16_tflops: 989.0,
+                fp8_tflops: None,
+                fp4_tflops: None,
                 memory_bandwidth_gbps: 3350.0,
                 temperature_c: Some(40.0),
                 power_w: None,
@@ -531,6 +552,11 @@ mod tests {
                 "more free memory",
             ),
             (|s| s.devices[0].fp16_tflops = -1.0, "fp16Tflops"),
+            (|s| s.devices[0].fp8_tflops = Some(0.0), "fp8Tflops 0"),
+            (
+                |s| s.devices[0].fp4_tflops = Some(-3.0),
+                "fp4Tflops -3; it must be a positive number",
+            ),
             (|s| s.devices[0].id = " ".into(), "empty id"),
             (|s| s.devices.push(s.devices[0].clone()), "appears twice"),
             (

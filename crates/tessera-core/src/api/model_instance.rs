@@ -233,7 +233,10 @@ pub struct ModelSpec {
     /// Transformer layers; the unit a pipeline is split by.
     #[schemars(range(min = LAYERS.min, max = LAYERS.max))]
     pub layers: u32,
-    /// Weight data type; sets the bytes per parameter.
+    /// Weight data type; sets the bytes per parameter, and the tensor rate
+    /// the matrix multiplications run at: fp8 and fp4 at the GPU's FP8 and
+    /// FP4 rates where it has them (else widened to one it has), the integer
+    /// formats dequantised to 16 bits.
     #[serde(default)]
     pub dtype: DType,
     /// Hidden size, used for the activation transfer between stages. Estimated
@@ -295,6 +298,7 @@ pub enum DType {
     Fp8,
     Int8,
     Int4,
+    Fp4,
 }
 
 impl DType {
@@ -303,7 +307,7 @@ impl DType {
             DType::Fp32 => 4.0,
             DType::Bf16 | DType::Fp16 => 2.0,
             DType::Fp8 | DType::Int8 => 1.0,
-            DType::Int4 => 0.5,
+            DType::Int4 | DType::Fp4 => 0.5,
         }
     }
 }
@@ -1618,6 +1622,7 @@ model:
         let h = s.model.effective_hidden_size();
         assert!((4000.0..5000.0).contains(&h), "{h}");
         assert_eq!(DType::Int4.bytes_per_parameter(), 0.5);
+        assert_eq!(DType::Fp4.bytes_per_parameter(), 0.5);
     }
 
     #[test]

@@ -91,6 +91,8 @@ mod tests {
             memory_total_bytes: 80 << 30,
             memory_free_bytes: 70 << 30,
             fp16_tflops: 989.0,
+            fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: 3350.0,
             temperature_c: Some(40.0),
             power_w: Some(300.0),

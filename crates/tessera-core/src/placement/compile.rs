@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use super::evaluate::{PreparedProblem, scored_temperature};
 use super::hops::Place;
-use super::problem::Interconnect;
+use super::problem::{Device, Interconnect};
 
 pub(crate) struct CNode {
     /// Index into `Problem::nodes`.
@@ -140,6 +140,13 @@ impl<'a> Names<'a> {
     }
 }
 
+/// The rate the problem's matrix multiplications run at on `device`.
+fn compute_tflops(ctx: &PreparedProblem<'_>, device: &Device) -> f64 {
+    device
+        .tensor_rates()
+        .compute_tflops(ctx.problem.model.precision)
+}
+
 fn same_bits(first: f64, second: f64) -> bool {
     first.to_bits() == second.to_bits()
 }
@@ -157,6 +164,10 @@ fn twins(
         && first_device.memory_total_bytes == second_device.memory_total_bytes
         && first_device.memory_free_bytes == second_device.memory_free_bytes
         && same_bits(first_device.fp16_tflops, second_device.fp16_tflops)
+        && same_bits(
+            compute_tflops(ctx, first_device),
+            compute_tflops(ctx, second_device),
+        )
         && same_bits(
             first_device.memory_bandwidth_gbps,
             second_device.memory_bandwidth_gbps,
@@ -193,7 +204,7 @@ fn twin_classes(ctx: &PreparedProblem, node: usize, eligible: &[usize]) -> Vec<V
 
 /// A twin class as a comparable value: size, vendor, product, and the numbers
 /// the score reads (memory, throughput, bandwidth, sharing bits; temperature bits).
-type ClassKey<'a> = (usize, &'a str, &'a str, [u64; 5], Option<u64>);
+type ClassKey<'a> = (usize, &'a str, &'a str, [u64; 6], Option<u64>);
 
 /// Everything that makes two nodes interchangeable.
 #[derive(PartialEq, Eq, Hash)]
@@ -237,6 +248,7 @@ fn node_key<'a>(ctx: &'a PreparedProblem, node: usize, classes: &[Vec<usize>]) -
                         device.memory_total_bytes,
                         device.memory_free_bytes,
                         device.fp16_tflops.to_bits(),
+                        compute_tflops(ctx, device).to_bits(),
                         device.memory_bandwidth_gbps.to_bits(),
                         ctx.device_sharing(node, class[0]).to_bits(),
                     ],

@@ -285,7 +285,7 @@ impl<'p> PreparedProblem<'p> {
         let mut group: Option<GroupSpeed> = None;
         for &device in devices {
             let gpu = self.device(node, device);
-            let mut speed = GroupSpeed::of(gpu);
+            let mut speed = GroupSpeed::of(gpu, self.problem.model.precision);
             if contended {
                 speed = speed.split(gpu.tenants() + 1);
             }
@@ -649,7 +649,7 @@ impl<'p> SpeedCeiling<'p> {
                 {
                     any = true;
                     most_free = most_free.max(device.memory_free_bytes as f64);
-                    let speed = GroupSpeed::of(device);
+                    let speed = GroupSpeed::of(device, problem.model.precision);
                     best = Some(best.map_or(speed, |best| best.fastest(speed)));
                 }
             }
@@ -730,6 +730,7 @@ fn performance(layer_times: &[LayerTime], layers: &[u32], transfer_ms: Vec<f64>)
         stage_ms,
         transfer_ms,
         token_time,
+        widened: Vec::new(),
     }
 }
 
@@ -813,8 +814,13 @@ fn exclusion(
     if !device.healthy {
         return Some(Exclusion::Unhealthy(device.health_reason.clone()));
     }
+    let narrow_ok = [device.fp8_tflops, device.fp4_tflops]
+        .into_iter()
+        .flatten()
+        .all(|rate| rate.is_finite() && rate > 0.0);
     if !(device.fp16_tflops.is_finite()
         && device.fp16_tflops > 0.0
+        && narrow_ok
         && device.memory_bandwidth_gbps.is_finite()
         && device.memory_bandwidth_gbps > 0.0)
     {
@@ -881,7 +887,9 @@ pub fn evaluate(problem: &Problem, stages: &[StageChoice]) -> Result<Plan, Strin
             .collect::<Result<Vec<_>, _>>()?;
         groups.push((node, devs));
     }
-    ctx.evaluate(&groups)
+    let mut plan = ctx.evaluate(&groups)?;
+    plan.performance.widened = super::widened::widened(problem, &plan);
+    Ok(plan)
 }
 
 #[cfg(test)]

@@ -21,18 +21,21 @@ mod hops;
 mod leaf;
 mod links;
 mod plan;
+mod precision;
 mod problem;
 mod search;
 mod share_sizing;
 pub(crate) mod speed;
 mod split;
 mod strategy_score;
+mod widened;
 
 pub use evaluate::{StageChoice, evaluate};
 pub use exhaustive::best_by_enumeration;
 pub use plan::{
     Performance, Plan, Score, StageParts, StagePlan, StageShare, TokenTime, Unsatisfiable,
 };
+pub use precision::{Precision, TensorRates};
 pub use problem::{
     Deadline, Device, DeviceShare, Interconnect, Link, ModelShape, NodeState, Optimize, Problem,
     Selector, Served, SolveOptions, SpeedGoal, Stages, Strategy, Weights,
@@ -53,7 +56,17 @@ pub(crate) fn solve_sized(
     let ctx = evaluate::PreparedProblem::sized(problem, tensor);
     let start = greedy::start(&ctx)?;
     let compiled = compile::Compiled::new(ctx, start.stages);
-    Ok(search::run(&compiled, options, start.plan))
+    Ok(said_widened(
+        problem,
+        search::run(&compiled, options, start.plan),
+    ))
+}
+
+/// The plan with the formats its weights were widened to, where they were
+/// (worked out once per answer, not per candidate).
+fn said_widened(problem: &Problem, mut plan: Plan) -> Plan {
+    plan.performance.widened = widened::widened(problem, &plan);
+    plan
 }
 
 /// The greedy answer alone: what `solve` starts from, and what it returns when
@@ -61,7 +74,7 @@ pub(crate) fn solve_sized(
 pub fn solve_greedy(problem: &Problem) -> Result<Plan, Unsatisfiable> {
     explain::check_shape(problem, problem.tensor)?;
     let ctx = evaluate::PreparedProblem::new(problem);
-    Ok(greedy::start(&ctx)?.plan)
+    Ok(said_widened(problem, greedy::start(&ctx)?.plan))
 }
 
 #[cfg(test)]

@@ -104,6 +104,10 @@ pub struct Performance {
     pub transfer_ms: Vec<f64>,
     /// Where a token's time goes, summed over the stages and hops.
     pub token_time: TokenTime,
+    /// FP8 or FP4 weights on a GPU product without a rate for that format:
+    /// the format they run in there instead, once per product.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub widened: Vec<String>,
 }
 
 /// The parts of one token's time through the whole plan, in milliseconds;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::precision::{Precision, TensorRates};
 use crate::api::telemetry::scored_temperature;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -156,6 +157,11 @@ pub struct Device {
     pub memory_total_bytes: u64,
     pub memory_free_bytes: u64,
     pub fp16_tflops: f64,
+    /// Dense FP8 and FP4 rates, where the GPU's tensor cores have them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_tflops: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4_tflops: Option<f64>,
     pub memory_bandwidth_gbps: f64,
     pub temperature_c: Option<f64>,
     pub healthy: bool,
@@ -194,6 +200,14 @@ pub enum DeviceShare {
 }
 
 impl Device {
+    pub fn tensor_rates(&self) -> TensorRates {
+        TensorRates {
+            fp16: self.fp16_tflops,
+            fp8: self.fp8_tflops,
+            fp4: self.fp4_tflops,
+        }
+    }
+
     /// The FP16 TFLOPS the device's clock corresponds to: a partition's are
     /// its GPU's.
     pub(crate) fn clock_tflops(&self) -> f64 {
@@ -288,6 +302,8 @@ pub struct ModelShape {
     pub activation_bytes_per_token: f64,
     /// Floating-point operations one layer spends on one decoded token.
     pub flops_per_layer_token: f64,
+    /// The format those operations run in (from the weights' dtype).
+    pub precision: Precision,
 }
 
 impl ModelShape {
@@ -303,6 +319,7 @@ impl ModelShape {
             // Activations cross stages in 16-bit precision whatever the weight dtype.
             activation_bytes_per_token: model.effective_hidden_size() * 2.0,
             flops_per_layer_token: 2.0 * model.parameters_billions * 1e9 / f64::from(layers.max(1)),
+            precision: Precision::of(model.dtype),
         }
     }
 }

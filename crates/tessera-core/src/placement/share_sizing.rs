@@ -108,7 +108,7 @@ fn exclude(
 /// Predicted tokens/s of the whole model on one device, with every tenant
 /// of its GPU decoding at once.
 fn contended_speed(model: &ModelShape, device: &Device) -> f64 {
-    let speed = GroupSpeed::of(device).split(device.tenants() + 1);
+    let speed = GroupSpeed::of(device, model.precision).split(device.tenants() + 1);
     let seconds = f64::from(model.layers) * layer_time(model, 1, &speed).total();
     if seconds > 0.0 { 1.0 / seconds } else { 0.0 }
 }

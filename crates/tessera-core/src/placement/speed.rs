@@ -6,6 +6,7 @@
 //! models and group sizes; what differs between GPUs comes from what a device
 //! reports (vendor, FP16 TFLOPS, memory bandwidth) and what links it reports.
 
+use super::precision::Precision;
 use super::problem::{Device, Interconnect, ModelShape};
 
 /// Share of datasheet FP16 TFLOPS a decode step reaches. Single-stream decode
@@ -84,7 +85,8 @@ pub(crate) fn link_gbps(reported: Option<f64>) -> f64 {
 /// worst link.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct GroupSpeed {
-    /// FP16 TFLOPS of the slowest device.
+    /// TFLOPS of the slowest device's matrix multiplications (its FP16
+    /// rate, or a narrow format's in FP16 terms: `precision`).
     pub tflops: f64,
     /// The TFLOPS the latency-bound work scales by: the clock of the whole
     /// GPU, also for a MIG partition with a share of its multiprocessors.
@@ -108,8 +110,9 @@ impl GroupSpeed {
         }
     }
 
-    /// One device's speed, at its GPU's clock.
-    pub(crate) fn of(device: &Device) -> Self {
+    /// One device's speed for matrix multiplications in `precision`, at
+    /// its GPU's clock.
+    pub(crate) fn of(device: &Device, precision: Precision) -> Self {
         Self {
             clock_tflops: device.clock_tflops(),
             ..Self::device(
@@ -118,6 +121,13 @@ impl GroupSpeed {
                 device.memory_bandwidth_gbps,
             )
         }
+        .computing_at(device.tensor_rates().compute_tflops(precision))
+    }
+
+    /// With matrix multiplications at `tflops` (a narrow format's rate in
+    /// FP16 terms); the clock stays the FP16 figure's.
+    pub(crate) fn computing_at(self, tflops: f64) -> Self {
+        Self { tflops, ..self }
     }
 
     /// The speed one of `tenants` decoding at once on the same GPU gets:
@@ -216,6 +226,7 @@ mod tests {
             overhead_bytes_per_device: 0.0,
             activation_bytes_per_token: 8192.0,
             flops_per_layer_token: 2.0 * params_billions * 1e9 / f64::from(layers),
+            precision: crate::placement::Precision::Fp16,
         }
     }
 

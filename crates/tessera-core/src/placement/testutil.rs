@@ -3,6 +3,7 @@
 use super::problem::*;
 use crate::api::GIB;
 
+#[derive(Clone, Copy)]
 pub(crate) struct Kind {
     pub product: &'static str,
     pub vendor: &'static str,
@@ -56,6 +57,8 @@ pub(crate) fn node(name: &str, count: u32, kind: Kind) -> NodeState {
             memory_total_bytes: (kind.memory_gib * GIB) as u64,
             memory_free_bytes: (kind.memory_gib * GIB) as u64,
             fp16_tflops: kind.tflops,
+            fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: kind.bandwidth,
             temperature_c: Some(40.0),
             healthy: true,
@@ -116,6 +119,7 @@ pub(crate) fn problem(
             overhead_bytes_per_device: GIB,
             activation_bytes_per_token: hidden * 2.0,
             flops_per_layer_token: 2.0 * params / f64::from(layers),
+            precision: crate::placement::Precision::Fp16,
         },
         tensor,
         stages,

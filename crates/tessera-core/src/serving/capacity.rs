@@ -316,6 +316,7 @@ mod tests {
             let gpu = GpuFigures {
                 vendor: "nvidia".into(),
                 fp16_tflops: tflops,
+                fp4_tflops: None,
                 fp8_tflops: None,
                 memory_bandwidth_gbps: bandwidth,
                 memory_bytes: memory_gib * GIB,

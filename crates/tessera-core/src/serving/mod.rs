@@ -33,7 +33,7 @@ mod step_time;
 use serde::{Deserialize, Serialize};
 
 use crate::api::ModelSpec;
-use crate::placement::Interconnect;
+use crate::placement::{Interconnect, TensorRates};
 
 pub use capacity::requests_in_flight;
 pub use capacity::{AtTarget, Capacity, CurvePoint, TargetMiss};
@@ -55,10 +55,23 @@ pub struct GpuFigures {
     /// multiplications (A100 and older), which then run at FP16 speed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_tflops: Option<f64>,
+    /// Dense FP4 TFLOPS on a GPU with FP4 tensor cores (B200, MI355X).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp4_tflops: Option<f64>,
     /// Memory bandwidth, GB/s.
     pub memory_bandwidth_gbps: f64,
     /// Memory of one device, bytes.
     pub memory_bytes: f64,
+}
+
+impl GpuFigures {
+    pub fn tensor_rates(&self) -> TensorRates {
+        TensorRates {
+            fp16: self.fp16_tflops,
+            fp8: self.fp8_tflops,
+            fp4: self.fp4_tflops,
+        }
+    }
 }
 
 /// The worst link inside a tensor group, as the solver reads it: an
@@ -330,12 +343,12 @@ fn validate(input: &ServingInput) -> Result<(), Refusal> {
                 ));
             }
         }
-        if let Some(fp8) = gpu.fp8_tflops
-            && !positive(fp8)
-        {
-            return invalid(format!(
-                "stage {index}: fp8Tflops must be above 0, not {fp8}"
-            ));
+        for (name, rate) in [("fp8Tflops", gpu.fp8_tflops), ("fp4Tflops", gpu.fp4_tflops)] {
+            if let Some(rate) = rate
+                && !positive(rate)
+            {
+                return invalid(format!("stage {index}: {name} must be above 0, not {rate}"));
+            }
         }
     }
     if plan.stages.len() > 1
@@ -409,6 +422,7 @@ pub(crate) mod testutil {
         GpuFigures {
             vendor: "nvidia".into(),
             fp16_tflops: 989.0,
+            fp4_tflops: None,
             fp8_tflops: Some(1979.0),
             memory_bandwidth_gbps: 3350.0,
             memory_bytes: 80.0 * GIB,
@@ -510,6 +524,7 @@ mod tests {
         case(&|input| input.plan.stages[0].gpu.fp16_tflops = 0.0);
         case(&|input| input.plan.stages[0].gpu.fp16_tflops = f64::NAN);
         case(&|input| input.plan.stages[0].gpu.fp8_tflops = Some(f64::NAN));
+        case(&|input| input.plan.stages[0].gpu.fp4_tflops = Some(-1.0));
         case(&|input| input.plan.stages[0].gpu.memory_bandwidth_gbps = -1.0);
         case(&|input| input.plan.stages[0].gpu.memory_bytes = f64::INFINITY);
         case(&|input| input.model.spec.parameters_billions = f64::NAN);

@@ -48,7 +48,7 @@ pub(super) enum MemoryRule {
 
 impl Runtime {
     /// Share of the datasheet compute (FP16, or FP8 as
-    /// `step_time::FP8_PEAK_SHARE` says) that batched GEMMs, prefill
+    /// `placement::precision::NARROW_PEAK_SHARE` says) that batched GEMMs, prefill
     /// included, reach under this runtime. Calibrated:
     ///
     /// - TensorRT-LLM 0.72: its 0.17 offline figures of Llama-3.1-8B in FP16

@@ -32,19 +32,9 @@
 //! finishing ride along and lengthen its time per token.
 
 use super::kv_cache::Attention;
-use super::{GpuFigures, ServingInput, ServingPoint};
-use crate::api::DType;
+use super::{ServingInput, ServingPoint};
 use crate::placement::ModelShape;
 use crate::placement::speed::{GroupSpeed, layer_time, link_gbps};
-
-/// Share of the datasheet FP8 TFLOPS FP8 kernels reach, relative to the share
-/// FP16 kernels reach of theirs: FP8 doubles the tensor-core rate, not the
-/// norms, rotary embeddings, activations and (de)quantisation around the
-/// matrix multiplications. 0.7 (1.4× the FP16 rate on H100) puts TensorRT-LLM's
-/// compute-bound FP8 figures (Llama-3.1-8B and 70B at 128/128 on H100 and
-/// H200) within 16% with the efficiency its FP16 A100 figures set; 0.6 would
-/// put them 14-27% slow.
-pub(super) const FP8_PEAK_SHARE: f64 = 0.7;
 
 /// Share of a tensor link's reported GB/s a batch's all-reduces move
 /// activations at. The reported figure is both directions together (900 GB/s
@@ -54,16 +44,6 @@ pub(super) const FP8_PEAK_SHARE: f64 = 0.7;
 /// carry thousands of tokens, go from 25-55% fast (at the full figure) to
 /// within 16%, while TP1 and TP2 move by a few percent.
 const ALL_REDUCE_BANDWIDTH_SHARE: f64 = 0.3;
-
-/// The TFLOPS a runtime's batched matrix multiplications of `dtype` weights
-/// reach on `gpu`.
-fn batch_tflops(gpu: &GpuFigures, dtype: DType, efficiency: f64) -> f64 {
-    let peak = match (dtype, gpu.fp8_tflops) {
-        (DType::Fp8, Some(fp8)) => gpu.fp16_tflops.max(fp8 * FP8_PEAK_SHARE),
-        _ => gpu.fp16_tflops,
-    };
-    peak * efficiency
-}
 
 /// One stage's costs for all its layers, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -159,15 +139,17 @@ impl StepModel {
             .zip(layers)
             .map(|(stage, &count)| {
                 let gpu = &stage.gpu;
+                let compute = gpu.tensor_rates().compute_tflops(shape.precision);
                 let mut group =
-                    GroupSpeed::device(&gpu.vendor, gpu.fp16_tflops, gpu.memory_bandwidth_gbps);
+                    GroupSpeed::device(&gpu.vendor, gpu.fp16_tflops, gpu.memory_bandwidth_gbps)
+                        .computing_at(compute);
                 if tensor > 1 {
                     group = group.with_link(link_gbps(stage.link.gbps), stage.link.kind);
                 }
                 let layer = layer_time(&shape, tensor, &group);
                 let latency_only = layer_time(&no_activations, tensor, &group).all_reduce;
                 let count = f64::from(count);
-                let flops_per_second = size * batch_tflops(gpu, spec.dtype, efficiency) * 1e12;
+                let flops_per_second = size * compute * efficiency * 1e12;
                 StageCost {
                     single: layer.total() * count,
                     weights: layer.weights * count,
@@ -275,12 +257,13 @@ mod tests {
     use super::super::testutil::*;
     use super::super::{GpuFigures, Hop, Replica, Runtime, Stage};
     use super::*;
-    use crate::api::GIB;
+    use crate::api::{DType, GIB};
 
     fn a100() -> GpuFigures {
         GpuFigures {
             vendor: "nvidia".into(),
             fp16_tflops: 312.0,
+            fp4_tflops: None,
             fp8_tflops: None,
             memory_bandwidth_gbps: 2039.0,
             memory_bytes: 80.0 * GIB,
@@ -352,11 +335,17 @@ mod tests {
     }
 
     #[test]
-    fn fp8_weights_compute_at_fp16_speed_without_fp8_tensor_cores() {
-        let with = batch_tflops(&h100(), DType::Fp8, 1.0);
-        assert!((with - 1979.0 * FP8_PEAK_SHARE).abs() < 1e-9);
-        assert_eq!(batch_tflops(&h100(), DType::Bf16, 1.0), 989.0);
-        assert_eq!(batch_tflops(&a100(), DType::Fp8, 1.0), 312.0);
+    fn fp8_weights_compute_faster_only_where_the_gpu_has_fp8() {
+        let on_fp8 = input(h100(), 1, llama("8b", DType::Fp8), Runtime::Vllm);
+        let mut widened = on_fp8.clone();
+        widened.plan.stages[0].gpu.fp8_tflops = None;
+        let on_fp8 = Replica::new(&on_fp8).expect("fits");
+        let widened = Replica::new(&widened).expect("fits");
+        // Prefill is compute-bound: the FP8 rate shortens it.
+        assert!(on_fp8.at(1).ttft_ms < 0.8 * widened.at(1).ttft_ms);
+        let bf16 =
+            Replica::new(&input(h100(), 1, llama("8b", DType::Bf16), Runtime::Vllm)).expect("fits");
+        assert!(on_fp8.at(1).ttft_ms < bf16.at(1).ttft_ms);
     }
 
     #[test]

@@ -24,6 +24,14 @@ pub(crate) struct CapacityCeiling {
     on_memory_share: bool,
 }
 
+/// The higher of two narrow-format rates, where either GPU has one.
+fn highest(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 impl CapacityCeiling {
     /// The ceiling of the problem's eligible devices, of one `kind` (product)
     /// alone when given.
@@ -38,10 +46,13 @@ impl CapacityCeiling {
                 vendor: device.vendor.clone(),
                 fp16_tflops: 0.0,
                 fp8_tflops: None,
+                fp4_tflops: None,
                 memory_bandwidth_gbps: 0.0,
                 memory_bytes: 0.0,
             });
             figures.fp16_tflops = figures.fp16_tflops.max(device.fp16_tflops);
+            figures.fp8_tflops = highest(figures.fp8_tflops, device.fp8_tflops);
+            figures.fp4_tflops = highest(figures.fp4_tflops, device.fp4_tflops);
             figures.memory_bandwidth_gbps = figures
                 .memory_bandwidth_gbps
                 .max(device.memory_bandwidth_gbps);

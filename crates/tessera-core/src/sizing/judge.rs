@@ -195,6 +195,8 @@ mod tests {
                 memory_total_bytes: gib << 30,
                 memory_free_bytes: gib << 30,
                 fp16_tflops: tflops,
+                fp8_tflops: None,
+                fp4_tflops: None,
                 memory_bandwidth_gbps: bandwidth,
                 temperature_c: Some(40.0),
                 power_w: None,

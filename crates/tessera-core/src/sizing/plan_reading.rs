@@ -119,7 +119,8 @@ fn stage_of(problem: &Problem, stage: &StagePlan) -> Result<(Stage, f64), String
         let figures = GpuFigures {
             vendor: device.vendor.clone(),
             fp16_tflops: device.fp16_tflops * part,
-            fp8_tflops: None,
+            fp8_tflops: device.fp8_tflops.map(|rate| rate * part),
+            fp4_tflops: device.fp4_tflops.map(|rate| rate * part),
             memory_bandwidth_gbps: device.memory_bandwidth_gbps * part,
             memory_bytes: memory,
         };
@@ -128,7 +129,15 @@ fn stage_of(problem: &Problem, stage: &StagePlan) -> Result<(Stage, f64), String
             Some(slowest) => GpuFigures {
                 vendor: slowest.vendor,
                 fp16_tflops: slowest.fp16_tflops.min(figures.fp16_tflops),
-                fp8_tflops: None,
+                // A group runs a narrow format only where all its GPUs can.
+                fp8_tflops: slowest
+                    .fp8_tflops
+                    .zip(figures.fp8_tflops)
+                    .map(|(a, b)| a.min(b)),
+                fp4_tflops: slowest
+                    .fp4_tflops
+                    .zip(figures.fp4_tflops)
+                    .map(|(a, b)| a.min(b)),
                 memory_bandwidth_gbps: slowest
                     .memory_bandwidth_gbps
                     .min(figures.memory_bandwidth_gbps),

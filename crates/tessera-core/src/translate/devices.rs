@@ -66,6 +66,8 @@ fn whole(gpu: &GpuDevice) -> Device {
         memory_total_bytes: gpu.memory_total_bytes,
         memory_free_bytes: planned_free_memory(gpu.memory_free_bytes),
         fp16_tflops: gpu.fp16_tflops,
+        fp8_tflops: gpu.fp8_tflops,
+        fp4_tflops: gpu.fp4_tflops,
         memory_bandwidth_gbps: gpu.memory_bandwidth_gbps,
         temperature_c: gpu.temperature_c,
         // A vendor this build does not know has no runtime we can hand out.
@@ -93,6 +95,8 @@ fn partition_device(gpu: &GpuDevice, mig: &MigState, partition: &GpuPartition) -
         memory_total_bytes: partition.memory_total_bytes,
         memory_free_bytes: planned_free_memory(partition.memory_total_bytes),
         fp16_tflops: gpu.fp16_tflops * compute,
+        fp8_tflops: gpu.fp8_tflops.map(|rate| rate * compute),
+        fp4_tflops: gpu.fp4_tflops.map(|rate| rate * compute),
         memory_bandwidth_gbps: gpu.memory_bandwidth_gbps * bandwidth,
         not_whole: None,
         share: Some(DeviceShare::Partition {

@@ -294,6 +294,8 @@ mod tests {
             memory_total_bytes: 80 << 30,
             memory_free_bytes: (79 << 30) + 12345,
             fp16_tflops: 100.0,
+            fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: 1000.0,
             temperature_c: Some(41.4),
             power_w: None,
