@@ -22,7 +22,7 @@ fn model(name: &str, tensor: u32) -> ModelInstance {
     serde_json::from_value(json!({
         "apiVersion": "tessera.dev/v1alpha1",
         "kind": "ModelInstance",
-        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"), "generation": 1},
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"), "generation": 1, "resourceVersion": "1"},
         "spec": {
             "model": {"name": name, "parametersBillions": 7, "layers": 32, "kvCacheGiB": 2},
             "parallelism": {"tensor": tensor, "pipeline": 1},
@@ -223,6 +223,39 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
     assert_eq!(kind, "Normal");
     assert!(note.contains("from a [a-g0] to b [b-g0]"), "{note}");
     assert!(created_pods(&calls).is_empty() && deleted(&calls).is_empty());
+}
+
+#[tokio::test]
+async fn a_reconcile_on_a_cache_that_lacks_the_move_just_written_keeps_it() {
+    let small = small_with(shard("a", "a-g0", 0), Vec::new());
+    let old_pod = ready_pod(&small, &shard("a", "a-g0", 0));
+    let (ctx, mut api) = on_two_nodes(vec![old_pod], vec![small.clone(), model("big", 2)]);
+    serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(model("big", 2)), ctx.clone())),
+    )
+    .await;
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(small.clone()), ctx.clone())),
+    )
+    .await;
+    assert_eq!(written_status(&calls).moves.len(), 1, "{calls:?}");
+
+    // Another object's event wakes small before the watch brings that
+    // write back: the cache still shows small as it was.
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    // The move stands: its new copy starts, nothing of the old one goes, and
+    // no status write takes the move back (which would give its devices to
+    // the next instance planned).
+    let created = created_pods(&calls);
+    assert_eq!(created.len(), 1, "{calls:?}");
+    assert_eq!(created[0]["metadata"]["name"], "small-m-shard-0");
+    assert!(deleted(&calls).is_empty() && posted(&calls, "/eviction").is_empty());
+    let status = written_status(&calls);
+    assert_eq!(status.moves.len(), 1, "{:?}", status.moves);
+    assert_eq!(status.moves[0].phase, MovePhase::Surging);
+    assert_eq!(status.plan, vec![shard("a", "a-g0", 0)]);
 }
 
 #[tokio::test]

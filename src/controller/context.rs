@@ -20,6 +20,7 @@ use super::moves::book::MoveBook;
 use super::node_cache::CachedNode;
 use super::node_gate::NodeGate;
 use super::settings::Settings;
+use super::written::WrittenStatuses;
 use tessera_core::api::ModelInstance;
 use tessera_core::placement::Unsatisfiable;
 
@@ -53,6 +54,8 @@ pub struct Context {
     pub(crate) event_log: EventLog,
     /// Moves handed on and not yet recorded, and those backing off.
     pub(crate) moves: MoveBook,
+    /// Statuses written here that the cache may not show yet.
+    pub(crate) written: WrittenStatuses,
 }
 
 impl Context {
@@ -75,6 +78,7 @@ impl Context {
             node_gate: NodeGate::default(),
             event_log: EventLog::default(),
             moves: MoveBook::default(),
+            written: WrittenStatuses::default(),
         }
     }
 }

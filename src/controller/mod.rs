@@ -7,6 +7,7 @@
 //! (its `write`), then `events` and `requeue`. Each stage is handed the
 //! `context`; `reconcile` calls them in that order and nothing else does; `moves`
 //! carries out moves that make room, make before break; `hashes` holds every hash they compare;
+//! `written` keeps each status a reconcile wrote until the cache shows it;
 //! `tessera_core::translate` (shared with `tessera place`) turns Kubernetes objects
 //! into the solver's problem; `run` wires caches (`synced`, `triggers`, `room_wakes`), leader election
 //! and the HTTP endpoints.
@@ -46,6 +47,7 @@ mod synced;
 mod triggers;
 pub mod validate;
 mod watch_errors;
+mod written;
 
 #[cfg(test)]
 pub(crate) mod testkit;

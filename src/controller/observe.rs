@@ -71,6 +71,7 @@ pub(crate) fn held_by_others(
         .filter_map(|i| i.metadata.uid.as_deref())
         .collect();
     claims.retain(|claimed, _| live.contains(claimed.as_str()));
+    ctx.written.retain_live(|uid| live.contains(uid));
     held_except(ctx, &instance.uid, &instances, claims, observed)
 }
 

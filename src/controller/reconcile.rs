@@ -73,7 +73,9 @@ pub(crate) fn error_policy(mi: Arc<ModelInstance>, error: &Error, ctx: Arc<Conte
     Action::requeue(delay)
 }
 
-async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_inner(read: &ModelInstance, ctx: &Context) -> Result<Action, Error> {
+    let newest = ctx.written.newest(read);
+    let mi = newest.as_ref();
     let instance = Instance::of(mi)?;
     let now = Timestamp::now();
     let mut notes = Vec::new();
@@ -123,8 +125,11 @@ async fn reconcile_inner(mi: &ModelInstance, ctx: &Context) -> Result<Action, Er
     .await;
     let written = match &applied {
         Ok(applied) => status::write_status(mi, ctx, &instance, &decided, applied, now).await,
-        Err(_) => Ok(()),
+        Err(_) => Ok(None),
     };
+    if let Ok(Some(status)) = &written {
+        ctx.written.wrote(mi, status.clone());
+    }
     // What was done stays done when a later write fails (a pod bound, then
     // the status refused), and is told now: the retry finds nothing to do.
     events::publish(&ctx.recorder, mi, &notes).await;

@@ -9,9 +9,10 @@ use crate::controller::context::{Context, Error, Instance};
 use crate::controller::decide::stage::Decided;
 use crate::controller::desired::INSTANCE_LABEL;
 use k8s_openapi::jiff::Timestamp;
-use tessera_core::api::ModelInstance;
+use tessera_core::api::{ModelInstance, ModelInstanceStatus};
 
-/// The status stage: computed from the replicas' outcomes and shard states.
+/// The status stage: computed from the replicas' outcomes and shard states,
+/// and written where it changed. The status written, if it was.
 pub(crate) async fn write_status(
     mi: &ModelInstance,
     ctx: &Context,
@@ -19,7 +20,7 @@ pub(crate) async fn write_status(
     decided: &Decided,
     applied: &Applied,
     now: Timestamp,
-) -> Result<(), Error> {
+) -> Result<Option<ModelInstanceStatus>, Error> {
     let replicas: Vec<ReplicaStatus> = decided
         .replicas
         .iter()
@@ -61,6 +62,6 @@ pub(crate) async fn write_status(
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);
-    crate::controller::apply::status(&api, mi, &new_status).await?;
-    Ok(())
+    let written = crate::controller::apply::status(&api, mi, &new_status).await?;
+    Ok(written.then_some(new_status))
 }
