@@ -287,10 +287,11 @@ fn demand_lines(scenario: &str, nodes: &[ClusterNode], seed: u64) -> Vec<String>
         std::cmp::Ordering::Equal => "a tie",
         std::cmp::Ordering::Less => "the user first",
     };
+    let tag = format!("cluster/{scenario}");
     vec![
-        tessera.line(&scenario, Placer::Tessera),
-        whole.line(&scenario, Placer::TesseraWholeGpus),
-        user.line(&scenario, Placer::CarefulUser),
+        tessera.line(&tag, Placer::Tessera.name()),
+        whole.line(&tag, Placer::TesseraWholeGpus.name()),
+        user.line(&tag, Placer::CarefulUser.name()),
         format!(
             "REPORT cluster/{scenario} demand tessera vs careful user: the objective's order: {verdict}; every demand tessera accepts met ({} short: {}), demands met {} vs {} (target >=: {}), GPUs per PFLOP/s of demand met x{ratio:.2} (target <= {DEMAND_GPU_TARGET}: {}); on whole GPUs x{whole_ratio:.2}",
             tessera.short,

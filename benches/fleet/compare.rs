@@ -1,7 +1,9 @@
 //! tessera against kube-scheduler with DRA on the same simulated nodes and
-//! ResourceSlices: the cluster benchmark's seeded arrivals and deletions are
-//! replayed once per placer, as ModelInstances for tessera's controller or
-//! as a user would write them for kube-scheduler (`user_pods`), then a burst
+//! ResourceSlices: the cluster benchmark's seeded arrivals and deletions,
+//! each with its seeded demand (`support::demands`), are replayed once per
+//! placer, as ModelInstances sized to the demand by tessera's controller or
+//! as a careful user writes them for kube-scheduler (`demands::user_sizing`,
+//! `user_pods`), then a burst
 //! of 405B-class arrivals tests the room left for large models, which
 //! tessera's controller makes by moving running replicas (make before
 //! break; `tessera-no-moves` runs it with moves off, `tessera-continuous`
@@ -9,9 +11,10 @@
 //! replica either placer bound is judged by the same calls
 //! (`translate::evaluate_placed`, then the serving model at the instance's
 //! target) on the nodes as published: what it serves there, nothing where it
-//! cannot meet the target.
+//! cannot meet the target; each instance then by the cluster objective
+//! (`tessera::objective`): its demand met or not, the GPUs it holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -32,9 +35,12 @@ use crate::nodes::{RUN_LABEL, TAINT_KEY};
 use crate::options::Placer;
 use crate::support::arrivals::{Arrival, Event, MODEL_405B, describe, sequence};
 use crate::support::at_target;
+use crate::support::demand_replay::DemandOutcome;
+use crate::support::demands::{demands, tessera_spec, user_sizing};
 use crate::support::user_claims::user_shards;
 use crate::user_pods::UserPods;
 use crate::workload::{self, ControllerProcess};
+use tessera::objective::{InstanceStanding, TFLOP, work_per_request};
 
 /// Large models in the burst after the sequence.
 const BURST: usize = 16;
@@ -81,18 +87,18 @@ enum Side {
 
 impl Side {
     /// Creates one arrival's replicas and waits until each is bound or
-    /// refused: per replica, how long it took to be bound; and the shards a
-    /// replica has where the user fixed them (tessera plans them whole).
-    /// With `room`, a tessera arrival refused waits while moves make room
-    /// for it.
+    /// refused: per replica wanted, how long it took to be bound; and the
+    /// shards a replica has where the user fixed them (tessera plans them
+    /// whole). With `room`, a tessera arrival refused waits while moves
+    /// make room for it.
     async fn place(
         &self,
         bench: &Bench<'_>,
         (name, spec): (&str, &ModelInstanceSpec),
-        replicas: u32,
         room: bool,
     ) -> (Option<usize>, Vec<Option<Duration>>) {
         let created = Instant::now();
+        let replicas = spec.fixed_replicas().unwrap_or(1);
         let refused = vec![None; replicas as usize];
         match self {
             Side::Tessera {
@@ -109,7 +115,7 @@ impl Side {
                 }
                 (
                     None,
-                    tessera_settled(api, bench.bindings, name, replicas, created).await,
+                    tessera_settled(api, bench.bindings, (name, spec), created).await,
                 )
             }
             Side::Users { pods, .. } => {
@@ -210,15 +216,17 @@ impl Side {
 }
 
 /// Waits for tessera's decision on every replica (the status of this
-/// generation), then for the planned replicas' pods to be bound.
+/// generation), then for the planned replicas' pods to be bound. An
+/// instance sized to its demand wants the replicas planned, and one more
+/// while its demand is not met.
 async fn tessera_settled(
     api: &Api<ModelInstance>,
     bindings: &Bindings,
-    name: &str,
-    replicas: u32,
+    (name, spec): (&str, &ModelInstanceSpec),
     created: Instant,
 ) -> Vec<Option<Duration>> {
     let mut planned: Option<BTreeMap<u32, usize>> = None;
+    let mut short = false;
     while planned.is_none() && created.elapsed() < SETTLE {
         if let Ok(mi) = api.get(name).await
             && let Some(status) = &mi.status
@@ -229,11 +237,19 @@ async fn tessera_settled(
             for shard in &status.plan {
                 *shards.entry(shard.replica).or_insert(0) += 1;
             }
+            short = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "DemandMet" && c.status == "False");
             planned = Some(shards);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let planned = planned.unwrap_or_default();
+    let replicas = spec
+        .fixed_replicas()
+        .unwrap_or(planned.len() as u32 + u32::from(short))
+        .max(1);
     let mut out = Vec::new();
     for replica in 0..replicas {
         let Some(&shards) = planned.get(&replica) else {
@@ -367,11 +383,10 @@ struct Replica {
     placed: bool,
 }
 
-impl Replica {
-    /// Some of its shards are bound and others are not: GPUs held for nothing.
-    fn partial(&self, bound: usize) -> bool {
-        bound > 0 && self.expected.is_some_and(|shards| bound < shards)
-    }
+/// Some of a replica's `expected` shards are bound and others are not: GPUs
+/// held for nothing.
+fn partial(expected: Option<usize>, bound: usize) -> bool {
+    bound > 0 && expected.is_some_and(|shards| bound < shards)
 }
 
 /// The moves counted up to a point of a tessera run.
@@ -450,21 +465,40 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         },
     };
     let events = sequence(bench.events, bench.seed);
+    let demands = demands(&events, bench.seed);
     eprintln!("{scenario}: {}", describe(&events));
+    // The user sizes replicas by the hardware, every GPU free.
+    let nominal = nominal_nodes(bench.client, bench.run).await;
     let cpu_before = side.cpu_seconds();
     let mut figures = Figures::default();
     let mut replicas: Vec<Replica> = Vec::new();
-    let mut specs: HashMap<String, ModelInstanceSpec> = HashMap::new();
+    let mut instances: HashMap<String, Instance> = HashMap::new();
     let mut live: Vec<String> = Vec::new();
     let mut partial = PartialClock::new();
     for (step, event) in events.iter().enumerate() {
         match event {
             Event::Arrive(arrival) => {
+                let Some(demand) = demands.get(&arrival.id) else {
+                    continue;
+                };
                 let name = format!("a{:03}-{}", arrival.id, arrival.class.to_lowercase());
-                let spec = arrival_spec(arrival, bench.run);
-                let (expected, results) = side
-                    .place(bench, (&name, &spec), arrival.replicas, false)
-                    .await;
+                let asked = confined(
+                    serde_json::to_value(tessera_spec(arrival, demand)).expect("a spec serializes"),
+                    bench.run,
+                );
+                let spec = match &side {
+                    Side::Tessera { .. } => Some(asked.clone()),
+                    Side::Users { .. } => user_sizing(&asked, &nominal),
+                };
+                live.push(name.clone());
+                let Some(spec) = spec else {
+                    eprintln!("{name}: no size of it meets its target on any GPU here");
+                    figures.asked += 1;
+                    figures.refused_seen = true;
+                    instances.insert(name, Instance::new(arrival.class, asked, 1, None));
+                    continue;
+                };
+                let (expected, results) = side.place(bench, (&name, &spec), false).await;
                 for (replica, result) in results.iter().enumerate() {
                     figures.asked += 1;
                     if let Some(took) = result {
@@ -483,8 +517,8 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
                         placed: result.is_some(),
                     });
                 }
-                specs.insert(name.clone(), spec);
-                live.push(name);
+                let instance = Instance::new(arrival.class, spec, results.len(), expected);
+                instances.insert(name, instance);
             }
             Event::Delete(id) => {
                 if let Some(at) = live
@@ -494,6 +528,7 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
                     let name = live.remove(at);
                     side.delete(&name).await;
                     replicas.retain(|r| r.instance != name);
+                    instances.remove(&name);
                 }
             }
         }
@@ -510,10 +545,9 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
     figures.partial_gpu_seconds = partial.gpu_seconds;
     side.let_moves_end(&scenario).await;
     let cpu = side.cpu_seconds() - cpu_before;
-    let nodes = nominal_nodes(bench.client, bench.run).await;
-    let end = judge(bench.bindings, &replicas, &specs, &nodes);
+    let end = judge(bench.bindings, &replicas, &instances, &nominal);
     println!(
-        "REPORT {scenario} sequence ({} events, seed {:#x}): replicas placed before the first refusal {}, placed {} of {} asked; at the end {} replicas bound in whole ({} of them after waiting) on {} GPUs, predicted at the target: requests/s per GPU {:.3}, output tokens/s per GPU {:.1}, requests/s {:.1} in all; missing the target (serving nothing) {} replicas on {} GPUs; bound but unable to hold their shards {}; partial replicas at the end {} holding {} GPUs ({:.0} GPU-seconds held by partial replicas over the sequence); created to all shards bound {}; placer CPU {:.1} s",
+        "REPORT {scenario} sequence ({} events, seed {:#x}): replicas placed before the first refusal {}, placed {} of {} wanted; at the end {} replicas bound in whole ({} of them after waiting) on {} GPUs; missing the target (serving nothing) {} replicas on {} GPUs; bound but unable to hold their shards {}; partial replicas at the end {} holding {} GPUs ({:.0} GPU-seconds held by partial replicas over the sequence); created to all shards bound {}; placer CPU {:.1} s",
         bench.events,
         bench.seed,
         figures.before_first_refusal,
@@ -522,9 +556,6 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         end.replicas,
         end.late,
         end.gpus,
-        end.per_gpu(end.requests_per_second),
-        end.per_gpu(end.tokens_per_second),
-        end.requests_per_second,
         end.missed,
         end.missed_gpus,
         end.cannot_hold,
@@ -533,6 +564,11 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         figures.partial_gpu_seconds,
         crate::summary(&figures.create_to_bound),
         cpu,
+    );
+    println!(
+        "{}",
+        end.outcome
+            .line(&format!("{scenario} at the end"), placer.name())
     );
     println!(
         "REPORT {scenario} at the end by class and GPU: {}",
@@ -566,8 +602,8 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
             replicas: 1,
         };
         let name = format!("burst-{k:02}");
-        let spec = arrival_spec(&arrival, bench.run);
-        if side.place(bench, (&name, &spec), 1, true).await.1[0].is_some() {
+        let spec = confined(arrival.spec_json(), bench.run);
+        if side.place(bench, (&name, &spec), true).await.1[0].is_some() {
             fitted += 1;
         }
         live.push(name);
@@ -595,10 +631,9 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
     tokio::time::sleep(Duration::from_secs(5)).await;
 }
 
-/// The ModelInstance spec of an arrival, confined to the run's nodes.
-fn arrival_spec(arrival: &Arrival, run: &str) -> ModelInstanceSpec {
-    let mut spec = arrival.spec_json();
-    spec["placement"] = json!({"nodeSelector": {RUN_LABEL: run}});
+/// A ModelInstance spec confined to the run's nodes.
+fn confined(mut spec: serde_json::Value, run: &str) -> ModelInstanceSpec {
+    spec["placement"]["nodeSelector"] = json!({RUN_LABEL: run});
     spec["template"] = json!({"spec": {
         "containers": [{"name": "shard", "image": "busybox:1.37"}],
         "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
@@ -626,7 +661,7 @@ impl PartialClock {
             .iter()
             .filter_map(|r| {
                 let pods = bound.get(&(r.instance.clone(), r.replica))?;
-                r.partial(pods.len()).then(|| gpus(pods))
+                partial(r.expected, pods.len()).then(|| gpus(pods))
             })
             .sum();
         let now = Instant::now();
@@ -635,15 +670,40 @@ impl PartialClock {
     }
 }
 
+/// One instance of the sequence as its placer runs it.
+struct Instance {
+    class: &'static str,
+    /// The spec as created: tessera's sized to the demand, the user's with
+    /// its replicas, sizes and products fixed.
+    spec: ModelInstanceSpec,
+    /// Replicas it wants (tessera: those planned, one more while short).
+    wanted: usize,
+    /// Shards of each replica where the user fixed them.
+    expected: Option<usize>,
+}
+
+impl Instance {
+    fn new(
+        class: &'static str,
+        spec: ModelInstanceSpec,
+        wanted: usize,
+        expected: Option<usize>,
+    ) -> Self {
+        Self {
+            class,
+            spec,
+            wanted,
+            expected,
+        }
+    }
+}
+
 /// The end of the sequence as the serving model sees it: what each replica
-/// bound in whole serves at its target.
+/// bound in whole serves at its target, and each instance by the objective.
 #[derive(Default)]
 struct End {
     replicas: usize,
     gpus: usize,
-    /// Requests/s and output tokens/s at the target, summed over the replicas.
-    requests_per_second: f64,
-    tokens_per_second: f64,
     /// Replicas bound where they cannot meet their target (served nothing),
     /// and their GPUs (counted in `gpus`).
     missed: usize,
@@ -654,16 +714,19 @@ struct End {
     partial_gpus: usize,
     /// Replicas refused when they arrived and bound later (room freed).
     late: usize,
+    /// The instances by the cluster objective.
+    outcome: DemandOutcome,
     /// By model class: replicas, GPUs, requests/s.
     by_class: BTreeMap<String, (usize, usize, f64)>,
-    /// By GPU product: GPUs, their replicas' requests/s split evenly over them.
+    /// By GPU product: GPUs, their replicas' work at the target (FLOP/s)
+    /// split evenly over them.
     by_product: BTreeMap<String, (usize, f64)>,
     /// GPUs by model class and GPU product.
     class_on_product: BTreeMap<String, usize>,
 }
 
 impl End {
-    /// One line: per class and per GPU product, GPUs and requests/s per GPU.
+    /// One line: per class and per GPU product, GPUs and what they serve.
     fn breakdown(&self) -> String {
         let classes = self
             .by_class
@@ -674,10 +737,10 @@ impl End {
                     served / (*gpus).max(1) as f64
                 )
             });
-        let products = self.by_product.iter().map(|(product, (gpus, served))| {
+        let products = self.by_product.iter().map(|(product, (gpus, work))| {
             format!(
-                "{product}: {gpus} GPUs, {:.3} requests/s per GPU",
-                served / (*gpus).max(1) as f64
+                "{product}: {gpus} GPUs, {:.1} TFLOP/s of model work per GPU",
+                work / TFLOP / (*gpus).max(1) as f64
             )
         });
         let mix = self
@@ -690,19 +753,15 @@ impl End {
             .collect::<Vec<_>>()
             .join("; ")
     }
-
-    fn per_gpu(&self, served: f64) -> f64 {
-        served / self.gpus.max(1) as f64
-    }
 }
 
 /// Every replica bound now, judged by `evaluate_placed` and the serving
 /// model on `nodes`: what it serves at its spec's target, nothing where it
-/// cannot meet it.
+/// cannot meet it; then every instance by the objective.
 fn judge(
     bindings: &Bindings,
     replicas: &[Replica],
-    specs: &HashMap<String, ModelInstanceSpec>,
+    instances: &HashMap<String, Instance>,
     nodes: &[ClusterNode],
 ) -> End {
     let mut end = End::default();
@@ -715,25 +774,32 @@ fn judge(
             ))
         })
         .collect();
-    let mut bound = bindings.by_replica();
-    for r in replicas {
-        let Some(mut pods) = bound.remove(&(r.instance.clone(), r.replica)) else {
+    let placed_at_once: HashSet<(&str, u32)> = replicas
+        .iter()
+        .filter(|r| r.placed)
+        .map(|r| (r.instance.as_str(), r.replica))
+        .collect();
+    // Each instance's replicas at the target, and its GPUs.
+    let mut served: HashMap<&str, (Vec<f64>, usize)> = HashMap::new();
+    let mut bound: Vec<((String, u32), Vec<Bound>)> = bindings.by_replica().into_iter().collect();
+    bound.sort_by(|a, b| a.0.cmp(&b.0));
+    for ((name, replica), mut pods) in bound {
+        let Some((name, instance)) = instances.get_key_value(&name) else {
             continue;
         };
         pods.sort_by_key(|pod| pod.shard);
-        let Some(spec) = specs.get(&r.instance) else {
-            continue;
-        };
-        if r.partial(pods.len()) {
+        let held = gpus(&pods);
+        if partial(instance.expected, pods.len()) {
             end.partial += 1;
-            end.partial_gpus += gpus(&pods);
+            end.partial_gpus += held;
             continue;
         }
+        let spec = &instance.spec;
         let shards: Vec<PlannedShard> = pods
             .iter()
             .map(|pod| PlannedShard {
                 copy: 0,
-                replica: r.replica,
+                replica,
                 shard: pod.shard,
                 node: pod.node.clone(),
                 devices: pod.devices.clone(),
@@ -751,31 +817,28 @@ fn judge(
                 end.cannot_hold += 1;
                 if end.cannot_hold_examples.len() < 3 {
                     end.cannot_hold_examples
-                        .push(format!("{} replica {}: {e}", r.instance, r.replica));
+                        .push(format!("{name} replica {replica}: {e}"));
                 }
                 continue;
             }
         };
-        let at_target = at_target(&problem, &plan).map(|(at, _)| at);
-        let held = gpus(&pods);
-        let (served, tokens) = at_target.as_ref().map_or((0.0, 0.0), |at| {
-            (at.requests_per_second, at.output_tokens_per_second)
-        });
+        let rps = at_target(&problem, &plan).map_or(0.0, |(at, _)| at.requests_per_second);
+        let of = served.entry(name.as_str()).or_default();
+        of.0.push(rps);
+        of.1 += held;
         end.replicas += 1;
-        end.late += usize::from(!r.placed);
+        end.late += usize::from(!placed_at_once.contains(&(name.as_str(), replica)));
         end.gpus += held;
-        end.requests_per_second += served;
-        end.tokens_per_second += tokens;
-        if at_target.is_none() {
+        if rps <= 0.0 {
             end.missed += 1;
             end.missed_gpus += held;
         }
-        // Instances are named `a<id>-<class>`.
-        let class = r.instance.rsplit('-').next().unwrap_or("");
+        let class = instance.class;
         let of_class = end.by_class.entry(class.to_string()).or_default();
         of_class.0 += 1;
         of_class.1 += held;
-        of_class.2 += served;
+        of_class.2 += rps;
+        let work = rps * work_per_request(spec);
         for pod in &pods {
             let product = products.get(pod.node.as_str()).copied().unwrap_or("?");
             *end.class_on_product
@@ -783,9 +846,19 @@ fn judge(
                 .or_default() += pod.devices.len();
             let of_product = end.by_product.entry(product.to_string()).or_default();
             of_product.0 += pod.devices.len();
-            // A replica's requests count for each of its GPUs alike.
-            of_product.1 += served * pod.devices.len() as f64 / held.max(1) as f64;
+            // A replica's work counts for each of its GPUs alike.
+            of_product.1 += work * pod.devices.len() as f64 / held.max(1) as f64;
         }
+    }
+    let mut names: Vec<&String> = instances.keys().collect();
+    names.sort();
+    for name in names {
+        let instance = &instances[name];
+        let (per_replica, gpus) = served.remove(name.as_str()).unwrap_or_default();
+        let wanted = instance.wanted.max(per_replica.len());
+        let standing = InstanceStanding::new(&instance.spec, wanted, per_replica, gpus as f64);
+        let demand = instance.spec.demand().unwrap_or(0.0);
+        end.outcome.add(instance.class, demand, standing);
     }
     end
 }

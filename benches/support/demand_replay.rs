@@ -96,31 +96,55 @@ impl DemandOutcome {
         }
     }
 
-    pub(crate) fn line(&self, scenario: &str, placer: Placer) -> String {
-        let max_ms = self.ms.iter().copied().fold(0.0, f64::max);
-        let mean_ms = self.ms.iter().sum::<f64>() / self.ms.len().max(1) as f64;
+    /// One instance as placed: `class` its model class, `demand` what it asks.
+    pub(crate) fn add(&mut self, class: &'static str, demand: f64, standing: InstanceStanding) {
+        self.replicas += standing.per_replica.len();
+        *self.gpus_by_class.entry(class).or_default() += standing.gpus;
+        let work = standing.work_per_request;
+        self.work_demanded += demand * work;
+        self.work_served += standing.served().min(demand) * work;
+        if standing.per_replica.is_empty() {
+            self.refused += 1;
+        } else if standing.demand_met() {
+            self.work_met += demand * work;
+        } else {
+            self.short += 1;
+        }
+        self.standings.push(standing);
+    }
+
+    /// One REPORT line for `placer` (a name); moves and times where the
+    /// replay placed in process.
+    pub(crate) fn line(&self, scenario: &str, placer: &str) -> String {
         let by_class: Vec<String> = self
             .gpus_by_class
             .iter()
             .map(|(class, gpus)| format!("{class}:{gpus:.0}"))
             .collect();
         let standing = self.standing();
-        format!(
-            "REPORT cluster/{scenario} demand {}: demands met={} of {} (short={} refused={}) replicas={} moved={} missing their target={} demand served={:.2} of {:.2} PFLOP/s GPUs={:.1} GPUs per PFLOP/s of demand met={:.2} GPUs by class={} ms per instance mean={mean_ms:.2} max={max_ms:.2}",
-            placer.name(),
+        let mut line = format!(
+            "REPORT {scenario} demand {placer}: demands met={} of {} (short={} refused={}) replicas={} missing their target={} demand served={:.2} of {:.2} PFLOP/s GPUs={:.1} GPUs per PFLOP/s of demand met={:.2} GPUs by class={}",
             standing.demands_met(),
             standing.instances,
             self.short,
             self.refused,
             self.replicas,
-            self.moves,
             standing.missing_target,
             self.work_served / PFLOP,
             self.work_demanded / PFLOP,
             standing.gpus,
             self.gpus_per_pflops_met(),
             by_class.join(","),
-        )
+        );
+        if !self.ms.is_empty() {
+            let max_ms = self.ms.iter().copied().fold(0.0, f64::max);
+            let mean_ms = self.ms.iter().sum::<f64>() / self.ms.len() as f64;
+            line += &format!(
+                " moved={} ms per instance mean={mean_ms:.2} max={max_ms:.2}",
+                self.moves
+            );
+        }
+        line
     }
 }
 
@@ -320,19 +344,7 @@ pub(crate) fn replay_demands(
         }
         outcome.ms.push(started.elapsed().as_secs_f64() * 1e3);
         let standing = InstanceStanding::new(&spec, served.len().max(1), served, gpus);
-        outcome.replicas += standing.per_replica.len();
-        *outcome.gpus_by_class.entry(arrival.class).or_default() += gpus;
-        let work = standing.work_per_request;
-        outcome.work_demanded += demand.requests_per_second * work;
-        outcome.work_served += standing.served().min(demand.requests_per_second) * work;
-        if standing.per_replica.is_empty() {
-            outcome.refused += 1;
-        } else if standing.demand_met() {
-            outcome.work_met += demand.requests_per_second * work;
-        } else {
-            outcome.short += 1;
-        }
-        outcome.standings.push(standing);
+        outcome.add(arrival.class, demand.requests_per_second, standing);
     }
     outcome
 }

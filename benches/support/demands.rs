@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 use tessera::api::ModelInstanceSpec;
 use tessera::placement::{Plan, Problem, Stages, evaluate};
+use tessera::translate::{ClusterNode, HeldShares, build_problem};
 
 use super::arrivals::{Arrival, Event};
 use super::{SplitMix64, at_target, first_fit};
@@ -79,6 +80,75 @@ pub(crate) fn tessera_spec(arrival: &Arrival, demand: &Demand) -> ModelInstanceS
     });
     spec.as_object_mut().map(|spec| spec.remove("replicas"));
     serde_json::from_value(spec).expect("a valid ModelInstance spec")
+}
+
+/// Nodes of one GPU product enough for the longest pipeline tried: with
+/// every GPU free, first fit never looks further.
+const NODES_PER_PRODUCT: usize = 16;
+
+/// `spec` as the careful user sizes it for kube-scheduler, which places
+/// where it likes among the GPUs a claim allows: on `nodes` with every GPU
+/// free, the smallest tensor size, then the fewest stages, whose replica
+/// meets the target on some GPU product; every product it meets it on
+/// (the claim's product selector); and replicas enough for the demand
+/// where one serves least. `None` where no size meets the target.
+pub(crate) fn user_sizing(
+    spec: &ModelInstanceSpec,
+    nodes: &[ClusterNode],
+) -> Option<ModelInstanceSpec> {
+    let mut by_product: BTreeMap<&str, Vec<&ClusterNode>> = BTreeMap::new();
+    for node in nodes {
+        if let Some(device) = node.gpu_state.devices.first() {
+            let of = by_product.entry(device.product.as_str()).or_default();
+            if of.len() < NODES_PER_PRODUCT {
+                of.push(node);
+            }
+        }
+    }
+    let problems: Vec<(&str, Problem)> = by_product
+        .iter()
+        .map(|(product, nodes)| {
+            let problem = build_problem(
+                spec,
+                nodes.iter().copied(),
+                &Default::default(),
+                &HeldShares::new(),
+            );
+            (*product, problem)
+        })
+        .collect();
+    let layers = problems.first()?.1.model.layers;
+    for tensor in [1, 2, 4, 8] {
+        for stages in 1..=layers.min(16) {
+            let served: Vec<(&str, f64)> = problems
+                .iter()
+                .filter_map(|(product, problem)| {
+                    let mut sized = problem.clone();
+                    sized.tensor = tensor;
+                    sized.stages = Stages::Fixed(stages);
+                    let plan = evaluate(&sized, &first_fit(&sized)?).ok()?;
+                    Some((*product, at_target(&sized, &plan)?.0.requests_per_second))
+                })
+                .collect();
+            if served.is_empty() {
+                continue;
+            }
+            let least = served
+                .iter()
+                .map(|(_, rps)| *rps)
+                .fold(f64::INFINITY, f64::min);
+            let demand = spec.demand().unwrap_or(0.0);
+            let replicas = ((demand / least).ceil() as u32).clamp(1, spec.most_replicas());
+            let mut sized = serde_json::to_value(spec).ok()?;
+            sized["parallelism"] = json!({"tensor": tensor, "pipeline": stages});
+            sized["replicas"] = json!(replicas);
+            sized["serving"]["replicasFromDemand"] = json!(false);
+            sized["placement"]["products"] =
+                json!(served.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+            return serde_json::from_value(sized).ok();
+        }
+    }
+    None
 }
 
 /// The careful user's replica on `problem`: the smallest tensor size, then
