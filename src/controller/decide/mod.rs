@@ -111,6 +111,9 @@ pub struct NewPlan {
     pub reasons: Vec<String>,
     /// How `parallelism.tensor: auto` chose, when it did.
     pub parallelism: Option<String>,
+    /// FP8 or FP4 weights on GPUs without that rate: the format they run in
+    /// there (the plan's `performance.widened`).
+    pub widened: Vec<String>,
 }
 
 /// Why each shard of `plan` can no longer stay where it is, by shard.
@@ -328,6 +331,7 @@ fn whole(
             // The ParallelismChosen event is for `tensor: auto`; a fixed
             // size whose GPU kinds were compared says so in `tessera place`.
             parallelism: chosen.parallelism_note().filter(|_| chosen.auto),
+            widened: chosen.plan.performance.widened.clone(),
         }),
         Err(mut explanation) => {
             let inputs = hash();
@@ -385,16 +389,15 @@ fn repair(
     // The prediction for the repaired pipeline, with this instance's devices free.
     let (problem, _) = problem_for(spec, tolerations, inputs, std::iter::empty());
     let shards: Vec<&PlannedShard> = new_plan.iter().collect();
-    let tokens_per_second = evaluate_placed(problem, &shards)
-        .ok()
-        .map(|p| p.performance.tokens_per_second);
+    let evaluated = evaluate_placed(problem, &shards).ok();
     Some(NewPlan {
         plan: new_plan,
-        tokens_per_second,
+        tokens_per_second: evaluated.as_ref().map(|p| p.performance.tokens_per_second),
         moved,
         whole: false,
         reasons: Vec::new(),
         parallelism: None,
+        widened: evaluated.map(|p| p.performance.widened).unwrap_or_default(),
     })
 }
 
@@ -429,6 +432,28 @@ mod tests {
         assert_eq!((p.plan[0].layer_start, p.plan[0].layer_end), (0, 32));
         assert_eq!(p.moved, vec![0]);
         assert!(p.tokens_per_second.unwrap() > 0.0);
+    }
+
+    /// What becomes the `PrecisionWidened` event: FP8 weights on a GPU whose
+    /// node state gives no FP8 rate.
+    #[test]
+    fn fp8_weights_on_a_gpu_without_an_fp8_rate_are_said_to_be_widened() {
+        let fp8 = instance(
+            "m",
+            "model: {name: small, parametersBillions: 7, layers: 32, kvCacheGiB: 2, dtype: fp8}",
+        )
+        .spec;
+        let without = infos(&[node("a", 1, H100)]);
+        assert_eq!(
+            first(&fp8, &without, &Held::new()).widened,
+            [
+                "FP8 weights run at the FP16 rate on NVIDIA H100 80GB HBM3: it has no FP8 tensor rate"
+            ]
+        );
+        let mut with_rate = state("a", 1, H100);
+        with_rate.devices[0].fp8_tflops = Some(1979.0);
+        let with = infos(&[node_with("a", &with_rate)]);
+        assert!(first(&fp8, &with, &Held::new()).widened.is_empty());
     }
 
     /// What becomes the `ParallelismChosen` event: the goal and every size's

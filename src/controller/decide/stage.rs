@@ -322,6 +322,13 @@ fn replica_decided(
                     message: parallelism,
                 });
             }
+            if !new.widened.is_empty() {
+                notes.push(EventNote {
+                    warning: false,
+                    reason: "PrecisionWidened",
+                    message: new.widened.join("; "),
+                });
+            }
             ReplicaDecided {
                 outcome: Outcome::Placed {
                     plan: new.plan,
