@@ -21,7 +21,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use tessera::api::{ModelInstance, ModelInstanceSpec, PlannedShard};
 use tessera::sizing::TensorChoice;
@@ -412,7 +412,7 @@ struct Figures {
 /// lines; everything it created is deleted before it returns.
 pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
     let scenario = format!("compare/{}_nodes/{}", bench.nodes, placer.name());
-    ensure_device_class(bench.client, bench.driver).await;
+    let class_created = ensure_device_class(bench.client, bench.driver).await;
     let side = match placer {
         Placer::Tessera | Placer::TesseraNoMoves | Placer::TesseraContinuous => {
             let moves = placer != Placer::TesseraNoMoves;
@@ -628,6 +628,12 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
         }
     }
     wait_gone(bench.bindings, &live, Duration::from_secs(120)).await;
+    if class_created {
+        let classes: Api<DeviceClass> = Api::all(bench.client.clone());
+        if let Err(e) = classes.delete(bench.driver, &DeleteParams::default()).await {
+            eprintln!("deleting DeviceClass {}: {e}", bench.driver);
+        }
+    }
     tokio::time::sleep(Duration::from_secs(5)).await;
 }
 
@@ -897,19 +903,24 @@ async fn wait_gone(bindings: &Bindings, instances: &[String], limit: Duration) {
 }
 
 /// The DeviceClass users' claims name (the chart's, which this benchmark
-/// does not install), created unless it exists.
-async fn ensure_device_class(client: &Client, driver: &str) {
+/// does not install), created unless it exists; whether it was created here
+/// (and is to be deleted at the end).
+async fn ensure_device_class(client: &Client, driver: &str) -> bool {
     let classes: Api<DeviceClass> = Api::all(client.clone());
     if classes.get_opt(driver).await.ok().flatten().is_some() {
-        return;
+        return false;
     }
     let class: DeviceClass = serde_json::from_value(json!({
         "metadata": {"name": driver},
         "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{driver}'")}}]},
     }))
     .expect("a valid DeviceClass");
-    if let Err(e) = classes.create(&PostParams::default(), &class).await {
-        eprintln!("creating DeviceClass {driver}: {e}");
+    match classes.create(&PostParams::default(), &class).await {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("creating DeviceClass {driver}: {e}");
+            false
+        }
     }
 }
 
