@@ -161,8 +161,8 @@ fn serving_input(fixture: &Fixture, figure: &Figure) -> ServingInput {
         gpu: GpuFigures {
             vendor: gpu.vendor.clone(),
             fp16_tflops: gpu.fp16_tflops,
-            fp4_tflops: None,
             fp8_tflops: gpu.fp8_tflops,
+            fp4_tflops: None,
             memory_bandwidth_gbps: gpu.memory_bandwidth_gbps,
             memory_bytes: gpu.memory_gib * GIB,
         },

@@ -316,8 +316,8 @@ mod tests {
             let gpu = GpuFigures {
                 vendor: "nvidia".into(),
                 fp16_tflops: tflops,
-                fp4_tflops: None,
                 fp8_tflops: None,
+                fp4_tflops: None,
                 memory_bandwidth_gbps: bandwidth,
                 memory_bytes: memory_gib * GIB,
             };

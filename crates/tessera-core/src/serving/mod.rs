@@ -422,8 +422,8 @@ pub(crate) mod testutil {
         GpuFigures {
             vendor: "nvidia".into(),
             fp16_tflops: 989.0,
-            fp4_tflops: None,
             fp8_tflops: Some(1979.0),
+            fp4_tflops: None,
             memory_bandwidth_gbps: 3350.0,
             memory_bytes: 80.0 * GIB,
         }

@@ -263,8 +263,8 @@ mod tests {
         GpuFigures {
             vendor: "nvidia".into(),
             fp16_tflops: 312.0,
-            fp4_tflops: None,
             fp8_tflops: None,
+            fp4_tflops: None,
             memory_bandwidth_gbps: 2039.0,
             memory_bytes: 80.0 * GIB,
         }
