@@ -118,37 +118,30 @@ pub(crate) fn user_sizing(
         })
         .collect();
     let layers = problems.first()?.1.model.layers;
-    for tensor in [1, 2, 4, 8] {
-        for stages in 1..=layers.min(16) {
-            let served: Vec<(&str, f64)> = problems
-                .iter()
-                .filter_map(|(product, problem)| {
-                    let mut sized = problem.clone();
-                    sized.tensor = tensor;
-                    sized.stages = Stages::Fixed(stages);
-                    let plan = evaluate(&sized, &first_fit(&sized)?).ok()?;
-                    Some((*product, at_target(&sized, &plan)?.0.requests_per_second))
-                })
-                .collect();
-            if served.is_empty() {
-                continue;
-            }
-            let least = served
-                .iter()
-                .map(|(_, rps)| *rps)
-                .fold(f64::INFINITY, f64::min);
-            let demand = spec.demand().unwrap_or(0.0);
-            let replicas = ((demand / least).ceil() as u32).clamp(1, spec.most_replicas());
-            let mut sized = serde_json::to_value(spec).ok()?;
-            sized["parallelism"] = json!({"tensor": tensor, "pipeline": stages});
-            sized["replicas"] = json!(replicas);
-            sized["serving"]["replicasFromDemand"] = json!(false);
-            sized["placement"]["products"] =
-                json!(served.iter().map(|(p, _)| *p).collect::<Vec<_>>());
-            return serde_json::from_value(sized).ok();
+    user_shapes(layers).find_map(|(tensor, stages)| {
+        let served: Vec<(&str, f64)> = problems
+            .iter()
+            .filter_map(|(product, problem)| {
+                let (_, rps, _) = first_fit_at_target(problem, tensor, stages)?;
+                Some((*product, rps))
+            })
+            .collect();
+        if served.is_empty() {
+            return None;
         }
-    }
-    None
+        let least = served
+            .iter()
+            .map(|(_, rps)| *rps)
+            .fold(f64::INFINITY, f64::min);
+        let demand = spec.demand().unwrap_or(0.0);
+        let replicas = ((demand / least).ceil() as u32).clamp(1, spec.most_replicas());
+        let mut sized = serde_json::to_value(spec).ok()?;
+        sized["parallelism"] = json!({"tensor": tensor, "pipeline": stages});
+        sized["replicas"] = json!(replicas);
+        sized["serving"]["replicasFromDemand"] = json!(false);
+        sized["placement"]["products"] = json!(served.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+        serde_json::from_value(sized).ok()
+    })
 }
 
 /// The careful user's replica on `problem`: the smallest tensor size, then
@@ -157,21 +150,25 @@ pub(crate) fn user_sizing(
 /// with what it serves at the target and the GPUs it takes. The user is
 /// given tessera's serving model, not its placement.
 pub(crate) fn user_replica(problem: &Problem) -> Option<(Plan, f64, f64)> {
-    for tensor in [1, 2, 4, 8] {
-        for stages in 1..=problem.model.layers.min(16) {
-            let mut sized = problem.clone();
-            sized.tensor = tensor;
-            sized.stages = Stages::Fixed(stages);
-            let Some(choice) = first_fit(&sized) else {
-                continue;
-            };
-            let Ok(plan) = evaluate(&sized, &choice) else {
-                continue;
-            };
-            if let Some((at, gpus)) = at_target(&sized, &plan) {
-                return Some((plan, at.requests_per_second, gpus));
-            }
-        }
-    }
-    None
+    user_shapes(problem.model.layers)
+        .find_map(|(tensor, stages)| first_fit_at_target(problem, tensor, stages))
+}
+
+/// The sizes the careful user tries, in order: the smallest tensor size,
+/// then the fewest stages.
+fn user_shapes(layers: u32) -> impl Iterator<Item = (u32, u32)> {
+    [1, 2, 4, 8]
+        .into_iter()
+        .flat_map(move |tensor| (1..=layers.min(16)).map(move |stages| (tensor, stages)))
+}
+
+/// `problem` at `tensor` × `stages` on the GPUs first fit finds, where it
+/// meets the target there: its plan, requests/s at the target and GPUs.
+fn first_fit_at_target(problem: &Problem, tensor: u32, stages: u32) -> Option<(Plan, f64, f64)> {
+    let mut sized = problem.clone();
+    sized.tensor = tensor;
+    sized.stages = Stages::Fixed(stages);
+    let plan = evaluate(&sized, &first_fit(&sized)?).ok()?;
+    let (at, gpus) = at_target(&sized, &plan)?;
+    Some((plan, at.requests_per_second, gpus))
 }

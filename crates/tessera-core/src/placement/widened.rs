@@ -3,6 +3,7 @@
 //! (`precision::TensorRates::runs_in`), and the plan names the product.
 
 use super::plan::Plan;
+use super::precision::Precision;
 use super::problem::Problem;
 
 /// For a plan of weights in `precision`: each planned GPU product without a
@@ -10,6 +11,10 @@ use super::problem::Problem;
 /// product.
 pub(crate) fn widened(problem: &Problem, plan: &Plan) -> Vec<String> {
     let precision = problem.model.precision;
+    // Every GPU has the FP16 rate: nothing to look up (most plans).
+    if precision == Precision::Fp16 {
+        return Vec::new();
+    }
     let mut said: Vec<String> = Vec::new();
     for stage in &plan.stages {
         let Some(node) = problem.nodes.iter().find(|node| node.name == stage.node) else {
@@ -41,7 +46,6 @@ pub(crate) fn widened(problem: &Problem, plan: &Plan) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::precision::Precision;
     use super::super::problem::{SolveOptions, Stages};
     use super::super::{solve, testutil};
     use super::*;
