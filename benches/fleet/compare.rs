@@ -495,7 +495,13 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
                     eprintln!("{name}: no size of it meets its target on any GPU here");
                     figures.asked += 1;
                     figures.refused_seen = true;
-                    instances.insert(name, Instance::new(arrival.class, asked, 1, None));
+                    let refused = Instance {
+                        class: arrival.class,
+                        spec: asked,
+                        wanted: 1,
+                        expected: None,
+                    };
+                    instances.insert(name, refused);
                     continue;
                 };
                 let (expected, results) = side.place(bench, (&name, &spec), false).await;
@@ -517,7 +523,12 @@ pub(crate) async fn run(bench: &Bench<'_>, placer: Placer) {
                         placed: result.is_some(),
                     });
                 }
-                let instance = Instance::new(arrival.class, spec, results.len(), expected);
+                let instance = Instance {
+                    class: arrival.class,
+                    spec,
+                    wanted: results.len(),
+                    expected,
+                };
                 instances.insert(name, instance);
             }
             Event::Delete(id) => {
@@ -686,22 +697,6 @@ struct Instance {
     wanted: usize,
     /// Shards of each replica where the user fixed them.
     expected: Option<usize>,
-}
-
-impl Instance {
-    fn new(
-        class: &'static str,
-        spec: ModelInstanceSpec,
-        wanted: usize,
-        expected: Option<usize>,
-    ) -> Self {
-        Self {
-            class,
-            spec,
-            wanted,
-            expected,
-        }
-    }
 }
 
 /// The end of the sequence as the serving model sees it: what each replica

@@ -1,8 +1,9 @@
 //! What NVML does not say outright about a GPU's speed, estimated from what it
 //! does say: dense FP16 tensor throughput from SMs, clock and compute
-//! capability (FP8 and FP4 from it where the tensor cores have them), memory bandwidth from bus width and memory clock, and SM counts
-//! by product for drivers that do not report them. The tables carry the
-//! data-sheet checks they were fitted to.
+//! capability (FP8 and FP4 from it where the tensor cores have them), memory
+//! bandwidth from bus width and memory clock, and SM counts by product for
+//! drivers that do not report them. The tables carry the data-sheet checks
+//! they were fitted to.
 
 /// Dense FP16 tensor-core FLOPs per SM per clock, by compute capability; a GPU
 /// uses the last entry at or below its own capability (8.7 → 8.6, 10.3 → 10.0).
