@@ -101,3 +101,27 @@ fn each_malformed_field_is_refused_with_its_message() {
         );
     }
 }
+
+#[test]
+fn a_runtime_version_must_be_a_release_number() {
+    let with_version = |version: &str| {
+        let mut object = instance();
+        object["spec"]["serving"] = json!({
+            "runtime": "vllm", "inputTokens": 1024, "outputTokens": 256,
+            "maxTimePerOutputTokenMs": 50.0, "maxTimeToFirstTokenMs": 2000.0,
+            "runtimeVersion": version
+        });
+        errors(&object)
+    };
+    for good in ["0.10.1", "v0.20.0", "0.6.3.post2.dev308", "0.17", "0.10.0rc1"] {
+        assert_eq!(with_version(good), Vec::<String>::new(), "{good}");
+    }
+    for bad in ["latest", "1", "0.", "v", "0.8_1"] {
+        let got = with_version(bad);
+        assert!(
+            got.iter()
+                .any(|error| error.contains("serving.runtimeVersion must be a release number")),
+            "{bad}: {got:?}"
+        );
+    }
+}

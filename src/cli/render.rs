@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::place::{PlaceOutput, PlacedPlan, Report};
 use tessera_core::api::{GIB, ServingSpec, layer_range};
 use tessera_core::placement::{Performance, Score, StagePlan, StageShare, TokenTime};
-use tessera_core::serving::Limit;
+use tessera_core::serving::{Limit, RuntimeConfig, VersionRange};
 
 impl Report {
     pub fn render(&self, output: PlaceOutput) -> String {
@@ -49,11 +49,16 @@ fn token_line(time: &TokenTime) -> String {
 fn capacity_line(plan: &PlacedPlan, serving: Option<&ServingSpec>) -> String {
     let default = ServingSpec::default();
     let spec = serving.unwrap_or(&default);
+    let runtime = RuntimeConfig {
+        runtime: spec.runtime,
+        version: spec.version().ok().flatten(),
+        ..RuntimeConfig::default()
+    };
     let target = format!(
         "at {} ms per token, {} ms to the first ({}, {}+{} tokens)",
         spec.max_time_per_output_token_ms,
         spec.max_time_to_first_token_ms,
-        spec.runtime.as_str(),
+        VersionRange::of(&runtime).label(),
         spec.input_tokens,
         spec.output_tokens
     );

@@ -9,6 +9,7 @@ mod model_instance;
 mod moves_status;
 mod partitions;
 mod resource_name;
+mod runtime_version;
 mod serving_spec;
 pub mod telemetry;
 
@@ -26,6 +27,7 @@ pub use model_instance::{
 pub use moves_status::{MoveInFlight, MovePhase};
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};
+pub use runtime_version::{InvalidRuntimeVersion, RuntimeVersion};
 pub use serving_spec::{KvCacheDtype, Runtime, ServingSpec};
 
 /// API group of every tessera custom resource.

@@ -1311,6 +1311,15 @@ model:
             assert_eq!(spec.serving.as_ref().map(|s| s.runtime), Some(runtime));
             assert_eq!(spec.validate(), Ok(()));
         }
+        let spec = parse(&format!(
+            "{MINIMAL}serving: {{runtimeVersion: v0.6.3.post1}}\n"
+        ))
+        .unwrap();
+        assert_eq!(spec.validate(), Ok(()));
+        assert_eq!(
+            spec.serving.map(|serving| serving.version()),
+            Some(Ok(Some(crate::api::RuntimeVersion::new(0, 6, 3))))
+        );
         for (serving, needle) in [
             ("{inputTokens: 0}", "serving.inputTokens: 0 is outside"),
             (
@@ -1336,6 +1345,15 @@ model:
             (
                 "{requestsPerSecond: 0}",
                 "serving.requestsPerSecond: 0 is outside",
+            ),
+            (
+                "{runtimeVersion: latest}",
+                "serving.runtimeVersion: `latest` is not a release number",
+            ),
+            ("{runtimeVersion: '0.'}", "serving.runtimeVersion"),
+            (
+                "{runtimeVersion: '99999999999.1'}",
+                "serving.runtimeVersion",
             ),
         ] {
             let spec = parse(&format!("{MINIMAL}serving: {serving}\n")).unwrap();

@@ -11,6 +11,7 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::RuntimeVersion;
 use super::limits::{
     REQUESTS_PER_SECOND, SERVING_TOKENS, TIME_PER_OUTPUT_TOKEN_MS, TIME_TO_FIRST_TOKEN_MS,
 };
@@ -67,11 +68,21 @@ pub enum KvCacheDtype {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.maxTimeToFirstTokenMs >= self.maxTimePerOutputTokenMs").message("serving.maxTimeToFirstTokenMs cannot be below maxTimePerOutputTokenMs: the first token takes at least one decode step"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.replicasFromDemand) || !self.replicasFromDemand || has(self.requestsPerSecond)").message(REPLICAS_FROM_DEMAND_MESSAGE))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.runtimeVersion) || self.runtimeVersion.matches('^v?[0-9]+[.][0-9]+([.][0-9]+)?([-+.a-zA-Z].*)?$')").message("serving.runtimeVersion must be a release number, major.minor or major.minor.patch (e.g. 0.10.1)"))]
 pub struct ServingSpec {
     /// The engine the shards run: `vllm` (default), `sglang`, `tensorrt-llm`
     /// or `generic`.
     #[serde(default)]
     pub runtime: Runtime,
+    /// The runtime's release the shards run, as its images are tagged
+    /// (`0.10.1`, `v0.20.0`; a suffix such as `.post1` or `rc1` is not
+    /// compared; quote a two-part one, "0.10", so YAML keeps it a string).
+    /// The predicted capacity uses its release's defaults: vLLM 0.8 and
+    /// later batch up to 1024 requests in steps of 8192 tokens on GPUs of
+    /// 70 GiB or more other than the A100, earlier releases 256 in steps of
+    /// 2048. Unset: the release the examples run, vLLM 0.20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_version: Option<String>,
     /// Prompt tokens of a typical request (default 1024).
     #[serde(default = "default_input_tokens")]
     #[schemars(range(min = SERVING_TOKENS.min, max = SERVING_TOKENS.max))]
@@ -107,6 +118,7 @@ impl Default for ServingSpec {
     fn default() -> Self {
         Self {
             runtime: Runtime::default(),
+            runtime_version: None,
             input_tokens: default_input_tokens(),
             output_tokens: default_output_tokens(),
             max_time_per_output_token_ms: default_time_per_output_token_ms(),
@@ -114,6 +126,13 @@ impl Default for ServingSpec {
             requests_per_second: None,
             replicas_from_demand: false,
         }
+    }
+}
+
+impl ServingSpec {
+    /// `runtimeVersion` read; `None` where unset.
+    pub fn version(&self) -> Result<Option<RuntimeVersion>, super::InvalidRuntimeVersion> {
+        self.runtime_version.as_deref().map(str::parse).transpose()
     }
 }
 
@@ -125,6 +144,9 @@ impl ServingSpec {
     /// Records every field outside its limits, and a first-token target
     /// below the per-token one, under `serving.`.
     pub(crate) fn check(&self, problems: &mut Vec<String>) {
+        if let Err(error) = self.version() {
+            problems.push(format!("serving.runtimeVersion: {error}"));
+        }
         if self.replicas_from_demand && self.requests_per_second.is_none() {
             problems.push(REPLICAS_FROM_DEMAND_MESSAGE.to_string());
         }

@@ -280,6 +280,15 @@ impl Interconnect {
     pub fn is_scale_up(self) -> bool {
         matches!(self, Interconnect::NvLink | Interconnect::Xgmi)
     }
+
+    /// Whether the bandwidth reported for a pair is that pair's own link
+    /// rather than each GPU's share of a switch. xGMI joins each pair of
+    /// GPUs directly (AMD's backend reports one pair's links), and RCCL runs
+    /// its rings over all of them at once; NVLink's figure is a GPU's total
+    /// to its NVSwitch, whatever the peer; PCIe shares the host bridge.
+    pub fn is_point_to_point(self) -> bool {
+        matches!(self, Interconnect::Xgmi)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -94,9 +94,20 @@ pub(crate) struct GroupSpeed {
     /// Bandwidth weights are read at (GB/s), after the vendor's efficiency,
     /// of the slowest device.
     pub weight_gbps: f64,
-    /// For a group of two or more: the slowest link's GB/s and the worst
-    /// link's all-reduce latency (s) for the reference device.
-    pub link: Option<(f64, f64)>,
+    /// For a group of two or more: its worst link.
+    pub link: Option<LinkSpeed>,
+}
+
+/// A tensor group's worst link as the all-reduce sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LinkSpeed {
+    /// The reported GB/s.
+    pub gbps: f64,
+    /// One all-reduce's latency (s) for the reference device.
+    pub latency: f64,
+    /// Every pair has a link of its own
+    /// ([`Interconnect::is_point_to_point`]).
+    pub point_to_point: bool,
 }
 
 impl GroupSpeed {
@@ -164,7 +175,11 @@ impl GroupSpeed {
     /// With a link of `kind` at `gbps` as the group's worst.
     pub(crate) fn with_link(self, gbps: f64, kind: Option<Interconnect>) -> Self {
         Self {
-            link: Some((gbps, all_reduce_latency(kind))),
+            link: Some(LinkSpeed {
+                gbps,
+                latency: all_reduce_latency(kind),
+                point_to_point: kind.is_some_and(Interconnect::is_point_to_point),
+            }),
             ..self
         }
     }
@@ -200,14 +215,17 @@ pub(crate) fn layer_time(model: &ModelShape, tensor: u32, group: &GroupSpeed) ->
         overhead: LAYER_OVERHEAD_S * scale,
         all_reduce: 0.0,
     };
-    if let Some((link_gbps, latency)) = group.link
+    if let Some(link) = group.link
         && tensor > 1
     {
         let doublings_beyond_two = (size / 2.0).log2().max(0.0);
-        let latency = (latency + ALL_REDUCE_STEP_S * doublings_beyond_two) * scale;
-        // A ring all-reduce moves 2(t-1)/t of the activations over each link.
-        let transfer =
-            2.0 * (size - 1.0) / size * model.activation_bytes_per_token / (link_gbps * 1e9);
+        let latency = (link.latency + ALL_REDUCE_STEP_S * doublings_beyond_two) * scale;
+        // A ring all-reduce moves 2(t-1)/t of the activations out of each
+        // device: over its one link to a switch, or spread over its t - 1
+        // links to the others.
+        let links = if link.point_to_point { size - 1.0 } else { 1.0 };
+        let transfer = 2.0 * (size - 1.0) / size * model.activation_bytes_per_token
+            / (links * link.gbps * 1e9);
         // One after attention, one after the MLP.
         time.all_reduce = 2.0 * (latency + transfer);
     }
@@ -280,6 +298,33 @@ mod tests {
         assert!(over(Some(Interconnect::Pcie)) < over(None));
         let a100 = layer_time(&shape, 1, &GroupSpeed::device("nvidia", 312.0, 2039.0));
         assert!((a100.overhead / LAYER_OVERHEAD_S - (989.0f64 / 312.0).powf(0.25)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_point_to_point_mesh_moves_activations_over_every_link_at_once() {
+        let shape = model(70.0, 80, 1.0);
+        let transfer = |size, kind| {
+            let group = GroupSpeed::device("amd", 1307.0, 5300.0).with_link(128.0, Some(kind));
+            let full = layer_time(&shape, size, &group).all_reduce;
+            let latency_only = layer_time(
+                &ModelShape {
+                    activation_bytes_per_token: 0.0,
+                    ..shape.clone()
+                },
+                size,
+                &group,
+            )
+            .all_reduce;
+            full - latency_only
+        };
+        // Two GPUs have one link either way; eight of xGMI have seven each.
+        let (mesh_two, switch_two) = (
+            transfer(2, Interconnect::Xgmi),
+            transfer(2, Interconnect::NvLink),
+        );
+        assert!((mesh_two - switch_two).abs() < 1e-15);
+        let ratio = transfer(8, Interconnect::NvLink) / transfer(8, Interconnect::Xgmi);
+        assert!((ratio - 7.0).abs() < 1e-9, "{ratio}");
     }
 
     #[test]

@@ -189,7 +189,9 @@ pub(super) fn concurrency(input: &ServingInput, layers: &[u32]) -> Result<Concur
     } else {
         sequences.floor().max(1.0) as u32
     };
-    let runtime_cap = runtime.max_num_seqs().max(1);
+    let runtime_cap = runtime
+        .max_num_seqs(super::runtime::all_large(&input.plan))
+        .max(1);
     let (max, limited_by) = if kv_limit <= runtime_cap {
         (kv_limit, Limit::KvCache)
     } else {
@@ -265,11 +267,15 @@ mod tests {
     #[test]
     fn the_runtime_cap_or_the_cache_bounds_the_concurrency() {
         let mut small = input(h100(), 1, llama("8b", DType::Bf16), Runtime::Vllm);
-        small.workload.input_tokens = 500.0;
-        small.workload.output_tokens = 500.0;
+        small.workload.input_tokens = 100.0;
+        small.workload.output_tokens = 100.0;
         let capped = Replica::new(&small).expect("fits");
-        assert_eq!(capped.concurrency().max, 256);
+        // vLLM's V1 engine on an H100: 1024 sequences; its V0 engine 256.
+        assert_eq!(capped.concurrency().max, 1024);
         assert_eq!(capped.concurrency().limited_by, Limit::Runtime);
+        let mut v0 = small.clone();
+        v0.runtime.version = Some(crate::api::RuntimeVersion::new(0, 6, 0));
+        assert_eq!(Replica::new(&v0).expect("fits").concurrency().max, 256);
         let mut long = small.clone();
         long.workload.input_tokens = 20000.0;
         long.workload.output_tokens = 2000.0;

@@ -21,11 +21,13 @@
 //!   largest concurrency it and the runtime's cap allow;
 //! - `capacity`: the curve over concurrency, and the highest concurrency that
 //!   meets a latency target;
-//! - `runtime`: the runtimes and the constants that differ between them.
+//! - `runtime`: the runtimes and the defaults that differ between them;
+//! - `constants`: the fitted constants.
 //!
 //! One sequence's decode through a layer is the solver's own `placement::speed`.
 
 mod capacity;
+mod constants;
 mod kv_cache;
 mod runtime;
 mod step_time;
@@ -37,8 +39,9 @@ use crate::placement::{Interconnect, TensorRates};
 
 pub use capacity::requests_in_flight;
 pub use capacity::{AtTarget, Capacity, CurvePoint, TargetMiss};
+pub use constants::Constants;
 pub use kv_cache::{Concurrency, Limit, kv_bytes_per_token_layer};
-pub use runtime::{KvCacheDtype, Runtime, RuntimeConfig};
+pub use runtime::{KvCacheDtype, Runtime, RuntimeConfig, RuntimeVersion, VersionRange};
 
 /// One GPU as its datasheet, or the node agent, describes it: the same
 /// figures the solver gets for a device.
@@ -251,10 +254,17 @@ impl Replica {
     /// or non-finite figures, and a plan whose memory cannot hold the model
     /// and one sequence.
     pub fn new(input: &ServingInput) -> Result<Replica, Refusal> {
+        Replica::with_constants(input, &Constants::FITTED)
+    }
+
+    /// As [`Replica::new`], with constants other than the fitted ones (the
+    /// calibration fits them).
+    pub fn with_constants(input: &ServingInput, constants: &Constants) -> Result<Replica, Refusal> {
         validate(input)?;
+        constants.validate().map_err(Refusal::Invalid)?;
         let layers = split_layers(input.model.spec.layers, input.plan.stages.len());
         let concurrency = kv_cache::concurrency(input, &layers)?;
-        let steps = step_time::StepModel::new(input, &layers);
+        let steps = step_time::StepModel::new(input, &layers, constants);
         Ok(Replica { steps, concurrency })
     }
 

@@ -1,17 +1,15 @@
-//! The serving runtimes and the few constants that differ between them: how
-//! much of a GPU's memory each may use, how many sequences it batches at
-//! most, what its KV cache is stored in, how large a prompt chunk it
-//! prefills per step, and what share of the datasheet compute its kernels
-//! reach.
-//!
-//! Defaults are the runtimes' own documented defaults (each cited where it
-//! is used); the compute efficiency is the one calibrated number per runtime
-//! (docs/serving-model.md, "Constants").
+//! The serving runtimes and the defaults that differ between them: how much
+//! of a GPU's memory each may use, how many sequences it batches at most,
+//! what its KV cache is stored in and how large a prompt chunk it prefills
+//! per step. Each is the runtime's own documented default, cited where it is
+//! used; what share of the datasheet compute a runtime's kernels reach is
+//! fitted (`constants`).
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::DType;
-pub use crate::api::{KvCacheDtype, Runtime};
+use super::{GpuFigures, ReplicaPlan};
+use crate::api::{DType, GIB};
+pub use crate::api::{KvCacheDtype, Runtime, RuntimeVersion};
 
 /// How a replica's runtime is configured: its kind, and the flags a user may
 /// have set instead of its defaults.
@@ -19,6 +17,11 @@ pub use crate::api::{KvCacheDtype, Runtime};
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeConfig {
     pub runtime: Runtime,
+    /// The runtime's release; `None`: the release the examples run
+    /// ([`RuntimeConfig::DEFAULT_VLLM`] for vLLM). Sets which constants'
+    /// version range applies (`constants`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<RuntimeVersion>,
     /// vLLM `--gpu-memory-utilization`, SGLang `--mem-fraction-static`,
     /// TensorRT-LLM `kv_cache_free_gpu_mem_fraction` (a share of what is free
     /// after the weights, not of the whole device). `None`: the runtime's
@@ -47,27 +50,6 @@ pub(super) enum MemoryRule {
 }
 
 impl Runtime {
-    /// Share of the datasheet compute (FP16, or FP8 as
-    /// `placement::precision::NARROW_PEAK_SHARE` says) that batched GEMMs, prefill
-    /// included, reach under this runtime. Calibrated:
-    ///
-    /// - TensorRT-LLM 0.72: its 0.17 offline figures of Llama-3.1-8B in FP16
-    ///   on A100 (compute-bound at 128/128: 6,627 tokens/s is 68% of peak in
-    ///   GEMM FLOPs alone) land within 9% with it.
-    /// - vLLM and SGLang 0.40: their ShareGPT offline figures (vLLM 0.6.0,
-    ///   SGLang 0.3.0; 8B on A100, 70B on 4 H100) reach 28-45% of peak in GEMM
-    ///   FLOPs; PyTorch model code with separate norm, rotary and activation
-    ///   kernels, and CPU scheduling between steps, reach less than an engine
-    ///   compiled with fused kernels. 0.40 puts both runtimes' four offline
-    ///   figures within 19%.
-    /// - Generic: the lower figure, 0.40.
-    pub(super) fn compute_efficiency(self) -> f64 {
-        match self {
-            Runtime::TensorrtLlm => 0.72,
-            Runtime::Vllm | Runtime::Sglang | Runtime::Generic => 0.40,
-        }
-    }
-
     pub(super) fn memory_rule(self) -> MemoryRule {
         match self {
             Runtime::Vllm | Runtime::Generic => MemoryRule::ShareOfTotal {
@@ -103,24 +85,6 @@ impl Runtime {
         }
     }
 
-    /// The most sequences the runtime batches unless told otherwise.
-    ///
-    /// - vLLM: `max_num_seqs` 256 (the engine's default for the OpenAI
-    ///   server and the offline `LLM` class; recent versions raise it to 1024
-    ///   on GPUs of 70 GiB or more other than A100, which a caller passes as
-    ///   `max_num_seqs`).
-    /// - SGLang: its request pool, at least 2048 (`max_running_requests` is
-    ///   half the KV tokens, capped by a pool of 2048 to 4096 requests).
-    /// - TensorRT-LLM: `max_batch_size` 2048, its engine build default
-    ///   (`trtllm-bench` sizes it from the KV cache and caps it at 4096).
-    /// - Generic: vLLM's 256.
-    pub(super) fn default_max_num_seqs(self) -> u32 {
-        match self {
-            Runtime::Vllm | Runtime::Generic => 256,
-            Runtime::Sglang | Runtime::TensorrtLlm => 2048,
-        }
-    }
-
     /// Bytes per KV element under [`KvCacheDtype::Auto`]. TensorRT-LLM
     /// stores the KV cache in FP8 when the weights are FP8-quantized (its
     /// performance documentation: "If you specify FP8 quantization, the KV
@@ -132,32 +96,124 @@ impl Runtime {
             _ => 2.0,
         }
     }
+}
+
+/// vLLM's V1 engine is its default from this release on.
+const VLLM_V1: RuntimeVersion = RuntimeVersion::new(0, 8, 0);
+
+/// The runtimes' releases whose defaults differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VersionRange {
+    /// vLLM 0.8 and later: the V1 engine, whose batch defaults depend on the
+    /// GPU.
+    VllmV1,
+    /// vLLM before 0.8: the V0 engine.
+    VllmV0,
+    /// SGLang, every release.
+    Sglang,
+    /// TensorRT-LLM, every release.
+    TensorrtLlm,
+    /// Any other runtime.
+    Generic,
+}
+
+impl VersionRange {
+    /// The range `runtime` falls in; a vLLM of no given release is taken to
+    /// run [`RuntimeConfig::DEFAULT_VLLM`].
+    pub fn of(runtime: &RuntimeConfig) -> VersionRange {
+        match runtime.runtime {
+            Runtime::Vllm if runtime.version.unwrap_or(RuntimeConfig::DEFAULT_VLLM) >= VLLM_V1 => {
+                VersionRange::VllmV1
+            }
+            Runtime::Vllm => VersionRange::VllmV0,
+            Runtime::Sglang => VersionRange::Sglang,
+            Runtime::TensorrtLlm => VersionRange::TensorrtLlm,
+            Runtime::Generic => VersionRange::Generic,
+        }
+    }
+
+    /// How a plan names the runtime it was predicted for.
+    pub fn label(self) -> &'static str {
+        match self {
+            VersionRange::VllmV1 => "vllm >= 0.8",
+            VersionRange::VllmV0 => "vllm < 0.8",
+            VersionRange::Sglang => "sglang",
+            VersionRange::TensorrtLlm => "tensorrt-llm",
+            VersionRange::Generic => "generic",
+        }
+    }
+
+    /// The most sequences the runtime batches unless told otherwise, on
+    /// GPUs that are all [`large`] or not.
+    ///
+    /// - vLLM 0.8 and later: `max_num_seqs` 1024 on large GPUs, 256 on the
+    ///   others (`EngineArgs.get_batch_defaults`, the same for the OpenAI
+    ///   server and the offline `LLM` class).
+    /// - vLLM before 0.8: 256 (the V0 engine's default).
+    /// - SGLang: its request pool, at least 2048 (`max_running_requests` is
+    ///   half the KV tokens, capped by a pool of 2048 to 4096 requests).
+    /// - TensorRT-LLM: `max_batch_size` 2048, its engine build default
+    ///   (`trtllm-bench` sizes it from the KV cache and caps it at 4096).
+    /// - Generic: 256, the smallest.
+    pub(super) fn default_max_num_seqs(self, large: bool) -> u32 {
+        match self {
+            VersionRange::VllmV1 if large => 1024,
+            VersionRange::VllmV1 | VersionRange::VllmV0 | VersionRange::Generic => 256,
+            VersionRange::Sglang | VersionRange::TensorrtLlm => 2048,
+        }
+    }
 
     /// Prompt tokens prefilled per step when a prompt is chunked between
-    /// decode steps (what the time to first token counts in chunks):
-    /// vLLM's `max_num_batched_tokens` 2048 for its OpenAI server on GPUs
-    /// under 70 GiB (8192 above), SGLang's `chunked_prefill_size` 8192 on
-    /// GPUs of 25 GB or more, TensorRT-LLM's `max_num_tokens` 8192. Generic:
+    /// decode steps (what the time to first token counts in chunks): vLLM's
+    /// `max_num_batched_tokens` for its OpenAI server, 8192 on large GPUs
+    /// from 0.8 and 2048 otherwise; SGLang's `chunked_prefill_size` 8192 on
+    /// GPUs of 25 GB or more; TensorRT-LLM's `max_num_tokens` 8192. Generic:
     /// 2048, the smaller chunk (more steps to the first token).
-    pub(super) fn prefill_chunk_tokens(self) -> f64 {
+    pub(super) fn prefill_chunk_tokens(self, large: bool) -> f64 {
         match self {
-            Runtime::Vllm | Runtime::Generic => 2048.0,
-            Runtime::Sglang | Runtime::TensorrtLlm => 8192.0,
+            VersionRange::VllmV1 if large => 8192.0,
+            VersionRange::VllmV1 | VersionRange::VllmV0 | VersionRange::Generic => 2048.0,
+            VersionRange::Sglang | VersionRange::TensorrtLlm => 8192.0,
         }
     }
 }
 
+/// Whether vLLM gives a GPU its large batch defaults: 70 GiB or more, and not
+/// an A100 (PR 17885 measured them slower there). vLLM tells an A100 by its
+/// name; the figures here tell it by its lack of FP8, which every other GPU
+/// of that size that vLLM's rule was written for has.
+pub(super) fn large(gpu: &GpuFigures) -> bool {
+    gpu.memory_bytes >= 70.0 * GIB && gpu.fp8_tflops.is_some()
+}
+
+/// Whether every GPU of a replica is [`large`]: one batch cap and one chunk
+/// hold for the whole replica.
+pub(super) fn all_large(plan: &ReplicaPlan) -> bool {
+    plan.stages.iter().all(|stage| large(&stage.gpu))
+}
+
 impl RuntimeConfig {
+    /// The vLLM release a replica is taken to run when none is given: the
+    /// one the examples' images carry (`vllm/vllm-openai:v0.20.0`).
+    pub const DEFAULT_VLLM: RuntimeVersion = RuntimeVersion::new(0, 20, 0);
+
     /// The share of memory the runtime takes with `tensor` GPUs per shard.
     pub fn memory_utilization(&self, tensor: u32) -> f64 {
         self.memory_utilization
             .unwrap_or_else(|| self.runtime.default_memory_utilization(tensor))
     }
 
-    /// The most sequences the runtime batches.
-    pub fn max_num_seqs(&self) -> u32 {
+    /// The most sequences the runtime batches on GPUs that are all
+    /// [`large`] or not.
+    pub fn max_num_seqs(&self, large: bool) -> u32 {
         self.max_num_seqs
-            .unwrap_or_else(|| self.runtime.default_max_num_seqs())
+            .unwrap_or_else(|| VersionRange::of(self).default_max_num_seqs(large))
+    }
+
+    /// Prompt tokens prefilled per step on GPUs that are all [`large`] or
+    /// not.
+    pub(super) fn prefill_chunk_tokens(&self, large: bool) -> f64 {
+        VersionRange::of(self).prefill_chunk_tokens(large)
     }
 
     /// Bytes of one KV cache element for `weights` of that dtype.
@@ -195,7 +251,8 @@ mod tests {
             ..RuntimeConfig::default()
         };
         assert_eq!(default.memory_utilization(4), 0.9);
-        assert_eq!(default.max_num_seqs(), 256);
+        assert_eq!(default.max_num_seqs(false), 256);
+        assert_eq!(default.max_num_seqs(true), 1024);
         let set = RuntimeConfig {
             memory_utilization: Some(0.95),
             max_num_seqs: Some(1024),
@@ -203,7 +260,12 @@ mod tests {
             ..default
         };
         assert_eq!(set.memory_utilization(4), 0.95);
-        assert_eq!(set.max_num_seqs(), 1024);
+        assert_eq!(set.max_num_seqs(false), 1024);
+        let fewer = RuntimeConfig {
+            max_num_seqs: Some(64),
+            ..default
+        };
+        assert_eq!(fewer.max_num_seqs(true), 64);
         assert_eq!(set.kv_bytes_per_element(DType::Bf16), 1.0);
     }
 
@@ -228,10 +290,76 @@ mod tests {
     }
 
     #[test]
-    fn the_generic_runtime_is_promised_no_more_than_the_known_ones() {
-        for runtime in [Runtime::Vllm, Runtime::Sglang, Runtime::TensorrtLlm] {
-            assert!(Runtime::Generic.compute_efficiency() <= runtime.compute_efficiency());
-            assert!(Runtime::Generic.default_max_num_seqs() <= runtime.default_max_num_seqs());
+    fn the_generic_runtime_batches_no_more_than_the_known_ones() {
+        for range in [
+            VersionRange::VllmV1,
+            VersionRange::VllmV0,
+            VersionRange::Sglang,
+            VersionRange::TensorrtLlm,
+        ] {
+            for large in [false, true] {
+                assert!(
+                    VersionRange::Generic.default_max_num_seqs(large)
+                        <= range.default_max_num_seqs(large)
+                );
+                assert!(
+                    VersionRange::Generic.prefill_chunk_tokens(large)
+                        <= range.prefill_chunk_tokens(large)
+                );
+            }
         }
+    }
+
+    fn vllm(version: Option<&str>) -> RuntimeConfig {
+        RuntimeConfig {
+            runtime: Runtime::Vllm,
+            version: version.map(|text| text.parse().expect("a version")),
+            ..RuntimeConfig::default()
+        }
+    }
+
+    #[test]
+    fn vllm_from_0_8_and_of_no_given_release_runs_its_v1_engine() {
+        for (version, range) in [
+            (None, VersionRange::VllmV1),
+            (Some("0.8.0"), VersionRange::VllmV1),
+            (Some("v0.20.0"), VersionRange::VllmV1),
+            (Some("0.7.3"), VersionRange::VllmV0),
+            (Some("0.6.3.post1"), VersionRange::VllmV0),
+        ] {
+            assert_eq!(VersionRange::of(&vllm(version)), range, "{version:?}");
+        }
+        let sglang = RuntimeConfig {
+            runtime: Runtime::Sglang,
+            version: Some(RuntimeVersion::new(0, 9, 0)),
+            ..RuntimeConfig::default()
+        };
+        assert_eq!(VersionRange::of(&sglang), VersionRange::Sglang);
+    }
+
+    #[test]
+    fn vllm_v1_batches_more_and_in_larger_chunks_only_on_large_gpus() {
+        let gpu = |memory_gib: f64, fp8: Option<f64>| GpuFigures {
+            vendor: "nvidia".into(),
+            fp16_tflops: 989.0,
+            fp8_tflops: fp8,
+            fp4_tflops: None,
+            memory_bandwidth_gbps: 3350.0,
+            memory_bytes: memory_gib * GIB,
+        };
+        let (h100, a100, l40s) = (
+            gpu(79.6, Some(1979.0)),
+            gpu(79.2, None),
+            gpu(44.4, Some(733.0)),
+        );
+        assert!(large(&h100));
+        assert!(!large(&a100) && !large(&l40s));
+        assert_eq!(vllm(None).max_num_seqs(large(&h100)), 1024);
+        assert_eq!(vllm(None).prefill_chunk_tokens(large(&h100)), 8192.0);
+        assert_eq!(vllm(None).max_num_seqs(large(&a100)), 256);
+        assert_eq!(vllm(None).prefill_chunk_tokens(large(&a100)), 2048.0);
+        let v0 = vllm(Some("0.6.0"));
+        assert_eq!(v0.max_num_seqs(large(&h100)), 256);
+        assert_eq!(v0.prefill_chunk_tokens(large(&h100)), 2048.0);
     }
 }

@@ -31,19 +31,11 @@
 //! request decodes, the prefills of the requests that replace the ones
 //! finishing ride along and lengthen its time per token.
 
+use super::constants::Constants;
 use super::kv_cache::Attention;
 use super::{ServingInput, ServingPoint};
 use crate::placement::ModelShape;
 use crate::placement::speed::{GroupSpeed, layer_time, link_gbps};
-
-/// Share of a tensor link's reported GB/s a batch's all-reduces move
-/// activations at. The reported figure is both directions together (900 GB/s
-/// for NVLink 4), a ring all-reduce sends one way at a time, and collectives
-/// of a few MB reach well under the link's peak. 0.3: with it the 0.17
-/// TensorRT-LLM figures of Llama-3.1-70B at TP8, where a step's all-reduces
-/// carry thousands of tokens, go from 25-55% fast (at the full figure) to
-/// within 16%, while TP1 and TP2 move by a few percent.
-const ALL_REDUCE_BANDWIDTH_SHARE: f64 = 0.3;
 
 /// One stage's costs for all its layers, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,7 +106,7 @@ pub(super) struct StepModel {
 
 impl StepModel {
     /// `layers`: each stage's layer count. The input is validated already.
-    pub(super) fn new(input: &ServingInput, layers: &[u32]) -> StepModel {
+    pub(super) fn new(input: &ServingInput, layers: &[u32], constants: &Constants) -> StepModel {
         let spec = &input.model.spec;
         let shape = ModelShape::of(spec);
         let no_activations = ModelShape {
@@ -124,7 +116,6 @@ impl StepModel {
         let tensor = input.plan.tensor.max(1);
         let size = f64::from(tensor);
         let runtime = &input.runtime;
-        let efficiency = runtime.runtime.compute_efficiency();
         let attention = Attention::of(&input.model);
         let query_width = attention.heads * attention.head_dim;
         let kv_per_layer =
@@ -149,6 +140,7 @@ impl StepModel {
                 let layer = layer_time(&shape, tensor, &group);
                 let latency_only = layer_time(&no_activations, tensor, &group).all_reduce;
                 let count = f64::from(count);
+                let efficiency = constants.compute_efficiency(runtime, &gpu.vendor);
                 let flops_per_second = size * compute * efficiency * 1e12;
                 StageCost {
                     single: layer.total() * count,
@@ -158,7 +150,7 @@ impl StepModel {
                     kv_read_per_sequence: kv_per_layer * count * mean_context
                         / (group.weight_gbps * 1e9),
                     transfer_per_token: (layer.all_reduce - latency_only).max(0.0) * count
-                        / ALL_REDUCE_BANDWIDTH_SHARE,
+                        / constants.all_reduce_bandwidth_share,
                     attention_per_square_token: 2.0 * count * query_width / flops_per_second,
                 }
             })
@@ -169,7 +161,7 @@ impl StepModel {
             hop_latency: input.plan.hop.latency_us * 1e-6,
             input_tokens,
             output_tokens,
-            chunk_tokens: runtime.runtime.prefill_chunk_tokens(),
+            chunk_tokens: runtime.prefill_chunk_tokens(super::runtime::all_large(&input.plan)),
         }
     }
 

@@ -33,8 +33,9 @@ pub(super) fn per_layer(spec: &ModelInstanceSpec) -> f64 {
                     ..SpeedGoal::default()
                 };
                 let target = crate::sizing::target(&served, &goal);
+                // The GPUs are not chosen yet: the smaller batch cap.
                 requests_in_flight(rps / replicas, &workload, &target)
-                    .min(f64::from(runtime.max_num_seqs()))
+                    .min(f64::from(runtime.max_num_seqs(false)))
             }
             None => SHARE_REQUESTS_WITHOUT_DEMAND,
         }
