@@ -113,7 +113,13 @@ fn a_runtime_version_must_be_a_release_number() {
         });
         errors(&object)
     };
-    for good in ["0.10.1", "v0.20.0", "0.6.3.post2.dev308", "0.17", "0.10.0rc1"] {
+    for good in [
+        "0.10.1",
+        "v0.20.0",
+        "0.6.3.post2.dev308",
+        "0.17",
+        "0.10.0rc1",
+    ] {
         assert_eq!(with_version(good), Vec::<String>::new(), "{good}");
     }
     for bad in ["latest", "1", "0.", "v", "0.8_1"] {

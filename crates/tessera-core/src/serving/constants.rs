@@ -77,12 +77,6 @@ impl Constants {
     }
 }
 
-impl Default for Constants {
-    fn default() -> Self {
-        Constants::FITTED
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
