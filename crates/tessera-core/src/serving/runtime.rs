@@ -18,8 +18,8 @@ pub use crate::api::{KvCacheDtype, Runtime, RuntimeVersion};
 pub struct RuntimeConfig {
     pub runtime: Runtime,
     /// The runtime's release; `None`: the release the examples run
-    /// ([`RuntimeConfig::DEFAULT_VLLM`] for vLLM). Sets which constants'
-    /// version range applies (`constants`).
+    /// ([`RuntimeConfig::DEFAULT_VLLM`] for vLLM). Sets the
+    /// [`VersionRange`] whose defaults apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<RuntimeVersion>,
     /// vLLM `--gpu-memory-utilization`, SGLang `--mem-fraction-static`,
