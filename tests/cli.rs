@@ -772,6 +772,14 @@ fn malformed_serving_and_head_fields_are_bad_input() {
             "  serving: {replicasFromDemand: true}\n",
             vec!["serving.replicasFromDemand needs serving.requestsPerSecond"],
         ),
+        (
+            "  serving: {runtimeVersion: latest}\n",
+            vec!["serving.runtimeVersion", "`latest` is not a release number"],
+        ),
+        (
+            "  serving: {runtimeVersion: '0.'}\n",
+            vec!["serving.runtimeVersion"],
+        ),
     ] {
         let path = dir.file("bad.yaml", &instance(SMALL_MODEL, extra));
         assert_bad_input(&["place", "-f", &path], None, &needles);
@@ -793,6 +801,30 @@ fn malformed_serving_and_head_fields_are_bad_input() {
         let path = dir.file("bad.yaml", &instance(model, ""));
         assert_bad_input(&["place", "-f", &path], None, &[needle]);
     }
+}
+
+#[test]
+fn the_runtime_version_sets_the_batch_defaults_the_plan_names() {
+    let dir = Scratch::new("cli", "runtime-version");
+    let model = "name: m, parametersBillions: 8, layers: 32, hiddenSize: 4096, attentionHeads: 32, kvHeads: 8";
+    let place = |serving: &str| {
+        let path = dir.file("instance.yaml", &instance(model, serving));
+        let (code, stdout, stderr) = run(&["place", "-f", &path], None);
+        assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+        stdout
+    };
+    let v1 = place(
+        "  serving: {runtimeVersion: v0.20.0, inputTokens: 64, outputTokens: 64, maxTimePerOutputTokenMs: 1000, maxTimeToFirstTokenMs: 60000}\n",
+    );
+    let v0 = place(
+        "  serving: {runtimeVersion: 0.6.3.post1, inputTokens: 64, outputTokens: 64, maxTimePerOutputTokenMs: 1000, maxTimeToFirstTokenMs: 60000}\n",
+    );
+    assert!(v1.contains("(vllm >= 0.8, 64+64 tokens)"), "{v1}");
+    assert!(v0.contains("(vllm < 0.8, 64+64 tokens)"), "{v0}");
+    // With a loose target and short requests the batch cap decides: 256 on
+    // the V0 engine on any GPU.
+    assert!(v0.contains("the runtime's batch cap allows 256"), "{v0}");
+    assert!(!v1.contains("allows 256"), "{v1}");
 }
 
 #[test]
