@@ -49,16 +49,11 @@ fn token_line(time: &TokenTime) -> String {
 fn capacity_line(plan: &PlacedPlan, serving: Option<&ServingSpec>) -> String {
     let default = ServingSpec::default();
     let spec = serving.unwrap_or(&default);
-    let runtime = RuntimeConfig {
-        runtime: spec.runtime,
-        version: spec.version().ok().flatten(),
-        ..RuntimeConfig::default()
-    };
     let target = format!(
         "at {} ms per token, {} ms to the first ({}, {}+{} tokens)",
         spec.max_time_per_output_token_ms,
         spec.max_time_to_first_token_ms,
-        VersionRange::of(&runtime).label(),
+        VersionRange::of(&RuntimeConfig::of_spec(spec)).label(),
         spec.input_tokens,
         spec.output_tokens
     );

@@ -129,18 +129,16 @@ impl Default for ServingSpec {
     }
 }
 
-impl ServingSpec {
-    /// `runtimeVersion` read; `None` where unset.
-    pub fn version(&self) -> Result<Option<RuntimeVersion>, super::InvalidRuntimeVersion> {
-        self.runtime_version.as_deref().map(str::parse).transpose()
-    }
-}
-
 /// Why `replicasFromDemand` without a demand is refused.
 const REPLICAS_FROM_DEMAND_MESSAGE: &str =
     "serving.replicasFromDemand needs serving.requestsPerSecond: the demand sets the replica count";
 
 impl ServingSpec {
+    /// `runtimeVersion` read; `None` where unset.
+    pub fn version(&self) -> Result<Option<RuntimeVersion>, super::InvalidRuntimeVersion> {
+        self.runtime_version.as_deref().map(str::parse).transpose()
+    }
+
     /// Records every field outside its limits, and a first-token target
     /// below the per-token one, under `serving.`.
     pub(crate) fn check(&self, problems: &mut Vec<String>) {

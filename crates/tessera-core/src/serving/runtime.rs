@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{GpuFigures, ReplicaPlan};
-use crate::api::{DType, GIB};
+use crate::api::{DType, GIB, ServingSpec};
 pub use crate::api::{KvCacheDtype, Runtime, RuntimeVersion};
 
 /// How a replica's runtime is configured: its kind, and the flags a user may
@@ -196,6 +196,17 @@ impl RuntimeConfig {
     /// The vLLM release a replica is taken to run when none is given: the
     /// one the examples' images carry (`vllm/vllm-openai:v0.20.0`).
     pub const DEFAULT_VLLM: RuntimeVersion = RuntimeVersion::new(0, 20, 0);
+
+    /// The runtime and release `spec.serving` names, every flag at its
+    /// default. A release that does not read counts as unset: the spec's
+    /// check refuses it before anything is planned.
+    pub fn of_spec(serving: &ServingSpec) -> Self {
+        Self {
+            runtime: serving.runtime,
+            version: serving.version().ok().flatten(),
+            ..Self::default()
+        }
+    }
 
     /// The share of memory the runtime takes with `tensor` GPUs per shard.
     pub fn memory_utilization(&self, tensor: u32) -> f64 {

@@ -74,12 +74,9 @@ pub fn workload(served: &Served) -> Workload {
 /// share of the share.
 pub fn runtime(served: &Served, on_memory_share: bool) -> RuntimeConfig {
     RuntimeConfig {
-        runtime: served.serving.runtime,
-        // Checked with the spec: a version that does not read was refused.
-        version: served.serving.version().ok().flatten(),
         kv_cache_dtype: served.model.kv_cache_dtype.unwrap_or(KvCacheDtype::Auto),
         memory_utilization: on_memory_share.then_some(1.0),
-        ..RuntimeConfig::default()
+        ..RuntimeConfig::of_spec(&served.serving)
     }
 }
 
