@@ -101,6 +101,20 @@ fn malformed_flags_are_refused() {
             &["controller", "--continuous-interval", "1"],
             &["1", "--continuous-interval"],
         ),
+        (&["controller", "--measure-interval", "soon"], &["soon"]),
+        (
+            &["controller", "--measure-interval", "3601"],
+            &["3601", "--measure-interval"],
+        ),
+        (
+            &["controller", "--measure-window", "0"],
+            &["0", "--measure-window"],
+        ),
+        (
+            &["controller", "--measure-window", "20"],
+            &["--measure-window (20 s)", "twice --measure-interval (15 s)"],
+        ),
+        (&["controller", "--measure-timeout", "61"], &["61"]),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {
         assert_bad_input_result(args, run(args, &[]), needles);

@@ -15,6 +15,7 @@ use super::dra::DraCaches;
 use super::event_log::EventLog;
 use super::hashes::placement_hash;
 use super::held::Claims;
+use super::measure::Measures;
 use super::metrics::Metrics;
 use super::moves::book::MoveBook;
 use super::node_cache::CachedNode;
@@ -56,6 +57,8 @@ pub struct Context {
     pub(crate) moves: MoveBook,
     /// Statuses written here that the cache may not show yet.
     pub(crate) written: WrittenStatuses,
+    /// What each replica's runtime was last measured serving.
+    pub(crate) measures: Arc<Measures>,
 }
 
 impl Context {
@@ -79,6 +82,7 @@ impl Context {
             event_log: EventLog::default(),
             moves: MoveBook::default(),
             written: WrittenStatuses::default(),
+            measures: Arc::default(),
         }
     }
 }

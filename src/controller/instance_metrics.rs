@@ -1,7 +1,7 @@
 //! One series per ModelInstance, from the instance cache at each scrape:
 //! its phase, the GPUs its plan holds, its predicted speed, what it serves
-//! at its latency target (and its demand), and how long it took from
-//! creation to Running. The families are cleared and filled again
+//! at its latency target (and its demand), what its runtimes were measured
+//! serving, and how long it took from creation to Running. The families are cleared and filled again
 //! every time, so an instance that is gone leaves no series behind.
 
 use std::collections::BTreeSet;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::status::READY;
-use tessera_core::api::{ModelInstance, Phase};
+use tessera_core::api::{MeasuredServing, ModelInstance, Phase};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {
@@ -36,7 +36,15 @@ struct ReplicaLabels {
     replica: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuantileLabels {
+    #[prometheus(flatten)]
+    instance: InstanceLabels,
+    quantile: String,
+}
+
 type Value = Family<InstanceLabels, Gauge<f64, AtomicU64>>;
+type Quantiles = Family<QuantileLabels, Gauge<f64, AtomicU64>>;
 
 pub(crate) struct InstanceMetrics {
     phase: Family<PhaseLabels, Gauge>,
@@ -49,6 +57,11 @@ pub(crate) struct InstanceMetrics {
     demand_requests_per_second: Value,
     replica_capacity_requests_per_second: Family<ReplicaLabels, Gauge<f64, AtomicU64>>,
     created_to_running: Value,
+    measured_requests_per_second: Value,
+    measured_output_tokens_per_second: Value,
+    measured_time_per_output_token: Quantiles,
+    measured_time_to_first_token: Quantiles,
+    replica_measured_requests_per_second: Family<ReplicaLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl InstanceMetrics {
@@ -65,6 +78,11 @@ impl InstanceMetrics {
             demand_requests_per_second: Value::default(),
             replica_capacity_requests_per_second: Family::default(),
             created_to_running: Value::default(),
+            measured_requests_per_second: Value::default(),
+            measured_output_tokens_per_second: Value::default(),
+            measured_time_per_output_token: Quantiles::default(),
+            measured_time_to_first_token: Quantiles::default(),
+            replica_measured_requests_per_second: Family::default(),
         };
         registry.register(
             "instance_phase",
@@ -116,6 +134,31 @@ impl InstanceMetrics {
             "From the instance's creation to its Ready condition turning true, for instances that are ready",
             metrics.created_to_running.clone(),
         );
+        registry.register(
+            "instance_measured_requests_per_second",
+            "Requests/s the instance's runtimes served over the last measuring window (status.measured), beside instance_capacity_requests_per_second",
+            metrics.measured_requests_per_second.clone(),
+        );
+        registry.register(
+            "instance_measured_output_tokens_per_second",
+            "Output tokens/s the instance's runtimes generated over the last measuring window",
+            metrics.measured_output_tokens_per_second.clone(),
+        );
+        registry.register(
+            "instance_measured_time_per_output_token_seconds",
+            "Measured time between output tokens over the last window, by quantile (0.5, 0.9), from the runtimes' histograms",
+            metrics.measured_time_per_output_token.clone(),
+        );
+        registry.register(
+            "instance_measured_time_to_first_token_seconds",
+            "Measured time to the first token over the last window, by quantile (0.5, 0.9)",
+            metrics.measured_time_to_first_token.clone(),
+        );
+        registry.register(
+            "instance_replica_measured_requests_per_second",
+            "Requests/s each replica's runtime served over the last measuring window",
+            metrics.replica_measured_requests_per_second.clone(),
+        );
         metrics
     }
 
@@ -131,6 +174,11 @@ impl InstanceMetrics {
         self.demand_requests_per_second.clear();
         self.replica_capacity_requests_per_second.clear();
         self.created_to_running.clear();
+        self.measured_requests_per_second.clear();
+        self.measured_output_tokens_per_second.clear();
+        self.measured_time_per_output_token.clear();
+        self.measured_time_to_first_token.clear();
+        self.replica_measured_requests_per_second.clear();
         for mi in instances {
             let labels = InstanceLabels {
                 namespace: mi.metadata.namespace.clone().unwrap_or_default(),
@@ -175,6 +223,17 @@ impl InstanceMetrics {
                         })
                         .set(capacity.requests_per_second);
                 }
+                if let Some(measured) = &prediction.measured {
+                    self.replica_measured_requests_per_second
+                        .get_or_create(&ReplicaLabels {
+                            instance: labels.clone(),
+                            replica: prediction.replica.to_string(),
+                        })
+                        .set(measured.requests_per_second);
+                }
+            }
+            if let Some(measured) = status.and_then(|s| s.measured.as_ref()) {
+                self.measured(&labels, measured);
             }
             if let Some(capacity) = status.and_then(|s| s.capacity.as_ref()) {
                 self.capacity_requests_per_second
@@ -194,6 +253,31 @@ impl InstanceMetrics {
             }
             if let Some(seconds) = created_to_ready(mi) {
                 self.created_to_running.get_or_create(&labels).set(seconds);
+            }
+        }
+    }
+}
+
+impl InstanceMetrics {
+    fn measured(&self, labels: &InstanceLabels, measured: &MeasuredServing) {
+        self.measured_requests_per_second
+            .get_or_create(labels)
+            .set(measured.requests_per_second);
+        self.measured_output_tokens_per_second
+            .get_or_create(labels)
+            .set(measured.output_tokens_per_second);
+        for (family, ms) in [
+            (&self.measured_time_per_output_token, measured.tpot_ms),
+            (&self.measured_time_to_first_token, measured.ttft_ms),
+        ] {
+            let Some(ms) = ms else { continue };
+            for (quantile, value) in [("0.5", ms.p50), ("0.9", ms.p90)] {
+                family
+                    .get_or_create(&QuantileLabels {
+                        instance: labels.clone(),
+                        quantile: quantile.to_string(),
+                    })
+                    .set(value / 1000.0);
             }
         }
     }
@@ -221,7 +305,8 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use prometheus_client::encoding::text::encode;
     use tessera_core::api::{
-        InstanceCapacity, ModelInstanceStatus, PlannedShard, ReplicaCapacity, ReplicaPrediction,
+        InstanceCapacity, ModelInstanceStatus, Percentiles, PlannedShard, ReplicaCapacity,
+        ReplicaPrediction,
     };
 
     use super::*;
@@ -239,6 +324,7 @@ mod tests {
                     replica: 0,
                     tokens_per_second: 60.0,
                     capacity: None,
+                    measured: None,
                 },
                 ReplicaPrediction {
                     replica: 2,
@@ -251,8 +337,22 @@ mod tests {
                         ttft_ms: 120.0,
                         target_missed: None,
                     }),
+                    measured: Some(MeasuredServing {
+                        requests_per_second: 2.5,
+                        ..MeasuredServing::default()
+                    }),
                 },
             ],
+            measured: Some(MeasuredServing {
+                window_seconds: 60.0,
+                requests_per_second: 6.5,
+                output_tokens_per_second: 1600.0,
+                tpot_ms: Some(Percentiles {
+                    p50: 30.0,
+                    p90: 42.0,
+                }),
+                ..MeasuredServing::default()
+            }),
             capacity: Some(InstanceCapacity {
                 requests_per_second: 7.0,
                 output_tokens_per_second: 1792.0,
@@ -318,6 +418,10 @@ mod tests {
             format!("tessera_controller_instance_capacity_concurrency{{{labels}}} 80.0"),
             format!("tessera_controller_instance_demand_requests_per_second{{{labels}}} 6.0"),
             format!("tessera_controller_instance_replica_capacity_requests_per_second{{{labels},replica=\"2\"}} 3.5"),
+            format!("tessera_controller_instance_measured_requests_per_second{{{labels}}} 6.5"),
+            format!("tessera_controller_instance_measured_output_tokens_per_second{{{labels}}} 1600.0"),
+            format!("tessera_controller_instance_measured_time_per_output_token_seconds{{{labels},quantile=\"0.9\"}} 0.042"),
+            format!("tessera_controller_instance_replica_measured_requests_per_second{{{labels},replica=\"2\"}} 2.5"),
             "tessera_controller_instance_phase{namespace=\"ml\",modelinstance=\"waiting\",phase=\"Pending\"} 1".to_string(),
         ] {
             assert!(text.contains(&line), "{line} not in:\n{text}");

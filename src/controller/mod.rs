@@ -26,6 +26,7 @@ pub mod hashes;
 pub mod held;
 mod instance_metrics;
 pub mod map_server;
+pub(crate) mod measure;
 pub mod metrics;
 pub mod model_cache;
 mod moves;

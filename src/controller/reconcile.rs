@@ -19,7 +19,7 @@ use super::context::Instance;
 pub use super::context::{Caches, Context, Error};
 use super::decide::stage as decide;
 use super::lock;
-pub use super::settings::{ContinuousMoves, MoveSettings, Settings};
+pub use super::settings::{ContinuousMoves, MeasureSettings, MoveSettings, Settings};
 use super::{
     apply::stage as apply, build, events, moves, observe, requeue, status::write as status,
     validate,

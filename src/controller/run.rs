@@ -445,6 +445,21 @@ async fn run_controller(
         wakes,
         tokio_stream::wrappers::UnboundedReceiverStream::new(moved),
     );
+    // Each measured instance whose runtime's figures changed.
+    let (measure_wakes, measured) = tokio::sync::mpsc::unbounded_channel();
+    let measuring = config.settings.measure.clone().map(|settings| {
+        tokio::spawn(super::measure::measure(
+            settings,
+            ctx.caches.pods.clone(),
+            ctx.caches.instances.clone(),
+            Arc::clone(&ctx.measures),
+            measure_wakes,
+        ))
+    });
+    let wakes = futures::stream::select(
+        wakes,
+        tokio_stream::wrappers::UnboundedReceiverStream::new(measured),
+    );
     let node_room = room_changes.clone();
     let mut controller = controller
         .owns_stream(pod_stream)
@@ -484,6 +499,9 @@ async fn run_controller(
             }
         })
         .await;
+    if let Some(measuring) = measuring {
+        measuring.abort();
+    }
     metrics.synced.store(false, Ordering::Relaxed);
 }
 

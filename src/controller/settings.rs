@@ -1,5 +1,6 @@
 //! How the controller plans; set by flags.
 
+pub use super::measure::MeasureSettings;
 use std::time::Duration;
 
 use super::model_cache::ModelCacheDir;
@@ -20,6 +21,9 @@ pub struct Settings {
     /// (`--model-cache-dir`); `None` refuses templates that mount it.
     pub model_cache: Option<ModelCacheDir>,
     pub moves: MoveSettings,
+    /// Reading each serving replica's runtime metrics; `None`: never
+    /// (`--measure-interval=0`).
+    pub measure: Option<MeasureSettings>,
 }
 
 /// When and how far the controller moves running replicas to make room.
@@ -82,6 +86,17 @@ impl Default for Settings {
             dra_driver: None,
             model_cache: None,
             moves: MoveSettings::default(),
+            measure: Some(MeasureSettings::default()),
+        }
+    }
+}
+
+impl Default for MeasureSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(15),
+            window: Duration::from_secs(60),
+            timeout: Duration::from_secs(5),
         }
     }
 }

@@ -26,6 +26,7 @@ fn running_instance() -> ModelInstance {
             replica: 0,
             tokens_per_second: 100.0,
             capacity: None,
+            measured: None,
         }],
         conditions: vec![Condition {
             type_: "Ready".into(),

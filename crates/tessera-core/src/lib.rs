@@ -19,6 +19,7 @@
 //! without a Kubernetes client, an async runtime or gRPC, so that stays true.
 
 pub mod api;
+pub mod measure;
 pub mod moves;
 pub mod objective;
 pub mod placement;

@@ -9,7 +9,7 @@ use super::values::{
 };
 use crate::api::ResourceName;
 use crate::controller::model_cache::ModelCacheDir;
-use crate::controller::reconcile::{ContinuousMoves, MoveSettings, Settings};
+use crate::controller::reconcile::{ContinuousMoves, MeasureSettings, MoveSettings, Settings};
 use crate::controller::run::{ControllerConfig, LeaderElection, run};
 use crate::kubernetes::initial_list::InitialList;
 
@@ -105,6 +105,19 @@ pub struct ControllerFlags {
     /// next look, without waiting).
     #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = clap::value_parser!(u64).range(10..=86400))]
     continuous_interval: u64,
+    /// Seconds between two reads of every serving replica's runtime metrics
+    /// (its first shard's container port named `metrics`, else `http`,
+    /// path /metrics; vLLM, SGLang and TensorRT-LLM names), shown in the
+    /// status beside the prediction; 0: never read.
+    #[arg(long, value_name = "SECONDS", default_value = "15", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    measure_interval: u64,
+    /// Seconds of reads that rates and latency percentiles are taken over
+    /// (at least twice --measure-interval).
+    #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = clap::value_parser!(u64).range(1..=86400))]
+    measure_window: u64,
+    /// Seconds one read of a replica's metrics may take.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = clap::value_parser!(u64).range(1..=60))]
+    measure_timeout: u64,
 }
 
 impl ControllerFlags {
@@ -132,7 +145,16 @@ impl ControllerFlags {
             continuous_moves,
             continuous_min_gain,
             continuous_interval,
+            measure_interval,
+            measure_window,
+            measure_timeout,
         } = self;
+        if measure_interval > 0 && measure_window < 2 * measure_interval {
+            eprintln!(
+                "error: --measure-window ({measure_window} s) must be at least twice --measure-interval ({measure_interval} s): a rate needs two reads in the window"
+            );
+            return ExitCode::from(1);
+        }
         let leader_election = if leader_elect {
             let Some(lease_namespace) = lease_namespace else {
                 eprintln!(
@@ -174,6 +196,11 @@ impl ControllerFlags {
                         interval: std::time::Duration::from_secs(continuous_interval),
                     }),
                 },
+                measure: (measure_interval > 0).then(|| MeasureSettings {
+                    interval: std::time::Duration::from_secs(measure_interval),
+                    window: std::time::Duration::from_secs(measure_window),
+                    timeout: std::time::Duration::from_secs(measure_timeout),
+                }),
             },
             initial_list,
             allocation: allocation.into(),

@@ -5,10 +5,14 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+mod measured;
 mod merge;
 pub(crate) mod write;
 
+use std::collections::BTreeMap;
+
 use super::apply::ShardState;
+use super::measure::ReplicaMeasure;
 use tessera_core::api::{
     InstanceCapacity, ModelInstanceStatus, MoveInFlight, Phase, PlannedShard, ReplicaCapacity,
     ReplicaPrediction, ReplicaRestarts,
@@ -86,6 +90,8 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) moves: Vec<MoveInFlight>,
     /// The `OnCordonedNode` condition's reason and message, when present.
     pub(crate) cordoned: Option<(&'static str, String)>,
+    /// What the replicas' runtimes were last measured serving, by replica.
+    pub(crate) measured: Option<&'a BTreeMap<u32, ReplicaMeasure>>,
     pub(crate) now: Timestamp,
 }
 
@@ -124,6 +130,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
             _ => None,
         })
         .collect();
+    let mut measured = measured::measured(inputs.measured);
     let replica_predictions = replicas
         .iter()
         .zip(&capacities)
@@ -133,6 +140,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
                 replica: index as u32,
                 tokens_per_second: tenths(verdict.tokens_per_second?),
                 capacity: capacity.cloned(),
+                measured: measured.replicas.remove(&(index as u32)),
             })
         })
         .collect();
@@ -162,6 +170,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
             .clone()
             .map(|(reason, message)| (ON_CORDONED_NODE, ("True", reason, message))),
     )
+    .chain(measured.condition)
     .map(|(type_, (status, reason, message))| {
         condition(
             previous_conditions,
@@ -196,6 +205,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         },
         restarts: inputs.restarts.clone(),
         moves: inputs.moves.clone(),
+        measured: measured.instance,
     }
 }
 
@@ -589,6 +599,7 @@ mod tests {
             demand: None,
             moves: Vec::new(),
             cordoned: None,
+            measured: None,
             now: now(),
         })
     }
@@ -690,6 +701,7 @@ mod tests {
                 demand: None,
                 moves: Vec::new(),
                 cordoned: None,
+                measured: None,
                 now: "2026-06-01T13:00:00Z".parse().unwrap(),
             })
         };
@@ -735,6 +747,7 @@ mod tests {
             demand: None,
             moves: Vec::new(),
             cordoned: None,
+            measured: None,
             now: now(),
         })
     }
@@ -888,6 +901,7 @@ mod tests {
                 demand,
                 moves: Vec::new(),
                 cordoned: None,
+                measured: None,
                 now: now(),
             })
         };

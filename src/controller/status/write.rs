@@ -2,6 +2,7 @@
 //! replicas' outcomes and shard states, and written.
 
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 
 use super::{ReplicaStatus, StatusInputs};
 use crate::controller::apply::stage::Applied;
@@ -30,6 +31,7 @@ pub(crate) async fn write_status(
             shards: &applied.states,
         })
         .collect();
+    let measured = ctx.measures.of(&ObjectRef::from_obj(mi));
     let new_status = super::compute(&StatusInputs {
         previous: mi.status.as_ref(),
         generation: mi.metadata.generation,
@@ -59,6 +61,7 @@ pub(crate) async fn write_status(
             })
             .collect(),
         cordoned: decided.cordoned.clone(),
+        measured: measured.as_ref(),
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);

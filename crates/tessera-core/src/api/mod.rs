@@ -5,6 +5,7 @@
 mod crd;
 mod gpu_state;
 pub mod limits;
+mod measured;
 mod model_instance;
 mod moves_status;
 mod partitions;
@@ -18,6 +19,7 @@ pub use gpu_state::{
     GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState,
     SharesOffered, Vendor,
 };
+pub use measured::{MeasuredServing, Percentiles};
 pub use model_instance::{
     DType, InstanceCapacity, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus,
     ModelSpec, Moves, Optimize, ParallelismSpec, Phase, PipelineStages, PlacementPolicy,

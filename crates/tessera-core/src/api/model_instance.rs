@@ -20,7 +20,7 @@ use super::limits::{
     MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND, MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS,
     PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
-use super::{GIB, KvCacheDtype, MoveInFlight, ServingSpec, Vendor};
+use super::{GIB, KvCacheDtype, MeasuredServing, MoveInFlight, ServingSpec, Vendor};
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
 // Two printer columns share `type_ = "integer"`, which clippy mistakes for a repeated attribute.
@@ -853,6 +853,12 @@ pub struct ModelInstanceStatus {
     /// where from, where to, and how far the move has got.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moves: Vec<MoveInFlight>,
+    /// What the serving replicas' runtimes report together over the last
+    /// window (each replica's under replicaPredictions): the measured side
+    /// of predictedTokensPerSecond and capacity. Unset until two reads of a
+    /// replica's metrics succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<MeasuredServing>,
 }
 
 /// What one placed replica is predicted to do.
@@ -867,6 +873,10 @@ pub struct ReplicaPrediction {
     /// has no answer for its plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<ReplicaCapacity>,
+    /// What its runtime reports over the last window, read from its first
+    /// shard's metrics endpoint; unset until two reads succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<MeasuredServing>,
 }
 
 /// One replica at the highest load that meets the latency target.

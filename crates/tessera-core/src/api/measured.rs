@@ -1,0 +1,50 @@
+//! What a running replica's serving runtime reports, read from its own
+//! Prometheus endpoint over a window: the measured side of the status, shown
+//! beside what the serving model predicted.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A replica's (or the instance's) runtime measured over a window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MeasuredServing {
+    /// The span the figures cover, seconds (the first to the last scrape of
+    /// the window).
+    pub window_seconds: f64,
+    /// Requests finished per second over the window.
+    pub requests_per_second: f64,
+    /// Output tokens generated per second over the window.
+    pub output_tokens_per_second: f64,
+    /// Requests decoding, on average over the window's scrapes.
+    pub running: f64,
+    /// Requests queued for a batch slot, on average over the window's scrapes.
+    pub waiting: f64,
+    /// Share of the KV cache in use (0 to 1), on average; unset where the
+    /// runtime does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_usage: Option<f64>,
+    /// Requests preempted per second (their KV cache dropped and recomputed);
+    /// unset where the runtime does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptions_per_second: Option<f64>,
+    /// Time per output token (between tokens of a request), ms, from the
+    /// runtime's histogram; unset when no token was generated in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<Percentiles>,
+    /// Time to the first token, ms, from the runtime's histogram; unset when
+    /// no request started in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<Percentiles>,
+}
+
+/// The median and the 90th percentile of a latency, interpolated within the
+/// runtime's histogram buckets as Prometheus's `histogram_quantile` does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Percentiles {
+    /// The median.
+    pub p50: f64,
+    /// The 90th percentile.
+    pub p90: f64,
+}
