@@ -46,6 +46,7 @@ pub(super) fn html(report: &Report) -> String {
                 moves: Vec::new(),
                 predictions: Vec::new(),
                 curves: Vec::new(),
+                measured: BTreeMap::new(),
                 target_tpot_ms: placement
                     .serving
                     .clone()

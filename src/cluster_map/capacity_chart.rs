@@ -1,10 +1,13 @@
 //! A replica's capacity curve as a small SVG chart: output tokens/s against
 //! the time per output token, one point per concurrency of the curve, the
-//! latency target as a dashed line and the load that meets it marked. Drawn
-//! on the server, so the offline map needs no script.
+//! latency target as a dashed line and the load that meets it marked, and
+//! what the replica's runtime was measured doing (its median time per token
+//! and its output tokens/s) as a point of its own. Drawn on the server, so
+//! the offline map needs no script.
 
 use maud::{Markup, html};
 
+use tessera_core::api::MeasuredServing;
 use tessera_core::serving::Capacity;
 
 const WIDTH: f64 = 480.0;
@@ -15,8 +18,23 @@ const BOTTOM: f64 = 36.0;
 const TOP: f64 = 12.0;
 const RIGHT: f64 = 16.0;
 
-/// The chart of `capacity`, with the target `target_tpot_ms`.
-pub(super) fn capacity_chart(replica: u32, capacity: &Capacity, target_tpot_ms: f64) -> Markup {
+/// The chart of `capacity`, with the target `target_tpot_ms` and the
+/// replica's `measured` figures where it has them.
+pub(super) fn capacity_chart(
+    replica: u32,
+    capacity: &Capacity,
+    target_tpot_ms: f64,
+    measured: Option<&MeasuredServing>,
+) -> Markup {
+    // Where the measured point goes: its median time per token and tokens/s.
+    let seen = measured.and_then(|m| {
+        let ms = m.tpot_ms?.p50;
+        (ms.is_finite() && m.output_tokens_per_second.is_finite()).then_some((
+            ms,
+            m.output_tokens_per_second,
+            m,
+        ))
+    });
     let points: Vec<(f64, f64, u32)> = capacity
         .curve
         .iter()
@@ -26,10 +44,16 @@ pub(super) fn capacity_chart(replica: u32, capacity: &Capacity, target_tpot_ms: 
     let most_ms = points
         .iter()
         .map(|p| p.0)
+        .chain(seen.map(|s| s.0))
         .fold(target_tpot_ms, f64::max)
         .max(1.0)
         * 1.1;
-    let most_tokens = points.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
+    let most_tokens = points
+        .iter()
+        .map(|p| p.1)
+        .chain(seen.map(|s| s.1))
+        .fold(1.0, f64::max)
+        * 1.1;
     let x = |ms: f64| LEFT + ms / most_ms * (WIDTH - LEFT - RIGHT);
     let y = |tokens: f64| HEIGHT - BOTTOM - tokens / most_tokens * (HEIGHT - BOTTOM - TOP);
     let line: Vec<String> = points
@@ -62,6 +86,11 @@ pub(super) fn capacity_chart(replica: u32, capacity: &Capacity, target_tpot_ms: 
                         title { (format!("at the target: {} at once, {:.1} ms per token, {:.0} tokens/s", at.concurrency, at.tpot_ms, at.output_tokens_per_second)) }
                     }
                 }
+                @if let Some((ms, tokens, m)) = seen {
+                    rect.point.measured x=(format!("{:.1}", x(ms) - 4.0)) y=(format!("{:.1}", y(tokens) - 4.0)) width="8" height="8" {
+                        title { (format!("measured over {} s: {} running, {ms} ms per token (median), {tokens} tokens/s", m.window_seconds, m.running)) }
+                    }
+                }
             }
             figcaption {
                 @match (at, &capacity.target_missed) {
@@ -71,6 +100,9 @@ pub(super) fn capacity_chart(replica: u32, capacity: &Capacity, target_tpot_ms: 
                     }
                     (None, Some(miss)) => { (format!("Replica {replica}: misses the target, {miss}")) }
                     (None, None) => { (format!("Replica {replica}")) }
+                }
+                @if let Some((ms, tokens, m)) = seen {
+                    (format!("; measured: {} requests/s and {tokens} tokens/s, {} running, {ms} ms per token (median)", m.requests_per_second, m.running))
                 }
             }
         }
@@ -110,7 +142,7 @@ mod tests {
 
     #[test]
     fn every_point_the_target_and_the_load_that_meets_it_are_drawn() {
-        let html = capacity_chart(0, &capacity(), 50.0).into_string();
+        let html = capacity_chart(0, &capacity(), 50.0, None).into_string();
         assert_eq!(
             html.matches("<circle").count(),
             4,
@@ -128,6 +160,44 @@ mod tests {
     }
 
     #[test]
+    fn the_measured_point_is_drawn_and_widens_the_axes() {
+        let measured = MeasuredServing {
+            window_seconds: 60.0,
+            requests_per_second: 2.5,
+            output_tokens_per_second: 1800.0,
+            running: 8.0,
+            tpot_ms: Some(tessera_core::api::Percentiles {
+                p50: 90.0,
+                p90: 120.0,
+            }),
+            ..MeasuredServing::default()
+        };
+        let html = capacity_chart(0, &capacity(), 50.0, Some(&measured)).into_string();
+        assert_eq!(
+            html.matches("class=\"point measured\"").count(),
+            1,
+            "{html}"
+        );
+        assert!(
+            html.contains("99 ms per output token"),
+            "1.1 × the measured 90 ms: {html}"
+        );
+        assert!(
+            html.contains(
+                "measured: 2.5 requests/s and 1800 tokens/s, 8 running, 90 ms per token (median)"
+            ),
+            "{html}"
+        );
+        // Without a time per token there is no point to draw.
+        let no_tokens = MeasuredServing {
+            tpot_ms: None,
+            ..measured
+        };
+        let html = capacity_chart(0, &capacity(), 50.0, Some(&no_tokens)).into_string();
+        assert!(!html.contains("measured"), "{html}");
+    }
+
+    #[test]
     fn a_missed_target_says_so_and_bad_figures_are_left_out() {
         let mut missed = capacity();
         missed.at_slo = None;
@@ -137,7 +207,7 @@ mod tests {
             best_ttft_ms: 100.0,
             target: Default::default(),
         });
-        let html = capacity_chart(1, &missed, 5.0).into_string();
+        let html = capacity_chart(1, &missed, 5.0, None).into_string();
         assert_eq!(html.matches("<circle").count(), 2, "{html}");
         assert!(
             html.contains("misses the target, at best 10 ms per token"),

@@ -71,7 +71,7 @@ pub(super) fn instance_section(instance: &MapInstance) -> Markup {
                 h3 { "Capacity at the target" }
                 @for (replica, curve) in &instance.curves {
                     @match curve {
-                        Ok(capacity) => (capacity_chart(*replica, capacity, instance.target_tpot_ms)),
+                        Ok(capacity) => (capacity_chart(*replica, capacity, instance.target_tpot_ms, instance.measured.get(replica))),
                         Err(why) => p.none { "Replica " (replica) ": no prediction (" (why) ")" },
                     }
                 }

@@ -2,9 +2,9 @@
 //! their plans, and who else holds devices. The live controller fills it from
 //! its caches, `tessera place` from a plan; nothing here talks to Kubernetes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use tessera_core::api::{GpuDevice, Health, MoveInFlight, PlannedShard};
+use tessera_core::api::{GpuDevice, Health, MeasuredServing, MoveInFlight, PlannedShard};
 use tessera_core::placement::Plan;
 use tessera_core::serving::Capacity;
 use tessera_core::translate::ClusterNode;
@@ -56,6 +56,9 @@ pub(crate) struct MapInstance {
     pub(crate) predictions: Vec<(u32, Prediction)>,
     /// By replica, as the predictions.
     pub(crate) curves: Vec<(u32, Curve)>,
+    /// What each replica's runtime was measured doing, by replica
+    /// (`status.replicaPredictions[].measured`), drawn on its curve.
+    pub(crate) measured: BTreeMap<u32, MeasuredServing>,
     /// `serving.maxTimePerOutputTokenMs`, marked on the curves.
     pub(crate) target_tpot_ms: f64,
     pub(crate) conditions: Vec<MapCondition>,

@@ -267,6 +267,7 @@ mod tests {
             plan,
             predictions: vec![(0, Err(HOSTILE.into()))],
             curves: vec![(0, Err(HOSTILE.into()))],
+            measured: Default::default(),
             target_tpot_ms: 50.0,
             conditions: vec![MapCondition {
                 type_: "Ready".into(),

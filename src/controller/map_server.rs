@@ -199,6 +199,11 @@ fn map_instance(mi: &ModelInstance, judged: Judged, events: Vec<MapEvent>) -> Ma
         moves: status.moves,
         predictions: judged.predictions,
         curves: judged.curves,
+        measured: status
+            .replica_predictions
+            .iter()
+            .filter_map(|p| Some((p.replica, p.measured.clone()?)))
+            .collect(),
         target_tpot_ms: mi
             .spec
             .serving

@@ -38,6 +38,9 @@ pub(crate) async fn measure(
     loop {
         ticks.tick().await;
         let pods = pods.state();
+        // A pod not Ready is read only where its window holds reads of it: a
+        // runtime measured before that stops answering is named; one still
+        // starting is not read.
         let targets = targets(pods.iter().map(AsRef::as_ref), |instance| {
             let instance = instances.get(instance)?;
             Some(
@@ -48,7 +51,15 @@ pub(crate) async fn measure(
                     .map(|s| s.runtime)
                     .unwrap_or_default(),
             )
-        });
+        })
+        .into_iter()
+        .filter(|t| {
+            t.ready
+                || windows
+                    .get(&(t.instance.clone(), t.replica))
+                    .is_some_and(|(pod, _)| *pod == t.pod_uid)
+        })
+        .collect::<Vec<_>>();
         let reads: Vec<(Target, f64, Result<String, String>)> = futures::stream::iter(targets)
             .map(|target| {
                 let fetcher = &fetcher;
@@ -207,7 +218,11 @@ mod tests {
         };
         assert!(m.requests_per_second() > 0.0);
 
+        // Stuck: not Ready and no exposition; read still, as it was measured.
         broken.store(1, Ordering::SeqCst);
+        let mut stuck = pod.clone();
+        stuck.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        pod_writer.apply_watcher_event(&Event::Apply(stuck));
         let failed = loop {
             if let Some(ReplicaMeasure::Failed(why)) = next().await.unwrap().remove(&0) {
                 break why;

@@ -1,7 +1,9 @@
 //! Which endpoint to read each serving replica's runtime metrics from: its
-//! first shard's pod (the one that serves requests), once Ready, on the
-//! container port named `metrics`, else the one named `http` (vLLM, SGLang
-//! and TensorRT-LLM serve `/metrics` beside their API).
+//! first shard's pod (the one that serves requests), on the container port
+//! named `metrics`, else the one named `http` (vLLM, SGLang and TensorRT-LLM
+//! serve `/metrics` beside their API). A pod not Ready is a target too, so
+//! that a runtime measured before and now stuck is named, not forgotten; the
+//! loop reads it only then.
 
 use std::collections::BTreeMap;
 
@@ -20,13 +22,16 @@ pub(crate) struct Target {
     pub(crate) replica: u32,
     /// The pod read; a new one (a move, a recreation) starts a new window.
     pub(crate) pod_uid: String,
+    /// Whether the pod is Ready.
+    pub(crate) ready: bool,
     /// `Err`: why the replica cannot be read (no port named as above).
     pub(crate) url: Result<String, String>,
     pub(crate) runtime: Runtime,
 }
 
 /// The targets among `pods` (the controller's shard pods): per instance
-/// and replica, the newest Ready first-shard pod with an IP. `runtime`
+/// and replica, the first-shard pod with an IP, Ready ones before others,
+/// the newest first. `runtime`
 /// gives an instance's runtime, `None` for an instance the cache no longer
 /// has (its pods are going).
 pub(crate) fn targets<'a>(
@@ -36,7 +41,7 @@ pub(crate) fn targets<'a>(
     // By namespace, instance and replica.
     let mut newest: BTreeMap<(String, String, u32), &Pod> = BTreeMap::new();
     for pod in pods {
-        if pod.metadata.deletion_timestamp.is_some() || !ready(pod) || pod_ip(pod).is_none() {
+        if pod.metadata.deletion_timestamp.is_some() || pod_ip(pod).is_none() {
             continue;
         }
         let labels = pod.labels();
@@ -59,7 +64,8 @@ pub(crate) fn targets<'a>(
             replica,
         );
         let entry = newest.entry(key).or_insert(pod);
-        if pod.creation_timestamp() > entry.creation_timestamp() {
+        let rank = |p: &Pod| (ready(p), p.creation_timestamp());
+        if rank(pod) > rank(entry) {
             *entry = pod;
         }
     }
@@ -71,6 +77,7 @@ pub(crate) fn targets<'a>(
             Some(Target {
                 replica,
                 pod_uid: pod.uid().unwrap_or_default(),
+                ready: ready(pod),
                 url: url(pod),
                 runtime,
                 instance,
@@ -184,21 +191,15 @@ mod tests {
         let got = targets(&pods, vllm);
         let seen: Vec<_> = got
             .iter()
-            .map(|t| (t.replica, t.pod_uid.as_str(), t.url.clone().unwrap()))
+            .map(|t| (t.replica, t.ready, t.url.clone().unwrap()))
             .collect();
+        let url = |ip: &str| format!("http://{ip}:8000/metrics");
         assert_eq!(
             seen,
             [
-                (
-                    0,
-                    "uid-llama-shard-0",
-                    "http://10.0.0.1:8000/metrics".to_string()
-                ),
-                (
-                    2,
-                    "uid-llama-r2-shard-0",
-                    "http://[fd00::5]:8000/metrics".to_string()
-                ),
+                (0, true, url("10.0.0.1")),
+                (1, false, url("10.0.0.3")),
+                (2, true, url("[fd00::5]")),
             ]
         );
         assert_eq!(got[0].instance, ObjectRef::new("llama").within("ml"));
@@ -227,6 +228,20 @@ mod tests {
             .push(
                 serde_json::from_value(json!({"name": "metrics", "containerPort": 9090})).unwrap(),
             );
+        let mut starting = new.clone();
+        starting
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "False".into();
+        let old_ready = targets([&old, &starting], vllm);
+        assert_eq!(
+            old_ready[0].pod_uid, "uid-llama-shard-0",
+            "the Ready one, though older"
+        );
         let got = targets([&old, &new], vllm);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].url, Ok("http://10.0.0.9:9090/metrics".to_string()));

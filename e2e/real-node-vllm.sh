@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# End-to-end on a real node with a real serving runtime: vLLM's CPU build (the
+# install .ci/install-vllm makes, mounted from the host into the shard pod, which runs
+# the project's own image) serves a tiny random-weight Llama planned onto a fake H100,
+# and the controller (the chart, reading every 5 s over a 30 s window) measures it.
+#   1. tiny (4 layers, hidden 256, vocabulary 1,024; `--load-format dummy`) runs and
+#      answers OpenAI completions with token-ID prompts behind the Service tiny-api;
+#   2. under load (e2e/load.py: concurrent clients through the Service's ready
+#      addresses) the status shows what vLLM reports (requests/s, output tokens/s,
+#      time per output token and to the first token) beside the prediction for an
+#      H100, the Measured condition True, and no request fails; the figures go to
+#      target/e2e/vllm-measured.json;
+#   3. vLLM's API server stopped (SIGSTOP): the Measured condition turns False naming
+#      the replica and the read that timed out, the controller keeps running; resumed
+#      (SIGCONT), measured again;
+#   4. vLLM's API server killed: the container restarts with its counters at zero; the
+#      replica is measured again (the counters' reset is no negative rate), the
+#      controller never restarted.
+# Needs what e2e/real-node.sh needs, TESSERA_TEST_VLLM_PYTHON (the Python of that
+# install; unset: skipped, saying so), python3 and pgrep.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readonly IMAGE=localhost/tessera:e2e
+readonly ARCHIVE=target/e2e/tessera-image.tar
+readonly NODE="${NODE:-node-1}"
+readonly NAMESPACE=tessera-e2e-vllm
+readonly RELEASE=tessera
+readonly TESSERA_NAMESPACE=tessera-system
+readonly TIMEOUT="${TIMEOUT:-300}"
+readonly FIGURES=target/e2e/vllm-measured.json
+# lib.sh's names; the device plugin's checkpoint plays no part here.
+readonly KUBELET_CHECKPOINT="" KUBELET_PIDFILE="" RESOURCE_NAME=tessera.dev/gpu FAKE_CONFIGMAP=tessera-fake-gpus
+kubectl_bin="${KUBECTL:-kubectl}"
+helm="${HELM:-helm}"
+work_dir=$(mktemp -d)
+
+current_test=setup
+log() { printf '[real-node-vllm %s %s] %s\n' "$(date +%H:%M:%S)" "$current_test" "$*"; }
+die() {
+  echo "real-node vLLM check FAILED in $current_test: $*" >&2
+  {
+    echo "--- pods"
+    kubectl get pods -n "$NAMESPACE" -o wide || true
+    echo "--- instance status"
+    kubectl get mi tiny -n "$NAMESPACE" -o json | jq .status || true
+    echo "--- the shard's log"
+    kubectl logs -n "$NAMESPACE" tiny-shard-0 --tail=30 || true
+    echo "--- controller log"
+    kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=controller --tail=30 || true
+    echo "real-node vLLM check FAILED in $current_test: $*"
+  } >&2
+  exit 1
+}
+if [ -z "${TESSERA_TEST_VLLM_PYTHON:-}" ]; then
+  echo "real-node vLLM check skipped: TESSERA_TEST_VLLM_PYTHON is not set (.ci/install-vllm prints it)"
+  exit 0
+fi
+[ -n "${TESSERA_TEST_KUBECONFIG:-}" ] || die "TESSERA_TEST_KUBECONFIG is not set"
+[ -x "${TESSERA_K8S_KIT:-}/import-image.sh" ] || die "TESSERA_K8S_KIT does not name a kit with import-image.sh"
+export KUBECONFIG="$TESSERA_TEST_KUBECONFIG"
+PATH="$(dirname "$(command -v "$kubectl_bin")"):$PATH"
+export KUBECTL="$kubectl_bin"
+# shellcheck source=e2e/lib.sh
+source e2e/lib.sh
+
+# What the shard pod mounts from the host: the venv, the Python it was made from, and
+# /usr for the shared libraries and programs (the image has only what tessera links).
+python_bin=$(readlink -f "$TESSERA_TEST_VLLM_PYTHON")
+venv=$(cd "$(dirname "$TESSERA_TEST_VLLM_PYTHON")/.." && pwd)
+base=$("$TESSERA_TEST_VLLM_PYTHON" -c 'import sys; print(sys.base_prefix)')
+"$TESSERA_TEST_VLLM_PYTHON" -c 'import vllm' 2>/dev/null || die "$TESSERA_TEST_VLLM_PYTHON has no vllm"
+
+cleanup() {
+  # A stopped server must not outlive the test.
+  pkill -CONT -f "vllm.entrypoints.openai.api_server" 2>/dev/null || true
+  rm -rf "$API_USE" "$work_dir"
+  [ "${KEEP:-0}" = 1 ] && return 0
+  kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=120s >/dev/null 2>&1 || true
+  "$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+e2e/image.sh "$IMAGE" "$ARCHIVE"
+"$TESSERA_K8S_KIT/import-image.sh" "$ARCHIVE"
+kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
+"$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
+kubectl delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
+kubectl label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
+cat >"$work_dir/values.yaml" <<YAML
+agent:
+  fake:
+    nodes:
+      $NODE: "2xH100-80GiB"
+controller:
+  measure: {intervalSeconds: 5, windowSeconds: 30, timeoutSeconds: 2}
+YAML
+"$helm" install "$RELEASE" charts/tessera -n "$TESSERA_NAMESPACE" --create-namespace \
+  -f e2e/values-real-node.yaml -f "$work_dir/values.yaml" --wait --timeout 180s >/dev/null \
+  || die "helm install did not become ready: $(kubectl -n "$TESSERA_NAMESPACE" get pods -o wide 2>&1)"
+kubectl create namespace "$NAMESPACE" >/dev/null
+
+current_test=serving
+kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: tiny-llama}
+data:
+  config.json: |
+    {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+     "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 2048,
+     "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+---
+apiVersion: tessera.dev/v1alpha1
+kind: ModelInstance
+metadata: {name: tiny}
+spec:
+  model: {name: e2e/tiny-llama, parametersBillions: 0.003, layers: 4, hiddenSize: 256,
+          attentionHeads: 4, kvHeads: 2, dtype: bf16}
+  parallelism: {tensor: 1, pipeline: 1}
+  serving: {runtime: vllm, runtimeVersion: "0.20.0", inputTokens: 32, outputTokens: 32}
+  template:
+    spec:
+      terminationGracePeriodSeconds: 5
+      securityContext: {runAsUser: 0}
+      containers:
+        - name: vllm
+          image: $IMAGE
+          imagePullPolicy: Never
+          command: [$venv/bin/python, -m, vllm.entrypoints.openai.api_server]
+          args: [--model, /model, --served-model-name, tiny, --load-format, dummy,
+                 --skip-tokenizer-init, --enforce-eager, --max-model-len, "512",
+                 --host, 0.0.0.0, --port, "8000"]
+          env:
+            - {name: VLLM_CPU_KVCACHE_SPACE, value: "1"}
+            - {name: HOME, value: /tmp}
+            - {name: HF_HUB_OFFLINE, value: "1"}
+            # Its own libpython before the host's (which LD_LIBRARY_PATH would put first).
+            - {name: LD_LIBRARY_PATH, value: "$base/lib:/usr/lib/x86_64-linux-gnu"}
+          ports: [{name: http, containerPort: 8000}]
+          readinessProbe:
+            httpGet: {path: /health, port: http}
+            periodSeconds: 2
+          volumeMounts:
+            - {name: model, mountPath: /model}
+            - {name: venv, mountPath: $venv, readOnly: true}
+            - {name: python, mountPath: $base, readOnly: true}
+            - {name: usr, mountPath: /usr, readOnly: true}
+            # vLLM runs lscpu through /bin/sh; torch's CPU kernels compile at start
+            # and link against /lib's libraries (merged /usr: both are in /usr).
+            - {name: bin, mountPath: /bin, readOnly: true}
+            - {name: lib, mountPath: /lib, readOnly: true}
+            - {name: tmp, mountPath: /tmp}
+      volumes:
+        - {name: model, configMap: {name: tiny-llama}}
+        - {name: venv, hostPath: {path: $venv, type: Directory}}
+        - {name: python, hostPath: {path: $base, type: Directory}}
+        - {name: usr, hostPath: {path: /usr, type: Directory}}
+        - {name: bin, hostPath: {path: /usr/bin, type: Directory}}
+        - {name: lib, hostPath: {path: /usr/lib, type: Directory}}
+        - {name: tmp, emptyDir: {}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: tiny-api}
+spec:
+  selector: {tessera.dev/instance: tiny}
+  ports: [{port: 8000, targetPort: http}]
+YAML
+status() { kubectl get mi tiny -n "$NAMESPACE" -o json | jq -r "$1"; }
+wait_until "$TIMEOUT" "tiny Running (vLLM up and answering /health)" mi_running tiny
+log "tiny runs on $(status '.status.plan[0].node + " " + (.status.plan[0].devices | join(","))'); vLLM answers"
+
+current_test=measured
+load() {
+  python3 e2e/load.py --namespace "$NAMESPACE" --service tiny-api --model tiny \
+    --prompt-tokens 32 --max-tokens 32 "$@"
+}
+load --concurrency 8 --duration 60 --out "$work_dir/load" >"$work_dir/load.log" 2>&1 &
+loader=$!
+# measured_under_load [SECONDS]: Measured, with requests running and served, over a
+# window of SECONDS at least.
+measured_under_load() {
+  local s
+  s=$(kubectl get mi tiny -n "$NAMESPACE" -o json)
+  jq -e --argjson window "${1:-0}" '(.status.conditions[] | select(.type == "Measured") | .status == "True")
+    and (.status.measured.windowSeconds >= $window)
+    and (.status.measured.requestsPerSecond > 0)
+    and (.status.measured.running > 0)
+    and (.status.replicaPredictions[0].measured.tpotMs.p50 > 0)' <<<"$s" >/dev/null \
+    || { jq -c '[.status.measured, (.status.conditions[] | select(.type == "Measured"))]' <<<"$s"; return 1; }
+}
+wait_until 90 "tiny measured under load over 25 s" measured_under_load 25
+mkdir -p "$(dirname "$FIGURES")"
+kubectl get mi tiny -n "$NAMESPACE" -o json | jq '{predicted: .status.replicaPredictions[0].capacity,
+  measured: .status.replicaPredictions[0].measured, product: "fake H100 (vLLM CPU build)"}' >"$FIGURES"
+wait "$loader" || die "the load generator failed: $(cat "$work_dir/load.log")"
+summary=$(cat "$work_dir/load/summary.json")
+[[ $(jq .failed <<<"$summary") == 0 ]] || die "requests failed under load: $(head -5 "$work_dir/load/failures")"
+(($(jq .ok <<<"$summary") > 20)) || die "too few requests answered: $summary"
+log "load: $summary"
+log "predicted on an H100 at the target: $(jq -c .predicted "$FIGURES")"
+log "measured: $(jq -c .measured "$FIGURES")"
+
+current_test=unanswered
+controller=$(component_pods controller)
+restarts() { kubectl -n "$TESSERA_NAMESPACE" get pod "$controller" -o jsonpath='{.status.containerStatuses[0].restartCount}'; }
+server=$(pgrep -f "$python_bin -m vllm.entrypoints.openai.api_server|$venv/bin/python -m vllm.entrypoints.openai.api_server" | head -1)
+[[ -n "$server" ]] || die "no vLLM API server process on the host"
+kill -STOP "$server"
+condition() {
+  kubectl get mi tiny -n "$NAMESPACE" -o json \
+    | jq -r '.status.conditions[] | select(.type == "Measured") | "\(.status) \(.reason): \(.message)"'
+}
+not_measured() { [[ "$(condition)" == "False NotMeasured: replica 0: GET http://"*"no answer within 2 s"* ]] || { condition; return 1; }; }
+wait_until 60 "Measured False naming the read that timed out" not_measured
+log "stopped: $(condition)"
+kill -CONT "$server"
+measured() { [[ "$(condition)" == "True Measured: "* ]] || { condition; return 1; }; }
+wait_until 60 "measured again once resumed" measured
+
+current_test=restarted
+kill -KILL "$server"
+restarted() {
+  [[ "$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=tiny \
+    -o jsonpath='{.items[0].status.containerStatuses[0].restartCount}')" -ge 1 ]]
+}
+wait_until 60 "the shard's container restarted" restarted
+wait_until "$TIMEOUT" "tiny Running again" mi_running tiny
+load --concurrency 2 --duration 40 --out "$work_dir/after" >"$work_dir/after.log" 2>&1 &
+loader=$!
+wait_until 90 "the restarted replica measured" measured_under_load
+wait "$loader" || die "the load generator failed: $(cat "$work_dir/after.log")"
+rate=$(status '.status.measured.requestsPerSecond')
+[[ "$(restarts)" == 0 ]] || die "the controller restarted $(restarts) times"
+log "ok: vLLM measured at ${rate} requests/s after its restart; the controller never restarted"
