@@ -9,6 +9,18 @@
 
 mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
 
+# fresh_start: the image (IMAGE) built and imported into the node from ARCHIVE, nothing
+# left of an earlier run (NAMESPACE, the Helm release RELEASE, run by $helm, and its
+# namespace TESSERA_NAMESPACE), NODE labelled for the agent.
+fresh_start() {
+  e2e/image.sh "${IMAGE:?}" "${ARCHIVE:?}"
+  "$TESSERA_K8S_KIT/import-image.sh" "$ARCHIVE"
+  kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
+  "${helm:?}" uninstall "${RELEASE:?}" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
+  kubectl delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
+  kubectl label node "${NODE:?}" tessera.dev/gpu-node=true --overwrite >/dev/null
+}
+
 # mi_running INSTANCE: whether the instance's phase is Running.
 mi_running() { [ "$(kubectl get mi "$1" -n "$NAMESPACE" -o jsonpath='{.status.phase}')" = Running ]; }
 

@@ -113,12 +113,7 @@ cleanup() {
 trap cleanup EXIT
 
 # After e2e/real-node.sh the build is up to date and only the packing runs again.
-e2e/image.sh "$IMAGE" "$ARCHIVE"
-"$TESSERA_K8S_KIT/import-image.sh" "$ARCHIVE"
-kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-"$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
-kubectl delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-kubectl label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
+fresh_start
 kubectl delete resourceslices --field-selector "spec.driver=$DRIVER" >/dev/null
 # A slice of the node's pool as an earlier driver left it (generation 7, a device that
 # is gone): the agent must count on from its generation and delete it.

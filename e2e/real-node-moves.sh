@@ -76,12 +76,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-e2e/image.sh "$IMAGE" "$ARCHIVE"
-"$TESSERA_K8S_KIT/import-image.sh" "$ARCHIVE"
-kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-"$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
-kubectl delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-kubectl label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
+fresh_start
 "$helm" install "$RELEASE" charts/tessera -n "$TESSERA_NAMESPACE" --create-namespace \
   -f e2e/values-real-node.yaml --set agent.publishInterval=5 --set controller.moves.timeoutSeconds=60 \
   --set controller.moves.backoffSeconds=0 --wait --timeout 180s >/dev/null \

@@ -71,12 +71,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-e2e/image.sh "$IMAGE" "$ARCHIVE"
-"$TESSERA_K8S_KIT/import-image.sh" "$ARCHIVE"
-kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-"$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
-kubectl delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-kubectl label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
+fresh_start
 cat >"$work_dir/values.yaml" <<YAML
 agent:
   fake:

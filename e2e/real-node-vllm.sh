@@ -64,8 +64,9 @@ export KUBECTL="$kubectl_bin"
 # shellcheck source=e2e/lib.sh
 source e2e/lib.sh
 
-# What the shard pod mounts from the host: the venv, the Python it was made from, and
-# /usr for the shared libraries and programs (the image has only what tessera links).
+# What the shard pod of examples/cpu-vllm-tiny.yaml mounts from the host: the venv,
+# the Python it was made from, and /usr for the shared libraries and programs (the
+# image has only what tessera links).
 python_bin=$(readlink -f "$TESSERA_TEST_VLLM_PYTHON")
 venv=$(cd "$(dirname "$TESSERA_TEST_VLLM_PYTHON")/.." && pwd)
 base=$("$TESSERA_TEST_VLLM_PYTHON" -c 'import sys; print(sys.base_prefix)')
@@ -81,12 +82,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-e2e/image.sh "$IMAGE" "$ARCHIVE"
-"$TESSERA_K8S_KIT/import-image.sh" "$ARCHIVE"
-kubectl delete namespace "$NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-"$helm" uninstall "$RELEASE" -n "$TESSERA_NAMESPACE" >/dev/null 2>&1 || true
-kubectl delete namespace "$TESSERA_NAMESPACE" --ignore-not-found --wait=true --timeout=180s >/dev/null
-kubectl label node "$NODE" tessera.dev/gpu-node=true --overwrite >/dev/null
+fresh_start
 cat >"$work_dir/values.yaml" <<YAML
 agent:
   fake:
@@ -101,73 +97,9 @@ YAML
 kubectl create namespace "$NAMESPACE" >/dev/null
 
 current_test=serving
-kubectl apply -n "$NAMESPACE" -f - >/dev/null <<YAML
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: tiny-llama}
-data:
-  config.json: |
-    {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-     "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-     "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 2048,
-     "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
----
-apiVersion: tessera.dev/v1alpha1
-kind: ModelInstance
-metadata: {name: tiny}
-spec:
-  model: {name: e2e/tiny-llama, parametersBillions: 0.003, layers: 4, hiddenSize: 256,
-          attentionHeads: 4, kvHeads: 2, dtype: bf16}
-  parallelism: {tensor: 1, pipeline: 1}
-  serving: {runtime: vllm, runtimeVersion: "0.20.0", inputTokens: 32, outputTokens: 32}
-  template:
-    spec:
-      terminationGracePeriodSeconds: 5
-      securityContext: {runAsUser: 0}
-      containers:
-        - name: vllm
-          image: $IMAGE
-          imagePullPolicy: Never
-          command: [$venv/bin/python, -m, vllm.entrypoints.openai.api_server]
-          args: [--model, /model, --served-model-name, tiny, --load-format, dummy,
-                 --skip-tokenizer-init, --enforce-eager, --max-model-len, "512",
-                 --host, 0.0.0.0, --port, "8000"]
-          env:
-            - {name: VLLM_CPU_KVCACHE_SPACE, value: "1"}
-            - {name: HOME, value: /tmp}
-            - {name: HF_HUB_OFFLINE, value: "1"}
-            # Its own libpython before the host's (which LD_LIBRARY_PATH would put first).
-            - {name: LD_LIBRARY_PATH, value: "$base/lib:/usr/lib/x86_64-linux-gnu"}
-          ports: [{name: http, containerPort: 8000}]
-          readinessProbe:
-            httpGet: {path: /health, port: http}
-            periodSeconds: 2
-          volumeMounts:
-            - {name: model, mountPath: /model}
-            - {name: venv, mountPath: $venv, readOnly: true}
-            - {name: python, mountPath: $base, readOnly: true}
-            - {name: usr, mountPath: /usr, readOnly: true}
-            # vLLM runs lscpu through /bin/sh; torch's CPU kernels compile at start
-            # and link against /lib's libraries (merged /usr: both are in /usr).
-            - {name: bin, mountPath: /bin, readOnly: true}
-            - {name: lib, mountPath: /lib, readOnly: true}
-            - {name: tmp, mountPath: /tmp}
-      volumes:
-        - {name: model, configMap: {name: tiny-llama}}
-        - {name: venv, hostPath: {path: $venv, type: Directory}}
-        - {name: python, hostPath: {path: $base, type: Directory}}
-        - {name: usr, hostPath: {path: /usr, type: Directory}}
-        - {name: bin, hostPath: {path: /usr/bin, type: Directory}}
-        - {name: lib, hostPath: {path: /usr/lib, type: Directory}}
-        - {name: tmp, emptyDir: {}}
----
-apiVersion: v1
-kind: Service
-metadata: {name: tiny-api}
-spec:
-  selector: {tessera.dev/instance: tiny}
-  ports: [{port: 8000, targetPort: http}]
-YAML
+sed -e "s#/opt/vllm-cpu#$venv#g" -e "s#/opt/python#$base#g" -e "s#image: tessera:0.1.0#image: $IMAGE#" \
+  -e "s#imagePullPolicy: IfNotPresent#imagePullPolicy: Never#" examples/cpu-vllm-tiny.yaml \
+  | kubectl apply -n "$NAMESPACE" -f - >/dev/null
 status() { kubectl get mi tiny -n "$NAMESPACE" -o json | jq -r "$1"; }
 wait_until "$TIMEOUT" "tiny Running (vLLM up and answering /health)" mi_running tiny
 log "tiny runs on $(status '.status.plan[0].node + " " + (.status.plan[0].devices | join(","))'); vLLM answers"
