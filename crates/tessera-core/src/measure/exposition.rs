@@ -200,6 +200,8 @@ fn histogram(exposition: &Exposition, names: &[&str]) -> Result<Option<Histogram
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     /// vLLM 0.20's CPU build after three requests of 64 output tokens.
@@ -308,6 +310,58 @@ trtllm_time_per_output_token_seconds_count 4
                 .starts_with("vllm:kv_cache_usage_perc is NaN"),
             "{err}"
         );
+    }
+
+    /// A line of an exposition as a runtime gone wrong might write it: real
+    /// names, types and label sets, in any order, with any value.
+    fn line() -> impl Strategy<Value = String> {
+        let name = prop::sample::select(vec![
+            "vllm:request_success_total",
+            "vllm:num_requests_running",
+            "vllm:time_to_first_token_seconds",
+            "vllm:time_to_first_token_seconds_bucket",
+            "vllm:time_to_first_token_seconds_count",
+            "vllm:time_to_first_token_seconds_sum",
+            "vllm:inter_token_latency_seconds_bucket",
+            "vllm:request_success_created",
+        ]);
+        let kind = prop::sample::select(vec![
+            "counter",
+            "gauge",
+            "histogram",
+            "summary",
+            "untyped",
+            "bogus",
+        ]);
+        let labels = prop::sample::select(vec![
+            "",
+            "{le=\"0.1\"}",
+            "{le=\"+Inf\"}",
+            "{le=\"x\"}",
+            "{quantile=\"0.5\"}",
+            "{finished_reason=\"abort\"}",
+            "{engine=\"0\",le=\"1\"}",
+            "{engine=\"0\"",
+        ]);
+        let value =
+            prop::sample::select(vec!["1", "2.0", "-1", "NaN", "+Inf", "1e400", "x", "0.5"]);
+        prop_oneof![
+            (name.clone(), kind).prop_map(|(n, k)| format!("# TYPE {n} {k}")),
+            (name, labels, value).prop_map(|(n, l, v)| format!("{n}{l} {v}")),
+            Just("# HELP vllm:x text".to_string()),
+            Just(String::new()),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever a runtime writes, reading it is an answer, never a panic.
+        #[test]
+        fn any_exposition_is_read_or_refused(lines in proptest::collection::vec(line(), 0..12)) {
+            let text = lines.join("\n");
+            for runtime in [Runtime::Vllm, Runtime::Generic] {
+                let _ = Scrape::parse(&text, runtime);
+            }
+        }
     }
 
     #[test]
