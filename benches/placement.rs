@@ -175,6 +175,7 @@ fn served(mut p: Problem) -> Problem {
         model,
         serving: Default::default(),
         target_required: false,
+        corrections: Vec::new(),
     });
     p
 }

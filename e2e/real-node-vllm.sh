@@ -8,8 +8,10 @@
 #   2. under load (e2e/load.py: concurrent clients through the Service's ready
 #      addresses) the status shows what vLLM reports (requests/s, output tokens/s,
 #      time per output token and to the first token) beside the prediction for an
-#      H100, the Measured condition True, and no request fails; the figures go to
-#      target/e2e/vllm-measured.json;
+#      H100, the Measured condition True, and no request fails; the correction of the
+#      prediction is learned (status.corrections: far slower than an H100) and
+#      applied to the replica's capacity without restarting its pod; the figures go
+#      to target/e2e/vllm-measured.json;
 #   3. vLLM's API server stopped (SIGSTOP): the Measured condition turns False naming
 #      the replica and the read that timed out, the controller keeps running; resumed
 #      (SIGCONT), measured again;
@@ -103,6 +105,9 @@ sed -e "s#/opt/vllm-cpu#$venv#g" -e "s#/opt/python#$base#g" -e "s#image: tessera
 status() { kubectl get mi tiny -n "$NAMESPACE" -o json | jq -r "$1"; }
 wait_until "$TIMEOUT" "tiny Running (vLLM up and answering /health)" mi_running tiny
 log "tiny runs on $(status '.status.plan[0].node + " " + (.status.plan[0].devices | join(","))'); vLLM answers"
+# Before any measurement: the model's prediction alone.
+predicted=$(kubectl get mi tiny -n "$NAMESPACE" -o json | jq -c '.status.replicaPredictions[0].capacity')
+[[ "$(jq -r '.correction // "none"' <<<"$predicted")" == none ]] || die "corrected before measured: $predicted"
 
 current_test=measured
 load() {
@@ -124,9 +129,25 @@ measured_under_load() {
     || { jq -c '[.status.measured, (.status.conditions[] | select(.type == "Measured"))]' <<<"$s"; return 1; }
 }
 wait_until 90 "tiny measured under load over 25 s" measured_under_load 25
+# The CPU build is far slower than an H100: what the prediction is off by is
+# learned and applied to the replica's capacity (its pod is not restarted for it).
+uid=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=tiny -o jsonpath='{.items[0].metadata.uid}')
+corrected() {
+  # Learned once a read (every 5 s), not once a reconcile.
+  kubectl get mi tiny -n "$NAMESPACE" -o json | jq -e '(.status.corrections[0].factor > 2)
+    and (.status.corrections[0].observations < 40)
+    and (.status.corrections[0].product | test("H100"))
+    and (.status.replicaPredictions[0].capacity.correction == .status.corrections[0].factor)' >/dev/null \
+    || { kubectl get mi tiny -n "$NAMESPACE" -o json | jq -c '[.status.corrections, .status.replicaPredictions[0].capacity]'; return 1; }
+}
+wait_until 60 "a correction learned and applied to the capacity" corrected
 mkdir -p "$(dirname "$FIGURES")"
-kubectl get mi tiny -n "$NAMESPACE" -o json | jq '{predicted: .status.replicaPredictions[0].capacity,
-  measured: .status.replicaPredictions[0].measured, product: "fake H100 (vLLM CPU build)"}' >"$FIGURES"
+kubectl get mi tiny -n "$NAMESPACE" -o json | jq --argjson predicted "$predicted" '{predicted: $predicted,
+  corrected: .status.replicaPredictions[0].capacity,
+  measured: .status.replicaPredictions[0].measured, correction: .status.corrections[0],
+  product: "fake H100 (vLLM CPU build)"}' >"$FIGURES"
+[[ "$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=tiny -o jsonpath='{.items[0].metadata.uid}')" == "$uid" ]] \
+  || die "the shard pod was replaced when the correction was learned"
 wait "$loader" || die "the load generator failed: $(cat "$work_dir/load.log")"
 summary=$(cat "$work_dir/load/summary.json")
 [[ $(jq .failed <<<"$summary") == 0 ]] || die "requests failed under load: $(head -5 "$work_dir/load/failures")"
@@ -134,6 +155,7 @@ summary=$(cat "$work_dir/load/summary.json")
 log "load: $summary"
 log "predicted on an H100 at the target: $(jq -c .predicted "$FIGURES")"
 log "measured: $(jq -c .measured "$FIGURES")"
+log "learned: $(jq -c .correction "$FIGURES"); corrected capacity at the target: $(jq -c .corrected "$FIGURES")"
 
 current_test=unanswered
 controller=$(component_pods controller)

@@ -91,6 +91,7 @@ fn planned_capacity() -> tessera::api::ReplicaCapacity {
         tpot_ms: 42.0,
         ttft_ms: 800.0,
         target_missed: None,
+        correction: None,
     }
 }
 

@@ -157,6 +157,18 @@ pub fn parse_instances(text: &str, origin: &str) -> Result<Vec<ModelInstance>, I
         mi.spec
             .validate()
             .map_err(|e| InputError(format!("{origin}: {name}: {e}")))?;
+        // Corrections exported with the instance's status are applied to
+        // its plans, so a broken one is bad input, not ignored.
+        let mut problems = Vec::new();
+        for (i, correction) in mi.status.iter().flat_map(|s| &s.corrections).enumerate() {
+            correction.check(&format!("status.corrections[{i}]"), &mut problems);
+        }
+        if !problems.is_empty() {
+            return Err(InputError(format!(
+                "{origin}: {name}: {}",
+                problems.join("; ")
+            )));
+        }
         out.push(mi);
     }
     Ok(out)

@@ -297,6 +297,13 @@ fn place_all<'a>(
             None => mi.metadata.name.clone().unwrap_or_default(),
         };
         let mut problem = build_problem(&mi.spec, nodes, &allocated, &shares);
+        // An instance exported from a cluster carries what its predictions
+        // were measured off by.
+        if let Some(status) = &mi.status {
+            problem.served = problem
+                .served
+                .map(|served| served.corrected(&status.corrections));
+        }
         if show_missed && let Some(served) = problem.served.as_mut() {
             served.target_required = false;
         }

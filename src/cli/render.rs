@@ -57,7 +57,7 @@ fn capacity_line(plan: &PlacedPlan, serving: Option<&ServingSpec>) -> String {
         spec.input_tokens,
         spec.output_tokens
     );
-    match (&plan.serving, &plan.serving_error) {
+    let line = match (&plan.serving, &plan.serving_error) {
         (Some(capacity), _) => match (&capacity.at_slo, &capacity.target_missed) {
             (Some(at), _) => format!(
                 "capacity {target}: {:.1} requests/s, {:.0} tokens/s with {} at once ({:.1} ms per token, {:.0} ms to the first); the {} allows {}",
@@ -74,6 +74,10 @@ fn capacity_line(plan: &PlacedPlan, serving: Option<&ServingSpec>) -> String {
         },
         (None, Some(why)) => format!("capacity {target}: unknown ({why})"),
         (None, None) => format!("capacity {target}: unknown"),
+    };
+    match plan.serving.as_ref().and_then(|c| c.correction) {
+        Some(factor) => format!("{line}; corrected by measurement: step times ×{factor}"),
+        None => line,
     }
 }
 

@@ -137,6 +137,7 @@ mod tests {
                 ttft_ms: 150.0,
             }),
             target_missed: None,
+            correction: None,
         }
     }
 

@@ -34,7 +34,7 @@ pub(crate) fn build(
         .iter()
         .map(|replica| {
             let capacity = match &replica.outcome {
-                Outcome::Placed { capacity, .. } => capacity.as_ref(),
+                Outcome::Placed { started_with, .. } => started_with.as_ref(),
                 _ => None,
             };
             let runnable = |s: &PlannedShard| !replica.broken.contains_key(&s.shard);
@@ -54,7 +54,7 @@ pub(crate) fn build(
                 .replicas
                 .get(moving.record.replica as usize)
                 .and_then(|replica| match &replica.outcome {
-                    Outcome::Placed { capacity, .. } => capacity.as_ref(),
+                    Outcome::Placed { started_with, .. } => started_with.as_ref(),
                     _ => None,
                 });
             let plan = moving.record.to.as_slice();

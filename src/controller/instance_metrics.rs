@@ -336,6 +336,7 @@ mod tests {
                         tpot_ms: 41.0,
                         ttft_ms: 120.0,
                         target_missed: None,
+                        correction: None,
                     }),
                     measured: Some(MeasuredServing {
                         requests_per_second: 2.5,

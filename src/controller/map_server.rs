@@ -246,7 +246,12 @@ fn judged(mi: &ModelInstance, nodes: &[&ClusterNode]) -> Judged {
             .push((replica, predict(mi, &shards, nodes)));
         judged.curves.push((
             replica,
-            placed_capacity(&mi.spec, nodes.iter().copied(), &shards),
+            placed_capacity(
+                &mi.spec,
+                mi.status.as_ref().map_or(&[][..], |s| &s.corrections),
+                nodes.iter().copied(),
+                &shards,
+            ),
         ));
     }
     judged

@@ -130,6 +130,7 @@ mod tests {
             tpot_ms: 48.0,
             ttft_ms: 900.0,
             target_missed: None,
+            correction: None,
         };
         let env = runtime_env(
             &plan,
@@ -183,6 +184,7 @@ mod tests {
             tpot_ms: 80.0,
             ttft_ms: 900.0,
             target_missed: Some("at best 80 ms per token".into()),
+            correction: None,
         };
         let mut shared = stage(0, 1, (0, 80));
         shared.share = Some(tessera_core::api::ShardShare {

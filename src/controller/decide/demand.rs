@@ -17,7 +17,15 @@ use tessera_core::translate::{placed_capacity, replica_capacity};
 /// Every replica's decision, and what each placed one serves at the target.
 pub(crate) struct Counted {
     pub(crate) decisions: Vec<ReplicaDecision>,
-    pub(crate) capacities: Vec<Option<ReplicaCapacity>>,
+    pub(crate) capacities: Vec<Option<Predicted>>,
+}
+
+/// What a placed replica serves at the target, with the instance's measured
+/// corrections and without them (what its pods are started with).
+#[derive(Clone, Debug)]
+pub(crate) struct Predicted {
+    pub(crate) capacity: ReplicaCapacity,
+    pub(crate) started_with: ReplicaCapacity,
 }
 
 /// Decides the replicas: the fixed count, or the count the demand needs.
@@ -55,7 +63,11 @@ pub(crate) fn decide_count(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Co
         let served: Vec<f64> = counted
             .capacities
             .iter()
-            .map(|capacity| capacity.as_ref().map_or(0.0, |c| c.requests_per_second))
+            .map(|predicted| {
+                predicted
+                    .as_ref()
+                    .map_or(0.0, |p| p.capacity.requests_per_second)
+            })
             .collect();
         if let Some(enough) = replicas_meeting(demand, &served) {
             counted.decisions.truncate(enough);
@@ -89,7 +101,7 @@ fn capacities(
     replicas: &Replicas<'_>,
     base: &PlanInputs<'_>,
     decided: &[ReplicaDecision],
-) -> Vec<Option<ReplicaCapacity>> {
+) -> Vec<Option<Predicted>> {
     decided
         .iter()
         .enumerate()
@@ -100,13 +112,26 @@ fn capacities(
                 PlanDecision::Unsatisfiable { .. } => return None,
             };
             let shards: Vec<&PlannedShard> = plan.iter().collect();
-            let capacity = placed_capacity(
-                replicas.spec,
-                base.nodes.iter().map(|node| &node.gpus),
-                &shards,
-            )
-            .ok()?;
-            Some(replica_capacity(&capacity))
+            let at = |corrections| {
+                placed_capacity(
+                    replicas.spec,
+                    corrections,
+                    base.nodes.iter().map(|node| &node.gpus),
+                    &shards,
+                )
+                .ok()
+                .map(|capacity| replica_capacity(&capacity))
+            };
+            let started_with = at(&[])?;
+            let capacity = if base.corrections.is_empty() {
+                started_with.clone()
+            } else {
+                at(base.corrections)?
+            };
+            Some(Predicted {
+                capacity,
+                started_with,
+            })
         })
         .collect()
 }
@@ -139,7 +164,7 @@ mod tests {
         counted
             .capacities
             .iter()
-            .map(|c| c.as_ref().map_or(0.0, |c| c.requests_per_second))
+            .map(|c| c.as_ref().map_or(0.0, |c| c.capacity.requests_per_second))
             .collect()
     }
 

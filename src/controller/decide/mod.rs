@@ -15,11 +15,14 @@ use super::held::Held;
 use super::nodes::NodeInfo;
 use super::settings::Settings;
 use crate::process::wall_deadline::WallDeadline;
-use tessera_core::api::{GpuDevice, GpuPartition, Health, ModelInstanceSpec, PlannedShard, Vendor};
+use tessera_core::api::{
+    GpuDevice, GpuPartition, Health, ModelInstanceSpec, PlannedShard, ServingCorrection, Vendor,
+};
 use tessera_core::placement::{Deadline, Problem, SolveOptions, Stages, Unsatisfiable, solve};
 use tessera_core::sizing::solve_parallelism;
 use tessera_core::translate::{build_problem, evaluate_placed, planned_shards, tensor_choice};
 
+mod corrections;
 mod demand;
 mod replicas;
 pub(crate) mod stage;
@@ -42,6 +45,9 @@ pub struct PlanInputs<'a> {
     /// Nodes of the instance's other replicas, one entry per shard (what
     /// `placement.strategy: spread` keeps away from).
     pub(crate) replica_nodes: &'a [String],
+    /// What the instance's predictions were measured off by
+    /// (`status.corrections`), applied to every plan judged.
+    pub(crate) corrections: &'a [ServingCorrection],
 }
 
 impl<'a> PlanInputs<'a> {
@@ -61,6 +67,7 @@ impl<'a> PlanInputs<'a> {
             known_unsatisfiable: None,
             replica: 0,
             replica_nodes: &[],
+            corrections: &[],
         }
     }
 }
@@ -281,6 +288,9 @@ fn problem_for(
     }
     let mut problem = build_problem(spec, nodes, &held.devices, &held.shares);
     problem.replica_nodes = inputs.replica_nodes.to_vec();
+    problem.served = problem
+        .served
+        .map(|served| served.corrected(inputs.corrections));
     (problem, excluded)
 }
 

@@ -75,6 +75,7 @@ pub fn decide_replicas(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Vec<Re
                 .and_then(Option::as_ref),
             replica,
             replica_nodes: &replica_nodes,
+            corrections: base.corrections,
         };
         let current = Current {
             plan: own,

@@ -10,7 +10,9 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 
+use super::demand::Predicted;
 use super::{Counted, PlanDecision, PlanInputs, Replicas, decide_count};
 use crate::controller::apply;
 use crate::controller::context::{Context, Error, Instance};
@@ -26,8 +28,9 @@ use crate::controller::room_wakes::waiting_instances;
 use crate::controller::status::{Outcome, PLACED};
 use tessera_core::api::{
     DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
-    ReplicaCapacity, SHARD_ANNOTATION,
+    SHARD_ANNOTATION,
 };
+use tessera_core::measure::correction::Observation;
 use tessera_core::placement::Unsatisfiable;
 
 /// What validate and decide settled on: one entry per wanted replica, in
@@ -39,6 +42,8 @@ pub(crate) struct Decided {
     /// Set by the moves stage while a replica has a shard on a cordoned
     /// node: the `OnCordonedNode` condition's reason and message.
     pub(crate) cordoned: Option<(&'static str, String)>,
+    /// What the measured replicas say the predictions are off by.
+    pub(crate) observations: Vec<Observation>,
 }
 
 /// One replica's outcome.
@@ -89,6 +94,7 @@ pub(crate) fn refuse(
         }],
         moving: None,
         cordoned: None,
+        observations: Vec::new(),
     }
 }
 
@@ -130,6 +136,7 @@ pub(crate) async fn plan(
     let job = {
         let (spec, nodes, by_replica) =
             (mi.spec.clone(), observed.nodes.clone(), by_replica.clone());
+        let corrections = previous.map(|s| s.corrections.clone()).unwrap_or_default();
         let (node_grace, max_steps) = (ctx.settings.node_grace, ctx.settings.max_steps);
         move || {
             let replicas = Replicas {
@@ -150,6 +157,7 @@ pub(crate) async fn plan(
                 known_unsatisfiable: None,
                 replica: 0,
                 replica_nodes: &[],
+                corrections: &corrections,
             };
             decide_count(&replicas, &base)
         }
@@ -207,10 +215,23 @@ pub(crate) async fn plan(
         &mut replicas,
         (now, notes),
     );
+    // A replica being moved runs two copies; which one was read is not known.
+    let observations = if moving.is_none() {
+        super::corrections::observations(
+            &mi.spec,
+            &observed.nodes,
+            &by_replica,
+            &kept,
+            ctx.measures.of(&ObjectRef::from_obj(mi)).as_ref(),
+        )
+    } else {
+        Vec::new()
+    };
     Ok(Decided {
         replicas,
         moving,
         cordoned: None,
+        observations,
     })
 }
 
@@ -288,11 +309,15 @@ fn replica_decided(
     (instance, replica): (&Instance, u32),
     previous: Option<&ModelInstanceStatus>,
     current_plan: Vec<PlannedShard>,
-    (decision, broken, capacity): (PlanDecision, BTreeMap<u32, String>, Option<ReplicaCapacity>),
+    (decision, broken, predicted): (PlanDecision, BTreeMap<u32, String>, Option<Predicted>),
     keep: bool,
     notes: &mut Vec<EventNote>,
 ) -> ReplicaDecided {
     let key = (instance.uid.clone(), replica);
+    let (capacity, started_with) = match predicted {
+        Some(p) => (Some(p.capacity), Some(p.started_with)),
+        None => (None, None),
+    };
     match decision {
         PlanDecision::Keep => ReplicaDecided {
             outcome: Outcome::Placed {
@@ -303,6 +328,7 @@ fn replica_decided(
                 plan: current_plan,
                 replanned: Vec::new(),
                 capacity,
+                started_with,
             },
             broken: BTreeMap::new(),
         },
@@ -335,6 +361,7 @@ fn replica_decided(
                     tokens_per_second: new.tokens_per_second,
                     replanned: new.reasons,
                     capacity,
+                    started_with,
                 },
                 broken: BTreeMap::new(),
             }

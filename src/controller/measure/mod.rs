@@ -33,8 +33,11 @@ pub struct MeasureSettings {
 /// What is known of one replica's runtime.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ReplicaMeasure {
-    /// Measured over the window.
-    Measured(Measurement),
+    /// Measured over the window, whose last read was taken `at`.
+    Measured {
+        measurement: Measurement,
+        at: k8s_openapi::jiff::Timestamp,
+    },
     /// Read once so far: rates need a second read.
     Measuring,
     /// The last read gave nothing to measure: why.
@@ -112,5 +115,8 @@ pub(crate) fn measured_after(served: u64) -> ReplicaMeasure {
         let scrape = Scrape::parse(&vllm_exposition(finished), Runtime::Vllm).unwrap();
         window.push(at, scrape);
     }
-    ReplicaMeasure::Measured(window.measurement().unwrap())
+    ReplicaMeasure::Measured {
+        measurement: window.measurement().unwrap(),
+        at: k8s_openapi::jiff::Timestamp::from_second(1_800_000_010).unwrap(),
+    }
 }

@@ -95,9 +95,13 @@ pub(crate) async fn measure(
             let measure = match scraped {
                 Ok(scrape) => {
                     window.push(at, scrape);
-                    window
-                        .measurement()
-                        .map_or(ReplicaMeasure::Measuring, ReplicaMeasure::Measured)
+                    match window.measurement() {
+                        Some(measurement) => ReplicaMeasure::Measured {
+                            measurement,
+                            at: k8s_openapi::jiff::Timestamp::now(),
+                        },
+                        None => ReplicaMeasure::Measuring,
+                    }
                 }
                 Err(why) => {
                     tracing::debug!(instance = %target.instance, replica = target.replica, %why, "not measured");
@@ -213,7 +217,9 @@ mod tests {
         };
 
         assert_eq!(next().await.unwrap()[&0], ReplicaMeasure::Measuring);
-        let Some(ReplicaMeasure::Measured(m)) = next().await.unwrap().remove(&0) else {
+        let Some(ReplicaMeasure::Measured { measurement: m, .. }) =
+            next().await.unwrap().remove(&0)
+        else {
             panic!("the second read measures");
         };
         assert!(m.requests_per_second() > 0.0);

@@ -29,7 +29,7 @@ pub(crate) fn measured(read: Option<&BTreeMap<u32, ReplicaMeasure>>) -> Measured
     let measurements: BTreeMap<u32, &Measurement> = read
         .iter()
         .filter_map(|(&replica, m)| match m {
-            ReplicaMeasure::Measured(m) => Some((replica, m)),
+            ReplicaMeasure::Measured { measurement, .. } => Some((replica, measurement)),
             _ => None,
         })
         .collect();

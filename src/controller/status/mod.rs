@@ -15,7 +15,7 @@ use super::apply::ShardState;
 use super::measure::ReplicaMeasure;
 use tessera_core::api::{
     InstanceCapacity, ModelInstanceStatus, MoveInFlight, Phase, PlannedShard, ReplicaCapacity,
-    ReplicaPrediction, ReplicaRestarts,
+    ReplicaPrediction, ReplicaRestarts, ServingCorrection,
 };
 use tessera_core::translate::instance_capacity;
 
@@ -51,8 +51,11 @@ pub(crate) enum Outcome {
         /// Set when this reconcile moved shards: the reasons.
         replanned: Vec<String>,
         /// What the replica serves at the latency target, where the
-        /// serving model has an answer.
+        /// serving model has an answer (measured corrections applied).
         capacity: Option<ReplicaCapacity>,
+        /// The same without the corrections: what its pods are started with
+        /// (the batch they take), so a learned correction never restarts them.
+        started_with: Option<ReplicaCapacity>,
     },
 }
 
@@ -92,6 +95,9 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) cordoned: Option<(&'static str, String)>,
     /// What the replicas' runtimes were last measured serving, by replica.
     pub(crate) measured: Option<&'a BTreeMap<u32, ReplicaMeasure>>,
+    /// What the predictions were measured off by, learned
+    /// (`status.corrections`).
+    pub(crate) corrections: Vec<ServingCorrection>,
     pub(crate) now: Timestamp,
 }
 
@@ -206,6 +212,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         restarts: inputs.restarts.clone(),
         moves: inputs.moves.clone(),
         measured: measured.instance,
+        corrections: inputs.corrections.clone(),
     }
 }
 
@@ -580,6 +587,7 @@ mod tests {
             tokens_per_second: Some(41.26),
             replanned: vec![],
             capacity: None,
+            started_with: None,
         }
     }
 
@@ -600,6 +608,7 @@ mod tests {
             moves: Vec::new(),
             cordoned: None,
             measured: None,
+            corrections: Vec::new(),
             now: now(),
         })
     }
@@ -702,6 +711,7 @@ mod tests {
                 moves: Vec::new(),
                 cordoned: None,
                 measured: None,
+                corrections: Vec::new(),
                 now: "2026-06-01T13:00:00Z".parse().unwrap(),
             })
         };
@@ -748,6 +758,7 @@ mod tests {
             moves: Vec::new(),
             cordoned: None,
             measured: None,
+            corrections: Vec::new(),
             now: now(),
         })
     }
@@ -758,6 +769,7 @@ mod tests {
             tokens_per_second: Some(10.0),
             replanned: vec![],
             capacity: None,
+            started_with: None,
         }
     }
 
@@ -871,12 +883,14 @@ mod tests {
             tpot_ms: 40.0,
             ttft_ms: 200.0,
             target_missed: None,
+            correction: None,
         };
         let outcome = |rps: f64| Outcome::Placed {
             plan: vec![shard(0)],
             tokens_per_second: Some(40.0),
             replanned: vec![],
             capacity: Some(capacity(rps)),
+            started_with: None,
         };
         let (first, second) = (outcome(4.0), outcome(3.0));
         let shards = [ShardState::Ready];
@@ -902,6 +916,7 @@ mod tests {
                 moves: Vec::new(),
                 cordoned: None,
                 measured: None,
+                corrections: Vec::new(),
                 now: now(),
             })
         };

@@ -11,6 +11,7 @@ use crate::controller::decide::stage::Decided;
 use crate::controller::desired::INSTANCE_LABEL;
 use k8s_openapi::jiff::Timestamp;
 use tessera_core::api::{ModelInstance, ModelInstanceStatus};
+use tessera_core::measure::correction::learn;
 
 /// The status stage: computed from the replicas' outcomes and shard states,
 /// and written where it changed. The status written, if it was.
@@ -62,6 +63,16 @@ pub(crate) async fn write_status(
             .collect(),
         cordoned: decided.cordoned.clone(),
         measured: measured.as_ref(),
+        corrections: learn(
+            &mi.spec.model.name,
+            mi.spec
+                .serving
+                .as_ref()
+                .map(|s| s.runtime)
+                .unwrap_or_default(),
+            mi.status.as_ref().map_or(&[][..], |s| &s.corrections),
+            &decided.observations,
+        ),
         now,
     });
     let api: Api<ModelInstance> = Api::namespaced(ctx.client.clone(), &instance.namespace);

@@ -83,6 +83,14 @@ pub const TIME_TO_FIRST_TOKEN_MS: Bounds<f64> = Bounds {
     min: 0.1,
     max: 3_600_000.0,
 };
+/// A measured correction of the serving model (`status.corrections`). Wide,
+/// because a runtime may run on what the model knows nothing of (vLLM's CPU
+/// build behind a fake H100 in the real-node tests is about 50× slower);
+/// beyond it a reading is taken as broken, not as a runtime.
+pub const CORRECTION: Bounds<f64> = Bounds {
+    min: 0.01,
+    max: 1000.0,
+};
 /// `serving.requestsPerSecond`: above zero.
 pub const REQUESTS_PER_SECOND: Bounds<f64> = Bounds {
     min: 0.0001,

@@ -48,3 +48,54 @@ pub struct Percentiles {
     /// The 90th percentile.
     pub p90: f64,
 }
+
+/// What the serving model's predictions for one kind of replica were found
+/// off by, learned from what its runtime was measured doing: the measured
+/// time per output token ÷ the predicted one at the load measured, smoothed
+/// over reads and bounded. Applied to every later prediction for replicas
+/// of the same key (placement, sizing, moves), and said where it is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServingCorrection {
+    /// The model's `model.name` when it was learned.
+    pub model: String,
+    /// `serving.runtime` when it was learned.
+    pub runtime: super::Runtime,
+    /// The GPU product the replica ran on (its first shard's).
+    pub product: String,
+    /// GPUs per shard.
+    pub tensor: u32,
+    /// Pipeline stages.
+    pub stages: u32,
+    /// Measured ÷ predicted time per output token: above 1, slower than
+    /// predicted.
+    pub factor: f64,
+    /// Reads it was learned from.
+    pub observations: u32,
+    /// When the last read it learned from was taken.
+    pub last_observed: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+impl ServingCorrection {
+    /// Records what makes the correction unusable: a factor outside
+    /// `limits::CORRECTION`, no GPUs or stages, no product.
+    pub fn check(&self, field: &str, problems: &mut Vec<String>) {
+        super::limits::CORRECTION.check(&format!("{field}.factor"), self.factor, problems);
+        if self.tensor == 0 || self.stages == 0 {
+            problems.push(format!(
+                "{field}: tensor {} and stages {} must be at least 1",
+                self.tensor, self.stages
+            ));
+        }
+        if self.product.is_empty() {
+            problems.push(format!("{field}.product must not be empty"));
+        }
+    }
+
+    /// Whether [`ServingCorrection::check`] finds nothing.
+    pub fn usable(&self) -> bool {
+        let mut problems = Vec::new();
+        self.check("", &mut problems);
+        problems.is_empty()
+    }
+}

@@ -19,7 +19,7 @@ pub use gpu_state::{
     GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState,
     SharesOffered, Vendor,
 };
-pub use measured::{MeasuredServing, Percentiles};
+pub use measured::{MeasuredServing, Percentiles, ServingCorrection};
 pub use model_instance::{
     DType, InstanceCapacity, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus,
     ModelSpec, Moves, Optimize, ParallelismSpec, Phase, PipelineStages, PlacementPolicy,

@@ -20,7 +20,9 @@ use super::limits::{
     MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND, MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS,
     PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
-use super::{GIB, KvCacheDtype, MeasuredServing, MoveInFlight, ServingSpec, Vendor};
+use super::{
+    GIB, KvCacheDtype, MeasuredServing, MoveInFlight, ServingCorrection, ServingSpec, Vendor,
+};
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
 // Two printer columns share `type_ = "integer"`, which clippy mistakes for a repeated attribute.
@@ -859,6 +861,12 @@ pub struct ModelInstanceStatus {
     /// replica's metrics succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<MeasuredServing>,
+    /// What the predictions were found off by, per GPU product and shape,
+    /// learned from the measured replicas and applied to later plans
+    /// (`tessera place` applies them too when given the instance with its
+    /// status). Kept while the model and runtime stay the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrections: Vec<ServingCorrection>,
 }
 
 /// What one placed replica is predicted to do.
@@ -898,6 +906,10 @@ pub struct ReplicaCapacity {
     /// Set when not even one request meets the target: the best it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_missed: Option<String>,
+    /// The measured correction these figures carry (status.corrections):
+    /// every step time × this factor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correction: Option<f64>,
 }
 
 /// What an instance's placed replicas serve together at the latency target.

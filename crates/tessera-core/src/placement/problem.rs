@@ -48,7 +48,30 @@ impl Served {
             model: spec.model.clone(),
             serving: spec.serving.clone().unwrap_or_default(),
             target_required: spec.serving.is_some(),
+            corrections: Vec::new(),
         }
+    }
+
+    /// `corrections` (an instance's `status.corrections`) of this model and
+    /// runtime kept: those learned for another are stale, and an unusable
+    /// one (`ServingCorrection::check`) is left out.
+    pub fn corrected(mut self, corrections: &[crate::api::ServingCorrection]) -> Served {
+        self.corrections = corrections
+            .iter()
+            .filter(|c| c.model == self.model.name && c.runtime == self.serving.runtime)
+            .filter(|c| c.usable())
+            .cloned()
+            .collect();
+        self
+    }
+
+    /// The correction learned for replicas on `product` of `tensor` GPUs a
+    /// shard and `stages` stages, if any.
+    pub fn correction_for(&self, product: &str, tensor: u32, stages: u32) -> Option<f64> {
+        self.corrections
+            .iter()
+            .find(|c| c.product == product && c.tensor == tensor && c.stages == stages)
+            .map(|c| c.factor)
     }
 }
 
@@ -62,6 +85,9 @@ pub struct Served {
     /// the instance gave `spec.serving` (or a minimum speed). Otherwise the
     /// best plan is placed and said to miss the default target.
     pub target_required: bool,
+    /// What the predictions were measured off by (`Served::corrected`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrections: Vec<crate::api::ServingCorrection>,
 }
 
 /// What an instance's parallelism is chosen for.

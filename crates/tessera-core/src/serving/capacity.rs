@@ -73,6 +73,9 @@ pub struct Capacity {
     /// Set when not even one sequence meets the target.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_missed: Option<TargetMiss>,
+    /// The measured correction the figures carry (`RuntimeConfig::correction`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correction: Option<f64>,
 }
 
 /// No concurrency meets the target: even one sequence alone is too slow.

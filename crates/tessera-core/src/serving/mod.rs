@@ -247,6 +247,7 @@ pub enum Refusal {
 pub struct Replica {
     steps: step_time::StepModel,
     concurrency: Concurrency,
+    correction: Option<f64>,
 }
 
 impl Replica {
@@ -265,7 +266,11 @@ impl Replica {
         let layers = split_layers(input.model.spec.layers, input.plan.stages.len());
         let concurrency = kv_cache::concurrency(input, &layers)?;
         let steps = step_time::StepModel::new(input, &layers, constants);
-        Ok(Replica { steps, concurrency })
+        Ok(Replica {
+            steps,
+            concurrency,
+            correction: input.runtime.correction,
+        })
     }
 
     /// How many sequences the replica can decode together, and why not more.
@@ -303,6 +308,7 @@ impl Replica {
             curve: self.curve(),
             at_slo,
             target_missed,
+            correction: self.correction,
         }
     }
 }
@@ -328,6 +334,13 @@ fn validate(input: &ServingInput) -> Result<(), Refusal> {
     }
     if plan.stages.is_empty() {
         return invalid("a replica needs at least one stage".into());
+    }
+    if let Some(factor) = input.runtime.correction {
+        let mut problems = Vec::new();
+        crate::api::limits::CORRECTION.check("the correction", factor, &mut problems);
+        if let Some(problem) = problems.pop() {
+            return invalid(problem);
+        }
     }
     let spec = &input.model.spec;
     if spec.layers == 0 {
@@ -547,6 +560,9 @@ mod tests {
         case(&|input| input.runtime.memory_utilization = Some(0.0));
         case(&|input| input.runtime.memory_utilization = Some(1.5));
         case(&|input| input.runtime.max_num_seqs = Some(0));
+        case(&|input| input.runtime.correction = Some(0.0));
+        case(&|input| input.runtime.correction = Some(f64::NAN));
+        case(&|input| input.runtime.correction = Some(5000.0));
         case(&|input| {
             input.plan.stages.push(input.plan.stages[0].clone());
             input.plan.hop.gbps = f64::NAN;
@@ -558,6 +574,32 @@ mod tests {
                 "case {index}: {refusal}"
             );
         }
+    }
+
+    #[test]
+    fn a_measured_correction_scales_every_step_and_says_so() {
+        let input = input(h100(), 1, llama("8b", DType::Bf16), Runtime::Vllm);
+        let plain = Replica::new(&input).expect("a prediction");
+        let mut slower = input.clone();
+        slower.runtime.correction = Some(4.0);
+        let corrected = Replica::new(&slower).expect("a prediction");
+        for concurrency in [1, 8, 64] {
+            let (a, b) = (plain.at(concurrency), corrected.at(concurrency));
+            assert!((b.tpot_ms / a.tpot_ms - 4.0).abs() < 1e-9, "{a:?} {b:?}");
+            assert!((b.ttft_ms / a.ttft_ms - 4.0).abs() < 1e-9);
+            assert!((a.output_tokens_per_second / b.output_tokens_per_second - 4.0).abs() < 1e-9);
+        }
+        let target = LatencyTarget {
+            max_tpot_ms: Some(50.0),
+            max_ttft_ms: Some(2000.0),
+        };
+        let (a, b) = (plain.capacity(&target), corrected.capacity(&target));
+        assert_eq!((a.correction, b.correction), (None, Some(4.0)));
+        let (a, b) = (a.at_slo.expect("meets"), b.at_slo.expect("meets"));
+        assert!(
+            b.concurrency < a.concurrency,
+            "4× slower steps: fewer at once meet 50 ms"
+        );
     }
 
     #[test]

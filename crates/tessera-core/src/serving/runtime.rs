@@ -34,6 +34,11 @@ pub struct RuntimeConfig {
     pub max_num_seqs: Option<u32>,
     #[serde(default)]
     pub kv_cache_dtype: KvCacheDtype,
+    /// What this runtime on these GPUs was measured to take against the
+    /// model (`status.corrections`): every step time × this factor. `None`:
+    /// the model as fitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correction: Option<f64>,
 }
 
 /// How a runtime turns its memory setting into room for the KV cache.

@@ -102,6 +102,8 @@ pub(super) struct StepModel {
     input_tokens: f64,
     output_tokens: f64,
     chunk_tokens: f64,
+    /// Every step time × this (a measured correction; 1 as fitted).
+    scale: f64,
 }
 
 impl StepModel {
@@ -162,6 +164,7 @@ impl StepModel {
             input_tokens,
             output_tokens,
             chunk_tokens: runtime.prefill_chunk_tokens(super::runtime::all_large(&input.plan)),
+            scale: runtime.correction.unwrap_or(1.0),
         }
     }
 
@@ -211,18 +214,18 @@ impl StepModel {
     /// The replica at `concurrency` sequences (at least 1).
     pub(super) fn point(&self, concurrency: u32) -> ServingPoint {
         let sequences = f64::from(concurrency.max(1));
-        let step = self.decode_step(sequences);
-        let work = self.prefill_work();
+        let step = self.scale * self.decode_step(sequences);
+        let work = self.scale * self.prefill_work();
         // The other requests are replaced once per output length each, so
         // `(b - 1) / output` prefills ride along each of this request's steps.
         let tpot = step + (sequences - 1.0) / self.output_tokens * work;
-        let prefill = self.prefill_alone();
+        let prefill = self.scale * self.prefill_alone();
         // Without queueing: alone, the prefill; beside others, it waits half a
         // step for the one in flight and each further chunk rides one more
         // step of theirs.
         let ttft = if sequences >= 2.0 {
             let chunks = (self.input_tokens / self.chunk_tokens).ceil().max(1.0);
-            prefill + (chunks - 0.5) * self.decode_step(sequences - 1.0)
+            prefill + (chunks - 0.5) * self.scale * self.decode_step(sequences - 1.0)
         } else {
             prefill
         };

@@ -13,7 +13,8 @@ use crate::placement::evaluate::eligible_devices;
 use crate::placement::speed::link_gbps;
 use crate::placement::{DeviceShare, Interconnect, Problem, Served};
 use crate::serving::{
-    GpuFigures, GroupLink, Hop, Replica, ReplicaPlan, ServingInput, ServingModel, Stage,
+    GpuFigures, GroupLink, Hop, Replica, ReplicaPlan, RuntimeConfig, ServingInput, ServingModel,
+    Stage,
 };
 
 /// The best figures of the candidate's devices, by vendor (the share of
@@ -90,6 +91,13 @@ impl CapacityCeiling {
             return f64::INFINITY;
         }
         let gpus = f64::from(tensor) * f64::from(stages);
+        // Still a ceiling under the corrections: a GPU measured faster than
+        // modelled could serve that much more.
+        let fastest = served
+            .corrections
+            .iter()
+            .map(|c| c.factor)
+            .fold(1.0, f64::min);
         self.best
             .values()
             .filter_map(|gpu| {
@@ -113,7 +121,10 @@ impl CapacityCeiling {
                         head_dim: None,
                     },
                     workload: workload(served),
-                    runtime: runtime(served, false),
+                    runtime: RuntimeConfig {
+                        correction: (fastest < 1.0).then_some(fastest),
+                        ..runtime(served, false)
+                    },
                 };
                 let replica = Replica::new(&input).ok()?;
                 let at = replica.at_target(&target(served, &problem.goal)).ok()?;

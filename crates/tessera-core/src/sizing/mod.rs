@@ -23,5 +23,6 @@ pub use choice::{
 };
 pub use demand::{replicas_meeting, served_together, solve_for_demand};
 pub use judge::{capacity, target};
+pub(crate) use plan_reading::{product as plan_product, read as read_plan};
 pub use plan_reading::{runtime as runtime_of, workload as workload_of};
 pub use replicas::{solve_replicas, take_devices};

@@ -37,6 +37,8 @@ pub(crate) fn read(
         .stages
         .first()
         .map_or(1, |stage| stage.devices.len() as u32);
+    let correction = product(problem, plan)
+        .and_then(|product| served.correction_for(product, tensor, plan.stages.len() as u32));
     let input = ServingInput {
         plan: ReplicaPlan {
             tensor,
@@ -55,9 +57,27 @@ pub(crate) fn read(
             head_dim: None,
         },
         workload: workload(served),
-        runtime: runtime(served, on_memory_share),
+        runtime: RuntimeConfig {
+            correction,
+            ..runtime(served, on_memory_share)
+        },
     };
     Ok((input, gpus))
+}
+
+/// The GPU product of `plan`'s first device: what a correction is learned
+/// and looked up by.
+pub(crate) fn product<'a>(problem: &'a Problem, plan: &Plan) -> Option<&'a str> {
+    let stage = plan.stages.first()?;
+    let id = stage.devices.first()?;
+    problem
+        .nodes
+        .iter()
+        .find(|node| node.name == stage.node)?
+        .devices
+        .iter()
+        .find(|device| &device.id == id)
+        .map(|device| device.product.as_str())
 }
 
 /// The typical request of `spec.serving`.

@@ -4,21 +4,59 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::{ClusterNode, HeldShares, build_problem, evaluate_placed};
-use crate::api::{InstanceCapacity, ModelInstanceSpec, PlannedShard, ReplicaCapacity};
+use crate::api::{
+    InstanceCapacity, ModelInstanceSpec, PlannedShard, ReplicaCapacity, ServingCorrection,
+};
 use crate::placement::{Plan, Problem};
-use crate::serving::Capacity;
+use crate::serving::{Capacity, Replica};
 use crate::sizing::served_together;
 
 /// What a placed replica (its shards, in pipeline order) serves at the
-/// spec's target on the nodes it runs on. An error says why there is no
-/// answer (a node or device gone, memory short, no request fits).
+/// spec's target on the nodes it runs on, with the instance's measured
+/// `corrections` applied. An error says why there is no answer (a node or
+/// device gone, memory short, no request fits).
 pub fn placed_capacity<'a>(
     spec: &ModelInstanceSpec,
+    corrections: &[ServingCorrection],
     nodes: impl IntoIterator<Item = &'a ClusterNode>,
     shards: &[&PlannedShard],
 ) -> Result<Capacity, String> {
+    judge_placed(placed_problem(spec, corrections, nodes, shards), shards)?.1
+}
+
+/// A placed replica's time per output token at `concurrency` as the model
+/// predicts it, uncorrected (what a measurement is compared with), and the
+/// GPU product a correction of it is learned by.
+pub fn predicted_tpot<'a>(
+    spec: &ModelInstanceSpec,
+    nodes: impl IntoIterator<Item = &'a ClusterNode>,
+    shards: &[&PlannedShard],
+    concurrency: u32,
+) -> Result<(String, f64), String> {
+    let problem = placed_problem(spec, &[], nodes, shards);
+    let plan = evaluate_placed(problem.clone(), shards)?;
+    let served = problem
+        .served
+        .as_ref()
+        .ok_or_else(|| "the problem says nothing of what is served".to_string())?;
+    let (input, _) = crate::sizing::read_plan(served, &problem, &plan)?;
+    let product = crate::sizing::plan_product(&problem, &plan)
+        .ok_or_else(|| "the plan's first device is not in the cluster".to_string())?
+        .to_string();
+    let replica = Replica::new(&input).map_err(|refusal| refusal.to_string())?;
+    Ok((product, replica.at(concurrency).tpot_ms))
+}
+
+/// The problem of a placed replica: its own nodes only, as free as they
+/// are, what it serves corrected by `corrections`.
+fn placed_problem<'a>(
+    spec: &ModelInstanceSpec,
+    corrections: &[ServingCorrection],
+    nodes: impl IntoIterator<Item = &'a ClusterNode>,
+    shards: &[&PlannedShard],
+) -> Problem {
     let used: BTreeSet<&str> = shards.iter().map(|shard| shard.node.as_str()).collect();
-    let problem = build_problem(
+    let mut problem = build_problem(
         spec,
         nodes
             .into_iter()
@@ -26,7 +64,8 @@ pub fn placed_capacity<'a>(
         &HashMap::new(),
         &HeldShares::new(),
     );
-    judge_placed(problem, shards)?.1
+    problem.served = problem.served.map(|served| served.corrected(corrections));
+    problem
 }
 
 /// A placed replica's shards evaluated on `problem`'s nodes (as free as the
@@ -58,6 +97,7 @@ pub fn replica_capacity(capacity: &Capacity) -> ReplicaCapacity {
             tpot_ms: hundredths(at.tpot_ms),
             ttft_ms: hundredths(at.ttft_ms),
             target_missed: None,
+            correction: capacity.correction,
         },
         (None, miss) => ReplicaCapacity {
             concurrency: 0,
@@ -68,6 +108,7 @@ pub fn replica_capacity(capacity: &Capacity) -> ReplicaCapacity {
             target_missed: Some(
                 miss.map_or_else(|| "no prediction".to_string(), |miss| miss.to_string()),
             ),
+            correction: capacity.correction,
         },
     }
 }
@@ -116,6 +157,7 @@ mod tests {
             tpot_ms: tpot,
             ttft_ms: 100.0,
             target_missed: None,
+            correction: None,
         }
     }
 

@@ -6,7 +6,9 @@ mod capacity;
 mod devices;
 mod kv_floor;
 
-pub use capacity::{instance_capacity, judge_placed, placed_capacity, replica_capacity};
+pub use capacity::{
+    instance_capacity, judge_placed, placed_capacity, predicted_tpot, replica_capacity,
+};
 
 use std::collections::{BTreeMap, HashMap};
 

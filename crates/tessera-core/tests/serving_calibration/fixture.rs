@@ -211,6 +211,7 @@ pub(crate) fn serving_input(fixture: &Fixture, figure: &Figure) -> ServingInput 
             memory_utilization: figure.memory_utilization,
             max_num_seqs: figure.max_num_seqs,
             kv_cache_dtype: figure.kv_cache_dtype.unwrap_or_default(),
+            correction: None,
         },
     }
 }
