@@ -85,7 +85,7 @@ pub const TIME_TO_FIRST_TOKEN_MS: Bounds<f64> = Bounds {
 };
 /// A measured correction of the serving model (`status.corrections`). Wide,
 /// because a runtime may run on what the model knows nothing of (vLLM's CPU
-/// build behind a fake H100 in the real-node tests is about 50× slower);
+/// build behind a fake H100 in the real-node tests is about 20× slower);
 /// beyond it a reading is taken as broken, not as a runtime.
 pub const CORRECTION: Bounds<f64> = Bounds {
     min: 0.01,
