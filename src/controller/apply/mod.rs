@@ -423,7 +423,8 @@ pub(crate) fn failed_admission(pod: &Pod) -> bool {
             .is_some_and(|r| r == "UnexpectedAdmissionError" || r.starts_with("OutOf"))
 }
 
-fn ready(pod: &Pod) -> bool {
+/// Whether `pod`'s Ready condition is True.
+pub(crate) fn ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

@@ -12,7 +12,7 @@ use super::replicas::{Replicas, decide_replicas};
 use super::{PlanDecision, PlanInputs, ReplicaDecision};
 use tessera_core::api::{PlannedShard, ReplicaCapacity};
 use tessera_core::sizing::replicas_meeting;
-use tessera_core::translate::{placed_capacity, replica_capacity};
+use tessera_core::translate::{placed_capacities, replica_capacity};
 
 /// Every replica's decision, and what each placed one serves at the target.
 pub(crate) struct Counted {
@@ -112,25 +112,16 @@ fn capacities(
                 PlanDecision::Unsatisfiable { .. } => return None,
             };
             let shards: Vec<&PlannedShard> = plan.iter().collect();
-            let at = |corrections| {
-                placed_capacity(
-                    replicas.spec,
-                    corrections,
-                    base.nodes.iter().map(|node| &node.gpus),
-                    &shards,
-                )
-                .ok()
-                .map(|capacity| replica_capacity(&capacity))
-            };
-            let started_with = at(&[])?;
-            let capacity = if base.corrections.is_empty() {
-                started_with.clone()
-            } else {
-                at(base.corrections)?
-            };
+            let (corrected, plain) = placed_capacities(
+                replicas.spec,
+                base.corrections,
+                base.nodes.iter().map(|node| &node.gpus),
+                &shards,
+            )
+            .ok()?;
             Some(Predicted {
-                capacity,
-                started_with,
+                capacity: replica_capacity(&corrected),
+                started_with: replica_capacity(&plain),
             })
         })
         .collect()

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::controller::apply::ready;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -84,13 +85,6 @@ pub(crate) fn targets<'a>(
             })
         })
         .collect()
-}
-
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn pod_ip(pod: &Pod) -> Option<&str> {

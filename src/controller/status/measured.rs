@@ -33,7 +33,7 @@ pub(crate) fn measured(read: Option<&BTreeMap<u32, ReplicaMeasure>>) -> Measured
             _ => None,
         })
         .collect();
-    let instance = Measurement::combine(measurements.values().copied());
+    let instance = Measurement::combine(measurements.values().copied()).map(|m| m.serving());
     let measured_ones = replica_list(measurements.keys());
     let failed: Vec<String> = read
         .iter()
@@ -75,7 +75,7 @@ pub(crate) fn measured(read: Option<&BTreeMap<u32, ReplicaMeasure>>) -> Measured
             .into_iter()
             .map(|(replica, m)| (replica, m.serving()))
             .collect(),
-        instance: instance.map(|m| m.serving()),
+        instance,
         condition: Some((MEASURED, condition)),
     }
 }
@@ -90,8 +90,7 @@ fn replica_list<'a>(replicas: impl Iterator<Item = &'a u32>) -> String {
 }
 
 /// " over 60 s: 3.2 requests/s, 410 output tokens/s, ..." for the condition.
-fn summary(m: &Measurement) -> String {
-    let s = m.serving();
+fn summary(s: &MeasuredServing) -> String {
     let mut out = format!(
         " over {} s: {} requests/s, {} output tokens/s",
         s.window_seconds, s.requests_per_second, s.output_tokens_per_second

@@ -101,8 +101,7 @@ pub fn learn(
 }
 
 fn significant(x: f64) -> f64 {
-    let scale = 10f64.powi(3 - x.abs().log10().floor() as i32);
-    (x * scale).round() / scale
+    super::significant(x, 4)
 }
 
 #[cfg(test)]

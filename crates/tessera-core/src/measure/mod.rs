@@ -13,3 +13,12 @@ mod window;
 
 pub use exposition::{Scrape, ScrapeError};
 pub use window::{Measurement, Window};
+
+/// `x` to `digits` significant figures (0 and non-finite as they are).
+fn significant(x: f64, digits: i32) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
+}

@@ -194,11 +194,7 @@ impl Measurement {
 
 /// `x` to three significant figures.
 fn significant(x: f64) -> f64 {
-    if x == 0.0 || !x.is_finite() {
-        return x;
-    }
-    let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
-    (x * scale).round() / scale
+    super::significant(x, 3)
 }
 
 #[cfg(test)]

@@ -24,6 +24,33 @@ pub fn placed_capacity<'a>(
     judge_placed(placed_problem(spec, corrections, nodes, shards), shards)?.1
 }
 
+/// As [`placed_capacity`], with `corrections` and as the model alone
+/// predicts it (what a replica's pods are started with), the placed plan
+/// evaluated once for both. Without corrections the two are the same.
+pub fn placed_capacities<'a>(
+    spec: &ModelInstanceSpec,
+    corrections: &[ServingCorrection],
+    nodes: impl IntoIterator<Item = &'a ClusterNode>,
+    shards: &[&PlannedShard],
+) -> Result<(Capacity, Capacity), String> {
+    let problem = placed_problem(spec, corrections, nodes, shards);
+    let plan = evaluate_placed(problem.clone(), shards)?;
+    let served = problem
+        .served
+        .as_ref()
+        .ok_or_else(|| "the problem says nothing of what is served".to_string())?;
+    let at = |served: &crate::placement::Served| {
+        crate::sizing::capacity(served, &problem.goal, &problem, &plan).map(|(c, _)| c)
+    };
+    let corrected = at(served)?;
+    let plain = if served.corrections.is_empty() {
+        corrected.clone()
+    } else {
+        at(&served.clone().corrected(&[]))?
+    };
+    Ok((corrected, plain))
+}
+
 /// A placed replica's time per output token at `concurrency` as the model
 /// predicts it, uncorrected (what a measurement is compared with), and the
 /// GPU product a correction of it is learned by.

@@ -7,7 +7,8 @@ mod devices;
 mod kv_floor;
 
 pub use capacity::{
-    instance_capacity, judge_placed, placed_capacity, predicted_tpot, replica_capacity,
+    instance_capacity, judge_placed, placed_capacities, placed_capacity, predicted_tpot,
+    replica_capacity,
 };
 
 use std::collections::{BTreeMap, HashMap};
