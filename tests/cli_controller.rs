@@ -115,6 +115,19 @@ fn malformed_flags_are_refused() {
             &["--measure-window (20 s)", "twice --measure-interval (15 s)"],
         ),
         (&["controller", "--measure-timeout", "61"], &["61"]),
+        (
+            &["controller", "--demand-headroom=11"],
+            &["11", "not a fraction"],
+        ),
+        (&["controller", "--demand-headroom", "lots"], &["lots"]),
+        (
+            &["controller", "--scale-down-window", "86401"],
+            &["86401", "--scale-down-window"],
+        ),
+        (
+            &["controller", "--drain-timeout", "1h"],
+            &["1h", "--drain-timeout"],
+        ),
         (&["controller", "--nonsense"], &["--nonsense"]),
     ] {
         assert_bad_input_result(args, run(args, &[]), needles);

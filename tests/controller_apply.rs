@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, PodStatus, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, PodStatus, Service};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::client::Body;
 use kube::runtime::controller::Action;
@@ -214,15 +214,7 @@ async fn a_settled_instance_makes_no_writes() {
     // The plan the controller makes, and the pod it builds from it, running.
     let (mut mi, nodes, mut pod) = settled();
     mi.status = None;
-    pod.status = Some(PodStatus {
-        phase: Some("Running".into()),
-        conditions: Some(vec![PodCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    });
+    pod.status = Some(running_status());
     let svc = headless_service(&mi);
 
     // First pass: only the status is missing.
@@ -343,6 +335,27 @@ async fn a_hand_edited_device_annotation_is_put_back() {
         json!({"metadata": {"annotations": {"tessera.dev/devices": planned}}})
     );
     echo(c, StatusCode::OK);
+    // Its serving gate opened: the pod is wanted.
+    let c = next(&mut api).await;
+    assert_eq!(
+        (&c.method, c.path.as_str()),
+        (
+            &Method::PATCH,
+            "/api/v1/namespaces/ml/pods/llama-shard-0/status?"
+        )
+    );
+    assert_eq!(
+        (
+            &c.body["status"]["conditions"][0]["type"],
+            &c.body["status"]["conditions"][0]["status"]
+        ),
+        (&json!("tessera.dev/serving"), &json!("True"))
+    );
+    respond(
+        c.send,
+        StatusCode::OK,
+        &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "llama-shard-0"}}),
+    );
     // Then the status (the shard is bound but not ready), and nothing else.
     let c = next(&mut api).await;
     assert_eq!(c.method, Method::PATCH);
@@ -560,9 +573,11 @@ async fn a_second_same_sized_shard_is_bound_once_the_first_has_its_devices() {
         serde_json::from_value(service).unwrap(),
     ));
     for pod in [&bound, &created[1]] {
-        pod_writer.apply_watcher_event(&watcher::Event::Apply(
-            serde_json::from_value(pod.clone()).unwrap(),
-        ));
+        // Their serving gates were opened after they were created.
+        let mut pod = pod.clone();
+        pod["status"]["conditions"] = json!([{"type": "tessera.dev/serving", "status": "True"}]);
+        pod_writer
+            .apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(pod).unwrap()));
     }
     let mut a = serde_json::to_value(node("a", 2)).unwrap();
     let mut state: Value = serde_json::from_str(
@@ -736,25 +751,73 @@ async fn scaling_down_removes_the_newest_replicas_and_keeps_the_rest() {
             pod["metadata"]["uid"] = json!(format!("uid-pod-{index}"));
             pod["metadata"]["ownerReferences"][0]["uid"] = json!("uid-llama");
             pod["spec"]["nodeName"] = json!("a");
-            pod["status"] =
-                json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+            pod["status"] = serde_json::to_value(running_status()).unwrap();
             serde_json::from_value(pod).unwrap()
         })
         .collect();
     assert_eq!(running.len(), 3);
 
-    // Scaled to one: replicas 2 and 1 go, replica 0 stays as it is.
+    // Scaled to one: replicas 2 and 1 leave their Services first (their
+    // serving gates closed, the time noted), replica 0 stays as it is.
     let mut one = with_replicas(1);
     one.status = Some(status);
-    let ctx = context(
-        World {
-            nodes,
-            pods: running.clone(),
-            services: vec![headless_service(&one)],
-            instances: vec![one.clone()],
-        },
-        client,
+    let world = |pods: Vec<Pod>| World {
+        nodes: nodes.clone(),
+        pods,
+        services: vec![headless_service(&one)],
+        instances: vec![one.clone()],
+    };
+    let ctx = context(world(running.clone()), client.clone());
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(one.clone()), ctx)),
+    )
+    .await;
+    assert!(
+        calls.iter().all(|(method, _, _)| *method != Method::DELETE),
+        "{calls:?}"
     );
+    let mut closed: Vec<&str> = calls
+        .iter()
+        .filter(|(_, path, body)| {
+            path.contains("/status?") && body["status"]["conditions"][0]["status"] == "False"
+        })
+        .map(|(_, path, _)| path.as_str())
+        .collect();
+    closed.sort();
+    assert_eq!(
+        closed,
+        [
+            "/api/v1/namespaces/ml/pods/llama-r1-shard-0/status?",
+            "/api/v1/namespaces/ml/pods/llama-r2-shard-0/status?"
+        ]
+    );
+    // Out of their Services for longer than the endpoints take to follow,
+    // with no runtime measured: their pods go.
+    let since = (k8s_openapi::jiff::Timestamp::now()
+        - k8s_openapi::jiff::SignedDuration::from_secs(10))
+    .to_string();
+    let draining: Vec<Pod> = running
+        .iter()
+        .cloned()
+        .map(|mut pod| {
+            // Replica 0's pods carry no replica label.
+            if pod
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .contains_key("tessera.dev/replica")
+            {
+                pod.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert("tessera.dev/draining-since".into(), since.clone());
+            }
+            pod
+        })
+        .collect();
+    let ctx = context(world(draining), client);
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(one), ctx))).await;
     let mut deleted: Vec<&str> = calls
         .iter()

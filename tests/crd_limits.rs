@@ -36,8 +36,10 @@ fn base() -> Value {
             },
             // The latency targets at their extremes, so each can be tried at
             // its own bounds without the other's rule (first token >= per token)
-            // getting in the way.
-            "serving": {"maxTimePerOutputTokenMs": 0.1, "maxTimeToFirstTokenMs": 3600000.0},
+            // getting in the way. A measured demand, so its replica bounds
+            // are tried at theirs.
+            "serving": {"maxTimePerOutputTokenMs": 0.1, "maxTimeToFirstTokenMs": 3600000.0,
+                        "demand": "Measured", "maxReplicas": 64},
             "template": {"spec": {"containers": [{"name": "shard", "image": "busybox:1.37"}]}}
         }
     })
@@ -273,6 +275,34 @@ fn cases() -> Vec<Case> {
             object,
             valid,
             field: "replicasFromDemand".into(),
+        });
+    }
+    // A measured demand needs its bounds, and bounds need a measured demand.
+    for (serving, valid) in [
+        (json!({"demand": "Measured"}), false),
+        (json!({"demand": "Measured", "maxReplicas": 4}), true),
+        (
+            json!({"demand": "Measured", "minReplicas": 4, "maxReplicas": 4}),
+            true,
+        ),
+        (
+            json!({"demand": "Measured", "minReplicas": 5, "maxReplicas": 4}),
+            false,
+        ),
+        (json!({"maxReplicas": 4}), false),
+        (json!({"demand": "Stated", "minReplicas": 1}), false),
+        (
+            json!({"demand": "Measured", "maxReplicas": 4, "replicasFromDemand": true}),
+            false,
+        ),
+    ] {
+        let mut object = base();
+        object["spec"]["serving"] = serving.clone();
+        out.push(Case {
+            what: format!("serving {serving}"),
+            object,
+            valid,
+            field: "Replicas".into(),
         });
     }
     for (name, replicas, valid) in [

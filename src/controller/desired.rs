@@ -5,10 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, Pod, PodResourceClaim, ResourceClaim, Service, ServicePort, ServiceSpec,
+    Container, EnvVar, Pod, PodReadinessGate, PodResourceClaim, ResourceClaim, Service,
+    ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::apply::drain::SERVING_GATE;
 use kube::{Resource, ResourceExt};
 
 use super::hashes::{SPEC_HASH_ANNOTATION, pod_hash};
@@ -174,6 +177,13 @@ fn shard_pod(
     spec.node_name = None;
     spec.hostname = Some(pod_name.clone());
     spec.subdomain = Some(name.clone());
+    // Ready only while wanted: a replica scaled away leaves its Services
+    // before its pods go (apply::drain).
+    spec.readiness_gates
+        .get_or_insert_with(Vec::new)
+        .push(PodReadinessGate {
+            condition_type: SERVING_GATE.to_string(),
+        });
     model_cache::add_volume(&mut spec, &namespace, cache);
 
     let peers: Vec<String> = plan

@@ -6,8 +6,9 @@ use std::hash::Hasher;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::apply::drain::SERVING_GATE;
 use super::runtime_env;
-use tessera_core::api::{ModelInstanceSpec, Moves, PlacementPolicy};
+use tessera_core::api::{DemandSource, ModelInstanceSpec, Moves, PlacementPolicy, ServingSpec};
 
 /// Pod annotation: the hash of everything the controller put into a shard pod.
 /// A pod whose hash differs from the desired one is replaced (pod specs are
@@ -19,7 +20,8 @@ pub(crate) const SPEC_HASH_ANNOTATION: &str = "tessera.dev/spec-hash";
 /// `spec.serving` existed hash as they did (an unset cache as the 0 it was
 /// read as), so their plans are kept. `placement.moves` says what may happen
 /// to a plan, not what it is, so it is left out: turning moves off keeps the
-/// plans.
+/// plans. So are `serving.demand` and its replica bounds, which say how many
+/// replicas there are, not how each is planned.
 pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
     let mut model = spec.model.clone();
     model.kv_cache_gib = Some(model.kv_cache_gib.unwrap_or(0.0));
@@ -27,8 +29,14 @@ pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
         moves: Moves::default(),
         ..spec.placement.clone()
     };
+    let serving = spec.serving.as_ref().map(|serving| ServingSpec {
+        demand: DemandSource::Stated,
+        min_replicas: None,
+        max_replicas: None,
+        ..serving.clone()
+    });
     // Plain structs of numbers and strings always serialize.
-    let json = match &spec.serving {
+    let json = match &serving {
         None => serde_json::to_vec(&(&model, &spec.parallelism, &placement)),
         Some(serving) => serde_json::to_vec(&(&model, &spec.parallelism, &placement, serving)),
     }
@@ -38,9 +46,18 @@ pub fn placement_hash(spec: &ModelInstanceSpec) -> String {
 
 /// Hash of a desired pod as built, before its own hash annotation is added.
 /// The multi-node runtime's variables are left out (see
-/// [`runtime_env::NAMES`]), so pods made before them are not replaced.
+/// [`runtime_env::NAMES`]), and so is the serving gate, so pods made before
+/// them are not replaced.
 pub(crate) fn pod_hash(pod: &Pod) -> String {
     let mut hashed = pod.clone();
+    if let Some(spec) = hashed.spec.as_mut()
+        && let Some(gates) = spec.readiness_gates.as_mut()
+    {
+        gates.retain(|gate| gate.condition_type != SERVING_GATE);
+        if gates.is_empty() {
+            spec.readiness_gates = None;
+        }
+    }
     for container in hashed
         .spec
         .iter_mut()
@@ -148,6 +165,13 @@ mod tests {
             served,
             super::placement_hash(&spec(&format!(
                 "{MODEL}serving: {{maxTimePerOutputTokenMs: 40}}\n"
+            )))
+        );
+        // How many replicas a measured demand gets is not how each is planned.
+        assert_eq!(
+            served,
+            super::placement_hash(&spec(&format!(
+                "{MODEL}serving: {{maxTimePerOutputTokenMs: 30, demand: Measured, minReplicas: 2, maxReplicas: 5}}\n"
             )))
         );
     }

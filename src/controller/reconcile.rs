@@ -19,7 +19,9 @@ use super::context::Instance;
 pub use super::context::{Caches, Context, Error};
 use super::decide::stage as decide;
 use super::lock;
-pub use super::settings::{ContinuousMoves, MeasureSettings, MoveSettings, Settings};
+pub use super::settings::{
+    ContinuousMoves, MeasureSettings, MoveSettings, ScalingSettings, Settings,
+};
 use super::{
     apply::stage as apply, build, events, moves, observe, requeue, status::write as status,
     validate,
@@ -141,11 +143,17 @@ async fn reconcile_inner(read: &ModelInstance, ctx: &Context) -> Result<Action, 
     let applied = applied?;
     written?;
 
-    Ok(Action::requeue(requeue::after(
+    let after = requeue::after(
         &decided,
         &applied.replicas,
         &observed.nodes,
         now,
         ctx.settings.node_grace,
-    )))
+    );
+    // A draining replica is looked at again once its endpoints settled.
+    Ok(Action::requeue(if applied.draining {
+        after.min(super::apply::drain::SETTLE)
+    } else {
+        after
+    }))
 }

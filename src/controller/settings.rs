@@ -24,6 +24,31 @@ pub struct Settings {
     /// Reading each serving replica's runtime metrics; `None`: never
     /// (`--measure-interval=0`).
     pub measure: Option<MeasureSettings>,
+    /// How replicas follow a measured demand and leave when it drops.
+    pub scaling: ScalingSettings,
+}
+
+/// How instances with `serving.demand: Measured` are scaled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalingSettings {
+    /// Planned beyond the measured demand, as a fraction (`--demand-headroom`).
+    pub headroom: f64,
+    /// How long every read must ask for less before replicas are removed
+    /// (`--scale-down-window`).
+    pub scale_down_window: Duration,
+    /// How long a replica taken out of its Services may take to finish the
+    /// requests it has before its pods go anyway (`--drain-timeout`).
+    pub drain_timeout: Duration,
+}
+
+impl Default for ScalingSettings {
+    fn default() -> Self {
+        Self {
+            headroom: 0.2,
+            scale_down_window: Duration::from_secs(300),
+            drain_timeout: Duration::from_secs(120),
+        }
+    }
 }
 
 /// When and how far the controller moves running replicas to make room.
@@ -87,6 +112,7 @@ impl Default for Settings {
             model_cache: None,
             moves: MoveSettings::default(),
             measure: Some(MeasureSettings::default()),
+            scaling: ScalingSettings::default(),
         }
     }
 }

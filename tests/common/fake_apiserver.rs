@@ -879,7 +879,7 @@ fn serve(
             Some(json_response(200, &inner.store(&key, object, Some(owners))))
         }
         (&Method::PATCH, Some(name), sub @ (None | Some("status"))) => {
-            if sub == Some("status") && t.kind != Kind::ModelInstance {
+            if sub == Some("status") && !matches!(t.kind, Kind::ModelInstance | Kind::Pod) {
                 return None;
             }
             let patch = match parsed() {
@@ -1022,7 +1022,24 @@ fn patch_object(
         if apply {
             object["status"] = patch.get("status").cloned().unwrap_or(Value::Null);
         } else if let Some(s) = patch.get("status") {
-            merge(&mut object["status"], s);
+            let mut s = s.clone();
+            // A strategic merge patch merges a pod's conditions by type.
+            if content_type.contains("strategic-merge-patch")
+                && let Some(Value::Array(new)) =
+                    s.as_object_mut().and_then(|s| s.remove("conditions"))
+            {
+                let conditions = object["status"]["conditions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let mut merged: Vec<Value> = conditions
+                    .into_iter()
+                    .filter(|c| !new.iter().any(|n| n["type"] == c["type"]))
+                    .collect();
+                merged.extend(new);
+                object["status"]["conditions"] = Value::Array(merged);
+            }
+            merge(&mut object["status"], &s);
         }
         if object["status"].is_null()
             && let Some(m) = object.as_object_mut()

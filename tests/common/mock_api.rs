@@ -106,16 +106,27 @@ pub(crate) fn ready_pod(mi: &ModelInstance, shard: &PlannedShard) -> Pod {
         pod.metadata.name.as_deref().unwrap_or("")
     ));
     pod.spec.as_mut().unwrap().node_name = Some(shard.node.clone());
-    pod.status = Some(PodStatus {
-        phase: Some("Running".into()),
-        conditions: Some(vec![PodCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            ..PodCondition::default()
-        }]),
-        ..PodStatus::default()
-    });
+    pod.status = Some(running_status());
     pod
+}
+
+/// A running shard pod's status: Ready, and its serving gate True as the
+/// controller holds it while the pod is wanted.
+pub(crate) fn running_status() -> PodStatus {
+    PodStatus {
+        phase: Some("Running".into()),
+        conditions: Some(
+            ["Ready", "tessera.dev/serving"]
+                .into_iter()
+                .map(|type_| PodCondition {
+                    type_: type_.into(),
+                    status: "True".into(),
+                    ..PodCondition::default()
+                })
+                .collect(),
+        ),
+        ..PodStatus::default()
+    }
 }
 
 pub(crate) fn instance() -> ModelInstance {
@@ -297,6 +308,10 @@ pub(crate) async fn serve_reconcile_answering(
                     respond(call.send, StatusCode::OK, &json!({"kind": "Status", "code": 200}));
                 } else if path.contains("/binding") || path.contains("/eviction") {
                     respond(call.send, StatusCode::CREATED, &json!({"kind": "Status", "code": 201}));
+                } else if path.contains("/pods/") && path.contains("/status?") {
+                    let name = path.split("/pods/").nth(1).and_then(|p| p.split('/').next()).unwrap_or("");
+                    let echoed = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "status": body["status"]});
+                    respond(call.send, StatusCode::OK, &echoed);
                 } else if path.contains("/status?") {
                     let mut echoed = serde_json::to_value(instance()).unwrap();
                     echoed["status"] = body["status"].clone();
@@ -319,7 +334,7 @@ pub(crate) fn written_status(calls: &[(Method, String, Value)]) -> ModelInstance
     let (_, _, body) = calls
         .iter()
         .rev()
-        .find(|(_, path, _)| path.contains("/status?"))
+        .find(|(_, path, _)| path.contains("/modelinstances/") && path.contains("/status?"))
         .expect("a status write");
     serde_json::from_value(body["status"].clone()).unwrap()
 }

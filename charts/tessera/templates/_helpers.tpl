@@ -156,6 +156,11 @@ controller.watchNamespace).
 - apiGroups: [""]
   resources: ["pods/binding"]
   verbs: ["create"]
+# The serving readiness gate of shard pods: True while a pod is wanted, False while
+# a replica scaled away drains out of its Services.
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # A moved replica's old pods go through the Eviction API once its new copy is Ready,
 # so that PodDisruptionBudgets count.
 - apiGroups: [""]

@@ -72,7 +72,7 @@ fn plan(
     solve_replicas(
         &problem,
         tensor_choice(spec),
-        spec.replicas,
+        spec.stated_replicas(),
         "ml/test",
         &SolveOptions::default(),
     )

@@ -9,7 +9,9 @@ use super::values::{
 };
 use crate::api::ResourceName;
 use crate::controller::model_cache::ModelCacheDir;
-use crate::controller::reconcile::{ContinuousMoves, MeasureSettings, MoveSettings, Settings};
+use crate::controller::reconcile::{
+    ContinuousMoves, MeasureSettings, MoveSettings, ScalingSettings, Settings,
+};
 use crate::controller::run::{ControllerConfig, LeaderElection, run};
 use crate::kubernetes::initial_list::InitialList;
 
@@ -118,6 +120,20 @@ pub struct ControllerFlags {
     /// Seconds one read of a replica's metrics may take.
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = clap::value_parser!(u64).range(1..=60))]
     measure_timeout: u64,
+    /// Instances with `serving.demand: Measured` plan for the measured
+    /// demand plus this fraction of it (0.2: a fifth more), so a rise is
+    /// served while the next replica starts.
+    #[arg(long, value_name = "FRACTION", default_value = "0.2", value_parser = fraction)]
+    demand_headroom: f64,
+    /// Seconds every read must ask for less than is planned before replicas
+    /// of a measured demand are removed (added at the first read that asks
+    /// for more).
+    #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = clap::value_parser!(u64).range(0..=86400))]
+    scale_down_window: u64,
+    /// Seconds a replica removed by a measured demand, already out of its
+    /// Services, may take to finish its requests before its pods go anyway.
+    #[arg(long, value_name = "SECONDS", default_value = "120", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    drain_timeout: u64,
 }
 
 impl ControllerFlags {
@@ -148,6 +164,9 @@ impl ControllerFlags {
             measure_interval,
             measure_window,
             measure_timeout,
+            demand_headroom,
+            scale_down_window,
+            drain_timeout,
         } = self;
         if measure_interval > 0 && measure_window < 2 * measure_interval {
             eprintln!(
@@ -201,6 +220,11 @@ impl ControllerFlags {
                     window: std::time::Duration::from_secs(measure_window),
                     timeout: std::time::Duration::from_secs(measure_timeout),
                 }),
+                scaling: ScalingSettings {
+                    headroom: demand_headroom,
+                    scale_down_window: std::time::Duration::from_secs(scale_down_window),
+                    drain_timeout: std::time::Duration::from_secs(drain_timeout),
+                },
             },
             initial_list,
             allocation: allocation.into(),

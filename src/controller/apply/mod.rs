@@ -4,6 +4,7 @@
 //! Writes that hit a conflict, a throttle or a server error are retried a few
 //! times; the rest of the error handling is the controller's backoff.
 
+pub(crate) mod drain;
 pub(crate) mod stage;
 
 use std::collections::BTreeMap;
@@ -287,6 +288,7 @@ pub(crate) async fn pods(
             continue;
         }
         restore_annotations(api, have, want).await?;
+        drain::open_gate(api, have).await?;
         let state = state_of(have);
         if state == ShardState::Created {
             unbound.push((states.len(), Pod::clone(have), node));

@@ -2,18 +2,21 @@
 //! pods and bindings (and their claims on DRA nodes), through the writes in
 //! this module's parent.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 
 use super::{BindAtOnce, Repair, ReplicaApplied, ShardState};
 use crate::controller::build::Desired;
 use crate::controller::context::{Context, Error, Instance};
 use crate::controller::decide::stage::Decided;
-use crate::controller::desired::headless_service;
+use crate::controller::desired::{REPLICA_LABEL, headless_service};
 use crate::controller::dra::apply::{ShardClaims, claim_of};
 use crate::controller::events::EventNote;
 use crate::controller::hashes::{recorded_pod_hash, replica_pod_hash};
@@ -21,7 +24,7 @@ use crate::controller::moves::evict;
 use crate::controller::node_gate::may_bind;
 use crate::controller::observe::Observed;
 use crate::controller::restart_backoff::Backoff;
-use crate::controller::status::REPLICA_FAILURE;
+use crate::controller::status::{Outcome, REPLICA_FAILURE};
 use tessera_core::api::ModelInstance;
 
 /// The apply stage: the Service, the pods, their bindings; pods of replicas
@@ -72,7 +75,18 @@ pub(crate) async fn apply(
         .as_ref()
         .map(|m| m.evict.as_slice())
         .unwrap_or_default();
-    super::remove_extra(&pods_api, &observed.mine, &every_desired, evict).await?;
+    // Replicas a smaller count removed drain first.
+    let leaving = leaving_replicas(decided, &observed.mine, &every_desired, evict);
+    let draining = super::drain::drain(
+        &pods_api,
+        &leaving,
+        ctx.measures.of(&ObjectRef::from_obj(mi)).as_ref(),
+        ctx.settings.scaling.drain_timeout,
+        notes,
+    )
+    .await?;
+    let kept: Vec<String> = evict.iter().chain(&draining).cloned().collect();
+    super::remove_extra(&pods_api, &observed.mine, &every_desired, &kept).await?;
     let eviction_refused = evict::evict(&pods_api, &observed.mine, evict).await?;
     let gate = may_bind(
         &ctx.node_gate,
@@ -171,14 +185,56 @@ pub(crate) async fn apply(
     Ok(Applied {
         replicas: states,
         eviction_refused,
+        draining: !draining.is_empty(),
     })
 }
 
-/// What the apply stage did: each replica's shard states, and why an
-/// eviction of a moved replica's old pods was refused, if one was.
+/// The pods of replicas past the wanted count, by replica: those a smaller
+/// count removed, to drain. None for an invalid spec (its pods go at once),
+/// nor pods wanted, evicted or already going.
+fn leaving_replicas(
+    decided: &Decided,
+    mine: &BTreeMap<String, Arc<Pod>>,
+    desired: &[(Pod, String)],
+    evicted: &[String],
+) -> BTreeMap<u32, Vec<Arc<Pod>>> {
+    let mut leaving: BTreeMap<u32, Vec<Arc<Pod>>> = BTreeMap::new();
+    if decided
+        .replicas
+        .iter()
+        .any(|r| matches!(r.outcome, Outcome::Invalid { .. }))
+    {
+        return leaving;
+    }
+    let wanted = decided.replicas.len() as u32;
+    for (name, pod) in mine {
+        let replica = pod
+            .labels()
+            .get(REPLICA_LABEL)
+            .and_then(|r| r.parse::<u32>().ok());
+        let Some(replica) = replica.filter(|r| *r >= wanted) else {
+            continue;
+        };
+        if pod.metadata.deletion_timestamp.is_some()
+            || evicted.contains(name)
+            || desired
+                .iter()
+                .any(|(p, _)| p.metadata.name.as_deref() == Some(name))
+        {
+            continue;
+        }
+        leaving.entry(replica).or_default().push(pod.clone());
+    }
+    leaving
+}
+
+/// What the apply stage did: each replica's shard states, why an eviction
+/// of a moved replica's old pods was refused, if one was, and whether a
+/// removed replica is still draining.
 pub(crate) struct Applied {
     pub(crate) replicas: Vec<ReplicaApplied>,
     pub(crate) eviction_refused: Option<String>,
+    pub(crate) draining: bool,
 }
 
 /// A replica's restart backoff, from its record in the status and the

@@ -10,7 +10,7 @@
 
 use super::replicas::{Replicas, decide_replicas};
 use super::{PlanDecision, PlanInputs, ReplicaDecision};
-use tessera_core::api::{PlannedShard, ReplicaCapacity};
+use tessera_core::api::{PlannedShard, ReplicaCapacity, ReplicaCount};
 use tessera_core::sizing::replicas_meeting;
 use tessera_core::translate::{placed_capacities, replica_capacity};
 
@@ -28,11 +28,15 @@ pub(crate) struct Predicted {
     pub(crate) started_with: ReplicaCapacity,
 }
 
-/// Decides the replicas: the fixed count, or the count the demand needs.
-/// `replicas.current` holds a slot for every replica the instance may have
-/// (`ModelInstanceSpec::most_replicas`), empty for those it has not.
-pub(crate) fn decide_count(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Counted {
-    let spec = replicas.spec;
+/// Decides the replicas: the fixed count, or the count the demand needs
+/// within its bounds. `replicas.current` holds a slot for every replica the
+/// instance may have (`ModelInstanceSpec::most_replicas`), empty for those
+/// it has not.
+pub(crate) fn decide_count(
+    replicas: &Replicas<'_>,
+    base: &PlanInputs<'_>,
+    count: ReplicaCount,
+) -> Counted {
     let most = replicas.current.len() as u32;
     let first = |count: u32| {
         let count = count.min(most) as usize;
@@ -49,15 +53,20 @@ pub(crate) fn decide_count(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Co
             capacities,
         }
     };
-    let (Some(demand), None) = (spec.demand(), spec.fixed_replicas()) else {
-        return first(spec.fixed_replicas().unwrap_or(1));
+    let (demand, least) = match count {
+        ReplicaCount::Fixed(count) => return first(count),
+        ReplicaCount::ForDemand {
+            requests_per_second,
+            least,
+            ..
+        } => (requests_per_second, least.clamp(1, most.max(1))),
     };
     let planned_now = replicas
         .current
         .iter()
         .rposition(|plan| !plan.is_empty())
         .map_or(1, |last| last as u32 + 1);
-    let mut count = planned_now.clamp(1, most.max(1));
+    let mut count = planned_now.clamp(least, most.max(least));
     loop {
         let mut counted = first(count);
         let served: Vec<f64> = counted
@@ -70,6 +79,7 @@ pub(crate) fn decide_count(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Co
             })
             .collect();
         if let Some(enough) = replicas_meeting(demand, &served) {
+            let enough = enough.max(least as usize);
             counted.decisions.truncate(enough);
             counted.capacities.truncate(enough);
             return counted;
@@ -136,6 +146,15 @@ mod tests {
     use crate::controller::testkit::*;
 
     fn count(spec: &str, nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>]) -> Counted {
+        count_for(spec, nodes, None)
+    }
+
+    /// With a measured demand planned for `measured`.
+    fn count_for(
+        spec: &str,
+        nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>],
+        measured: Option<f64>,
+    ) -> Counted {
         let spec = instance("m", spec).spec;
         let current = vec![Vec::new(); spec.most_replicas() as usize];
         let held = Held::new();
@@ -148,7 +167,11 @@ mod tests {
             failed_admission: &[],
             known_unsatisfiable: &[],
         };
-        decide_count(&replicas, &inputs(nodes, &held))
+        decide_count(
+            &replicas,
+            &inputs(nodes, &held),
+            spec.replica_count(measured),
+        )
     }
 
     fn served(counted: &Counted) -> Vec<f64> {
@@ -213,5 +236,20 @@ mod tests {
             &nodes,
         );
         assert_eq!(fixed.decisions.len(), 2);
+    }
+
+    #[test]
+    fn a_measured_demand_gets_what_it_needs_within_its_bounds() {
+        let nodes = infos(&[node("a", 8, H100)]);
+        let each = served(&count(SMALL, &nodes))[0];
+        let spec =
+            format!("{SMALL}\nserving: {{demand: Measured, minReplicas: 2, maxReplicas: 4}}");
+        for (planned, wanted) in [(0.0, 2), (each * 2.5, 3), (each * 100.0, 4)] {
+            let counted = count_for(&spec, &nodes, Some(planned));
+            assert_eq!(counted.decisions.len(), wanted, "{planned} requests/s");
+        }
+        // Set by hand, spec.replicas is the count.
+        let by_hand = count_for(&format!("{spec}\nreplicas: 1"), &nodes, Some(each * 100.0));
+        assert_eq!(by_hand.decisions.len(), 1);
     }
 }

@@ -24,6 +24,7 @@ use tessera_core::translate::{build_problem, evaluate_placed, planned_shards, te
 
 mod corrections;
 mod demand;
+pub(crate) mod measured_demand;
 mod replicas;
 pub(crate) mod stage;
 pub(crate) use demand::{Counted, decide_count};

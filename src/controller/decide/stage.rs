@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::demand::Predicted;
+use super::measured_demand::{Followed, follow};
 use super::{Counted, PlanDecision, PlanInputs, Replicas, decide_count};
 use crate::controller::apply;
 use crate::controller::context::{Context, Error, Instance};
@@ -44,6 +45,8 @@ pub(crate) struct Decided {
     pub(crate) cordoned: Option<(&'static str, String)>,
     /// What the measured replicas say the predictions are off by.
     pub(crate) observations: Vec<Observation>,
+    /// Where a measured demand stands (`serving.demand: Measured`).
+    pub(crate) demand: Option<Followed>,
 }
 
 /// One replica's outcome.
@@ -95,6 +98,7 @@ pub(crate) fn refuse(
         moving: None,
         cordoned: None,
         observations: Vec::new(),
+        demand: None,
     }
 }
 
@@ -110,6 +114,17 @@ pub(crate) async fn plan(
     notes: &mut Vec<EventNote>,
 ) -> Result<Decided, Error> {
     let previous = mi.status.as_ref();
+    let measured = ctx.measures.of(&ObjectRef::from_obj(mi));
+    let demand = follow(
+        mi,
+        measured.as_ref(),
+        ctx.settings.measure.is_some(),
+        now,
+        &ctx.settings.scaling,
+    );
+    let count = mi
+        .spec
+        .replica_count(demand.as_ref().and_then(|d| d.planned));
     // Slots for every replica the instance may have; the decision says how
     // many it gets (the fixed count, or what the demand needs).
     let most = mi.spec.most_replicas();
@@ -159,7 +174,7 @@ pub(crate) async fn plan(
                 replica_nodes: &[],
                 corrections: &corrections,
             };
-            decide_count(&replicas, &base)
+            decide_count(&replicas, &base, count)
         }
     };
     let planning = Instant::now();
@@ -222,7 +237,7 @@ pub(crate) async fn plan(
             &observed.nodes,
             &by_replica,
             &kept,
-            ctx.measures.of(&ObjectRef::from_obj(mi)).as_ref(),
+            measured.as_ref(),
         )
     } else {
         Vec::new()
@@ -232,6 +247,7 @@ pub(crate) async fn plan(
         moving,
         cordoned: None,
         observations,
+        demand,
     })
 }
 

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use super::apply::ShardState;
 use super::measure::ReplicaMeasure;
 use tessera_core::api::{
-    InstanceCapacity, ModelInstanceStatus, MoveInFlight, Phase, PlannedShard, ReplicaCapacity,
-    ReplicaPrediction, ReplicaRestarts, ServingCorrection,
+    InstanceCapacity, MeasuredDemand, ModelInstanceStatus, MoveInFlight, Phase, PlannedShard,
+    ReplicaCapacity, ReplicaPrediction, ReplicaRestarts, ServingCorrection,
 };
 use tessera_core::translate::instance_capacity;
 
@@ -28,6 +28,9 @@ pub(crate) const REPLICA_FAILURE: &str = "ReplicaFailure";
 /// Present when the instance has a demand (`serving.requestsPerSecond`):
 /// whether its placed replicas serve it at the latency target.
 pub(crate) const DEMAND_MET: &str = "DemandMet";
+/// Present with `serving.demand: Measured`: whether the replica count
+/// follows the measured demand, and where it stands.
+pub(crate) const DEMAND_FOLLOWED: &str = "DemandFollowed";
 /// Present while a replica has a shard on a cordoned node: `True`, reason
 /// `Leaving` while a move takes it off (or waits its turn), `CannotLeave`
 /// when nothing does, with why.
@@ -87,8 +90,14 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) restarts: Vec<ReplicaRestarts>,
     /// The status lines of replicas waiting out their backoff.
     pub(crate) waiting: Vec<String>,
-    /// `serving.requestsPerSecond`.
+    /// The demand judged: `serving.requestsPerSecond`, or the measured
+    /// demand planned for.
     pub(crate) demand: Option<f64>,
+    /// Where a measured demand stands (`status.demand`).
+    pub(crate) measured_demand: Option<MeasuredDemand>,
+    /// The `DemandFollowed` condition (status, reason, message), with a
+    /// measured demand.
+    pub(crate) demand_followed: Option<(&'static str, &'static str, String)>,
     /// The move in flight, if any (`status.moves`).
     pub(crate) moves: Vec<MoveInFlight>,
     /// The `OnCordonedNode` condition's reason and message, when present.
@@ -128,6 +137,10 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         .replicas
         .iter()
         .any(|replica| matches!(replica.outcome, Outcome::Invalid { .. }));
+    let ready: Vec<bool> = replicas
+        .iter()
+        .map(|(_, counts)| counts.all_ready())
+        .collect();
     let capacities: Vec<Option<&ReplicaCapacity>> = inputs
         .replicas
         .iter()
@@ -169,7 +182,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
     ]
     .into_iter()
     .chain(replica_failure(inputs))
-    .chain(demand_met(inputs, capacity.as_ref(), &capacities))
+    .chain(demand_met(inputs, capacity.as_ref(), &capacities, &ready))
     .chain(
         inputs
             .cordoned
@@ -177,6 +190,12 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
             .map(|(reason, message)| (ON_CORDONED_NODE, ("True", reason, message))),
     )
     .chain(measured.condition)
+    .chain(
+        inputs
+            .demand_followed
+            .clone()
+            .map(|condition| (DEMAND_FOLLOWED, condition)),
+    )
     .map(|(type_, (status, reason, message))| {
         condition(
             previous_conditions,
@@ -213,6 +232,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
         moves: inputs.moves.clone(),
         measured: measured.instance,
         corrections: inputs.corrections.clone(),
+        demand: inputs.measured_demand.clone(),
     }
 }
 
@@ -255,17 +275,42 @@ fn replica_failure(inputs: &StatusInputs) -> Option<(&'static str, ConditionText
 }
 
 /// The `DemandMet` condition, when the instance has a demand: met when its
-/// placed replicas serve it at the target; otherwise what they serve and
+/// ready replicas serve it at the target; `ReplicasStarting` while replicas
+/// placed to serve it are not all ready yet; otherwise what they serve and
 /// the first reason they do not serve more.
 fn demand_met(
     inputs: &StatusInputs,
     capacity: Option<&InstanceCapacity>,
     per_replica: &[Option<&ReplicaCapacity>],
+    ready: &[bool],
 ) -> Option<(&'static str, ConditionText)> {
     let demand = inputs.demand?;
     let served = capacity.map_or(0.0, |c| c.requests_per_second);
     let replicas = per_replica.len();
     let plural = if replicas == 1 { "" } else { "s" };
+    let starting = ready.iter().filter(|ready| !**ready).count();
+    if served >= demand && starting > 0 {
+        let ready_served: Vec<f64> = per_replica
+            .iter()
+            .zip(ready)
+            .filter(|(_, ready)| **ready)
+            .map(|(c, _)| c.map_or(0.0, |c| c.requests_per_second))
+            .collect();
+        let now = tessera_core::sizing::served_together(&ready_served);
+        if now < demand {
+            return Some((
+                DEMAND_MET,
+                (
+                    "False",
+                    "ReplicasStarting",
+                    format!(
+                        "{replicas} replica{plural} serve {served} requests/s at the target once {starting} more are ready (the ready ones {}); the demand is {demand}",
+                        (now * 100.0).round() / 100.0
+                    ),
+                ),
+            ));
+        }
+    }
     if served >= demand {
         return Some((
             DEMAND_MET,
@@ -609,6 +654,8 @@ mod tests {
             cordoned: None,
             measured: None,
             corrections: Vec::new(),
+            measured_demand: None,
+            demand_followed: None,
             now: now(),
         })
     }
@@ -712,6 +759,8 @@ mod tests {
                 cordoned: None,
                 measured: None,
                 corrections: Vec::new(),
+                measured_demand: None,
+                demand_followed: None,
                 now: "2026-06-01T13:00:00Z".parse().unwrap(),
             })
         };
@@ -759,6 +808,8 @@ mod tests {
             cordoned: None,
             measured: None,
             corrections: Vec::new(),
+            measured_demand: None,
+            demand_followed: None,
             now: now(),
         })
     }
@@ -917,6 +968,8 @@ mod tests {
                 cordoned: None,
                 measured: None,
                 corrections: Vec::new(),
+                measured_demand: None,
+                demand_followed: None,
                 now: now(),
             })
         };

@@ -49,7 +49,13 @@ pub(crate) async fn write_status(
             .iter()
             .filter_map(|a| a.waiting.as_ref().map(|(message, _)| message.clone()))
             .collect(),
-        demand: mi.spec.demand(),
+        demand: decided
+            .demand
+            .as_ref()
+            .and_then(|d| d.planned)
+            .or(mi.spec.demand()),
+        measured_demand: decided.demand.as_ref().and_then(|d| d.state.clone()),
+        demand_followed: decided.demand.as_ref().map(|d| d.condition.clone()),
         moves: decided
             .moving
             .iter()

@@ -99,3 +99,31 @@ impl ServingCorrection {
         problems.is_empty()
     }
 }
+
+/// The demand an instance with `serving.demand: Measured` is sized for, and
+/// where the scaling rule stands (`tessera_core::measure::demand`); kept in
+/// the status so a restarted controller goes on where it was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MeasuredDemand {
+    /// Requests/s the replicas are planned for: the measured demand with
+    /// headroom, raised as soon as a read asks for more, lowered only after
+    /// every read of a stable window asked for less.
+    pub planned_requests_per_second: f64,
+    /// The demand last measured, without headroom: the requests/s the
+    /// replicas finished, scaled up by those queued behind the ones
+    /// decoding. Unset before the first read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_requests_per_second: Option<f64>,
+    /// Since when every read has asked for less than is planned; unset
+    /// while not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The most any read since `lowerSince` asked for (with headroom): what
+    /// the plan comes down to once the window has passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_peak: Option<f64>,
+    /// When the planned demand last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_change: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}

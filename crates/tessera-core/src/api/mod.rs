@@ -19,18 +19,18 @@ pub use gpu_state::{
     GPU_STATE_VERSION, GpuDevice, GpuLink, GpuStateError, Health, LinkKind, NodeGpuState,
     SharesOffered, Vendor,
 };
-pub use measured::{MeasuredServing, Percentiles, ServingCorrection};
+pub use measured::{MeasuredDemand, MeasuredServing, Percentiles, ServingCorrection};
 pub use model_instance::{
     DType, InstanceCapacity, InvalidSpec, ModelInstance, ModelInstanceSpec, ModelInstanceStatus,
     ModelSpec, Moves, Optimize, ParallelismSpec, Phase, PipelineStages, PlacementPolicy,
-    PlannedShard, ReplicaCapacity, ReplicaPrediction, ReplicaRestarts, RestartPolicy, ScoreWeights,
-    ShardShare, ShareKind, Sharing, Strategy, TensorSize, layer_range,
+    PlannedShard, ReplicaCapacity, ReplicaCount, ReplicaPrediction, ReplicaRestarts, RestartPolicy,
+    ScoreWeights, ShardShare, ShareKind, Sharing, Strategy, TensorSize, layer_range,
 };
 pub use moves_status::{MoveInFlight, MovePhase};
 pub use partitions::{GpuPartition, MigProfile, MigState, SliceOwners};
 pub use resource_name::{InvalidResourceName, ResourceName};
 pub use runtime_version::{InvalidRuntimeVersion, RuntimeVersion};
-pub use serving_spec::{KvCacheDtype, Runtime, ServingSpec};
+pub use serving_spec::{DemandSource, KvCacheDtype, Runtime, ServingSpec};
 
 /// API group of every tessera custom resource.
 pub const GROUP: &str = "tessera.dev";

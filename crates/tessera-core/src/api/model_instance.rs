@@ -21,7 +21,8 @@ use super::limits::{
     PIPELINE, REPLICAS, TENSOR, WEIGHT,
 };
 use super::{
-    GIB, KvCacheDtype, MeasuredServing, MoveInFlight, ServingCorrection, ServingSpec, Vendor,
+    GIB, KvCacheDtype, MeasuredDemand, MeasuredServing, MoveInFlight, ServingCorrection,
+    ServingSpec, Vendor,
 };
 
 /// A large model served as a pipeline of shards placed on exactly planned GPUs.
@@ -82,13 +83,15 @@ pub struct ModelInstanceSpec {
     /// memory each shard needs and its predicted speed follow.
     pub model: ModelSpec,
     /// Independent copies of the model, each a gang of shards placed all or
-    /// nothing. `kubectl scale` and a HorizontalPodAutoscaler set it through
-    /// the scale subresource. With serving.replicasFromDemand the controller
-    /// plans as many as serving.requestsPerSecond needs instead, and this
-    /// field is not read.
-    #[serde(default = "one_replica")]
+    /// nothing (default 1). `kubectl scale` and a HorizontalPodAutoscaler set
+    /// it through the scale subresource. With serving.replicasFromDemand the
+    /// controller plans as many as serving.requestsPerSecond needs instead,
+    /// and this field is not read. With serving.demand Measured it is left
+    /// unset: set, it is the count and the measured demand is not followed
+    /// (the status says so) until it is removed again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = REPLICAS.min, max = REPLICAS.max))]
-    pub replicas: u32,
+    pub replicas: Option<u32>,
     /// How a replica is split: GPUs per shard (tensor) and shards in a
     /// pipeline, fixed or chosen by the solver.
     #[serde(default)]
@@ -146,34 +149,84 @@ fn check_heads(model: &ModelSpec, problems: &mut Vec<String>) {
     }
 }
 
-fn one_replica() -> u32 {
-    1
-}
-
 impl ModelInstanceSpec {
-    /// The replicas asked for: `replicas`, or `None` for as many as the
-    /// demand needs (`serving.replicasFromDemand` with a demand).
-    pub fn fixed_replicas(&self) -> Option<u32> {
-        let from_demand = self
-            .serving
-            .as_ref()
-            .is_some_and(|serving| serving.replicas_from_demand);
+    /// How the replica count is decided; `measured` is the demand a
+    /// measured demand is planned for now (the controller's, from the
+    /// status), unset before anything was measured.
+    pub fn replica_count(&self, measured: Option<f64>) -> ReplicaCount {
+        let serving = self.serving.as_ref();
+        if let Some((least, most)) = serving.and_then(ServingSpec::measured_bounds)
+            && self.replicas.is_none()
+        {
+            return ReplicaCount::ForDemand {
+                requests_per_second: measured.or(self.demand()).unwrap_or(0.0),
+                least,
+                most,
+            };
+        }
         match self.demand() {
-            Some(_) if from_demand => None,
-            _ => Some(self.replicas),
+            Some(demand) if serving.is_some_and(|s| s.replicas_from_demand) => {
+                ReplicaCount::ForDemand {
+                    requests_per_second: demand,
+                    least: 1,
+                    most: DEMAND_REPLICAS.max,
+                }
+            }
+            _ => ReplicaCount::Fixed(self.stated_replicas()),
+        }
+    }
+
+    /// `replicas`, 1 where unset.
+    pub fn stated_replicas(&self) -> u32 {
+        self.replicas.unwrap_or(1)
+    }
+
+    /// Whether the replica count follows the measured demand: demand
+    /// `Measured` and `replicas` unset.
+    pub fn follows_measured_demand(&self) -> bool {
+        self.replicas.is_none()
+            && self
+                .serving
+                .as_ref()
+                .is_some_and(|s| s.measured_bounds().is_some())
+    }
+
+    /// The replicas asked for: `replicas`, or `None` for as many as a
+    /// demand needs.
+    pub fn fixed_replicas(&self) -> Option<u32> {
+        match self.replica_count(None) {
+            ReplicaCount::Fixed(count) => Some(count),
+            ReplicaCount::ForDemand { .. } => None,
         }
     }
 
     /// The most replicas the instance may have: the fixed count, or the
     /// most a demand is served with.
     pub fn most_replicas(&self) -> u32 {
-        self.fixed_replicas().unwrap_or(DEMAND_REPLICAS.max)
+        match self.replica_count(None) {
+            ReplicaCount::Fixed(count) => count,
+            ReplicaCount::ForDemand { most, .. } => most,
+        }
     }
 
     /// `serving.requestsPerSecond`.
     pub fn demand(&self) -> Option<f64> {
         self.serving.as_ref()?.requests_per_second
     }
+}
+
+/// How many replicas an instance gets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ReplicaCount {
+    /// `spec.replicas`.
+    Fixed(u32),
+    /// As many as serve `requests_per_second` at the latency target, at
+    /// least `least` and at most `most`.
+    ForDemand {
+        requests_per_second: f64,
+        least: u32,
+        most: u32,
+    },
 }
 
 /// An instance may share GPUs only with one shard on one GPU: MIG partitions
@@ -867,6 +920,12 @@ pub struct ModelInstanceStatus {
     /// status). Kept while the model and runtime stay the same.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub corrections: Vec<ServingCorrection>,
+    /// With `serving.demand: Measured`: the demand the replicas are planned
+    /// for, the one last measured, and where the scale-down window stands;
+    /// the `DemandFollowed` condition says whether the measured demand is
+    /// followed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<MeasuredDemand>,
 }
 
 /// What one placed replica is predicted to do.
@@ -1093,7 +1152,9 @@ impl ModelInstanceSpec {
         }
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
-        REPLICAS.check("replicas", self.replicas, &mut problems);
+        if let Some(replicas) = self.replicas {
+            REPLICAS.check("replicas", replicas, &mut problems);
+        }
         if let Some(serving) = &self.serving {
             serving.check(&mut problems);
         }

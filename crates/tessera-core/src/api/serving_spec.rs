@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::RuntimeVersion;
 use super::limits::{
-    REQUESTS_PER_SECOND, SERVING_TOKENS, TIME_PER_OUTPUT_TOKEN_MS, TIME_TO_FIRST_TOKEN_MS,
+    DEMAND_REPLICAS, REQUESTS_PER_SECOND, SERVING_TOKENS, TIME_PER_OUTPUT_TOKEN_MS,
+    TIME_TO_FIRST_TOKEN_MS,
 };
 
 /// The engine a replica's shards run. Its defaults (how much GPU memory it
@@ -62,12 +63,32 @@ pub enum KvCacheDtype {
     Fp8,
 }
 
+/// Where the demand an instance is sized for comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DemandSource {
+    /// `requestsPerSecond` as written (none when unset).
+    #[default]
+    Stated,
+    /// What the replicas' runtimes are measured serving, with the requests
+    /// they queue: the controller sets the replica count from it, between
+    /// `minReplicas` and `maxReplicas`, as long as `spec.replicas` is unset.
+    Measured,
+}
+
+impl DemandSource {
+    fn is_stated(&self) -> bool {
+        *self == DemandSource::Stated
+    }
+}
+
 /// What the instance is served with, the typical request, the latency every
 /// user must get and, optionally, the demand.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.maxTimeToFirstTokenMs >= self.maxTimePerOutputTokenMs").message("serving.maxTimeToFirstTokenMs cannot be below maxTimePerOutputTokenMs: the first token takes at least one decode step"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.replicasFromDemand) || !self.replicasFromDemand || has(self.requestsPerSecond)").message(REPLICAS_FROM_DEMAND_MESSAGE))]
+#[x_kube(validation = kube::core::Rule::new(MEASURED_RULE).message(MEASURED_MESSAGE))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas").message("serving.minReplicas cannot exceed serving.maxReplicas"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.runtimeVersion) || self.runtimeVersion.matches('^v?[0-9]+[.][0-9]+([.][0-9]+)?([-+.a-zA-Z].*)?$')").message("serving.runtimeVersion must be a release number, major.minor or major.minor.patch (e.g. 0.10.1)"))]
 pub struct ServingSpec {
     /// The engine the shards run: `vllm` (default), `sglang`, `tensorrt-llm`
@@ -112,6 +133,24 @@ pub struct ServingSpec {
     /// requestsPerSecond. Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replicas_from_demand: bool,
+    /// Where the demand comes from: `Stated` (default, requestsPerSecond)
+    /// or `Measured`: the requests/s the replicas are measured serving (and
+    /// queueing), with headroom, sets the replica count between minReplicas
+    /// and maxReplicas; scaled up at once, down only after a stable window,
+    /// a replica taken out of its Services and drained before its pods go.
+    /// requestsPerSecond is then the demand planned for before anything is
+    /// measured. Off while spec.replicas is set (kubectl scale, an HPA): the
+    /// status says so.
+    #[serde(default, skip_serializing_if = "DemandSource::is_stated")]
+    pub demand: DemandSource,
+    /// With demand Measured: the fewest replicas, 1 to 64 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = DEMAND_REPLICAS.min, max = DEMAND_REPLICAS.max))]
+    pub min_replicas: Option<u32>,
+    /// With demand Measured (and then required): the most replicas, 1 to 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = DEMAND_REPLICAS.min, max = DEMAND_REPLICAS.max))]
+    pub max_replicas: Option<u32>,
 }
 
 impl Default for ServingSpec {
@@ -125,9 +164,17 @@ impl Default for ServingSpec {
             max_time_to_first_token_ms: default_time_to_first_token_ms(),
             requests_per_second: None,
             replicas_from_demand: false,
+            demand: DemandSource::Stated,
+            min_replicas: None,
+            max_replicas: None,
         }
     }
 }
+
+/// A measured demand needs its bounds, and bounds need a measured demand;
+/// replicasFromDemand is for a stated one.
+const MEASURED_RULE: &str = "has(self.demand) && self.demand == 'Measured' ? has(self.maxReplicas) && (!has(self.replicasFromDemand) || !self.replicasFromDemand) : !has(self.minReplicas) && !has(self.maxReplicas)";
+const MEASURED_MESSAGE: &str = "serving.demand: Measured needs serving.maxReplicas (and takes minReplicas, default 1; replicasFromDemand is for a stated demand), and minReplicas and maxReplicas bound a Measured demand only";
 
 /// Why `replicasFromDemand` without a demand is refused.
 const REPLICAS_FROM_DEMAND_MESSAGE: &str =
@@ -145,9 +192,13 @@ impl ServingSpec {
         if let Err(error) = self.version() {
             problems.push(format!("serving.runtimeVersion: {error}"));
         }
-        if self.replicas_from_demand && self.requests_per_second.is_none() {
+        if self.replicas_from_demand
+            && self.requests_per_second.is_none()
+            && self.demand == DemandSource::Stated
+        {
             problems.push(REPLICAS_FROM_DEMAND_MESSAGE.to_string());
         }
+        self.check_measured(problems);
         SERVING_TOKENS.check("serving.inputTokens", self.input_tokens, problems);
         SERVING_TOKENS.check("serving.outputTokens", self.output_tokens, problems);
         let before = problems.len();
@@ -171,6 +222,41 @@ impl ServingSpec {
         }
         if let Some(rate) = self.requests_per_second {
             REQUESTS_PER_SECOND.check("serving.requestsPerSecond", rate, problems);
+        }
+    }
+}
+
+impl ServingSpec {
+    /// With a measured demand, the fewest and the most replicas.
+    pub fn measured_bounds(&self) -> Option<(u32, u32)> {
+        (self.demand == DemandSource::Measured).then(|| {
+            let most = self.max_replicas.unwrap_or(DEMAND_REPLICAS.max);
+            (self.min_replicas.unwrap_or(1).min(most), most)
+        })
+    }
+
+    fn check_measured(&self, problems: &mut Vec<String>) {
+        let measured = self.demand == DemandSource::Measured;
+        let bounds = self.min_replicas.is_some() || self.max_replicas.is_some();
+        if (measured && (self.max_replicas.is_none() || self.replicas_from_demand))
+            || (!measured && bounds)
+        {
+            problems.push(MEASURED_MESSAGE.to_string());
+        }
+        for (field, value) in [
+            ("serving.minReplicas", self.min_replicas),
+            ("serving.maxReplicas", self.max_replicas),
+        ] {
+            if let Some(value) = value {
+                DEMAND_REPLICAS.check(field, value, problems);
+            }
+        }
+        if let (Some(least), Some(most)) = (self.min_replicas, self.max_replicas)
+            && least > most
+        {
+            problems.push(format!(
+                "serving.minReplicas {least} cannot exceed serving.maxReplicas {most}"
+            ));
         }
     }
 }

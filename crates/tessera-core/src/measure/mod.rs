@@ -2,10 +2,12 @@
 //! exposition read ([`Scrape`]), scrapes kept over a sliding [`Window`], and
 //! what a window says ([`Measurement`]), shown as the status's
 //! [`MeasuredServing`](crate::api::MeasuredServing); and what the serving
-//! model is found off by ([`correction`]). Pure: the controller fetches the
+//! model is found off by ([`correction`]), and the demand a measured-demand
+//! instance is planned for ([`demand`]). Pure: the controller fetches the
 //! expositions.
 
 pub mod correction;
+pub mod demand;
 mod exposition;
 mod histogram;
 mod names;

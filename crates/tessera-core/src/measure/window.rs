@@ -83,6 +83,7 @@ impl Window {
             waiting: mean(|s| s.waiting),
             kv_usage: (!kv.is_empty()).then(|| kv.iter().sum::<f64>() / kv.len() as f64),
             kv_caches: usize::from(newest.kv_usage.is_some()),
+            in_flight: newest.running + newest.waiting,
             preemptions_per_second: preemptions.map(|p| p / seconds),
             ttft,
             tpot,
@@ -124,6 +125,8 @@ pub struct Measurement {
     kv_usage: Option<f64>,
     /// How many KV caches `kv_usage` averages (replicas that report one).
     kv_caches: usize,
+    /// Requests running and waiting at the newest scrape.
+    in_flight: f64,
     preemptions_per_second: Option<f64>,
     ttft: Option<Histogram>,
     tpot: Option<Histogram>,
@@ -153,6 +156,7 @@ impl Measurement {
                 waiting: a.waiting + b.waiting,
                 kv_usage,
                 kv_caches,
+                in_flight: a.in_flight + b.in_flight,
                 preemptions_per_second: match (a.preemptions_per_second, b.preemptions_per_second) {
                     (Some(x), Some(y)) => Some(x + y),
                     (x, y) => x.or(y),
@@ -166,6 +170,25 @@ impl Measurement {
     /// Requests finished per second.
     pub fn requests_per_second(&self) -> f64 {
         self.requests_per_second
+    }
+
+    /// Requests running and waiting at the window's newest scrape: none once
+    /// a replica out of its Services has finished what it had.
+    pub fn in_flight_now(&self) -> f64 {
+        self.in_flight
+    }
+
+    /// The requests/s asked of the replicas: those finished, scaled up by
+    /// the requests queued behind the ones decoding. A replica that is full
+    /// finishes only what it can; by Little's law the requests in it grow
+    /// with what arrives, so `running + waiting` over `running` says how
+    /// much more than it finishes is asked of it.
+    pub fn demand(&self) -> f64 {
+        if self.running > 0.0 && self.waiting > 0.0 {
+            self.requests_per_second * (self.running + self.waiting) / self.running
+        } else {
+            self.requests_per_second
+        }
     }
 
     /// The figures as the status shows them: latencies in ms, everything
@@ -245,6 +268,37 @@ mod tests {
         // median lies in the +Inf bucket, read as 10 ms.
         let tpot = m.tpot_ms.unwrap();
         assert!((tpot.p50 - 10.0).abs() < 1e-9, "{tpot:?}");
+    }
+
+    #[test]
+    fn the_demand_is_what_finished_scaled_by_the_queue() {
+        let mut w = Window::new(60.0);
+        w.push(0.0, scrape(0.0, 0.0, 2.0, &[]));
+        w.push(10.0, scrape(30.0, 0.0, 2.0, &[]));
+        // 3 finished a second with 2 decoding and 1 waiting: 4.5 asked.
+        assert!((w.measurement().unwrap().demand() - 4.5).abs() < 1e-9);
+        let mut idle = Window::new(60.0);
+        idle.push(
+            0.0,
+            Scrape {
+                waiting: 0.0,
+                ..scrape(0.0, 0.0, 0.0, &[])
+            },
+        );
+        idle.push(
+            10.0,
+            Scrape {
+                waiting: 0.0,
+                ..scrape(5.0, 0.0, 0.0, &[])
+            },
+        );
+        assert_eq!(idle.measurement().unwrap().demand(), 0.5);
+        assert_eq!(idle.measurement().unwrap().in_flight_now(), 0.0);
+        assert_eq!(
+            w.measurement().unwrap().in_flight_now(),
+            3.0,
+            "the newest scrape's"
+        );
     }
 
     #[test]
