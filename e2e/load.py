@@ -5,7 +5,7 @@ kits run none), from a set number of concurrent clients, optionally held to a se
 rate, for a set time. Every failed request is recorded.
 
     load.py --namespace NS --service SVC --port 8000 --model /model \\
-        --concurrency 8 [--rate 4] --duration 60 --out DIR
+        --concurrency 8 [--rate 4] --duration 60 [--stop-file FILE] --out DIR
 
 Prompts are token IDs (the e2e's model has no tokenizer). Writes DIR/summary.json
 (ok, failed, requests and output tokens per second, latency percentiles) and
@@ -90,6 +90,7 @@ def main():
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    p.add_argument("--stop-file", help="stop early once this file exists (a load step's end)")
     p.add_argument("--out", required=True)
     p.add_argument("--kubectl", default=os.environ.get("KUBECTL", "kubectl"))
     args = p.parse_args()
@@ -116,7 +117,7 @@ def main():
         n = index
         while True:
             pacer.wait()
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (args.stop_file and os.path.exists(args.stop_file)):
                 return
             n += 1
             address = endpoints.pick(n)

@@ -17,7 +17,14 @@
 #      (SIGCONT), measured again;
 #   4. vLLM's API server killed: the container restarts with its counters at zero; the
 #      replica is measured again (the counters' reset is no negative rate), the
-#      controller never restarted.
+#      controller never restarted;
+#   5. the instance turned to `serving.demand: Measured` (at most 2 replicas, its pod
+#      kept; the chart plans for twice the measured demand, so a step the two CPU cores
+#      still serve needs a second replica): one client, then a step of 0.7 x a
+#      replica's corrected capacity at the target adds a replica, DemandMet True once
+#      both serve; the step ends: after the scale-down window (30 s here) the second
+#      replica leaves the Service, drains and goes, and no request of either load
+#      failed; the figures go to target/e2e/vllm-demand.json.
 # Needs what e2e/real-node.sh needs, TESSERA_TEST_VLLM_PYTHON (the Python of that
 # install; unset: skipped, saying so), python3 and pgrep.
 set -euo pipefail
@@ -31,6 +38,7 @@ readonly RELEASE=tessera
 readonly TESSERA_NAMESPACE=tessera-system
 readonly TIMEOUT="${TIMEOUT:-300}"
 readonly FIGURES=target/e2e/vllm-measured.json
+readonly DEMAND_FIGURES=target/e2e/vllm-demand.json
 # lib.sh's names; the device plugin's checkpoint plays no part here.
 readonly KUBELET_CHECKPOINT="" KUBELET_PIDFILE="" RESOURCE_NAME=tessera.dev/gpu FAKE_CONFIGMAP=tessera-fake-gpus
 kubectl_bin="${KUBECTL:-kubectl}"
@@ -92,6 +100,7 @@ agent:
       $NODE: "2xH100-80GiB"
 controller:
   measure: {intervalSeconds: 5, windowSeconds: 30, timeoutSeconds: 2}
+  scaling: {demandHeadroom: 1, scaleDownWindowSeconds: 30, drainTimeoutSeconds: 60}
 YAML
 "$helm" install "$RELEASE" charts/tessera -n "$TESSERA_NAMESPACE" --create-namespace \
   -f e2e/values-real-node.yaml -f "$work_dir/values.yaml" --wait --timeout 180s >/dev/null \
@@ -189,3 +198,58 @@ wait "$loader" || die "the load generator failed: $(cat "$work_dir/after.log")"
 rate=$(status '.status.measured.requestsPerSecond')
 [[ "$(restarts)" == 0 ]] || die "the controller restarted $(restarts) times"
 log "ok: vLLM measured at ${rate} requests/s after its restart; the controller never restarted"
+
+current_test=demand
+# Following the measured demand keeps the plan (and the running pod).
+uid=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=tiny -o jsonpath='{.items[0].metadata.uid}')
+kubectl patch mi tiny -n "$NAMESPACE" --type merge \
+  -p '{"spec": {"serving": {"demand": "Measured", "maxReplicas": 2}}}' >/dev/null
+followed() {
+  kubectl get mi tiny -n "$NAMESPACE" -o json \
+    | jq -r '.status.conditions[] | select(.type == "DemandFollowed") | "\(.status) \(.reason): \(.message)"'
+}
+load --concurrency 1 --duration 900 --stop-file "$work_dir/base.stop" --out "$work_dir/base" >"$work_dir/base.log" 2>&1 &
+base_loader=$!
+following() { [[ "$(followed)" == "True Following: "* ]] || { followed; return 1; }; }
+wait_until 90 "the measured demand followed" following
+[[ "$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=tiny -o jsonpath='{.items[*].metadata.uid}')" == "$uid" ]] \
+  || die "turning to a measured demand replaced the pod"
+log "one client: $(followed)"
+capacity=$(status '.status.replicaPredictions[0].capacity.requestsPerSecond')
+rate=$(jq -n --argjson c "$capacity" '$c * 0.7 * 100 | round / 100')
+log "a replica serves $capacity requests/s at the target (corrected): a step of $rate"
+load --concurrency 8 --rate "$rate" --duration 600 --stop-file "$work_dir/step.stop" --out "$work_dir/step" \
+  >"$work_dir/step.log" 2>&1 &
+step_loader=$!
+demand_met() {
+  kubectl get mi tiny -n "$NAMESPACE" -o json | jq -e '(.status.readyReplicas == 2)
+    and ([.status.conditions[] | select(.type == "DemandMet" and .status == "True")] | length == 1)' >/dev/null \
+    || { kubectl get mi tiny -n "$NAMESPACE" -o json | jq -c '[.status.readyReplicas, .status.demand,
+      (.status.conditions[] | select(.type == "DemandMet") | .message)]'; return 1; }
+}
+wait_until 420 "a second replica added for the step, DemandMet True once both serve" demand_met
+kubectl get mi tiny -n "$NAMESPACE" -o json | jq '{up: {demand: .status.demand, capacity: .status.capacity,
+  measured: .status.measured, replicas: .status.readyReplicas,
+  demandMet: (.status.conditions[] | select(.type == "DemandMet") | .message)}}' >"$work_dir/up.json"
+log "the step: $(jq -c .up.demand "$work_dir/up.json"), $(jq -r .up.demandMet "$work_dir/up.json")"
+touch "$work_dir/step.stop"
+wait "$step_loader" || die "the step's load generator failed: $(cat "$work_dir/step.log")"
+one_replica() {
+  kubectl get mi tiny -n "$NAMESPACE" -o json | jq -e '.status.replicas == 1' >/dev/null \
+    && [[ -z "$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/replica=1 -o name)" ]] \
+    || { kubectl get mi tiny -n "$NAMESPACE" -o json | jq -c '[.status.replicas, .status.demand]'; return 1; }
+}
+wait_until 240 "the second replica drained and gone once the step ended" one_replica
+drained=$(kubectl get events -n "$NAMESPACE" --field-selector reason=Drained -o jsonpath='{.items[*].message}')
+[[ -n "$drained" ]] || die "no Drained event"
+log "$drained"
+touch "$work_dir/base.stop"
+wait "$base_loader" || die "the base load generator failed: $(cat "$work_dir/base.log")"
+for part in base step; do
+  summary=$(cat "$work_dir/$part/summary.json")
+  [[ $(jq .failed <<<"$summary") == 0 ]] || die "requests of the $part load failed: $(head -5 "$work_dir/$part/failures")"
+  log "$part load: $summary"
+done
+jq --slurpfile base "$work_dir/base/summary.json" --slurpfile step "$work_dir/step/summary.json" \
+  '. + {base: $base[0], step: $step[0]}' "$work_dir/up.json" >"$DEMAND_FIGURES"
+log "ok: a replica added for the step and drained after it, no request failed"

@@ -328,7 +328,7 @@ async fn bound_pods(pods: &Api<Pod>, name: &str) -> Option<BTreeMap<String, Stri
 async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &str, run: &str) {
     let mut served = example("llama-7b.yaml", ns, run);
     served.metadata.name = Some("served".into());
-    served.spec.replicas = Some(2);
+    served.spec.replicas = 2;
     served.spec.placement.strategy = tessera::api::Strategy::Spread;
     instances
         .create(&PostParams::default(), &served)

@@ -60,6 +60,15 @@ fn the_instance_is_valid_and_describes_the_model_vllm_is_given() {
         args.contains("--load-format dummy") && args.contains("--skip-tokenizer-init"),
         "{args}"
     );
+    let running = mi
+        .spec
+        .serving
+        .as_ref()
+        .and_then(|s| s.max_running_requests);
+    assert!(
+        running.is_some_and(|n| args.contains(&format!("--max-num-seqs {n}"))),
+        "the plan's batch cap is vLLM's: {args}"
+    );
     let selector = service.spec.expect("spec").selector.expect("a selector");
     assert_eq!(selector["tessera.dev/instance"], "tiny");
 }

@@ -318,11 +318,24 @@ fn cases() -> Vec<Case> {
     ] {
         let mut object = with(&path("metadata.name"), json!(name));
         object["spec"]["replicas"] = json!(replicas);
+        // The base's measured demand would count its 64 replicas at most.
+        object["spec"]["serving"]["maxReplicas"] = json!(1);
         out.push(Case {
             what: format!(
                 "metadata.name of {} characters with {replicas} replicas",
                 name.len()
             ),
+            object,
+            valid,
+            field: "metadata.name".into(),
+        });
+    }
+    // A measured demand's most replicas name pods too.
+    for (name, most, valid) in [("a".repeat(49), 10, true), ("a".repeat(49), 11, false)] {
+        let mut object = with(&path("metadata.name"), json!(name));
+        object["spec"]["serving"]["maxReplicas"] = json!(most);
+        out.push(Case {
+            what: format!("metadata.name of {} characters with maxReplicas {most}", name.len()),
             object,
             valid,
             field: "metadata.name".into(),

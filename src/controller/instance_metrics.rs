@@ -55,6 +55,7 @@ pub(crate) struct InstanceMetrics {
     capacity_output_tokens_per_second: Value,
     capacity_concurrency: Value,
     demand_requests_per_second: Value,
+    demand_planned_requests_per_second: Value,
     replica_capacity_requests_per_second: Family<ReplicaLabels, Gauge<f64, AtomicU64>>,
     created_to_running: Value,
     measured_requests_per_second: Value,
@@ -76,6 +77,7 @@ impl InstanceMetrics {
             capacity_output_tokens_per_second: Value::default(),
             capacity_concurrency: Value::default(),
             demand_requests_per_second: Value::default(),
+            demand_planned_requests_per_second: Value::default(),
             replica_capacity_requests_per_second: Family::default(),
             created_to_running: Value::default(),
             measured_requests_per_second: Value::default(),
@@ -121,8 +123,13 @@ impl InstanceMetrics {
         );
         registry.register(
             "instance_demand_requests_per_second",
-            "The demand the instance is sized for (spec.serving.requestsPerSecond)",
+            "The demand the instance is judged by (spec.serving.requestsPerSecond, or the demand measured with serving.demand Measured)",
             metrics.demand_requests_per_second.clone(),
+        );
+        registry.register(
+            "instance_demand_planned_requests_per_second",
+            "With serving.demand Measured: the demand the replicas are planned for (measured, with headroom)",
+            metrics.demand_planned_requests_per_second.clone(),
         );
         registry.register(
             "instance_replica_capacity_requests_per_second",
@@ -172,6 +179,7 @@ impl InstanceMetrics {
         self.capacity_output_tokens_per_second.clear();
         self.capacity_concurrency.clear();
         self.demand_requests_per_second.clear();
+        self.demand_planned_requests_per_second.clear();
         self.replica_capacity_requests_per_second.clear();
         self.created_to_running.clear();
         self.measured_requests_per_second.clear();
@@ -246,10 +254,18 @@ impl InstanceMetrics {
                     .get_or_create(&labels)
                     .set(f64::from(capacity.concurrency));
             }
-            if let Some(demand) = mi.spec.demand() {
+            let judged = status
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.demand_requests_per_second);
+            if let Some(demand) = judged.or(mi.spec.demand()) {
                 self.demand_requests_per_second
                     .get_or_create(&labels)
                     .set(demand);
+            }
+            if let Some(planned) = status.and_then(|s| s.demand.as_ref()) {
+                self.demand_planned_requests_per_second
+                    .get_or_create(&labels)
+                    .set(planned.planned_requests_per_second);
             }
             if let Some(seconds) = created_to_ready(mi) {
                 self.created_to_running.get_or_create(&labels).set(seconds);

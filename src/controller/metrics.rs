@@ -308,7 +308,7 @@ mod tests {
     /// every pod, `ready` every shard ready.
     fn with(wanted: u32, planned: u32, with_pods: u32, ready: u32) -> ModelInstance {
         let mut mi = instance(&format!("m{wanted}{planned}{with_pods}{ready}"), SMALL);
-        mi.spec.replicas = Some(wanted);
+        mi.spec.replicas = wanted;
         mi.status = Some(ModelInstanceStatus {
             plan: (0..planned).map(shard).collect(),
             replicas: with_pods,
@@ -323,7 +323,7 @@ mod tests {
         let mut states = ReplicaStates::default();
         states.add(&with(4, 3, 2, 1));
         let mut new = instance("new", SMALL);
-        new.spec.replicas = Some(2);
+        new.spec.replicas = 2;
         states.add(&new);
         // Scaled down: the plan still names a replica no longer wanted.
         states.add(&with(1, 2, 2, 2));

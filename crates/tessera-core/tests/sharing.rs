@@ -72,7 +72,7 @@ fn plan(
     solve_replicas(
         &problem,
         tensor_choice(spec),
-        spec.stated_replicas(),
+        spec.replicas,
         "ml/test",
         &SolveOptions::default(),
     )

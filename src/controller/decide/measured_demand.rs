@@ -18,8 +18,12 @@ use super::super::settings::ScalingSettings;
 pub(crate) struct Followed {
     /// What `status.demand` becomes.
     pub(crate) state: Option<MeasuredDemand>,
-    /// The demand the replicas are planned for, while it is followed.
+    /// The demand the replicas are planned for, while it is followed
+    /// (`None` before the first read where no demand is stated).
     pub(crate) planned: Option<f64>,
+    /// `spec.replicas` was changed since the measured demand began to be
+    /// followed: it is the count.
+    pub(crate) by_hand: bool,
     /// The `DemandFollowed` condition: status, reason, message.
     pub(crate) condition: (&'static str, &'static str, String),
 }
@@ -39,24 +43,28 @@ pub(crate) fn follow(
         return None;
     }
     let previous = mi.status.as_ref().and_then(|s| s.demand.as_ref());
-    if let Some(replicas) = mi.spec.replicas {
+    let replicas = mi.spec.replicas;
+    if let Some(was) = previous.and_then(|p| p.spec_replicas)
+        && was != replicas
+    {
         return Some(Followed {
             state: previous.cloned(),
             planned: None,
+            by_hand: true,
             condition: (
                 "False",
                 "ReplicasSetByHand",
                 format!(
-                    "spec.replicas is set ({replicas}): it is the count, and the measured demand is not followed; remove spec.replicas to follow it again"
+                    "spec.replicas was changed to {replicas} (it was {was} when the measured demand began to be followed): it is the count; set it back to {was}, or serving.demand to Stated and back, to follow the measured demand again"
                 ),
             ),
         });
     }
     if !measuring {
-        let planned = serving.requests_per_second;
         return Some(Followed {
             state: previous.cloned(),
-            planned,
+            planned: serving.requests_per_second,
+            by_hand: false,
             condition: (
                 "False",
                 "NotMeasuring",
@@ -69,7 +77,8 @@ pub(crate) fn follow(
         headroom: settings.headroom,
         scale_down_after: settings.scale_down_window.as_secs_f64(),
     };
-    let state = next(previous, serving.requests_per_second, read, now, rule);
+    let mut state = next(previous, serving.requests_per_second, read, now, rule);
+    state.spec_replicas = Some(replicas);
     let planned = state.planned_requests_per_second;
     let headroom = (settings.headroom * 100.0).round();
     let condition = match state.measured_requests_per_second {
@@ -106,6 +115,7 @@ pub(crate) fn follow(
     Some(Followed {
         state: Some(state),
         planned: Some(planned),
+        by_hand: false,
         condition,
     })
 }
@@ -186,17 +196,32 @@ mod tests {
     }
 
     #[test]
-    fn replicas_set_by_hand_or_no_measuring_turn_it_off_and_say_so() {
+    fn replicas_changed_by_hand_or_no_measuring_turn_it_off_and_say_so() {
         let mut mi = instance("m", &format!("{MEASURED}\nreplicas: 3"));
-        let off = follow(&mi, None, true, at(0), &ScalingSettings::default()).unwrap();
+        let settings = ScalingSettings::default();
+        let on = follow(&mi, None, true, at(0), &settings).unwrap();
+        assert!(!on.by_hand, "replicas as created are not a hand's");
+        assert_eq!(on.state.as_ref().and_then(|s| s.spec_replicas), Some(3));
+        mi.status = Some(tessera_core::api::ModelInstanceStatus {
+            demand: on.state.clone(),
+            ..Default::default()
+        });
+        mi.spec.replicas = 5;
+        let off = follow(&mi, None, true, at(15), &settings).unwrap();
+        assert!(off.by_hand);
         assert_eq!(
             (off.condition.0, off.condition.1),
             ("False", "ReplicasSetByHand")
         );
-        assert!(off.condition.2.contains("remove spec.replicas"));
-        assert_eq!(off.planned, None);
-        mi.spec.replicas = None;
-        let off = follow(&mi, None, false, at(0), &ScalingSettings::default()).unwrap();
+        assert!(
+            off.condition.2.contains("set it back to 3"),
+            "{}",
+            off.condition.2
+        );
+        assert_eq!(off.state, on.state, "kept for when it is set back");
+        mi.spec.replicas = 3;
+        assert!(!follow(&mi, None, true, at(30), &settings).unwrap().by_hand);
+        let off = follow(&mi, None, false, at(0), &settings).unwrap();
         assert_eq!(off.condition.1, "NotMeasuring");
     }
 }

@@ -29,7 +29,7 @@ use crate::controller::room_wakes::waiting_instances;
 use crate::controller::status::{Outcome, PLACED};
 use tessera_core::api::{
     DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
-    SHARD_ANNOTATION,
+    ReplicaCount, SHARD_ANNOTATION,
 };
 use tessera_core::measure::correction::Observation;
 use tessera_core::placement::Unsatisfiable;
@@ -122,9 +122,12 @@ pub(crate) async fn plan(
         now,
         &ctx.settings.scaling,
     );
-    let count = mi
-        .spec
-        .replica_count(demand.as_ref().and_then(|d| d.planned));
+    let count = match &demand {
+        Some(followed) if followed.by_hand => ReplicaCount::Fixed(mi.spec.replicas),
+        followed => mi
+            .spec
+            .replica_count(followed.as_ref().and_then(|d| d.planned)),
+    };
     // Slots for every replica the instance may have; the decision says how
     // many it gets (the fixed count, or what the demand needs).
     let most = mi.spec.most_replicas();

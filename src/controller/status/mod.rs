@@ -90,8 +90,8 @@ pub(crate) struct StatusInputs<'a> {
     pub(crate) restarts: Vec<ReplicaRestarts>,
     /// The status lines of replicas waiting out their backoff.
     pub(crate) waiting: Vec<String>,
-    /// The demand judged: `serving.requestsPerSecond`, or the measured
-    /// demand planned for.
+    /// The demand judged: `serving.requestsPerSecond`, or the demand
+    /// measured (planned for, before the first read).
     pub(crate) demand: Option<f64>,
     /// Where a measured demand stands (`status.demand`).
     pub(crate) measured_demand: Option<MeasuredDemand>,
@@ -945,7 +945,7 @@ mod tests {
         };
         let (first, second) = (outcome(4.0), outcome(3.0));
         let shards = [ShardState::Ready];
-        let status_for = |demand: Option<f64>| {
+        let status_with = |demand: Option<f64>, second_shards: &[ShardState]| {
             compute(&StatusInputs {
                 previous: None,
                 generation: Some(1),
@@ -957,7 +957,7 @@ mod tests {
                     },
                     ReplicaStatus {
                         outcome: &second,
-                        shards: &shards,
+                        shards: second_shards,
                     },
                 ],
                 selector: None,
@@ -968,12 +968,34 @@ mod tests {
                 cordoned: None,
                 measured: None,
                 corrections: Vec::new(),
-                measured_demand: None,
-                demand_followed: None,
+                measured_demand: demand.map(|rps| MeasuredDemand {
+                    planned_requests_per_second: rps * 1.2,
+                    measured_requests_per_second: Some(rps),
+                    lower_since: None,
+                    lower_peak: None,
+                    last_change: None,
+                    spec_replicas: None,
+                }),
+                demand_followed: demand.map(|_| ("True", "Following", "measured".to_string())),
                 now: now(),
             })
         };
+        let status_for = |demand: Option<f64>| status_with(demand, &shards);
         let met = status_for(Some(5.0));
+        assert_eq!(cond(&met, DEMAND_FOLLOWED).reason, "Following");
+        assert_eq!(
+            met.demand.as_ref().map(|d| d.planned_requests_per_second),
+            Some(6.0)
+        );
+        // Placed to serve it, but one is still starting: not met yet.
+        let starting = status_with(Some(5.0), &[ShardState::Created]);
+        let condition = cond(&starting, DEMAND_MET);
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", "ReplicasStarting"),
+            "{}",
+            condition.message
+        );
         let together = met.capacity.as_ref().expect("a capacity");
         assert_eq!(together.requests_per_second, 6.0, "two × the slowest");
         assert_eq!(together.demand_requests_per_second, Some(5.0));

@@ -49,11 +49,16 @@ pub(crate) async fn write_status(
             .iter()
             .filter_map(|a| a.waiting.as_ref().map(|(message, _)| message.clone()))
             .collect(),
-        demand: decided
-            .demand
-            .as_ref()
-            .and_then(|d| d.planned)
-            .or(mi.spec.demand()),
+        // A measured demand is judged as measured: the headroom is the
+        // plan's margin, not demand.
+        demand: match &decided.demand {
+            Some(followed) if followed.planned.is_some() => followed
+                .state
+                .as_ref()
+                .and_then(|s| s.measured_requests_per_second)
+                .or(followed.planned),
+            _ => mi.spec.demand(),
+        },
         measured_demand: decided.demand.as_ref().and_then(|d| d.state.clone()),
         demand_followed: decided.demand.as_ref().map(|d| d.condition.clone()),
         moves: decided

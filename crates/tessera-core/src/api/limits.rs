@@ -68,6 +68,11 @@ pub const OVERHEAD_GIB: Bounds<f64> = Bounds {
 /// `model.attentionHeads` and `model.kvHeads`: far above any model's (128
 /// for the largest Llama).
 pub const HEADS: Bounds<u32> = Bounds { min: 1, max: 4096 };
+/// `serving.maxRunningRequests`: what runtimes accept for their batch cap.
+pub const RUNNING_REQUESTS: Bounds<u32> = Bounds {
+    min: 1,
+    max: 65_536,
+};
 /// `serving.inputTokens` and `serving.outputTokens`: one token to ten million.
 pub const SERVING_TOKENS: Bounds<u32> = Bounds {
     min: 1,
@@ -147,9 +152,14 @@ pub fn instance_name_max(replicas: u32) -> usize {
 /// The CEL rule on the CRD's root that holds `metadata.name` to
 /// [`check_instance_name`], so `kubectl apply` (and `kubectl scale`) refuses a
 /// name the controller could not run.
+/// The count is the larger of `spec.replicas` and `serving.maxReplicas`
+/// (which only a measured demand has).
 pub fn instance_name_rule() -> String {
+    let replicas = "(has(self.spec.replicas) ? self.spec.replicas : 1)";
+    let measured = "(has(self.spec.serving) && has(self.spec.serving.maxReplicas) ? self.spec.serving.maxReplicas : 0)";
+    let most = format!("({replicas} > {measured} ? {replicas} : {measured})");
     format!(
-        "size(self.metadata.name) + (has(self.spec.replicas) && self.spec.replicas > 1 ? 2 + size(string(self.spec.replicas - 1)) : 0) <= {INSTANCE_NAME_MAX} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+        "size(self.metadata.name) + ({most} > 1 ? 2 + size(string({most} - 1)) : 0) <= {INSTANCE_NAME_MAX} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
     )
 }
 

@@ -126,4 +126,9 @@ pub struct MeasuredDemand {
     /// When the planned demand last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_change: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// `spec.replicas` when the measured demand began to be followed: once
+    /// it is changed (kubectl scale, an HPA, an edit), it is the count and the
+    /// measured demand is not followed until it is set back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_replicas: Option<u32>,
 }

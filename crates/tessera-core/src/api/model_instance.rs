@@ -83,15 +83,15 @@ pub struct ModelInstanceSpec {
     /// memory each shard needs and its predicted speed follow.
     pub model: ModelSpec,
     /// Independent copies of the model, each a gang of shards placed all or
-    /// nothing (default 1). `kubectl scale` and a HorizontalPodAutoscaler set
-    /// it through the scale subresource. With serving.replicasFromDemand the
-    /// controller plans as many as serving.requestsPerSecond needs instead,
-    /// and this field is not read. With serving.demand Measured it is left
-    /// unset: set, it is the count and the measured demand is not followed
-    /// (the status says so) until it is removed again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// nothing. `kubectl scale` and a HorizontalPodAutoscaler set it through
+    /// the scale subresource. With serving.replicasFromDemand the controller
+    /// plans as many as serving.requestsPerSecond needs instead, and this
+    /// field is not read; so with serving.demand Measured, until it is
+    /// changed: then it is the count and the measured demand is not followed
+    /// (the status says so) until it is set back.
+    #[serde(default = "one_replica")]
     #[schemars(range(min = REPLICAS.min, max = REPLICAS.max))]
-    pub replicas: Option<u32>,
+    pub replicas: u32,
     /// How a replica is split: GPUs per shard (tensor) and shards in a
     /// pipeline, fixed or chosen by the solver.
     #[serde(default)]
@@ -150,14 +150,12 @@ fn check_heads(model: &ModelSpec, problems: &mut Vec<String>) {
 }
 
 impl ModelInstanceSpec {
-    /// How the replica count is decided; `measured` is the demand a
-    /// measured demand is planned for now (the controller's, from the
-    /// status), unset before anything was measured.
+    /// How the replica count is decided while a measured demand is
+    /// followed; `measured` is the demand it is planned for now (the
+    /// controller's, from the status), unset before anything was measured.
     pub fn replica_count(&self, measured: Option<f64>) -> ReplicaCount {
         let serving = self.serving.as_ref();
-        if let Some((least, most)) = serving.and_then(ServingSpec::measured_bounds)
-            && self.replicas.is_none()
-        {
+        if let Some((least, most)) = serving.and_then(ServingSpec::measured_bounds) {
             return ReplicaCount::ForDemand {
                 requests_per_second: measured.or(self.demand()).unwrap_or(0.0),
                 least,
@@ -172,23 +170,8 @@ impl ModelInstanceSpec {
                     most: DEMAND_REPLICAS.max,
                 }
             }
-            _ => ReplicaCount::Fixed(self.stated_replicas()),
+            _ => ReplicaCount::Fixed(self.replicas),
         }
-    }
-
-    /// `replicas`, 1 where unset.
-    pub fn stated_replicas(&self) -> u32 {
-        self.replicas.unwrap_or(1)
-    }
-
-    /// Whether the replica count follows the measured demand: demand
-    /// `Measured` and `replicas` unset.
-    pub fn follows_measured_demand(&self) -> bool {
-        self.replicas.is_none()
-            && self
-                .serving
-                .as_ref()
-                .is_some_and(|s| s.measured_bounds().is_some())
     }
 
     /// The replicas asked for: `replicas`, or `None` for as many as a
@@ -201,18 +184,33 @@ impl ModelInstanceSpec {
     }
 
     /// The most replicas the instance may have: the fixed count, or the
-    /// most a demand is served with.
+    /// most a demand is served with (or `replicas`, which a measured demand
+    /// hands the count to once it is changed).
     pub fn most_replicas(&self) -> u32 {
         match self.replica_count(None) {
             ReplicaCount::Fixed(count) => count,
+            ReplicaCount::ForDemand { most, .. } if self.measured_demand() => {
+                most.max(self.replicas)
+            }
             ReplicaCount::ForDemand { most, .. } => most,
         }
+    }
+
+    /// Whether `serving.demand` is `Measured`.
+    pub fn measured_demand(&self) -> bool {
+        self.serving
+            .as_ref()
+            .is_some_and(|s| s.measured_bounds().is_some())
     }
 
     /// `serving.requestsPerSecond`.
     pub fn demand(&self) -> Option<f64> {
         self.serving.as_ref()?.requests_per_second
     }
+}
+
+fn one_replica() -> u32 {
+    1
 }
 
 /// How many replicas an instance gets.
@@ -1152,9 +1150,7 @@ impl ModelInstanceSpec {
         }
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
 
-        if let Some(replicas) = self.replicas {
-            REPLICAS.check("replicas", replicas, &mut problems);
-        }
+        REPLICAS.check("replicas", self.replicas, &mut problems);
         if let Some(serving) = &self.serving {
             serving.check(&mut problems);
         }

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::RuntimeVersion;
 use super::limits::{
-    DEMAND_REPLICAS, REQUESTS_PER_SECOND, SERVING_TOKENS, TIME_PER_OUTPUT_TOKEN_MS,
-    TIME_TO_FIRST_TOKEN_MS,
+    DEMAND_REPLICAS, REQUESTS_PER_SECOND, RUNNING_REQUESTS, SERVING_TOKENS,
+    TIME_PER_OUTPUT_TOKEN_MS, TIME_TO_FIRST_TOKEN_MS,
 };
 
 /// The engine a replica's shards run. Its defaults (how much GPU memory it
@@ -104,6 +104,13 @@ pub struct ServingSpec {
     /// 2048. Unset: the release the examples run, vLLM 0.20.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_version: Option<String>,
+    /// The most requests a replica's runtime decodes at once, as it is
+    /// started with (vLLM --max-num-seqs, SGLang --max-running-requests,
+    /// TensorRT-LLM --max_batch_size), 1 to 65536. Unset: the release's
+    /// default (see runtimeVersion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = RUNNING_REQUESTS.min, max = RUNNING_REQUESTS.max))]
+    pub max_running_requests: Option<u32>,
     /// Prompt tokens of a typical request (default 1024).
     #[serde(default = "default_input_tokens")]
     #[schemars(range(min = SERVING_TOKENS.min, max = SERVING_TOKENS.max))]
@@ -158,6 +165,7 @@ impl Default for ServingSpec {
         Self {
             runtime: Runtime::default(),
             runtime_version: None,
+            max_running_requests: None,
             input_tokens: default_input_tokens(),
             output_tokens: default_output_tokens(),
             max_time_per_output_token_ms: default_time_per_output_token_ms(),
@@ -199,6 +207,9 @@ impl ServingSpec {
             problems.push(REPLICAS_FROM_DEMAND_MESSAGE.to_string());
         }
         self.check_measured(problems);
+        if let Some(running) = self.max_running_requests {
+            RUNNING_REQUESTS.check("serving.maxRunningRequests", running, problems);
+        }
         SERVING_TOKENS.check("serving.inputTokens", self.input_tokens, problems);
         SERVING_TOKENS.check("serving.outputTokens", self.output_tokens, problems);
         let before = problems.len();

@@ -51,6 +51,7 @@ pub fn next(
         lower_since: None,
         lower_peak: None,
         last_change: None,
+        spec_replicas: None,
     });
     let Some(read) = read.filter(|r| r.requests_per_second.is_finite()) else {
         state.lower_since = None;

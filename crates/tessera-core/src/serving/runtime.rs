@@ -209,6 +209,7 @@ impl RuntimeConfig {
         Self {
             runtime: serving.runtime,
             version: serving.version().ok().flatten(),
+            max_num_seqs: serving.max_running_requests,
             ..Self::default()
         }
     }
