@@ -75,6 +75,7 @@ fn fragmented(
                     share: None,
                 }],
                 ready: true,
+                corrections: &[],
             });
         }
     }
@@ -104,6 +105,7 @@ fn moves_benches(c: &mut Criterion) {
             running: &running,
             blocked: &big,
             blocked_name: "bench/405b",
+            blocked_corrections: &[],
             limits: MoveLimits::default(),
             options: &options,
         };

@@ -451,6 +451,76 @@ async fn an_evicted_shard_is_deleted_and_recreated_on_its_plan() {
     run.await.unwrap().unwrap();
 }
 
+/// A node NotReady past the grace period has no kubelet to confirm a
+/// deletion: its shard pod, once being deleted, is deleted again with a
+/// grace period of 0 so that its re-placed shard can be created.
+#[tokio::test]
+async fn a_pod_stranded_on_a_lost_node_is_deleted_at_once() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (mi, mut nodes, mut pod) = settled();
+    let mut lost = serde_json::to_value(&nodes[0]).unwrap();
+    lost["status"]["conditions"] = json!([{"type": "Ready", "status": "False",
+        "lastTransitionTime": "2020-01-01T00:00:00Z"}]);
+    nodes[0] = serde_json::from_value(lost).unwrap();
+    nodes.push(node("b", 2));
+    pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+    ));
+    pod.status = Some(running_status());
+    let world = World {
+        nodes: nodes.clone(),
+        pods: vec![pod.clone()],
+        services: vec![headless_service(&mi)],
+        instances: vec![],
+    };
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(
+            Arc::new(mi.clone()),
+            context(world, client.clone()),
+        )),
+    )
+    .await;
+    let forced: Vec<&Value> = calls
+        .iter()
+        .filter(|(method, path, _)| {
+            *method == Method::DELETE
+                && path.starts_with("/api/v1/namespaces/ml/pods/llama-shard-0")
+        })
+        .map(|(_, _, body)| body)
+        .collect();
+    assert_eq!(forced.len(), 1, "{calls:?}");
+    assert_eq!(forced[0]["gracePeriodSeconds"], 0);
+    assert_eq!(forced[0]["preconditions"]["uid"], "uid-pod");
+    let told = calls
+        .iter()
+        .any(|(_, path, body)| path.contains("/events") && body["reason"] == "PodReleased");
+    assert!(told, "an Event says why");
+
+    // On a node that is merely NotReady (within the grace period), or one
+    // that is fine, a pod being deleted is left to its kubelet.
+    let mut recent = serde_json::to_value(&nodes[0]).unwrap();
+    recent["status"]["conditions"][0]["lastTransitionTime"] =
+        json!(k8s_openapi::jiff::Timestamp::now().to_string());
+    nodes[0] = serde_json::from_value(recent).unwrap();
+    let world = World {
+        nodes,
+        pods: vec![pod],
+        services: vec![headless_service(&mi)],
+        instances: vec![],
+    };
+    let calls = serve_reconcile(
+        &mut api,
+        tokio::spawn(reconcile(Arc::new(mi), context(world, client))),
+    )
+    .await;
+    assert!(
+        calls.iter().all(|(method, _, _)| *method != Method::DELETE),
+        "{calls:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_shard_that_failed_admission_moves_to_other_devices() {
     let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();

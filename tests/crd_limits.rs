@@ -335,7 +335,10 @@ fn cases() -> Vec<Case> {
         let mut object = with(&path("metadata.name"), json!(name));
         object["spec"]["serving"]["maxReplicas"] = json!(most);
         out.push(Case {
-            what: format!("metadata.name of {} characters with maxReplicas {most}", name.len()),
+            what: format!(
+                "metadata.name of {} characters with maxReplicas {most}",
+                name.len()
+            ),
             object,
             valid,
             field: "metadata.name".into(),

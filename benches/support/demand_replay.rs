@@ -233,6 +233,7 @@ impl Ledger {
                 },
                 shards: shards.clone(),
                 ready: true,
+                corrections: &[],
             })
             .collect();
         let others = HashMap::new();
@@ -243,6 +244,7 @@ impl Ledger {
             running: &running,
             blocked: spec,
             blocked_name: name,
+            blocked_corrections: &[],
             limits: MoveLimits::default(),
             options: &options,
         })

@@ -611,6 +611,7 @@ fn make_room(
                 spec: &state.specs[&id],
                 shards: held.shards.clone(),
                 ready: true,
+                corrections: &[],
             });
         }
     }
@@ -623,6 +624,7 @@ fn make_room(
         running: &running,
         blocked: &spec,
         blocked_name: "bench/burst",
+        blocked_corrections: &[],
         limits: MoveLimits::default(),
         options: &options,
     };

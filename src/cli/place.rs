@@ -299,11 +299,8 @@ fn place_all<'a>(
         let mut problem = build_problem(&mi.spec, nodes, &allocated, &shares);
         // An instance exported from a cluster carries what its predictions
         // were measured off by.
-        if let Some(status) = &mi.status {
-            problem.served = problem
-                .served
-                .map(|served| served.corrected(&status.corrections));
-        }
+        let corrections = mi.status.as_ref().map_or(&[][..], |s| &s.corrections);
+        problem.served = problem.served.map(|served| served.corrected(corrections));
         if show_missed && let Some(served) = problem.served.as_mut() {
             served.target_required = false;
         }
@@ -379,6 +376,7 @@ fn place_all<'a>(
                         spec: &mi.spec,
                         shards: status_plan.clone(),
                         ready: true,
+                        corrections,
                     });
                     Placement {
                         name: name.clone(),
@@ -417,7 +415,7 @@ fn place_all<'a>(
                             nodes,
                             &outside,
                             &running,
-                            &mi.spec,
+                            (&mi.spec, corrections),
                             (&holder, replica),
                             max_steps,
                         )

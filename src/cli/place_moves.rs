@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use tessera_core::api::{ModelInstanceSpec, PlannedShard};
+use tessera_core::api::{ModelInstanceSpec, PlannedShard, ServingCorrection};
 use tessera_core::moves::{
     Evacuation, EvacuationAsk, IMPROVE_MAX_TRIED, ImproveAsk, Improvement, Move, MoveAsk,
     MoveLimits, RunningReplica, plan_evacuation, plan_improvement, plan_moves,
@@ -34,13 +34,14 @@ pub(crate) enum MoveAdvice {
     NoRoom(String),
 }
 
-/// Asks the planner about replica `replica` of `spec` (named `name`) on the
-/// cluster `running` and `outside` hold.
+/// Asks the planner about replica `replica` of `spec` (named `name`, its
+/// predictions measured off by `corrections`) on the cluster `running` and
+/// `outside` hold.
 pub(crate) fn advise(
     nodes: &[ClusterNode],
     outside: &HashMap<(String, String), String>,
     running: &[RunningReplica<'_>],
-    spec: &ModelInstanceSpec,
+    (spec, corrections): (&ModelInstanceSpec, &[ServingCorrection]),
     (name, replica): (&str, u32),
     max_steps: Option<u64>,
 ) -> MoveAdvice {
@@ -51,6 +52,7 @@ pub(crate) fn advise(
             running,
             blocked: spec,
             blocked_name: name,
+            blocked_corrections: corrections,
             limits: MoveLimits::default(),
             options,
         })

@@ -4,6 +4,7 @@
 //! Writes that hit a conflict, a throttle or a server error are retried a few
 //! times; the rest of the error handling is the controller's backoff.
 
+pub(crate) mod dead_node;
 pub(crate) mod drain;
 pub(crate) mod stage;
 

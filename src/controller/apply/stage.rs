@@ -75,6 +75,14 @@ pub(crate) async fn apply(
         .as_ref()
         .map(|m| m.evict.as_slice())
         .unwrap_or_default();
+    super::dead_node::release(
+        &pods_api,
+        &observed.mine,
+        &observed.nodes,
+        ctx.settings.node_grace,
+        notes,
+    )
+    .await?;
     // Replicas a smaller count removed drain first.
     let leaving = leaving_replicas(decided, &observed.mine, &every_desired, evict);
     let draining = super::drain::drain(

@@ -124,6 +124,11 @@ fn propose(
         running: &replicas,
         blocked: &blocked.mi.spec,
         blocked_name: &blocked_name,
+        blocked_corrections: blocked
+            .mi
+            .status
+            .as_ref()
+            .map_or(&[][..], |s| &s.corrections),
         limits: MoveLimits::default(),
         options: &options,
     });

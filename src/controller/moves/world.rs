@@ -16,7 +16,7 @@ use super::book::Handed;
 use crate::controller::context::Context;
 use crate::controller::held::{Claims, Held};
 use crate::controller::nodes::{NodeInfo, tolerations_of};
-use tessera_core::api::{ModelInstance, ModelInstanceSpec, Moves, PlannedShard};
+use tessera_core::api::{ModelInstance, ModelInstanceSpec, Moves, PlannedShard, ServingCorrection};
 use tessera_core::moves::{Move, RunningReplica};
 
 /// Whether one more move may start: fewer in flight (recorded or handed
@@ -72,6 +72,7 @@ pub(super) fn replicas(world: &[Running]) -> Vec<RunningReplica<'_>> {
             spec: &r.spec,
             shards: r.shards.clone(),
             ready: r.ready,
+            corrections: &r.corrections,
         })
         .collect()
 }
@@ -147,6 +148,8 @@ pub(super) struct Running {
     /// Every shard it holds devices with (both copies during a move).
     pub(super) held: Vec<PlannedShard>,
     pub(super) ready: bool,
+    /// Its instance's measured corrections (`status.corrections`).
+    pub(super) corrections: Vec<ServingCorrection>,
 }
 
 /// Every instance's placed replicas. Those of the instance `frozen` (the
@@ -205,6 +208,7 @@ pub(super) fn running(
                 // Replicas count as one; fewer ready than placed makes
                 // every replica of the instance cheap to move.
                 ready: status.ready_replicas >= status.replicas && status.replicas > 0,
+                corrections: status.corrections.clone(),
             });
         }
     }

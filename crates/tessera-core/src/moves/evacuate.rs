@@ -79,17 +79,20 @@ pub fn plan_evacuation(ask: &EvacuationAsk<'_>) -> Evacuation {
         let from = replica.shards.clone();
         let before = worth_where_it_is(&now, index);
         let (spec, tensor) = same_shape(replica.spec, &from);
-        let placed =
-            match solve_parallelism(&now.problem(&spec, Some(&staying_on)), tensor, ask.options) {
-                Ok(placed) => placed,
-                Err(refusal) => {
-                    evacuation.staying.push(stay(format!(
-                        "no devices off the leaving nodes hold it: {}",
-                        refusal.reason
-                    )));
-                    continue;
-                }
-            };
+        let placed = match solve_parallelism(
+            &now.problem(&spec, replica.corrections, Some(&staying_on)),
+            tensor,
+            ask.options,
+        ) {
+            Ok(placed) => placed,
+            Err(refusal) => {
+                evacuation.staying.push(stay(format!(
+                    "no devices off the leaving nodes hold it: {}",
+                    refusal.reason
+                )));
+                continue;
+            }
+        };
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
         if !after.keeps_target_of(&before) {
             evacuation.staying.push(stay(format!(

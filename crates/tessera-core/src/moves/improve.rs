@@ -174,11 +174,19 @@ fn alone(
     let replica = &ask.running[gainer];
     let from = world.shards_of(gainer)?.to_vec();
     let (spec, tensor) = same_shape(replica.spec, &from);
-    // Replicas of one instance in one shape have the same best free place.
-    let key = serde_json::to_string(&spec).ok()?;
+    // Replicas of one instance in one shape have the same best free place
+    // (instances alike but for what they were measured off by do not).
+    let key = serde_json::to_string(&(&spec, replica.corrections)).ok()?;
     let placed = free_places
         .entry(key)
-        .or_insert_with(|| solve_parallelism(&world.problem(&spec, None), tensor, ask.options).ok())
+        .or_insert_with(|| {
+            solve_parallelism(
+                &world.problem(&spec, replica.corrections, None),
+                tensor,
+                ask.options,
+            )
+            .ok()
+        })
         .as_ref()?;
     let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
     if after.requests_per_second <= before.requests_per_second {
@@ -216,6 +224,7 @@ fn making_way(
         running: ask.running,
         blocked: &spec,
         blocked_name: &replica.holder,
+        blocked_corrections: replica.corrections,
         limits: MoveLimits::default(),
         options: ask.options,
     };
@@ -234,7 +243,12 @@ fn making_way(
     for index in order {
         let from = now.shards_of(index)?.to_vec();
         let (spec, tensor) = same_shape(ask.running[index].spec, &from);
-        let placed = solve_parallelism(&now.problem(&spec, None), tensor, ask.options).ok()?;
+        let placed = solve_parallelism(
+            &now.problem(&spec, ask.running[index].corrections, None),
+            tensor,
+            ask.options,
+        )
+        .ok()?;
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
         let before = worth[index];
         move_keeps(ask.running, index, (before, after), |sibling| {
@@ -247,7 +261,7 @@ fn making_way(
     let before = worth[gainer];
     let scope = nodes_of(&candidate.placed.plan);
     let placed = solve_parallelism(
-        &now.problem(&spec, Some(&scope)),
+        &now.problem(&spec, ask.running[gainer].corrections, Some(&scope)),
         tensor_choice(&spec),
         ask.options,
     )

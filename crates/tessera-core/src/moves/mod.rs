@@ -26,7 +26,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use crate::api::{ModelInstanceSpec, PlannedShard};
+use crate::api::{ModelInstanceSpec, PlannedShard, ServingCorrection};
 use crate::placement::SolveOptions;
 use crate::sizing::InstancePlan;
 use crate::translate::ClusterNode;
@@ -50,6 +50,9 @@ pub struct RunningReplica<'a> {
     pub shards: Vec<PlannedShard>,
     /// Whether it serves now: one not yet Ready costs half as much to move.
     pub ready: bool,
+    /// What its instance's predictions were measured off by
+    /// (`status.corrections`): where it goes is judged with them.
+    pub corrections: &'a [ServingCorrection],
 }
 
 impl RunningReplica<'_> {
@@ -120,6 +123,8 @@ pub struct MoveAsk<'a> {
     /// The instance whose replica cannot be placed, and its name.
     pub blocked: &'a ModelInstanceSpec,
     pub blocked_name: &'a str,
+    /// The blocked instance's measured corrections.
+    pub blocked_corrections: &'a [ServingCorrection],
     pub limits: MoveLimits,
     /// For every solve the planner makes.
     pub options: &'a SolveOptions<'a>,

@@ -72,18 +72,26 @@ pub(crate) fn carry_out(
         // Judged before the room is held: the room may be its devices.
         let before = worth_where_it_is(world, index);
         let (spec, tensor) = same_shape(replica.spec, &from);
-        let placed = solve_parallelism(&now.problem(&spec, None), tensor, ask.options).map_err(
-            |refusal| Failure {
-                reason: format!(
-                    "{prefix}, but no free devices hold {}: {}",
-                    replica.holder, refusal.reason
-                ),
-                stuck: Some(index),
-                // Another 405B in the way of a 405B, say: one solve on all
-                // that is free tells the planner not to try its like again.
-                alike: solve_parallelism(&world.problem(&spec, None), tensor, ask.options).is_err(),
-            },
-        )?;
+        let placed = solve_parallelism(
+            &now.problem(&spec, replica.corrections, None),
+            tensor,
+            ask.options,
+        )
+        .map_err(|refusal| Failure {
+            reason: format!(
+                "{prefix}, but no free devices hold {}: {}",
+                replica.holder, refusal.reason
+            ),
+            stuck: Some(index),
+            // Another 405B in the way of a 405B, say: one solve on all
+            // that is free tells the planner not to try its like again.
+            alike: solve_parallelism(
+                &world.problem(&spec, replica.corrections, None),
+                tensor,
+                ask.options,
+            )
+            .is_err(),
+        })?;
         let after = Worth::of(placed.capacity.as_ref(), &placed.plan);
         let worth_of = |sibling: usize| {
             moved_worth[sibling].unwrap_or_else(|| worth_where_it_is(world, sibling))
@@ -101,7 +109,7 @@ pub(crate) fn carry_out(
     now.release_blocked();
     let scope = nodes_of(&candidate.placed.plan);
     let placed = solve_parallelism(
-        &now.problem(ask.blocked, Some(&scope)),
+        &now.problem(ask.blocked, ask.blocked_corrections, Some(&scope)),
         tensor_choice(ask.blocked),
         ask.options,
     )
@@ -269,11 +277,13 @@ pub(crate) fn worth_where_it_is(world: &World<'_>, index: usize) -> Worth {
     let Some(shards) = world.shards_of(index) else {
         return Worth::default();
     };
-    let spec = world.running()[index].spec;
+    let replica = &world.running()[index];
     let scope: BTreeSet<String> = shards.iter().map(|s| s.node.clone()).collect();
-    let problem = world
-        .without(&BTreeSet::from([index]))
-        .problem(spec, Some(&scope));
+    let problem = world.without(&BTreeSet::from([index])).problem(
+        replica.spec,
+        replica.corrections,
+        Some(&scope),
+    );
     let refs: Vec<&PlannedShard> = shards.iter().collect();
     match judge_placed(problem, &refs) {
         Ok((plan, capacity)) => Worth::of(Some(&capacity), &plan),

@@ -191,7 +191,9 @@ pub(crate) fn fewest_in_the_way(
     let tensor = tensor_choice(ask.blocked);
     let solve = |out: &BTreeSet<usize>, scope: Option<&BTreeSet<String>>| {
         solve_parallelism(
-            &world.without(out).problem(ask.blocked, scope),
+            &world
+                .without(out)
+                .problem(ask.blocked, ask.blocked_corrections, scope),
             tensor,
             ask.options,
         )

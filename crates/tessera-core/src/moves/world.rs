@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::RunningReplica;
-use crate::api::{ModelInstanceSpec, PlannedShard};
+use crate::api::{ModelInstanceSpec, PlannedShard, ServingCorrection};
 use crate::placement::{Plan, Problem};
 use crate::translate::{ClusterNode, HeldShares, build_problem, hold_shard, release_shard};
 
@@ -76,21 +76,26 @@ impl<'a> World<'a> {
         self.held_for_blocked.clear();
     }
 
-    /// The solver's problem for `spec` on what is free at this step; on the
-    /// nodes in `scope` alone when given.
+    /// The solver's problem for `spec` on what is free at this step, its
+    /// predictions corrected by `corrections` (its instance's measured
+    /// ones); on the nodes in `scope` alone when given.
     pub(crate) fn problem(
         &self,
         spec: &ModelInstanceSpec,
+        corrections: &[ServingCorrection],
         scope: Option<&BTreeSet<String>>,
     ) -> Problem {
         let (allocated, shares) = self.holdings();
-        build_problem(
-            spec,
-            self.nodes
-                .iter()
-                .filter(|node| scope.is_none_or(|scope| scope.contains(&node.name))),
-            &allocated,
-            &shares,
+        corrected(
+            build_problem(
+                spec,
+                self.nodes
+                    .iter()
+                    .filter(|node| scope.is_none_or(|scope| scope.contains(&node.name))),
+                &allocated,
+                &shares,
+            ),
+            corrections,
         )
     }
 
@@ -113,11 +118,14 @@ impl<'a> World<'a> {
                 release_shard(shard, &replica.holder, &mut allocated, &mut shares);
             }
             let scope: BTreeSet<&str> = shards.iter().map(|s| s.node.as_str()).collect();
-            let problem = build_problem(
-                replica.spec,
-                scope.iter().filter_map(|name| by_name.get(name).copied()),
-                &allocated,
-                &shares,
+            let problem = corrected(
+                build_problem(
+                    replica.spec,
+                    scope.iter().filter_map(|name| by_name.get(name).copied()),
+                    &allocated,
+                    &shares,
+                ),
+                replica.corrections,
             );
             visit(index, shards, problem);
             for shard in shards {
@@ -183,4 +191,10 @@ pub(crate) fn devices_of(plan: &Plan) -> Vec<(String, String)> {
                 .map(|d| (stage.node.clone(), d.clone()))
         })
         .collect()
+}
+
+/// `problem` judged with an instance's measured corrections.
+fn corrected(mut problem: Problem, corrections: &[ServingCorrection]) -> Problem {
+    problem.served = problem.served.map(|served| served.corrected(corrections));
+    problem
 }

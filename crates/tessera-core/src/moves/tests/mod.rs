@@ -101,6 +101,7 @@ fn replica<'a>(
             share: None,
         }],
         ready,
+        corrections: &[],
     }
 }
 
@@ -126,6 +127,7 @@ fn ask<'a>(
         running,
         blocked,
         blocked_name: "ml/big",
+        blocked_corrections: &[],
         limits: MoveLimits::default(),
         options,
     }
@@ -159,6 +161,51 @@ fn one_move_frees_a_node_for_a_four_gpu_replica() {
     assert_eq!(placed.len(), 1);
     assert_eq!(placed[0].node, "a");
     assert_eq!(placed[0].devices.len(), 4);
+}
+
+/// A move is judged with what its instance's predictions were measured off
+/// by: three times slower than predicted, it serves a third as much where it
+/// is and where it goes.
+#[test]
+fn a_move_is_judged_with_its_instances_corrections() {
+    let nodes = [node("a", 4, "H100"), node("b", 4, "H100")];
+    let (small, big) = (small(), four_gpus());
+    let slower = [crate::api::ServingCorrection {
+        model: "llama-8b".into(),
+        runtime: crate::api::Runtime::Vllm,
+        product: "NVIDIA H100".into(),
+        tensor: 1,
+        stages: 1,
+        factor: 3.0,
+        observations: 5,
+        last_observed: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ),
+    }];
+    let moved = |corrections: &[crate::api::ServingCorrection]| {
+        let mut running = [
+            replica("ml/small replica 0", &small, "a", &[1], true),
+            replica("ml/small replica 1", &small, "b", &[0], true),
+        ];
+        running[0].corrections = corrections;
+        let others = HashMap::new();
+        let answer = plan_moves(&ask(&nodes, &others, &running, &big)).expect("room by one move");
+        answer.moves[0].clone()
+    };
+    let (plain, corrected) = (moved(&[]), moved(&slower));
+    assert_eq!(plain.replica, corrected.replica);
+    for (p, c) in [
+        (
+            plain.requests_per_second_before,
+            corrected.requests_per_second_before,
+        ),
+        (
+            plain.requests_per_second_after,
+            corrected.requests_per_second_after,
+        ),
+    ] {
+        assert!(c > 0.0 && c < p * 0.6, "corrected {c}, as predicted {p}");
+    }
 }
 
 #[test]
