@@ -227,6 +227,57 @@ spec:
 EOF
 }
 
+# served_instance NAME MODEL [TENSOR] [PIPELINE]: a ModelInstance of MODEL (a YAML flow
+# map) whose shards print the devices they see and serve their pod name over HTTP on
+# 8080 (Ready once listening; an evicted pod keeps serving while the endpoints learn it
+# is going), the Service NAME-api in front of it and a PodDisruptionBudget of
+# minAvailable 1.
+served_instance() {
+  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<EOF
+apiVersion: tessera.dev/v1alpha1
+kind: ModelInstance
+metadata: {name: $1}
+spec:
+  model: $2
+  parallelism: {tensor: ${3:-1}, pipeline: ${4:-1}}
+  template:
+    spec:
+      terminationGracePeriodSeconds: 10
+      containers:
+        - name: shard
+          image: busybox:1.37
+          imagePullPolicy: IfNotPresent
+          command:
+            - sh
+            - -c
+            - |
+              echo "shard on \$(hostname) sees devices: \${TESSERA_VISIBLE_DEVICES:-<unset>}"
+              mkdir -p /www && hostname > /www/index.html
+              exec httpd -f -p 8080 -h /www
+          ports: [{containerPort: 8080, name: http}]
+          readinessProbe:
+            tcpSocket: {port: http}
+            initialDelaySeconds: 3
+            periodSeconds: 2
+          lifecycle:
+            preStop: {exec: {command: [sleep, "4"]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: $1-api}
+spec:
+  selector: {tessera.dev/instance: $1}
+  ports: [{port: 8080, targetPort: http}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: $1}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {tessera.dev/instance: $1}}
+EOF
+}
+
 # --- the components' /metrics ----------------------------------------------------
 
 # scrape NAMESPACE POD PORT: the pod's /metrics, through a port-forward. A forward

@@ -113,49 +113,7 @@ current_test=small_on_h100
 # small: a 1.2B replica on one GPU serving its pod name over HTTP; it prints the
 # devices it sees first (shards_match_plan reads that). preStop keeps an evicted pod
 # serving while the endpoints learn it is going.
-kubectl apply -n "$NAMESPACE" -f - >/dev/null <<'YAML'
-apiVersion: tessera.dev/v1alpha1
-kind: ModelInstance
-metadata: {name: small}
-spec:
-  model: {name: e2e/small-1.2b, parametersBillions: 1.2, layers: 16}
-  parallelism: {tensor: 1, pipeline: 1}
-  template:
-    spec:
-      terminationGracePeriodSeconds: 10
-      containers:
-        - name: shard
-          image: busybox:1.37
-          imagePullPolicy: IfNotPresent
-          command:
-            - sh
-            - -c
-            - |
-              echo "shard on $(hostname) sees devices: $TESSERA_VISIBLE_DEVICES"
-              mkdir -p /www && hostname > /www/index.html
-              exec httpd -f -p 8080 -h /www
-          ports: [{containerPort: 8080, name: http}]
-          readinessProbe:
-            tcpSocket: {port: http}
-            initialDelaySeconds: 3
-            periodSeconds: 2
-          lifecycle:
-            preStop: {exec: {command: [sleep, "4"]}}
----
-apiVersion: v1
-kind: Service
-metadata: {name: small-api}
-spec:
-  selector: {tessera.dev/instance: small}
-  ports: [{port: 8080, targetPort: http}]
----
-apiVersion: policy/v1
-kind: PodDisruptionBudget
-metadata: {name: small}
-spec:
-  minAvailable: 1
-  selector: {matchLabels: {tessera.dev/instance: small}}
-YAML
+served_instance small '{name: e2e/small-1.2b, parametersBillions: 1.2, layers: 16}'
 field() { kubectl get mi "$1" -n "$NAMESPACE" -o json | jq -r "$2"; }
 wait_until "$TIMEOUT" "small Running" mi_running small
 first=$(field small '.status.plan[0].devices[0]')

@@ -122,29 +122,7 @@ log "an agent on each node ($ALLOCATION): 2 H100s on $NODE, 2 A100s on $NODE2"
 pod_node() { kubectl get pod "$1" -n "$NAMESPACE" -o jsonpath='{.spec.nodeName}' 2>/dev/null || true; }
 
 current_test=pipeline
-kubectl apply -n "$NAMESPACE" -f - >/dev/null <<'YAML'
-apiVersion: tessera.dev/v1alpha1
-kind: ModelInstance
-metadata: {name: pipe}
-spec:
-  model: {name: e2e/pipe, parametersBillions: 70, layers: 80, kvCacheGiB: 1}
-  parallelism: {tensor: 2, pipeline: 2}
-  template:
-    spec:
-      terminationGracePeriodSeconds: 2
-      containers:
-        - name: shard
-          image: busybox:1.37
-          imagePullPolicy: IfNotPresent
-          command:
-            - sh
-            - -c
-            - |
-              echo "shard on $(hostname) sees devices: ${TESSERA_VISIBLE_DEVICES:-<unset>}"
-              mkdir -p /www && hostname > /www/index.html
-              exec httpd -f -p 8080 -h /www
-          ports: [{containerPort: 8080, name: http}]
-YAML
+served_instance pipe '{name: e2e/pipe, parametersBillions: 70, layers: 80, kvCacheGiB: 1}' 2 2
 wait_until "$TIMEOUT" "pipe's shards running on their planned devices" shards_match_plan pipe
 [[ "$(pod_node pipe-shard-0)" != "$(pod_node pipe-shard-1)" ]] \
   || die "both of pipe's stages run on $(pod_node pipe-shard-0)"
@@ -200,50 +178,7 @@ wait_until 120 "pipe's pods gone" pipe_gone
 current_test=drained
 # small starts on node-1: node-2 is cordoned while it is placed.
 kubectl cordon "$NODE2" >/dev/null
-kubectl apply -n "$NAMESPACE" -f - >/dev/null <<'YAML'
-apiVersion: tessera.dev/v1alpha1
-kind: ModelInstance
-metadata: {name: small}
-spec:
-  model: {name: e2e/small, parametersBillions: 8, layers: 32, kvCacheGiB: 1}
-  parallelism: {tensor: 1, pipeline: 1}
-  template:
-    spec:
-      terminationGracePeriodSeconds: 10
-      containers:
-        - name: shard
-          image: busybox:1.37
-          imagePullPolicy: IfNotPresent
-          command:
-            - sh
-            - -c
-            - |
-              echo "shard on $(hostname) sees devices: ${TESSERA_VISIBLE_DEVICES:-<unset>}"
-              mkdir -p /www && hostname > /www/index.html
-              exec httpd -f -p 8080 -h /www
-          ports: [{containerPort: 8080, name: http}]
-          readinessProbe:
-            httpGet: {path: /, port: http}
-            initialDelaySeconds: 3
-            periodSeconds: 2
-          # An evicted pod keeps serving while the endpoints learn it is going.
-          lifecycle:
-            preStop: {exec: {command: [sleep, "4"]}}
----
-apiVersion: v1
-kind: Service
-metadata: {name: small-api}
-spec:
-  selector: {tessera.dev/instance: small}
-  ports: [{port: 8080, targetPort: http}]
----
-apiVersion: policy/v1
-kind: PodDisruptionBudget
-metadata: {name: small}
-spec:
-  minAvailable: 1
-  selector: {matchLabels: {tessera.dev/instance: small}}
-YAML
+served_instance small '{name: e2e/small, parametersBillions: 8, layers: 32, kvCacheGiB: 1}'
 small_field() { kubectl get mi small -n "$NAMESPACE" -o json | jq -r "$1"; }
 small_ready_on() {
   [[ "$(small_field '.status.readyReplicas // 0')" == 1 && "$(small_field '.status.plan[0].node')" == "$1" \
