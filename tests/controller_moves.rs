@@ -1,7 +1,8 @@
 //! Moves in the controller's reconciles against a mocked API server: a
 //! blocked instance hands a move to the instance in its way, which records
 //! it, starts its new copy on the planned devices, switches once that copy
-//! is Ready, evicts the old pods through the Eviction API and is done; a
+//! is Ready, takes the old pods out of their Services and then evicts them
+//! through the Eviction API, and is done; a
 //! refused eviction leaves the old copy serving and says why.
 
 use std::sync::Arc;
@@ -108,6 +109,33 @@ fn reasons(calls: &[(Method, String, Value)]) -> Vec<String> {
         .collect()
 }
 
+/// The pods whose serving gate a call turned False.
+fn closed_gates(calls: &[(Method, String, Value)]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|(_, path, body)| {
+            path.contains("/pods/")
+                && path.contains("/status?")
+                && body["status"]["conditions"][0]["type"] == "tessera.dev/serving"
+                && body["status"]["conditions"][0]["status"] == "False"
+        })
+        .filter_map(|(_, path, _)| path.split("/pods/").nth(1)?.split('/').next())
+        .map(String::from)
+        .collect()
+}
+
+/// `pod` out of its Services for `seconds` already.
+fn leaving_for(pod: &Pod, seconds: i64) -> Pod {
+    let since =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds);
+    let mut pod = pod.clone();
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("tessera.dev/draining-since".into(), since.to_string());
+    pod
+}
+
 fn posted(calls: &[(Method, String, Value)], part: &str) -> Vec<String> {
     calls
         .iter()
@@ -191,22 +219,39 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
         Some("the new copy: 0 of 1 pods Ready")
     );
 
-    // 4. The new copy is Ready: the replica switches to it and the old pod
-    // is evicted, not deleted.
+    // 4. The new copy is Ready: the replica switches to it, and the old pod
+    // leaves its Services first (its serving gate False), not yet evicted.
     let small = small_with(shard("a", "a-g0", 0), vec![record.clone()]);
     let new_pod = ready_pod(&small, &shard("b", "b-g0", 1));
     let (ctx, mut api) = on_two_nodes(vec![old_pod.clone(), new_pod.clone()], vec![small.clone()]);
     let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    // Only once a dry run says its eviction would be allowed.
     assert_eq!(
         posted(&calls, "/eviction"),
-        ["/api/v1/namespaces/ml/pods/small-shard-0/eviction?"]
+        ["/api/v1/namespaces/ml/pods/small-shard-0/eviction?&dryRun=All"]
     );
+    assert_eq!(closed_gates(&calls), ["small-shard-0"]);
     assert!(deleted(&calls).is_empty(), "{calls:?}");
     assert!(created_pods(&calls).is_empty());
     let status = written_status(&calls);
     assert_eq!(status.plan, vec![shard("b", "b-g0", 1)]);
     assert_eq!(status.moves[0].phase, MovePhase::Draining);
     let draining = status.moves[0].clone();
+
+    // 4b. Out of its Services for longer than the endpoints take to follow:
+    // the old pod is evicted, not deleted.
+    let small = small_with(shard("b", "b-g0", 1), vec![draining.clone()]);
+    let (ctx, mut api) = on_two_nodes(
+        vec![leaving_for(&old_pod, 10), new_pod.clone()],
+        vec![small.clone()],
+    );
+    let calls = serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(small), ctx))).await;
+    assert_eq!(
+        posted(&calls, "/eviction"),
+        ["/api/v1/namespaces/ml/pods/small-shard-0/eviction?"]
+    );
+    assert!(deleted(&calls).is_empty(), "{calls:?}");
+    assert_eq!(written_status(&calls).moves[0].phase, MovePhase::Draining);
 
     // 5. The old pod is gone: the move is done.
     let small = small_with(shard("b", "b-g0", 1), vec![draining]);
@@ -288,6 +333,10 @@ async fn an_eviction_a_disruption_budget_refuses_keeps_the_old_copy_and_says_why
     assert!(
         deleted(&calls).is_empty(),
         "the old pod is not deleted: {calls:?}"
+    );
+    assert!(
+        closed_gates(&calls).is_empty(),
+        "the old pod stays in its Services: {calls:?}"
     );
     let status = written_status(&calls);
     assert_eq!(status.moves[0].phase, MovePhase::Draining);

@@ -259,41 +259,50 @@ fn cases() -> Vec<Case> {
             field: "maxTimeToFirstTokenMs".into(),
         });
     }
-    // Replicas from the demand need a demand.
-    for (serving, valid) in [
-        (json!({"replicasFromDemand": true}), false),
+    // Replicas from the demand need a demand; a measured demand needs its
+    // bounds, and bounds need a measured demand.
+    for (serving, valid, field) in [
+        (
+            json!({"replicasFromDemand": true}),
+            false,
+            "replicasFromDemand",
+        ),
         (
             json!({"replicasFromDemand": true, "requestsPerSecond": 4.0}),
             true,
+            "replicasFromDemand",
         ),
-        (json!({"replicasFromDemand": false}), true),
-    ] {
-        let mut object = base();
-        object["spec"]["serving"] = serving.clone();
-        out.push(Case {
-            what: format!("serving {serving}"),
-            object,
-            valid,
-            field: "replicasFromDemand".into(),
-        });
-    }
-    // A measured demand needs its bounds, and bounds need a measured demand.
-    for (serving, valid) in [
-        (json!({"demand": "Measured"}), false),
-        (json!({"demand": "Measured", "maxReplicas": 4}), true),
+        (
+            json!({"replicasFromDemand": false}),
+            true,
+            "replicasFromDemand",
+        ),
+        (json!({"demand": "Measured"}), false, "Replicas"),
+        (
+            json!({"demand": "Measured", "maxReplicas": 4}),
+            true,
+            "Replicas",
+        ),
         (
             json!({"demand": "Measured", "minReplicas": 4, "maxReplicas": 4}),
             true,
+            "Replicas",
         ),
         (
             json!({"demand": "Measured", "minReplicas": 5, "maxReplicas": 4}),
             false,
+            "Replicas",
         ),
-        (json!({"maxReplicas": 4}), false),
-        (json!({"demand": "Stated", "minReplicas": 1}), false),
+        (json!({"maxReplicas": 4}), false, "Replicas"),
+        (
+            json!({"demand": "Stated", "minReplicas": 1}),
+            false,
+            "Replicas",
+        ),
         (
             json!({"demand": "Measured", "maxReplicas": 4, "replicasFromDemand": true}),
             false,
+            "Replicas",
         ),
     ] {
         let mut object = base();
@@ -302,7 +311,7 @@ fn cases() -> Vec<Case> {
             what: format!("serving {serving}"),
             object,
             valid,
-            field: "Replicas".into(),
+            field: field.into(),
         });
     }
     for (name, replicas, valid) in [

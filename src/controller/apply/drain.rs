@@ -8,6 +8,8 @@
 //! nothing running or waiting, right after [`SETTLE`] where the runtime is
 //! not measured, or when the drain timeout has passed. Pods made before the
 //! gate existed have nothing to turn: they are deleted at once, as before.
+//! A moved replica's old copy leaves its Services the same way before it is
+//! evicted ([`before_eviction`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -125,6 +127,59 @@ pub(crate) async fn drain(
     Ok(keep)
 }
 
+/// What a moved replica's old copy is due before its eviction.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Leave {
+    /// Take it out of its Services now (once its eviction would be allowed).
+    Start,
+    /// Keep it: the endpoints are still following.
+    Wait,
+    /// Evict it.
+    Evict,
+}
+
+/// A moved replica's old copy leaves its Services before it is evicted, as
+/// a removed replica does: its gates turn False, and its eviction waits
+/// [`SETTLE`] for the endpoints to follow. The new copy serves meanwhile;
+/// the old one is no longer measured, so nothing longer is waited for: its
+/// runtime finishes what is in flight within the pod's termination grace
+/// period.
+pub(crate) fn before_eviction(
+    existing: &BTreeMap<String, Arc<Pod>>,
+    names: &[String],
+    now: Timestamp,
+    timeout: Duration,
+) -> Leave {
+    let pods: Vec<&Pod> = names
+        .iter()
+        .filter_map(|name| existing.get(name))
+        .map(AsRef::as_ref)
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .collect();
+    if pods.is_empty() {
+        return Leave::Evict;
+    }
+    match step(&pods, None, now, timeout) {
+        DrainStep::Start => Leave::Start,
+        DrainStep::Wait => Leave::Wait,
+        DrainStep::Delete(_) => Leave::Evict,
+    }
+}
+
+/// Takes the pods of `names` out of their Services (serving gate False,
+/// the time noted).
+pub(crate) async fn close_gates(
+    api: &Api<Pod>,
+    existing: &BTreeMap<String, Arc<Pod>>,
+    names: &[String],
+) -> Result<(), ApplyError> {
+    let now = Timestamp::now();
+    for pod in names.iter().filter_map(|name| existing.get(name)) {
+        set_gate(api, pod, false, Some(now)).await?;
+    }
+    Ok(())
+}
+
 /// Holds a wanted pod's serving gate True (a replica wanted again while it
 /// drained comes back into its Services).
 pub(crate) async fn open_gate(api: &Api<Pod>, pod: &Pod) -> Result<(), ApplyError> {
@@ -222,6 +277,20 @@ mod tests {
     }
 
     const TIMEOUT: Duration = Duration::from_secs(120);
+
+    #[test]
+    fn a_moved_copy_leaves_its_services_before_its_eviction() {
+        let named = |pod: Pod| BTreeMap::from([("old".to_string(), Arc::new(pod))]);
+        let old = ["old".to_string()];
+        let leave =
+            |pods: &BTreeMap<String, Arc<Pod>>, now| before_eviction(pods, &old, at(now), TIMEOUT);
+        assert_eq!(leave(&named(pod(true, None)), 0), Leave::Start);
+        assert_eq!(leave(&named(pod(true, Some(at(0)))), 2), Leave::Wait);
+        // Not measured: the endpoints' settle time is all it waits.
+        assert_eq!(leave(&named(pod(true, Some(at(0)))), 6), Leave::Evict);
+        assert_eq!(leave(&named(pod(false, None)), 0), Leave::Evict);
+        assert_eq!(leave(&BTreeMap::new(), 0), Leave::Evict, "already gone");
+    }
 
     #[test]
     fn a_replica_leaves_its_services_then_waits_for_its_runtime() {

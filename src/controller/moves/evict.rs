@@ -6,9 +6,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+use kube::api::{Api, DeleteParams, EvictParams, PostParams, Preconditions};
 
 use crate::controller::apply::ApplyError;
+
+/// Whether an eviction is made or only asked whether it would be allowed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Eviction {
+    Real,
+    DryRun,
+}
 
 /// Evicts the pods of `names` that still run (each the very object seen).
 /// Gives why an eviction was refused, when one was.
@@ -16,6 +23,7 @@ pub(crate) async fn evict(
     api: &Api<Pod>,
     existing: &BTreeMap<String, Arc<Pod>>,
     names: &[String],
+    eviction: Eviction,
 ) -> Result<Option<String>, ApplyError> {
     let mut refused = None;
     for name in names {
@@ -33,9 +41,13 @@ pub(crate) async fn evict(
                 }),
                 ..DeleteParams::default()
             }),
-            ..EvictParams::default()
+            post_options: PostParams {
+                dry_run: eviction == Eviction::DryRun,
+                ..PostParams::default()
+            },
         };
         match api.evict(name, &params).await {
+            Ok(_) if eviction == Eviction::DryRun => {}
             Ok(_) => tracing::info!(pod = %name, "evicted the old copy's pod"),
             Err(kube::Error::Api(status)) if status.code == 429 => {
                 refused.get_or_insert(format!(
