@@ -278,6 +278,17 @@ spec:
 EOF
 }
 
+# vllm_example: examples/cpu-vllm-tiny.yaml as the e2e applies it: the host's vLLM
+# install (the venv of TESSERA_TEST_VLLM_PYTHON and the Python it was made from)
+# mounted, the image IMAGE.
+vllm_example() {
+  local venv base
+  venv=$(cd "$(dirname "$TESSERA_TEST_VLLM_PYTHON")/.." && pwd)
+  base=$("$TESSERA_TEST_VLLM_PYTHON" -c 'import sys; print(sys.base_prefix)')
+  sed -e "s#/opt/vllm-cpu#$venv#g" -e "s#/opt/python#$base#g" -e "s#image: tessera:0.1.0#image: ${IMAGE:?}#" \
+    -e "s#imagePullPolicy: IfNotPresent#imagePullPolicy: Never#" examples/cpu-vllm-tiny.yaml
+}
+
 # --- the components' /metrics ----------------------------------------------------
 
 # scrape NAMESPACE POD PORT: the pod's /metrics, through a port-forward. A forward

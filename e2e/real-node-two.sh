@@ -22,7 +22,13 @@
 #   4. node_back: node-2's kubelet started again: it stops the old pod's container,
 #      its record of allocated devices (device plugin checkpoint or prepared claims)
 #      and the agent's allocation record hold no pod that is gone, and an instance
-#      pinned to node-2 gets both its GPUs, each given once.
+#      pinned to node-2 gets both its GPUs, each given once;
+#   5. vllm_drained: a real runtime moved under load: `tiny` (vLLM's CPU build,
+#      examples/cpu-vllm-tiny.yaml, with a PodDisruptionBudget) serves on node-1 while
+#      2 clients send it OpenAI completions (e2e/load.py); `kubectl drain node-1`
+#      goes through once its new copy on node-2 serves, the old copy having left the
+#      Service before its eviction, and no request fails (skipped without
+#      TESSERA_TEST_VLLM_PYTHON).
 # Needs what e2e/real-node.sh needs, the kit's node2.sh, and curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -323,3 +329,51 @@ fi
 gone_in "$NODE2's kubelet" "$recorded" || die "$(gone_in "$NODE2's kubelet" "$recorded")"
 agent_clean || die "$(agent_clean)"
 log "ok: $NODE2 back: its kubelet stopped $old_name, nothing is recorded for a pod that is gone, and back runs on both of its GPUs, each given once"
+
+current_test=vllm_drained
+if [ -z "${TESSERA_TEST_VLLM_PYTHON:-}" ]; then
+  log "skipped: TESSERA_TEST_VLLM_PYTHON is not set (.ci/install-vllm prints it)"
+  exit 0
+fi
+kubectl delete mi back small -n "$NAMESPACE" --wait=true >/dev/null
+# tiny (vLLM's CPU build, examples/cpu-vllm-tiny.yaml) starts on node-1, node-2
+# cordoned while it is placed; a budget keeps kubectl drain from taking its only copy.
+kubectl cordon "$NODE2" >/dev/null
+vllm_example | kubectl apply -n "$NAMESPACE" -f - >/dev/null
+kubectl apply -n "$NAMESPACE" -f - >/dev/null <<'YAML'
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: tiny}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {tessera.dev/instance: tiny}}
+YAML
+tiny_ready_on() {
+  kubectl get mi tiny -n "$NAMESPACE" -o json | jq -e --arg n "$1" '.status.readyReplicas == 1
+    and .status.plan[0].node == $n and ((.status.moves // []) | length == 0)' >/dev/null
+}
+wait_until 300 "tiny serving on $NODE" tiny_ready_on "$NODE"
+kubectl uncordon "$NODE2" >/dev/null
+python3 e2e/load.py --namespace "$NAMESPACE" --service tiny-api --model tiny --prompt-tokens 32 \
+  --max-tokens 32 --concurrency 2 --duration 600 --stop-file "$work/load.stop" --out "$work/load" \
+  >"$work/load.log" 2>&1 &
+loader=$!
+sleep 10
+started=$SECONDS
+kubectl drain "$NODE" --pod-selector=tessera.dev/instance=tiny --ignore-daemonsets --delete-emptydir-data \
+  --timeout=300s >"$work/drain" 2>&1 || die "kubectl drain $NODE failed: $(tail -5 "$work/drain")"
+drain_took=$((SECONDS - started))
+wait_until 120 "tiny serving on $NODE2" tiny_ready_on "$NODE2"
+tiny_gone_from_node1() {
+  [[ -z "$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=tiny -o json \
+    | jq -r --arg n "$NODE" '.items[] | select(.spec.nodeName == $n) | .metadata.name')" ]]
+}
+wait_until 60 "tiny's old pod gone" tiny_gone_from_node1
+sleep 10
+touch "$work/load.stop"
+wait "$loader" || die "the load generator failed: $(tail -5 "$work/load.log")"
+result=$(cat "$work/load/summary.json")
+jq -e '.failed == 0 and .ok > 50' <<<"$result" >/dev/null \
+  || die "requests to tiny failed while it moved: $result $(head -5 "$work/load/failures")"
+kubectl uncordon "$NODE" >/dev/null
+log "ok: kubectl drain $NODE went through in ${drain_took}s and vLLM moved make before break to $NODE2 under load: $result"

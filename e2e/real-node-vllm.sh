@@ -74,12 +74,10 @@ export KUBECTL="$kubectl_bin"
 # shellcheck source=e2e/lib.sh
 source e2e/lib.sh
 
-# What the shard pod of examples/cpu-vllm-tiny.yaml mounts from the host: the venv,
-# the Python it was made from, and /usr for the shared libraries and programs (the
-# image has only what tessera links).
+# The install the shard pod mounts (lib.sh's vllm_example), whose server process the
+# checks below stop and kill.
 python_bin=$(readlink -f "$TESSERA_TEST_VLLM_PYTHON")
 venv=$(cd "$(dirname "$TESSERA_TEST_VLLM_PYTHON")/.." && pwd)
-base=$("$TESSERA_TEST_VLLM_PYTHON" -c 'import sys; print(sys.base_prefix)')
 "$TESSERA_TEST_VLLM_PYTHON" -c 'import vllm' 2>/dev/null || die "$TESSERA_TEST_VLLM_PYTHON has no vllm"
 
 cleanup() {
@@ -108,9 +106,7 @@ YAML
 kubectl create namespace "$NAMESPACE" >/dev/null
 
 current_test=serving
-sed -e "s#/opt/vllm-cpu#$venv#g" -e "s#/opt/python#$base#g" -e "s#image: tessera:0.1.0#image: $IMAGE#" \
-  -e "s#imagePullPolicy: IfNotPresent#imagePullPolicy: Never#" examples/cpu-vllm-tiny.yaml \
-  | kubectl apply -n "$NAMESPACE" -f - >/dev/null
+vllm_example | kubectl apply -n "$NAMESPACE" -f - >/dev/null
 status() { kubectl get mi tiny -n "$NAMESPACE" -o json | jq -r "$1"; }
 wait_until "$TIMEOUT" "tiny Running (vLLM up and answering /health)" mi_running tiny
 log "tiny runs on $(status '.status.plan[0].node + " " + (.status.plan[0].devices | join(","))'); vLLM answers"
