@@ -9,6 +9,23 @@
 
 mi() { kubectl get mi "$1" -n "$NAMESPACE" -o json; }
 
+# dump_state: what a failed check shows of the cluster: the nodes, NAMESPACE's pods,
+# claims, instances' status and last events, and the controller's last log lines.
+dump_state() {
+  echo "--- nodes"
+  kubectl get nodes -o wide || true
+  echo "--- pods"
+  kubectl get pods -n "$NAMESPACE" -o wide || true
+  echo "--- claims"
+  kubectl get resourceclaims -n "$NAMESPACE" -o wide 2>/dev/null || true
+  echo "--- instances"
+  kubectl get mi -n "$NAMESPACE" -o yaml | grep -A40 '^  status:' || true
+  echo "--- events"
+  kubectl get events -n "$NAMESPACE" --sort-by=.lastTimestamp | tail -20 || true
+  echo "--- controller log"
+  kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=controller --tail=40 || true
+}
+
 # fresh_start: the image (IMAGE) built and imported into the node from ARCHIVE, nothing
 # left of an earlier run (NAMESPACE, the Helm release RELEASE, run by $helm, and its
 # namespace TESSERA_NAMESPACE), NODE labelled for the agent.

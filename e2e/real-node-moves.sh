@@ -45,14 +45,7 @@ log() { printf '[real-node-moves %s %s] %s\n' "$(date +%H:%M:%S)" "$current_test
 die() {
   echo "real-node moves check FAILED in $current_test: $*" >&2
   {
-    echo "--- pods"
-    kubectl get pods -n "$NAMESPACE" -o wide || true
-    echo "--- instances"
-    kubectl get mi -n "$NAMESPACE" -o yaml | grep -A40 '^  status:' || true
-    echo "--- events"
-    kubectl get events -n "$NAMESPACE" --sort-by=.lastTimestamp | tail -20 || true
-    echo "--- controller log"
-    kubectl -n "$TESSERA_NAMESPACE" logs -l app.kubernetes.io/component=controller --tail=40 || true
+    declare -F dump_state >/dev/null && dump_state
     echo "real-node moves check FAILED in $current_test: $*"
   } >&2
   exit 1
