@@ -281,7 +281,7 @@ async fn the_controller_places_binds_repairs_and_cleans_up() {
     // 5. Replicas, driven through the scale subresource as a
     // HorizontalPodAutoscaler drives them.
     scale_replicas(&instances, &pods, &ns, &run).await;
-    serve_a_demand(&instances, &ns, &run).await;
+    serve_a_demand(&instances, &pods, &ns, &run).await;
 
     // 6. Deleting an instance takes its pods and Service with it.
     for name in ["llama-7b", "llama-70b", "too-big", "served"] {
@@ -424,9 +424,10 @@ async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &st
 }
 
 /// An instance sized by its demand: with a small one, one replica that meets
-/// it; with one no cluster serves, as many replicas as fit and `DemandMet`
-/// false with what they serve. The capacity is in the status either way.
-async fn serve_a_demand(instances: &Api<ModelInstance>, ns: &str, run: &str) {
+/// it once its pods are ready (`ReplicasStarting` before); with one no
+/// cluster serves, as many replicas as fit and `DemandMet` false with what
+/// they serve. The capacity is in the status either way.
+async fn serve_a_demand(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &str, run: &str) {
     let mut demanded = example("llama-7b.yaml", ns, run);
     demanded.metadata.name = Some("demanded".into());
     demanded.spec.serving = Some(tessera::api::ServingSpec {
@@ -449,6 +450,29 @@ async fn serve_a_demand(instances: &Api<ModelInstance>, ns: &str, run: &str) {
             Some((status, condition))
         }
     };
+    let (_, starting) = wait(SETTLE, "demanded to wait for its replica", || async {
+        condition("False")(instances.get("demanded").await.ok()?)
+    })
+    .await;
+    assert_eq!(starting.reason, "ReplicasStarting", "{}", starting.message);
+    // No kubelet runs these nodes: the pods are made Ready as one would.
+    let ready = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"},
+        {"type": "tessera.dev/serving", "status": "True"},
+    ]}});
+    for pod in pods
+        .list(&ListParams::default().labels("tessera.dev/instance=demanded"))
+        .await
+        .expect("demanded's pods")
+    {
+        pods.patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(&ready),
+        )
+        .await
+        .expect("making demanded's pod Ready");
+    }
     let (status, met) = wait(SETTLE, "demanded to meet its demand", || async {
         condition("True")(instances.get("demanded").await.ok()?)
     })

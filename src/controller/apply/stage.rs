@@ -12,7 +12,6 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
-use super::drain::Leave;
 use super::{BindAtOnce, Repair, ReplicaApplied, ShardState};
 use crate::controller::build::Desired;
 use crate::controller::context::{Context, Error, Instance};
@@ -21,7 +20,7 @@ use crate::controller::desired::{REPLICA_LABEL, headless_service};
 use crate::controller::dra::apply::{ShardClaims, claim_of};
 use crate::controller::events::EventNote;
 use crate::controller::hashes::{recorded_pod_hash, replica_pod_hash};
-use crate::controller::moves::evict::{self, Eviction};
+use crate::controller::moves::evict;
 use crate::controller::node_gate::may_bind;
 use crate::controller::observe::Observed;
 use crate::controller::restart_backoff::Backoff;
@@ -96,31 +95,13 @@ pub(crate) async fn apply(
     .await?;
     let kept: Vec<String> = evict.iter().chain(&draining).cloned().collect();
     super::remove_extra(&pods_api, &observed.mine, &every_desired, &kept).await?;
-    // A moved replica's old copy leaves its Services before its eviction,
-    // and only once the eviction would be allowed (a dry run): one its
-    // disruption budget keeps serves on.
-    let leave = super::drain::before_eviction(
+    let (eviction_refused, settling) = evict::leave_then_evict(
+        &pods_api,
         &observed.mine,
         evict,
-        Timestamp::now(),
         ctx.settings.scaling.drain_timeout,
-    );
-    let (eviction_refused, settling) = match leave {
-        Leave::Wait => (None, true),
-        Leave::Evict => (
-            evict::evict(&pods_api, &observed.mine, evict, Eviction::Real).await?,
-            false,
-        ),
-        Leave::Start => {
-            match evict::evict(&pods_api, &observed.mine, evict, Eviction::DryRun).await? {
-                Some(refused) => (Some(refused), false),
-                None => {
-                    super::drain::close_gates(&pods_api, &observed.mine, evict).await?;
-                    (None, true)
-                }
-            }
-        }
-    };
+    )
+    .await?;
     let gate = may_bind(
         &ctx.node_gate,
         &observed.nodes,

@@ -1,25 +1,53 @@
 //! The old copy's pods removed through the Eviction API, so that an
 //! instance's PodDisruptionBudget counts: one the eviction would break
 //! refuses it (HTTP 429), and the move waits with the old pods serving.
+//! Before they go, they leave their Services.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, EvictParams, PostParams, Preconditions};
 
 use crate::controller::apply::ApplyError;
+use crate::controller::apply::drain::{self, Leave};
+
+/// The old copy of a moved replica, one step: it leaves its Services once
+/// a dry run says its eviction would be allowed (one its disruption budget
+/// keeps serves on), and is evicted once the endpoints have followed
+/// ([`drain::before_eviction`]). Gives why an eviction was refused, when one
+/// was, and whether the old copy is still leaving.
+pub(crate) async fn leave_then_evict(
+    api: &Api<Pod>,
+    existing: &BTreeMap<String, Arc<Pod>>,
+    names: &[String],
+    timeout: Duration,
+) -> Result<(Option<String>, bool), ApplyError> {
+    match drain::before_eviction(existing, names, Timestamp::now(), timeout) {
+        Leave::Wait => Ok((None, true)),
+        Leave::Evict => Ok((evict(api, existing, names, Eviction::Real).await?, false)),
+        Leave::Start => match evict(api, existing, names, Eviction::DryRun).await? {
+            Some(refused) => Ok((Some(refused), false)),
+            None => {
+                drain::close_gates(api, existing, names).await?;
+                Ok((None, true))
+            }
+        },
+    }
+}
 
 /// Whether an eviction is made or only asked whether it would be allowed.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Eviction {
+enum Eviction {
     Real,
     DryRun,
 }
 
 /// Evicts the pods of `names` that still run (each the very object seen).
 /// Gives why an eviction was refused, when one was.
-pub(crate) async fn evict(
+async fn evict(
     api: &Api<Pod>,
     existing: &BTreeMap<String, Arc<Pod>>,
     names: &[String],
