@@ -24,7 +24,8 @@
 #      and the agent's allocation record hold no pod that is gone, and an instance
 #      pinned to node-2 gets both its GPUs, each given once;
 #   5. vllm_drained: a real runtime moved under load: `tiny` (vLLM's CPU build,
-#      examples/cpu-vllm-tiny.yaml, with a PodDisruptionBudget) serves on node-1 while
+#      examples/cpu-vllm-tiny.yaml, with a PodDisruptionBudget; made while node-2 is
+#      down, so that it starts during the checks between) serves on node-1 while
 #      2 clients send it OpenAI completions (e2e/load.py); `kubectl drain node-1`
 #      goes through once its new copy on node-2 serves, the old copy having left the
 #      Service before its eviction, and no request fails (skipped without
@@ -206,6 +207,22 @@ read -r ok failed fewest <"$work/counts"
 kubectl uncordon "$NODE" >/dev/null
 log "ok: kubectl drain $NODE went through in ${drain_took}s, small moved make before break to $NODE2; $ok requests, none failed, never fewer than 1 ready replica"
 
+# start_tiny: tiny (vLLM's CPU build, examples/cpu-vllm-tiny.yaml) and a budget that
+# keeps kubectl drain from taking its only copy, for the last step; made while node-2
+# is down (and cordoned), so it starts on node-1 while the checks between wait.
+start_tiny() {
+  [ -n "${TESSERA_TEST_VLLM_PYTHON:-}" ] || return 0
+  vllm_example | kubectl apply -n "$NAMESPACE" -f - >/dev/null
+  kubectl apply -n "$NAMESPACE" -f - >/dev/null <<'YAML'
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: tiny}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {tessera.dev/instance: tiny}}
+YAML
+}
+
 current_test=dead_node
 kubectl patch mi small -n "$NAMESPACE" --type merge -p '{"spec":{"placement":{"moves":"Never"}}}' >/dev/null
 old_pod=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=small -o json \
@@ -226,6 +243,8 @@ node2_not_ready() {
 wait_until 120 "$NODE2 NotReady" node2_not_ready
 not_ready_after=$((SECONDS - killed))
 log "$NODE2 NotReady ${not_ready_after}s after its kubelet died"
+kubectl cordon "$NODE2" >/dev/null
+start_tiny
 wait_until $((GRACE + 120)) "small serving again on $NODE" small_ready_on "$NODE"
 served_after=$((SECONDS - killed))
 address=$(kubectl get pods -n "$NAMESPACE" -l tessera.dev/instance=small -o json \
@@ -259,6 +278,7 @@ node2_ready() {
   [[ "$(kubectl get node "$NODE2" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
 }
 wait_until 120 "$NODE2 Ready again" node2_ready
+kubectl uncordon "$NODE2" >/dev/null
 # The kubelet finds the pod gone and stops its container.
 old_sandbox_gone() {
   ! "$CRI" -r "unix://$NODE2_RUN/containerd/containerd.sock" pods 2>/dev/null | grep -q "$old_name"
@@ -327,24 +347,11 @@ if [ -z "${TESSERA_TEST_VLLM_PYTHON:-}" ]; then
   exit 0
 fi
 kubectl delete mi back small -n "$NAMESPACE" --wait=true >/dev/null
-# tiny (vLLM's CPU build, examples/cpu-vllm-tiny.yaml) starts on node-1, node-2
-# cordoned while it is placed; a budget keeps kubectl drain from taking its only copy.
-kubectl cordon "$NODE2" >/dev/null
-vllm_example | kubectl apply -n "$NAMESPACE" -f - >/dev/null
-kubectl apply -n "$NAMESPACE" -f - >/dev/null <<'YAML'
-apiVersion: policy/v1
-kind: PodDisruptionBudget
-metadata: {name: tiny}
-spec:
-  minAvailable: 1
-  selector: {matchLabels: {tessera.dev/instance: tiny}}
-YAML
 tiny_ready_on() {
   kubectl get mi tiny -n "$NAMESPACE" -o json | jq -e --arg n "$1" '.status.readyReplicas == 1
     and .status.plan[0].node == $n and ((.status.moves // []) | length == 0)' >/dev/null
 }
 wait_until 300 "tiny serving on $NODE" tiny_ready_on "$NODE"
-kubectl uncordon "$NODE2" >/dev/null
 python3 e2e/load.py --namespace "$NAMESPACE" --service tiny-api --model tiny --prompt-tokens 32 \
   --max-tokens 32 --concurrency 2 --duration 600 --stop-file "$work/load.stop" --out "$work/load" \
   >"$work/load.log" 2>&1 &
