@@ -18,9 +18,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::Api;
 
-use super::{ApplyError, not_found, retry};
+use super::ApplyError;
 use crate::controller::events::EventNote;
 use crate::controller::nodes::NodeInfo;
 
@@ -55,24 +55,10 @@ pub(crate) async fn release(
         let Some(node) = stranded_on(pod, nodes, now, grace) else {
             continue;
         };
-        let name = pod.name_any();
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: pod.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match retry(&format!("force-delete pod {name}"), || {
-            api.delete(&name, &params)
-        })
-        .await
-        {
-            Ok(_) => {}
-            Err(e) if not_found(&e) => continue,
-            Err(e) => return Err(e),
+        if !super::delete_within(api, pod, Some(0)).await? {
+            continue;
         }
+        let name = pod.name_any();
         notes.push(EventNote {
             warning: true,
             reason: "PodReleased",

@@ -103,9 +103,7 @@ pub(crate) async fn drain(
         let measure = measured.and_then(|m| m.get(replica));
         match step(&refs, measure, now, timeout) {
             DrainStep::Start => {
-                for pod in &refs {
-                    set_gate(api, pod, false, Some(now)).await?;
-                }
+                close_gates(api, &refs).await?;
                 notes.push(EventNote {
                     warning: false,
                     reason: "Draining",
@@ -166,15 +164,10 @@ pub(crate) fn before_eviction(
     }
 }
 
-/// Takes the pods of `names` out of their Services (serving gate False,
-/// the time noted).
-pub(crate) async fn close_gates(
-    api: &Api<Pod>,
-    existing: &BTreeMap<String, Arc<Pod>>,
-    names: &[String],
-) -> Result<(), ApplyError> {
+/// Takes `pods` out of their Services (serving gate False, the time noted).
+pub(crate) async fn close_gates(api: &Api<Pod>, pods: &[&Pod]) -> Result<(), ApplyError> {
     let now = Timestamp::now();
-    for pod in names.iter().filter_map(|name| existing.get(name)) {
+    for pod in pods {
         set_gate(api, pod, false, Some(now)).await?;
     }
     Ok(())

@@ -466,8 +466,19 @@ async fn restore_annotations(api: &Api<Pod>, have: &Pod, want: &Pod) -> Result<(
 
 /// Deletes a pod, but only the very object seen (UID precondition).
 pub(crate) async fn delete(api: &Api<Pod>, pod: &Pod) -> Result<(), ApplyError> {
+    delete_within(api, pod, None).await.map(|_| ())
+}
+
+/// [`delete`] with a grace period of its own (0: at once); whether the pod
+/// was still there to delete.
+pub(crate) async fn delete_within(
+    api: &Api<Pod>,
+    pod: &Pod,
+    grace_seconds: Option<u32>,
+) -> Result<bool, ApplyError> {
     let name = pod.name_any();
     let params = DeleteParams {
+        grace_period_seconds: grace_seconds,
         preconditions: Some(Preconditions {
             uid: pod.metadata.uid.clone(),
             resource_version: None,
@@ -475,8 +486,8 @@ pub(crate) async fn delete(api: &Api<Pod>, pod: &Pod) -> Result<(), ApplyError> 
         ..DeleteParams::default()
     };
     match retry(&format!("delete pod {name}"), || api.delete(&name, &params)).await {
-        Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
+        Ok(_) => Ok(true),
+        Err(e) if not_found(&e) => Ok(false),
         Err(e) => Err(e),
     }
 }

@@ -31,7 +31,12 @@ pub(crate) async fn leave_then_evict(
         Leave::Start => match evict(api, existing, names, Eviction::DryRun).await? {
             Some(refused) => Ok((Some(refused), false)),
             None => {
-                drain::close_gates(api, existing, names).await?;
+                let pods: Vec<&Pod> = names
+                    .iter()
+                    .filter_map(|name| existing.get(name))
+                    .map(AsRef::as_ref)
+                    .collect();
+                drain::close_gates(api, &pods).await?;
                 Ok((None, true))
             }
         },
