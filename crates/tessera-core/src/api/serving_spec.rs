@@ -101,7 +101,9 @@ pub struct ServingSpec {
     /// The predicted capacity uses its release's defaults: vLLM 0.8 and
     /// later batch up to 1024 requests in steps of 8192 tokens on GPUs of
     /// 70 GiB or more other than the A100, earlier releases 256 in steps of
-    /// 2048. Unset: the release the examples run, vLLM 0.20.
+    /// 2048; TensorRT-LLM before 0.8 (no XQA kernel) reads a grouped-query
+    /// model's KV cache once per query head. Unset: the release the examples
+    /// run, vLLM 0.20 (TensorRT-LLM: a current one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_version: Option<String>,
     /// The most requests a replica's runtime decodes at once, as it is

@@ -106,6 +106,12 @@ impl Runtime {
 /// vLLM's V1 engine is its default from this release on.
 const VLLM_V1: RuntimeVersion = RuntimeVersion::new(0, 8, 0);
 
+/// TensorRT-LLM's XQA kernel (grouped- and multi-query attention in the
+/// generation phase) ships from this release on (its blog "New XQA-kernel
+/// provides 2.4x more Llama-70B throughput within the same latency budget":
+/// "will be included in the v0.8 releases").
+const TENSORRT_LLM_XQA: RuntimeVersion = RuntimeVersion::new(0, 8, 0);
+
 /// The runtimes' releases whose defaults differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VersionRange {
@@ -116,8 +122,11 @@ pub enum VersionRange {
     VllmV0,
     /// SGLang, every release.
     Sglang,
-    /// TensorRT-LLM, every release.
+    /// TensorRT-LLM 0.8 and later, and of no given release.
     TensorrtLlm,
+    /// TensorRT-LLM before 0.8: its generation kernel reads a grouped-query
+    /// model's KV cache once per query head.
+    TensorrtLlmBeforeXqa,
     /// Any other runtime.
     Generic,
 }
@@ -132,6 +141,13 @@ impl VersionRange {
             }
             Runtime::Vllm => VersionRange::VllmV0,
             Runtime::Sglang => VersionRange::Sglang,
+            Runtime::TensorrtLlm
+                if runtime
+                    .version
+                    .is_some_and(|version| version < TENSORRT_LLM_XQA) =>
+            {
+                VersionRange::TensorrtLlmBeforeXqa
+            }
             Runtime::TensorrtLlm => VersionRange::TensorrtLlm,
             Runtime::Generic => VersionRange::Generic,
         }
@@ -143,7 +159,8 @@ impl VersionRange {
             VersionRange::VllmV1 => "vllm >= 0.8",
             VersionRange::VllmV0 => "vllm < 0.8",
             VersionRange::Sglang => "sglang",
-            VersionRange::TensorrtLlm => "tensorrt-llm",
+            VersionRange::TensorrtLlm => "tensorrt-llm >= 0.8",
+            VersionRange::TensorrtLlmBeforeXqa => "tensorrt-llm < 0.8",
             VersionRange::Generic => "generic",
         }
     }
@@ -164,7 +181,9 @@ impl VersionRange {
         match self {
             VersionRange::VllmV1 if large => 1024,
             VersionRange::VllmV1 | VersionRange::VllmV0 | VersionRange::Generic => 256,
-            VersionRange::Sglang | VersionRange::TensorrtLlm => 2048,
+            VersionRange::Sglang
+            | VersionRange::TensorrtLlm
+            | VersionRange::TensorrtLlmBeforeXqa => 2048,
         }
     }
 
@@ -178,7 +197,22 @@ impl VersionRange {
         match self {
             VersionRange::VllmV1 if large => 8192.0,
             VersionRange::VllmV1 | VersionRange::VllmV0 | VersionRange::Generic => 2048.0,
-            VersionRange::Sglang | VersionRange::TensorrtLlm => 8192.0,
+            VersionRange::Sglang
+            | VersionRange::TensorrtLlm
+            | VersionRange::TensorrtLlmBeforeXqa => 8192.0,
+        }
+    }
+
+    /// How many times a decode step reads each sequence's KV cache, for a
+    /// model with `query_heads_per_kv_head`: once, but for TensorRT-LLM
+    /// before 0.8, whose masked multi-head attention kernel loads the keys
+    /// and values for every query head (the XQA kernel that replaced it
+    /// loads each KV head once for its group: 1.9–2.4× the throughput of
+    /// Llama-70B at 128/2048 in NVIDIA's blog).
+    pub(super) fn kv_reads(self, query_heads_per_kv_head: f64) -> f64 {
+        match self {
+            VersionRange::TensorrtLlmBeforeXqa => query_heads_per_kv_head.max(1.0),
+            _ => 1.0,
         }
     }
 }
@@ -313,6 +347,7 @@ mod tests {
             VersionRange::VllmV0,
             VersionRange::Sglang,
             VersionRange::TensorrtLlm,
+            VersionRange::TensorrtLlmBeforeXqa,
         ] {
             for large in [false, true] {
                 assert!(
@@ -352,6 +387,40 @@ mod tests {
             ..RuntimeConfig::default()
         };
         assert_eq!(VersionRange::of(&sglang), VersionRange::Sglang);
+    }
+
+    #[test]
+    fn tensorrt_llm_before_0_8_reads_grouped_kv_heads_once_per_query_head() {
+        let tensorrt = |version: Option<RuntimeVersion>| RuntimeConfig {
+            runtime: Runtime::TensorrtLlm,
+            version,
+            ..RuntimeConfig::default()
+        };
+        for (version, range, reads) in [
+            (None, VersionRange::TensorrtLlm, 1.0),
+            (
+                Some(RuntimeVersion::new(0, 8, 0)),
+                VersionRange::TensorrtLlm,
+                1.0,
+            ),
+            (
+                Some(RuntimeVersion::new(0, 17, 0)),
+                VersionRange::TensorrtLlm,
+                1.0,
+            ),
+            (
+                Some(RuntimeVersion::new(0, 6, 1)),
+                VersionRange::TensorrtLlmBeforeXqa,
+                8.0,
+            ),
+        ] {
+            let range_found = VersionRange::of(&tensorrt(version));
+            assert_eq!(range_found, range, "{version:?}");
+            assert_eq!(range_found.kv_reads(8.0), reads, "{version:?}");
+        }
+        // A model without grouped-query attention reads its cache once anyway.
+        assert_eq!(VersionRange::TensorrtLlmBeforeXqa.kv_reads(1.0), 1.0);
+        assert_eq!(VersionRange::of(&vllm(Some("0.6.0"))).kv_reads(8.0), 1.0);
     }
 
     #[test]

@@ -125,6 +125,10 @@ impl StepModel {
         let input_tokens = input.workload.input_tokens.max(1.0);
         let output_tokens = input.workload.output_tokens.max(1.0);
         let mean_context = input_tokens + output_tokens / 2.0;
+        // A device's query heads over the KV heads it holds (at least one).
+        let query_heads_per_kv_head =
+            (attention.heads / size) / (attention.kv_heads / size).max(1.0);
+        let kv_reads = super::VersionRange::of(runtime).kv_reads(query_heads_per_kv_head);
         let stages = input
             .plan
             .stages
@@ -149,7 +153,7 @@ impl StepModel {
                     weights: layer.weights * count,
                     compute_single: layer.compute * count,
                     compute_per_token: shape.flops_per_layer_token * count / flops_per_second,
-                    kv_read_per_sequence: kv_per_layer * count * mean_context
+                    kv_read_per_sequence: kv_reads * kv_per_layer * count * mean_context
                         / (group.weight_gbps * 1e9),
                     transfer_per_token: (layer.all_reduce - latency_only).max(0.0) * count
                         / constants.all_reduce_bandwidth_share,
