@@ -6,7 +6,9 @@
 //! pod not Ready, and every Service stops sending it requests. The pods are
 //! deleted once a read of the runtime taken [`SETTLE`] after that finds
 //! nothing running or waiting, right after [`SETTLE`] where the runtime is
-//! not measured, or when the drain timeout has passed. Pods made before the
+//! not measured (or names no port to measure it on), or when the drain
+//! timeout has passed: a runtime that stopped answering may still be
+//! finishing requests. Pods made before the
 //! gate existed have nothing to turn: they are deleted at once, as before.
 //! A moved replica's old copy leaves its Services the same way before it is
 //! evicted ([`before_eviction`]).
@@ -71,7 +73,7 @@ pub(crate) fn step(
     }
     let settled = since.checked_add(SETTLE).unwrap_or(Timestamp::MAX);
     match measure {
-        None => DrainStep::Delete(format!(
+        None | Some(ReplicaMeasure::NoEndpoint(_)) => DrainStep::Delete(format!(
             "its runtime is not measured; it has been out of its Services for {} s",
             waited.as_secs()
         )),
@@ -306,6 +308,12 @@ mod tests {
             step(&[&leaving], Some(&failed), at(60), TIMEOUT),
             DrainStep::Wait
         );
+        // A runtime with no port to read is not measured: nothing to wait for.
+        let no_port = ReplicaMeasure::NoEndpoint("no container port named metrics or http".into());
+        assert!(matches!(
+            step(&[&leaving], Some(&no_port), at(6), TIMEOUT),
+            DrainStep::Delete(why) if why.contains("not measured")
+        ));
     }
 
     #[test]

@@ -134,9 +134,12 @@ fn demand_read(measured: Option<&BTreeMap<u32, ReplicaMeasure>>) -> Option<Deman
     let together = Measurement::combine(windows)?;
     Some(DemandRead {
         requests_per_second: together.demand(),
-        complete: !measured
-            .values()
-            .any(|read| matches!(read, ReplicaMeasure::Failed(_))),
+        complete: !measured.values().any(|read| {
+            matches!(
+                read,
+                ReplicaMeasure::Failed(_) | ReplicaMeasure::NoEndpoint(_)
+            )
+        }),
     })
 }
 

@@ -42,6 +42,9 @@ pub(crate) enum ReplicaMeasure {
     Measuring,
     /// The last read gave nothing to measure: why.
     Failed(String),
+    /// The replica's first shard names no port to read (`targets`): its
+    /// runtime cannot be measured at all, why.
+    NoEndpoint(String),
 }
 
 /// Every measured instance's replicas, as the last round of reads left them.

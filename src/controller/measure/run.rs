@@ -103,6 +103,7 @@ pub(crate) async fn measure(
                         None => ReplicaMeasure::Measuring,
                     }
                 }
+                Err(why) if target.url.is_err() => ReplicaMeasure::NoEndpoint(why),
                 Err(why) => {
                     tracing::debug!(instance = %target.instance, replica = target.replica, %why, "not measured");
                     ReplicaMeasure::Failed(why)
@@ -239,8 +240,23 @@ mod tests {
             "{failed}"
         );
 
+        // Recreated with no port to read: it cannot be measured, and says so.
+        let mut portless = pod.clone();
+        portless.metadata.uid = Some("uid-2".into());
+        portless.spec.as_mut().unwrap().containers[0].ports = None;
+        pod_writer.apply_watcher_event(&Event::Apply(portless.clone()));
+        let why = loop {
+            if let Some(ReplicaMeasure::NoEndpoint(why)) = next().await.unwrap().remove(&0) {
+                break why;
+            }
+        };
+        assert!(
+            why.contains("no container port named metrics or http"),
+            "{why}"
+        );
+
         // The pod goes: so does its record.
-        pod_writer.apply_watcher_event(&Event::Delete(pod));
+        pod_writer.apply_watcher_event(&Event::Delete(portless));
         loop {
             if next().await.is_none() {
                 break;

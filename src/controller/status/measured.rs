@@ -38,7 +38,9 @@ pub(crate) fn measured(read: Option<&BTreeMap<u32, ReplicaMeasure>>) -> Measured
     let failed: Vec<String> = read
         .iter()
         .filter_map(|(replica, m)| match m {
-            ReplicaMeasure::Failed(why) => Some(format!("replica {replica}: {why}")),
+            ReplicaMeasure::Failed(why) | ReplicaMeasure::NoEndpoint(why) => {
+                Some(format!("replica {replica}: {why}"))
+            }
             _ => None,
         })
         .collect();
