@@ -195,6 +195,7 @@ inject_fault() {
   fault_original="$original"
   kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
     -p "$(jq -n --arg k "$key" --arg v "$faulty" '{data: {($k): $v}}')" >/dev/null
+  refresh_fake_gpus
 }
 restore_fault() {
   [[ -n "$fault_key" ]] || return 0
@@ -206,6 +207,14 @@ restore_fault() {
   fi
   kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge -p "$patch" >/dev/null
   fault_key=""
+  refresh_fake_gpus
+}
+# refresh_fake_gpus: kubelet brings a changed ConfigMap into the pods that mount it at
+# its next sync of each pod (up to a minute or so); a change of a pod's annotations
+# syncs that pod now (Kubernetes' ConfigMap documentation). The agents' pods get one.
+refresh_fake_gpus() {
+  kubectl -n "$TESSERA_NAMESPACE" annotate pods -l app.kubernetes.io/component=agent --overwrite \
+    "e2e.tessera.dev/fake-gpus-changed=$(date +%s%N)" >/dev/null
 }
 
 # instance NAME STAGES [RESTART_POLICY]: a ModelInstance of STAGES one-GPU pipeline

@@ -448,7 +448,6 @@ test_device_fault() {
   shard0=$(grep '^pair-shard-0 ' <<<"$before")
   log "injecting a fault into $device (index $index), shard 1 of pair"
   inject_fault "$NODE" "$index"
-  # kubelet refreshes ConfigMap volumes about once a minute.
   wait_until "$TIMEOUT" "$device to be published Unhealthy" health_is "$device" Unhealthy
   wait_until "$TIMEOUT" "pair's shard 1 to be re-placed" shard_moved pair 1 "$device"
   wait_until "$TIMEOUT" "pair to run again" all_running pair solo

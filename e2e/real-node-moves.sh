@@ -166,8 +166,8 @@ crowded_seen() {
   kubectl get node "$NODE" -o json | jq -e --argjson want "${#crowded[@]}" \
     '[.metadata.annotations["tessera.dev/gpu-state"] | fromjson | .devices[] | select(.memoryFreeBytes < 34359738368)] | length == $want' >/dev/null
 }
-# kubelet refreshes ConfigMap volumes about once a minute; the agent publishes free
-# memory (telemetry) every 5 s here.
+# The agent publishes free memory (telemetry) every 5 s here, once kubelet has brought
+# the changed ConfigMap in (inject_fault has it sync the agent's pod).
 wait_until "$TIMEOUT" "devices ${crowded[*]} with 50 GiB in use" crowded_seen
 log "devices ${crowded[*]} have 30 GiB free"
 

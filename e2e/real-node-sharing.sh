@@ -84,9 +84,10 @@ kubectl create namespace "$NAMESPACE" >/dev/null
 
 # What kubelet's PodResources API says each container holds, a JSON object a line.
 readonly POD_RESOURCES_SOCKET="${POD_RESOURCES_SOCKET:-/var/lib/kubelet/pod-resources/kubelet.sock}"
-cargo build --release --locked --example pod-resources >/dev/null 2>&1 \
-  || die "cannot build the PodResources reader (cargo build --release --example pod-resources)"
-pod_resources() { target/release/examples/pod-resources "$POD_RESOURCES_SOCKET"; }
+# The test build's profile: `cargo test` builds the examples too, so CI has it already.
+cargo build --locked --example pod-resources >/dev/null 2>&1 \
+  || die "cannot build the PodResources reader (cargo build --example pod-resources)"
+pod_resources() { target/debug/examples/pod-resources "$POD_RESOURCES_SOCKET"; }
 
 # The node's slices of the driver as one JSON list.
 node_slices() {
@@ -269,6 +270,7 @@ new_layout="gpus:
   - {profile: H100-80GiB, mig: {partitions: [3g.40gb, 2g.20gb, 1g.10gb]}}"
 kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
   -p "$(jq -n --arg k "$cm_key" --arg v "$new_layout" '{data: {($k): $v}}')" >/dev/null
+refresh_fake_gpus
 wait_until "$TIMEOUT" "the switched GPU's two partitions published (1 whole, 5 partitions, 2 counter sets)" \
   pool_shows 1 5 2
 moved() {

@@ -26,7 +26,8 @@
 #   5. vllm_drained: a real runtime moved under load: `tiny` (vLLM's CPU build,
 #      examples/cpu-vllm-tiny.yaml, with a PodDisruptionBudget; made while node-2 is
 #      down, so that it starts during the checks between) serves on node-1 while
-#      2 clients send it OpenAI completions (e2e/load.py); `kubectl drain node-1`
+#      2 clients send it 2 OpenAI completions a second (e2e/load.py: light enough
+#      that the new copy starts beside it); `kubectl drain node-1`
 #      goes through once its new copy on node-2 serves, the old copy having left the
 #      Service before its eviction, and no request fails (skipped without
 #      TESSERA_TEST_VLLM_PYTHON).
@@ -353,7 +354,7 @@ tiny_ready_on() {
 }
 wait_until 300 "tiny serving on $NODE" tiny_ready_on "$NODE"
 python3 e2e/load.py --namespace "$NAMESPACE" --service tiny-api --model tiny --prompt-tokens 32 \
-  --max-tokens 32 --concurrency 2 --duration 600 --stop-file "$work/load.stop" --out "$work/load" \
+  --max-tokens 32 --concurrency 2 --rate 2 --duration 600 --stop-file "$work/load.stop" --out "$work/load" \
   >"$work/load.log" 2>&1 &
 loader=$!
 sleep 10

@@ -119,7 +119,7 @@ load() {
   python3 e2e/load.py --namespace "$NAMESPACE" --service tiny-api --model tiny \
     --prompt-tokens 32 --max-tokens 32 "$@"
 }
-load --concurrency 8 --duration 60 --out "$work_dir/load" >"$work_dir/load.log" 2>&1 &
+load --concurrency 8 --duration 45 --out "$work_dir/load" >"$work_dir/load.log" 2>&1 &
 loader=$!
 # measured_under_load [SECONDS]: Measured, with requests running and served, over a
 # window of SECONDS at least.
@@ -187,7 +187,7 @@ restarted() {
 }
 wait_until 60 "the shard's container restarted" restarted
 wait_until "$TIMEOUT" "tiny Running again" mi_running tiny
-load --concurrency 2 --duration 40 --out "$work_dir/after" >"$work_dir/after.log" 2>&1 &
+load --concurrency 2 --duration 30 --out "$work_dir/after" >"$work_dir/after.log" 2>&1 &
 loader=$!
 wait_until 90 "the restarted replica measured" measured_under_load
 wait "$loader" || die "the load generator failed: $(cat "$work_dir/after.log")"

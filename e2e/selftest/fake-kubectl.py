@@ -342,6 +342,11 @@ def main():
                 state["configmap"][k] = v
         for node in state["nodes"].values():
             node["pending_unhealthy"] = [d for d in faulted_devices(state, node) if d not in node["unhealthy"]]
+    elif verb == "annotate" and args[0] == "pods":
+        # The agents' pods, annotated so that kubelet brings a changed ConfigMap in
+        # now: the simulated agents see it at the next call anyway.
+        if flags.get("l") != "app.kubernetes.io/component=agent" or ns != SYSTEM_NS or len(args) != 2:
+            fail(f"fake kubectl: {' '.join(sys.argv[1:])} not supported")
     elif verb == "delete" and args[0] == "mi":
         for name in args[1:]:
             key = f"{ns}/{name}"
