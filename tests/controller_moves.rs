@@ -250,6 +250,19 @@ async fn a_blocked_instance_gets_room_by_a_move_made_before_the_old_copy_goes() 
         posted(&calls, "/eviction"),
         ["/api/v1/namespaces/ml/pods/small-shard-0/eviction?"]
     );
+    // A policy/v1 Eviction whose deleteOptions hold the very pod seen: a
+    // pod made again under the name is not evicted in its place.
+    let (_, _, eviction) = calls
+        .iter()
+        .find(|(_, path, _)| path.contains("/eviction"))
+        .expect("an eviction");
+    assert_eq!(eviction["apiVersion"], "policy/v1", "{eviction}");
+    assert_eq!(eviction["kind"], "Eviction");
+    assert_eq!(eviction["metadata"]["name"], "small-shard-0");
+    assert_eq!(
+        eviction["deleteOptions"]["preconditions"]["uid"],
+        old_pod.metadata.uid.clone().expect("the old pod has a uid")
+    );
     assert!(deleted(&calls).is_empty(), "{calls:?}");
     assert_eq!(written_status(&calls).moves[0].phase, MovePhase::Draining);
 

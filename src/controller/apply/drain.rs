@@ -8,8 +8,8 @@
 //! nothing running or waiting, right after [`SETTLE`] where the runtime is
 //! not measured (or names no port to measure it on), or when the drain
 //! timeout has passed: a runtime that stopped answering may still be
-//! finishing requests. Pods made before the
-//! gate existed have nothing to turn: they are deleted at once, as before.
+//! finishing requests. Pods made before the gate existed have nothing to
+//! turn: they are deleted at once, as before.
 //! A moved replica's old copy leaves its Services the same way before it is
 //! evicted ([`before_eviction`]).
 

@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::Eviction as PolicyEviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 
 use crate::controller::apply::ApplyError;
 use crate::controller::apply::drain::{self, Leave};
@@ -66,20 +68,31 @@ async fn evict(
         if pod.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let params = EvictParams {
-            delete_options: Some(DeleteParams {
+        // kube's own `evict` sends its options as `delete_options`, a field
+        // the API server does not know, so the UID precondition would be
+        // dropped: the policy/v1 object goes as the API defines it.
+        let body = PolicyEviction {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: pod.metadata.namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            delete_options: Some(DeleteOptions {
                 preconditions: Some(Preconditions {
                     uid: pod.metadata.uid.clone(),
                     resource_version: None,
                 }),
-                ..DeleteParams::default()
+                ..DeleteOptions::default()
             }),
-            post_options: PostParams {
-                dry_run: eviction == Eviction::DryRun,
-                ..PostParams::default()
-            },
         };
-        match api.evict(name, &params).await {
+        let params = PostParams {
+            dry_run: eviction == Eviction::DryRun,
+            ..PostParams::default()
+        };
+        let answer: Result<serde_json::Value, kube::Error> = api
+            .create_subresource("eviction", name, &params, &body)
+            .await;
+        match answer {
             Ok(_) if eviction == Eviction::DryRun => {}
             Ok(_) => tracing::info!(pod = %name, "evicted the old copy's pod"),
             Err(kube::Error::Api(status)) if status.code == 429 => {
