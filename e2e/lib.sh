@@ -211,10 +211,12 @@ restore_fault() {
 }
 # refresh_fake_gpus: kubelet brings a changed ConfigMap into the pods that mount it at
 # its next sync of each pod (up to a minute or so); a change of a pod's annotations
-# syncs that pod now (Kubernetes' ConfigMap documentation). The agents' pods get one.
+# syncs that pod now (Kubernetes' ConfigMap documentation). The agents' pods get one;
+# with none (uninstalled, or being replaced) there is nothing to hurry: a pod that
+# starts mounts the ConfigMap as it is.
 refresh_fake_gpus() {
   kubectl -n "$TESSERA_NAMESPACE" annotate pods -l app.kubernetes.io/component=agent --overwrite \
-    "e2e.tessera.dev/fake-gpus-changed=$(date +%s%N)" >/dev/null
+    "e2e.tessera.dev/fake-gpus-changed=$(date +%s%N)" >/dev/null 2>&1 || true
 }
 
 # instance NAME STAGES [RESTART_POLICY]: a ModelInstance of STAGES one-GPU pipeline
