@@ -322,6 +322,33 @@ async fn bound_pods(pods: &Api<Pod>, name: &str) -> Option<BTreeMap<String, Stri
     )
 }
 
+/// Starts the bound pods of instance `name` as a kubelet would (phase
+/// Running): no kubelet runs the test nodes, and the controller binds the
+/// next same-sized pod on a node only once the last one is admitted (or its
+/// hold, 30 s, has passed).
+async fn admit(pods: &Api<Pod>, name: &str) {
+    let Ok(list) = pods
+        .list(&ListParams::default().labels(&format!("tessera.dev/instance={name}")))
+        .await
+    else {
+        return;
+    };
+    let running = json!({"status": {"phase": "Running"}});
+    for pod in list.items.iter().filter(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running")
+    }) {
+        let _ = pods
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&running),
+            )
+            .await;
+    }
+}
+
 /// Scales the one-GPU `served` instance through `/scale`: up, past what the
 /// test nodes hold (the placed replicas stay, the rest wait with a reason),
 /// and down to one (the newest replicas go).
@@ -334,10 +361,11 @@ async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &st
         .create(&PostParams::default(), &served)
         .await
         .expect("creating served");
-    // No agent reports allocations here, so same-sized shards on one node are
-    // bound one per hold period: give binding room.
+    // No agent reports allocations here: same-sized shards on one node are
+    // bound one per hold period unless started (`admit`). Room for the holds.
     let bind = SETTLE * 3;
     wait(bind, "served's 2 replicas to be bound", || async {
+        admit(pods, "served").await;
         let mi = instances.get("served").await.ok()?;
         (mi.status?.replicas == 2).then_some(())
     })
@@ -360,6 +388,7 @@ async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &st
         .await
         .expect("scaling served to 3");
     let three = wait(bind, "served's 3 replicas to be bound", || async {
+        admit(pods, "served").await;
         let mi = instances.get("served").await.ok()?;
         (mi.status?.replicas == 3).then_some(())?;
         bound_pods(pods, "served").await
