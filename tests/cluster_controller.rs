@@ -327,24 +327,10 @@ async fn bound_pods(pods: &Api<Pod>, name: &str) -> Option<BTreeMap<String, Stri
 /// next same-sized pod on a node only once the last one is admitted (or its
 /// hold, 30 s, has passed).
 async fn admit(pods: &Api<Pod>, name: &str) {
-    let Ok(list) = pods
-        .list(&ListParams::default().labels(&format!("tessera.dev/instance={name}")))
-        .await
-    else {
-        return;
-    };
     let running = json!({"status": {"phase": "Running"}});
-    for pod in list.items.iter().filter(|p| {
-        p.metadata.deletion_timestamp.is_none()
-            && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
-            && p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running")
-    }) {
+    for pod in bound_pods(pods, name).await.unwrap_or_default().keys() {
         let _ = pods
-            .patch_status(
-                &pod.name_any(),
-                &PatchParams::default(),
-                &Patch::Strategic(&running),
-            )
+            .patch_status(pod, &PatchParams::default(), &Patch::Strategic(&running))
             .await;
     }
 }
