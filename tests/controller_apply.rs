@@ -909,6 +909,108 @@ async fn scaling_down_removes_the_newest_replicas_and_keeps_the_rest() {
     assert_eq!(status.phase, Some(Phase::Running));
 }
 
+/// The pods a reconcile created, running on the node of their devices
+/// (`<node>-g<i>`), with those of `earlier` before them.
+fn started(earlier: &[Pod], calls: &[(Method, String, Value)]) -> Vec<Pod> {
+    let new = created_pods(calls).into_iter().map(|mut pod| {
+        let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+        let devices = pod["metadata"]["annotations"]["tessera.dev/devices"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let node = devices.split("-g").next().unwrap().to_string();
+        pod["metadata"]["uid"] = json!(format!("uid-{name}"));
+        pod["metadata"]["ownerReferences"][0]["uid"] = json!("uid-llama");
+        pod["spec"]["nodeName"] = json!(node);
+        pod["status"] = serde_json::to_value(running_status()).unwrap();
+        serde_json::from_value::<Pod>(pod).unwrap()
+    });
+    earlier.iter().cloned().chain(new).collect()
+}
+
+#[tokio::test]
+async fn scaling_down_removes_the_costliest_replica_per_request_whatever_its_number() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let slow = node_of("slow", 1, RTX4090);
+    let fast = node("fast", 1);
+    let reconciled = async |api: &mut ApiHandle, mi: &ModelInstance, nodes: &[Node], pods| {
+        let world = World {
+            nodes: nodes.to_vec(),
+            pods,
+            services: vec![headless_service(mi)],
+            instances: vec![mi.clone()],
+        };
+        let ctx = context(world, client.clone());
+        serve_reconcile(api, tokio::spawn(reconcile(Arc::new(mi.clone()), ctx))).await
+    };
+    // Replica 0 placed while only the RTX 4090 was there, replica 1 on the
+    // H100 that came later.
+    let mut mi = with_replicas(1);
+    let calls = reconciled(&mut api, &mi, std::slice::from_ref(&slow), vec![]).await;
+    let pods = started(&[], &calls);
+    let mut two = with_replicas(2);
+    two.status = Some(written_status(&calls));
+    let nodes = [slow, fast];
+    let calls = reconciled(&mut api, &two, &nodes, pods.clone()).await;
+    let pods = started(&pods, &calls);
+    let status = written_status(&calls);
+    let node_of_replica = |status: &ModelInstanceStatus, replica: u32| {
+        status
+            .plan
+            .iter()
+            .find(|s| s.replica == replica)
+            .map(|s| s.node.clone())
+    };
+    assert_eq!(node_of_replica(&status, 0).as_deref(), Some("slow"));
+    assert_eq!(node_of_replica(&status, 1).as_deref(), Some("fast"));
+
+    // Scaled to one: replica 0 serves fewer requests/s on its one GPU, so it
+    // leaves its Services; replica 1 stays as it is.
+    mi = with_replicas(1);
+    mi.status = Some(status);
+    let calls = reconciled(&mut api, &mi, &nodes, pods.clone()).await;
+    let closed: Vec<&str> = calls
+        .iter()
+        .filter(|(_, path, body)| {
+            path.contains("/status?") && body["status"]["conditions"][0]["status"] == "False"
+        })
+        .map(|(_, path, _)| path.as_str())
+        .collect();
+    assert_eq!(
+        closed,
+        ["/api/v1/namespaces/ml/pods/llama-shard-0/status?"],
+        "{calls:?}"
+    );
+    assert!(created_pods(&calls).is_empty(), "{calls:?}");
+    let status = written_status(&calls);
+    assert_eq!(node_of_replica(&status, 0), None);
+    assert_eq!(node_of_replica(&status, 1).as_deref(), Some("fast"));
+    let predicted: Vec<u32> = status
+        .replica_predictions
+        .iter()
+        .map(|p| p.replica)
+        .collect();
+    assert_eq!(predicted, [1], "the status names the replica by its number");
+
+    // Two again: the new replica takes the lowest free number, 0, on the GPU
+    // replica 0 left.
+    let mut two = with_replicas(2);
+    two.status = Some(status);
+    let drained = pods
+        .into_iter()
+        .filter(|pod| pod.metadata.name.as_deref() != Some("llama-shard-0"))
+        .collect();
+    let calls = reconciled(&mut api, &two, &nodes, drained).await;
+    let names: Vec<String> = created_pods(&calls)
+        .iter()
+        .map(|pod| pod["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["llama-shard-0"]);
+    let status = written_status(&calls);
+    assert_eq!(node_of_replica(&status, 0).as_deref(), Some("slow"));
+}
+
 /// A ResourceSlice of the driver for node `name`: device `<name>-g<i>` named `dev-<i>`.
 fn slice(name: &str, gpus: usize) -> CachedSlice {
     let devices: Vec<Value> = (0..gpus)

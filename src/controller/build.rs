@@ -52,7 +52,8 @@ pub(crate) fn build(
         Some(moving) if moving.surge => {
             let capacity = decided
                 .replicas
-                .get(moving.record.replica as usize)
+                .iter()
+                .find(|replica| replica.replica == moving.record.replica)
                 .and_then(|replica| match &replica.outcome {
                     Outcome::Placed { started_with, .. } => started_with.as_ref(),
                     _ => None,

@@ -25,6 +25,15 @@ use tessera_core::api::{
 
 pub(crate) use tessera_core::api::{INSTANCE_LABEL, REPLICA_LABEL};
 
+/// The replica a shard pod belongs to: its label, absent on the first
+/// replica's pods; `None` for a label that is no number.
+pub(crate) fn replica_of(pod: &Pod) -> Option<u32> {
+    match pod.labels().get(REPLICA_LABEL) {
+        None => Some(0),
+        Some(replica) => replica.parse().ok(),
+    }
+}
+
 /// The labels that name a shard's pod and claim: its instance, shard and
 /// (after the first) replica. The agent labels its device metrics with them.
 pub(crate) fn shard_labels(instance: &str, shard: &PlannedShard) -> BTreeMap<String, String> {

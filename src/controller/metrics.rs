@@ -67,13 +67,14 @@ impl ReplicaStates {
         let (planned, with_pods, ready) = match &mi.status {
             None => (0, 0, 0),
             Some(status) => {
-                let planned = status
+                // A smaller count not yet decided leaves more planned than wanted.
+                let planned = (status
                     .plan
                     .iter()
                     .map(|shard| shard.replica)
-                    .filter(|replica| *replica < wanted)
                     .collect::<std::collections::BTreeSet<_>>()
-                    .len() as u32;
+                    .len() as u32)
+                    .min(wanted);
                 let with_pods = status.replicas.min(planned);
                 (planned, with_pods, status.ready_replicas.min(with_pods))
             }

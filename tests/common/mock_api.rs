@@ -32,10 +32,19 @@ pub(crate) type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
 pub(crate) const H100: &str = r#"{"id":"ID","index":I,"vendor":"nvidia","product":"NVIDIA H100 80GB HBM3","memoryTotalBytes":85899345920,"memoryFreeBytes":85000000000,"fp16Tflops":989.0,"memoryBandwidthGbps":3350.0,"temperatureC":40.0,"health":"Healthy"}"#;
 
+/// An RTX 4090: serves fewer requests/s a GPU than an [`H100`].
+pub(crate) const RTX4090: &str = r#"{"id":"ID","index":I,"vendor":"nvidia","product":"NVIDIA GeForce RTX 4090","memoryTotalBytes":25769803776,"memoryFreeBytes":25000000000,"fp16Tflops":165.0,"memoryBandwidthGbps":1008.0,"temperatureC":40.0,"health":"Healthy"}"#;
+
 pub(crate) fn node(name: &str, gpus: usize) -> Node {
+    node_of(name, gpus, H100)
+}
+
+/// A Ready node `name` whose agent publishes `gpus` devices like `device`.
+pub(crate) fn node_of(name: &str, gpus: usize, device: &str) -> Node {
     let devices: Vec<String> = (0..gpus)
         .map(|i| {
-            H100.replace("ID", &format!("{name}-g{i}"))
+            device
+                .replace("ID", &format!("{name}-g{i}"))
                 .replace("\"index\":I", &format!("\"index\":{i}"))
         })
         .collect();

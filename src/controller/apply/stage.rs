@@ -16,7 +16,7 @@ use super::{BindAtOnce, Repair, ReplicaApplied, ShardState};
 use crate::controller::build::Desired;
 use crate::controller::context::{Context, Error, Instance};
 use crate::controller::decide::stage::Decided;
-use crate::controller::desired::{REPLICA_LABEL, headless_service};
+use crate::controller::desired::{headless_service, replica_of};
 use crate::controller::dra::apply::{ShardClaims, claim_of};
 use crate::controller::events::EventNote;
 use crate::controller::hashes::{recorded_pod_hash, replica_pod_hash};
@@ -155,12 +155,10 @@ pub(crate) async fn apply(
             }
         };
     }
-    for (index, (replica_desired, replica)) in
-        desired.pods.iter().zip(&decided.replicas).enumerate()
-    {
+    for (replica_desired, replica) in desired.pods.iter().zip(&decided.replicas) {
         let repair = Repair {
             policy: mi.spec.restart_policy,
-            backoff: backoff(mi, index as u32, replica_desired, now),
+            backoff: backoff(mi, replica.replica, replica_desired, now),
         };
         let replica_desired = (replica_desired.as_slice(), &repair);
         let mut applied = match &shard_claims {
@@ -203,8 +201,8 @@ pub(crate) async fn apply(
     })
 }
 
-/// The pods of replicas past the wanted count, by replica: those a smaller
-/// count removed, to drain. None for an invalid spec (its pods go at once),
+/// The pods of replicas no longer wanted, by replica: those a smaller count
+/// removed, to drain. None for an invalid spec (its pods go at once),
 /// nor pods wanted, evicted or already going.
 fn leaving_replicas(
     decided: &Decided,
@@ -220,13 +218,9 @@ fn leaving_replicas(
     {
         return leaving;
     }
-    let wanted = decided.replicas.len() as u32;
+    let wanted: Vec<u32> = decided.replicas.iter().map(|r| r.replica).collect();
     for (name, pod) in mine {
-        let replica = pod
-            .labels()
-            .get(REPLICA_LABEL)
-            .and_then(|r| r.parse::<u32>().ok());
-        let Some(replica) = replica.filter(|r| *r >= wanted) else {
+        let Some(replica) = replica_of(pod).filter(|r| !wanted.contains(r)) else {
             continue;
         };
         if pod.metadata.deletion_timestamp.is_some()

@@ -1,24 +1,90 @@
-//! How many replicas an instance gets: `spec.replicas`, or with
-//! `serving.replicasFromDemand` as many as `serving.requestsPerSecond` needs
-//! at the latency target, and what each
-//! replica serves there. A Service spreads requests evenly, so `k` replicas
-//! serve `k ×` the slowest one's requests/s; the count grows until they
-//! meet the demand, a replica has no plan or serves nothing at the target,
-//! or the count reaches `DEMAND_REPLICAS.max`, and shrinks (the newest
-//! replicas first) while fewer would still meet it. Pure, like the rest of
-//! the stage.
+//! Which replicas an instance gets: `spec.replicas` of them, or with a
+//! demand as many as it needs at the latency target, and what each replica
+//! serves there. A Service spreads requests evenly, so `k` replicas serve
+//! `k ×` the slowest one's requests/s; the count grows until they meet the
+//! demand, a replica has no plan or serves nothing at the target, or the
+//! count reaches its most, and shrinks (the costliest per request first)
+//! while fewer would still meet it. Replicas keep their numbers; a new one
+//! takes the lowest free number. Pure, like the rest of the stage.
 
 use super::replicas::{Replicas, decide_replicas};
 use super::{PlanDecision, PlanInputs, ReplicaDecision};
 use tessera_core::api::{PlannedShard, ReplicaCapacity, ReplicaCount};
-use tessera_core::sizing::replicas_meeting;
+use tessera_core::sizing::{replicas_meeting, served_together};
 use tessera_core::translate::{placed_capacities, replica_capacity};
 
-/// Every replica's decision, and what each placed one serves at the target.
+/// The wanted replicas by number, each one's decision, and what each
+/// placed one serves at the target, in the order they were decided.
 pub(crate) struct Counted {
+    pub(crate) replicas: Vec<u32>,
     pub(crate) decisions: Vec<ReplicaDecision>,
     pub(crate) capacities: Vec<Option<Predicted>>,
 }
+
+impl Counted {
+    fn len(&self) -> usize {
+        self.replicas.len()
+    }
+
+    fn served(&self) -> Vec<f64> {
+        self.capacities
+            .iter()
+            .map(|predicted| {
+                predicted
+                    .as_ref()
+                    .map_or(0.0, |p| p.capacity.requests_per_second)
+            })
+            .collect()
+    }
+
+    fn truncate(&mut self, count: usize) {
+        self.replicas.truncate(count);
+        self.decisions.truncate(count);
+        self.capacities.truncate(count);
+    }
+
+    fn remove(&mut self, index: usize) {
+        self.replicas.remove(index);
+        self.decisions.remove(index);
+        self.capacities.remove(index);
+    }
+
+    /// Positions from the replica to remove first to the last: one without
+    /// a plan, then the most GPUs per request/s at the target (the cluster
+    /// objective's fewest GPUs; in steps of 1%), then the most GPUs,
+    /// then the highest number.
+    fn costliest_first(&self, replicas: &Replicas<'_>) -> Vec<usize> {
+        let served = self.served();
+        let key = |index: usize| {
+            let plan: &[PlannedShard] = match &self.decisions[index].0 {
+                PlanDecision::Planned(new) => &new.plan,
+                PlanDecision::Keep => replicas.of(self.replicas[index]),
+                PlanDecision::Unsatisfiable { .. } => &[],
+            };
+            let gpus: f64 = plan.iter().map(PlannedShard::gpus).sum();
+            let per_request = gpus / served[index];
+            // Steps of 1%, so figures a rounding apart do not decide.
+            let step = if per_request.is_finite() && per_request > 0.0 {
+                (per_request.ln() / COST_STEP.ln_1p()).round() as i64
+            } else {
+                i64::MAX
+            };
+            (plan.is_empty(), step, gpus, self.replicas[index])
+        };
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (a, b) = (key(a), key(b));
+            b.0.cmp(&a.0)
+                .then(b.1.cmp(&a.1))
+                .then(b.2.total_cmp(&a.2))
+                .then(b.3.cmp(&a.3))
+        });
+        order
+    }
+}
+
+/// Costs per request closer than this share are taken as equal.
+const COST_STEP: f64 = 0.01;
 
 /// What a placed replica serves at the target, with the instance's measured
 /// corrections and without them (what its pods are started with).
@@ -30,78 +96,96 @@ pub(crate) struct Predicted {
 
 /// Decides the replicas: the fixed count, or the count the demand needs
 /// within its bounds. `replicas.current` holds a slot for every replica the
-/// instance may have (`ModelInstanceSpec::most_replicas`), empty for those
-/// it has not.
+/// instance may have or has, empty for those it has not. The replicas that
+/// have a plan stay; a new one takes the lowest free number; fewer remove
+/// the costliest per request first.
 pub(crate) fn decide_count(
     replicas: &Replicas<'_>,
     base: &PlanInputs<'_>,
     count: ReplicaCount,
 ) -> Counted {
-    let most = replicas.current.len() as u32;
-    let first = |count: u32| {
-        let count = count.min(most) as usize;
-        let decided = decide_replicas(
-            &Replicas {
-                current: &replicas.current[..count],
-                ..*replicas
-            },
-            base,
-        );
-        let capacities = capacities(replicas, base, &decided);
+    let most = replicas.spec.most_replicas();
+    let slots = replicas.current.len() as u32;
+    let planned: Vec<u32> = (0..slots).filter(|&r| !replicas.of(r).is_empty()).collect();
+    // The planned replicas, then new ones on the lowest free numbers.
+    let numbers = |count: u32| -> Vec<u32> {
+        let new = (0..)
+            .filter(|r| !planned.contains(r))
+            .take((count as usize).saturating_sub(planned.len()));
+        planned.iter().copied().chain(new).collect()
+    };
+    let fewer = |counted: &mut Counted, count: u32| {
+        while counted.len() > count as usize {
+            let costliest = counted.costliest_first(replicas)[0];
+            counted.remove(costliest);
+        }
+    };
+    let first = |wanted: Vec<u32>| {
+        let decisions = decide_replicas(replicas, &wanted, base);
+        let capacities = capacities(replicas, base, &wanted, &decisions);
         Counted {
-            decisions: decided,
+            replicas: wanted,
+            decisions,
             capacities,
         }
     };
     let (demand, least) = match count {
-        ReplicaCount::Fixed(count) => return first(count),
+        ReplicaCount::Fixed(count) => {
+            let count = count.min(most);
+            let mut counted = first(numbers(count));
+            fewer(&mut counted, count);
+            return counted;
+        }
         ReplicaCount::ForDemand {
             requests_per_second,
             least,
             ..
         } => (requests_per_second, least.clamp(1, most.max(1))),
     };
-    let planned_now = replicas
-        .current
-        .iter()
-        .rposition(|plan| !plan.is_empty())
-        .map_or(1, |last| last as u32 + 1);
-    let mut count = planned_now.clamp(least, most.max(least));
+    let mut counted = first(numbers((planned.len() as u32).max(least)));
+    // A lower `maxReplicas` than there are.
+    fewer(&mut counted, most);
+    // Fewer, the costliest per request first, while the rest still meet it.
+    while counted.len() > least as usize {
+        let served = counted.served();
+        let removable = counted.costliest_first(replicas).into_iter().find(|&out| {
+            let rest: Vec<f64> = (0..served.len())
+                .filter(|&i| i != out)
+                .map(|i| served[i])
+                .collect();
+            served_together(&rest) >= demand
+        });
+        let Some(out) = removable else { break };
+        counted.remove(out);
+    }
+    let kept = counted.len();
     loop {
-        let mut counted = first(count);
-        let served: Vec<f64> = counted
-            .capacities
-            .iter()
-            .map(|predicted| {
-                predicted
-                    .as_ref()
-                    .map_or(0.0, |p| p.capacity.requests_per_second)
-            })
-            .collect();
-        if let Some(enough) = replicas_meeting(demand, &served) {
-            let enough = enough.max(least as usize);
-            counted.decisions.truncate(enough);
-            counted.capacities.truncate(enough);
+        if served_together(&counted.served()) >= demand {
             return counted;
         }
-        // The first replica without a plan says why; those after it would
-        // say the same.
-        if let Some(first_unplaced) = counted
-            .decisions
-            .iter()
-            .position(|(decision, _)| matches!(decision, PlanDecision::Unsatisfiable { .. }))
+        // Fewer of the replicas added here may do; the ones kept above stay.
+        if let Some(enough) = replicas_meeting(demand, &counted.served())
+            && enough > kept
         {
-            counted.decisions.truncate(first_unplaced + 1);
-            counted.capacities.truncate(first_unplaced + 1);
+            counted.truncate(enough);
             return counted;
         }
-        let slowest = served.iter().copied().fold(f64::INFINITY, f64::min);
+        // The first new replica without a plan says why; those after it
+        // would say the same.
+        if let Some(first_unplaced) = (kept..counted.len())
+            .find(|&i| matches!(counted.decisions[i].0, PlanDecision::Unsatisfiable { .. }))
+        {
+            counted.truncate(first_unplaced + 1);
+            return counted;
+        }
+        let slowest = counted.served().into_iter().fold(f64::INFINITY, f64::min);
+        let count = counted.len() as u32;
         if count >= most || slowest <= 0.0 || !slowest.is_finite() {
             return counted;
         }
         // Replicas like the slowest, at least one more.
         let needed = (demand / slowest).ceil().min(f64::from(most)) as u32;
-        count = needed.clamp(count + 1, most);
+        counted = first(numbers(needed.clamp(count + 1, most)));
     }
 }
 
@@ -110,15 +194,16 @@ pub(crate) fn decide_count(
 fn capacities(
     replicas: &Replicas<'_>,
     base: &PlanInputs<'_>,
+    wanted: &[u32],
     decided: &[ReplicaDecision],
 ) -> Vec<Option<Predicted>> {
-    decided
+    wanted
         .iter()
-        .enumerate()
-        .map(|(index, (decision, _))| {
+        .zip(decided)
+        .map(|(&replica, (decision, _))| {
             let plan: &[PlannedShard] = match decision {
                 PlanDecision::Planned(new) => &new.plan,
-                PlanDecision::Keep => replicas.current.get(index)?,
+                PlanDecision::Keep => replicas.of(replica),
                 PlanDecision::Unsatisfiable { .. } => return None,
             };
             let shards: Vec<&PlannedShard> = plan.iter().collect();
@@ -144,6 +229,189 @@ mod tests {
     use super::*;
     use crate::controller::held::Held;
     use crate::controller::testkit::*;
+
+    /// Decides `spec` with `current` as the replicas' plans (a slot each).
+    fn count_with(
+        spec: &str,
+        nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>],
+        current: &[Vec<PlannedShard>],
+        measured: Option<f64>,
+    ) -> Counted {
+        let spec = instance("m", spec).spec;
+        let mut slots = current.to_vec();
+        let most = spec.most_replicas() as usize;
+        slots.resize(slots.len().max(most), Vec::new());
+        let held = Held::new();
+        let hash = crate::controller::hashes::placement_hash(&spec);
+        let replicas = Replicas {
+            spec: &spec,
+            tolerations: &[],
+            current: &slots,
+            placement_hash: Some(&hash),
+            keep_when_unsatisfiable: false,
+            failed_admission: &[],
+            known_unsatisfiable: &[],
+        };
+        decide_count(
+            &replicas,
+            &inputs(nodes, &held),
+            spec.replica_count(measured),
+        )
+    }
+
+    fn plan_of(decision: &ReplicaDecision) -> &[PlannedShard] {
+        match &decision.0 {
+            PlanDecision::Planned(new) => &new.plan,
+            other => panic!("expected a new plan, got {other:?}"),
+        }
+    }
+
+    /// Replica 0 on the RTX 4090 (a GPU serving fewer requests/s), replica
+    /// 1 on the H100: the costlier per request is not the highest number.
+    fn slow_first(
+        nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>],
+    ) -> Vec<Vec<PlannedShard>> {
+        let both = count_with(&format!("{SMALL}\nreplicas: 2"), nodes, &[], None);
+        let mut plans: Vec<Vec<PlannedShard>> =
+            both.decisions.iter().map(|d| plan_of(d).to_vec()).collect();
+        plans.sort_by_key(|plan| plan[0].node != "slow");
+        for (replica, plan) in (0..).zip(&mut plans) {
+            for shard in plan.iter_mut() {
+                shard.replica = replica;
+            }
+        }
+        assert_eq!(plans[0][0].node, "slow");
+        assert_eq!(plans[1][0].node, "fast");
+        plans
+    }
+
+    #[test]
+    fn fewer_replicas_remove_the_costliest_per_request_and_more_take_the_lowest_free_number() {
+        let nodes = infos(&[node("slow", 1, RTX4090), node("fast", 1, H100)]);
+        let current = slow_first(&nodes);
+        let one = count_with(&format!("{SMALL}\nreplicas: 1"), &nodes, &current, None);
+        assert_eq!(one.replicas, [1], "the replica on the RTX 4090 goes");
+        assert_eq!(one.decisions[0].0, PlanDecision::Keep);
+
+        // Back to two: replica 1 stays as it is, a new replica 0 takes the
+        // GPU left.
+        let kept = vec![Vec::new(), current[1].clone()];
+        let two = count_with(&format!("{SMALL}\nreplicas: 2"), &nodes, &kept, None);
+        assert_eq!(two.replicas, [1, 0]);
+        assert_eq!(two.decisions[0].0, PlanDecision::Keep);
+        let new = plan_of(&two.decisions[1]);
+        assert!(
+            new.iter().all(|s| s.replica == 0 && s.node == "slow"),
+            "{new:?}"
+        );
+
+        // Equal GPUs serving equally: the highest number goes.
+        let nodes = infos(&[node("slow", 1, H100), node("fast", 1, H100)]);
+        let current = slow_first(&nodes);
+        let one = count_with(&format!("{SMALL}\nreplicas: 1"), &nodes, &current, None);
+        assert_eq!(one.replicas, [0]);
+    }
+
+    #[test]
+    fn a_smaller_measured_demand_removes_the_costliest_per_request_first() {
+        let nodes = infos(&[node("slow", 1, RTX4090), node("fast", 1, H100)]);
+        let current = slow_first(&nodes);
+        let spec =
+            format!("{SMALL}\nserving: {{demand: Measured, minReplicas: 1, maxReplicas: 2}}");
+        let fast = served(&count_with(&spec, &nodes, &current, Some(0.0)));
+        let one = count_with(&spec, &nodes, &current, Some(0.0));
+        assert_eq!(one.replicas, [1], "{fast:?}");
+        // A demand the H100 alone does not serve keeps both.
+        let each = served(&count_with(&spec, &nodes, &current, Some(1e6)));
+        let both = count_with(&spec, &nodes, &current, Some(each[1] * 1.5));
+        assert_eq!(both.replicas, [0, 1], "{each:?}");
+    }
+
+    /// The replicas of `counted` as the next reconcile finds them: a slot
+    /// per number, its plan (kept or new) in it.
+    fn as_current(counted: &Counted, before: &[Vec<PlannedShard>]) -> Vec<Vec<PlannedShard>> {
+        let mut slots = vec![Vec::new(); 8];
+        for (replica, decision) in counted.replicas.iter().zip(&counted.decisions) {
+            slots[*replica as usize] = match &decision.0 {
+                PlanDecision::Planned(new) => new.plan.clone(),
+                PlanDecision::Keep => before[*replica as usize].clone(),
+                PlanDecision::Unsatisfiable { .. } => Vec::new(),
+            };
+        }
+        slots
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// Any count after any other: the replicas that stay keep their
+        /// plans and numbers, new ones take the lowest free numbers, and
+        /// none that goes serves a request on fewer GPUs than one that stays.
+        #[test]
+        fn replicas_keep_their_numbers_and_the_costliest_go(
+            counts in proptest::collection::vec(1u32..=4, 2..5)
+        ) {
+            let nodes = infos(&[
+                node("slow-a", 1, RTX4090),
+                node("fast-a", 1, H100),
+                node("slow-b", 1, RTX4090),
+                node("fast-b", 1, H100),
+            ]);
+            let mut current: Vec<Vec<PlannedShard>> = vec![Vec::new(); 8];
+            for count in counts {
+                let before: BTreeSet<u32> = (0..8u32)
+                    .filter(|r| !current[*r as usize].is_empty())
+                    .collect();
+                let counted =
+                    count_with(&format!("{SMALL}\nreplicas: {count}"), &nodes, &current, None);
+                let after: BTreeSet<u32> = counted.replicas.iter().copied().collect();
+                proptest::prop_assert_eq!(after.len(), counted.replicas.len(), "unique numbers");
+                proptest::prop_assert_eq!(after.len(), count as usize);
+                for (replica, decision) in counted.replicas.iter().zip(&counted.decisions) {
+                    if before.contains(replica) {
+                        proptest::prop_assert_eq!(&decision.0, &PlanDecision::Keep);
+                    }
+                }
+                let added: Vec<u32> = after.difference(&before).copied().collect();
+                let free: Vec<u32> = (0..8u32)
+                    .filter(|r| !before.contains(r))
+                    .take(added.len())
+                    .collect();
+                proptest::prop_assert_eq!(added, free, "the lowest free numbers");
+                let cost = |replica: u32| {
+                    let index = counted.replicas.iter().position(|r| *r == replica);
+                    let plan = &current[replica as usize];
+                    let served = match index {
+                        Some(i) => served(&counted)[i],
+                        None => plan_served(&nodes, plan),
+                    };
+                    plan.iter().map(PlannedShard::gpus).sum::<f64>() / served
+                };
+                for gone in before.difference(&after) {
+                    for stays in after.intersection(&before) {
+                        proptest::prop_assert!(
+                            cost(*gone) >= cost(*stays) * (1.0 - 2.0 * COST_STEP),
+                            "replica {} went, {} stayed", gone, stays
+                        );
+                    }
+                }
+                current = as_current(&counted, &current);
+            }
+        }
+    }
+
+    /// Requests/s one replica's plan serves at SMALL's target.
+    fn plan_served(
+        nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>],
+        plan: &[PlannedShard],
+    ) -> f64 {
+        let alone = count_with(
+            &format!("{SMALL}\nreplicas: 1"),
+            nodes,
+            &[plan.to_vec()],
+            None,
+        );
+        served(&alone)[0]
+    }
 
     fn count(spec: &str, nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>]) -> Counted {
         count_for(spec, nodes, None)

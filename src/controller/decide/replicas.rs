@@ -1,5 +1,5 @@
-//! The decide stage for every replica of an instance. Each replica is
-//! decided with the devices of the others taken (the earlier ones as just
+//! The decide stage for every wanted replica of an instance. Each replica
+//! is decided with the devices of the others taken (the earlier ones as just
 //! decided, the later ones as they stand) and their nodes known, so replicas
 //! never share a device and `spread` can keep them apart. Pure, as the rest
 //! of the stage: the reconcile runs it off the async workers.
@@ -17,8 +17,9 @@ use tessera_core::placement::Unsatisfiable;
 pub struct Replicas<'a> {
     pub(crate) spec: &'a ModelInstanceSpec,
     pub(crate) tolerations: &'a [Toleration],
-    /// Each wanted replica's current shards (none for a new replica); its
-    /// length is the number of replicas wanted.
+    /// Each replica's current shards by its number, a slot for every
+    /// replica the instance may have (`ModelInstanceSpec::most_replicas`),
+    /// empty for one it has not.
     pub(crate) current: &'a [Vec<PlannedShard>],
     /// The placement hash the current plan was made for.
     pub(crate) placement_hash: Option<&'a str>,
@@ -28,21 +29,36 @@ pub struct Replicas<'a> {
     /// `(replica, shard)` of the pods that failed admission on their planned
     /// devices.
     pub(crate) failed_admission: &'a [(u32, u32)],
-    /// Each replica's last unsatisfiable attempt, by replica.
+    /// Each replica's last unsatisfiable attempt, by its number.
     pub(crate) known_unsatisfiable: &'a [Option<(u64, Unsatisfiable)>],
+}
+
+impl Replicas<'_> {
+    /// Replica `replica`'s current shards (none past the slots).
+    pub(crate) fn of(&self, replica: u32) -> &[PlannedShard] {
+        self.current
+            .get(replica as usize)
+            .map_or(&[], Vec::as_slice)
+    }
 }
 
 /// A replica's decision and, when it keeps a plan it cannot repair, the
 /// shards that are broken and why.
 pub type ReplicaDecision = (PlanDecision, BTreeMap<u32, String>);
 
-/// Decides every replica in order. `base` gives the cluster (nodes, what
-/// others hold, the time and limits); its replica fields are set here.
-pub fn decide_replicas(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Vec<ReplicaDecision> {
-    let mut plans: Vec<Vec<PlannedShard>> = replicas.current.to_vec();
+/// Decides the `wanted` replicas (by number) in that order. `base` gives the
+/// cluster (nodes, what others hold, the time and limits); its replica
+/// fields are set here.
+pub fn decide_replicas(
+    replicas: &Replicas<'_>,
+    wanted: &[u32],
+    base: &PlanInputs<'_>,
+) -> Vec<ReplicaDecision> {
+    let mut plans: Vec<Vec<PlannedShard>> =
+        wanted.iter().map(|&r| replicas.of(r).to_vec()).collect();
     let mut decisions = Vec::with_capacity(plans.len());
-    for (index, own) in replicas.current.iter().enumerate() {
-        let replica = index as u32;
+    for (index, &replica) in wanted.iter().enumerate() {
+        let own = replicas.of(replica);
         let others: Vec<&PlannedShard> = plans
             .iter()
             .enumerate()
@@ -71,7 +87,7 @@ pub fn decide_replicas(replicas: &Replicas<'_>, base: &PlanInputs<'_>) -> Vec<Re
             max_steps: base.max_steps,
             known_unsatisfiable: replicas
                 .known_unsatisfiable
-                .get(index)
+                .get(replica as usize)
                 .and_then(Option::as_ref),
             replica,
             replica_nodes: &replica_nodes,
@@ -142,7 +158,8 @@ mod tests {
                 failed_admission: &[],
                 known_unsatisfiable: &[],
             };
-            decide_replicas(&replicas, &inputs(nodes, &held))
+            let wanted: Vec<u32> = (0..self.current.len() as u32).collect();
+            decide_replicas(&replicas, &wanted, &inputs(nodes, &held))
         }
     }
 

@@ -17,7 +17,7 @@ use super::measured_demand::{Followed, follow};
 use super::{Counted, PlanDecision, PlanInputs, Replicas, decide_count};
 use crate::controller::apply;
 use crate::controller::context::{Context, Error, Instance};
-use crate::controller::desired::REPLICA_LABEL;
+use crate::controller::desired::replica_of;
 use crate::controller::events::{EventNote, plan_notes, unsatisfiable_text};
 use crate::controller::held::Held;
 use crate::controller::lock;
@@ -29,13 +29,14 @@ use crate::controller::room_wakes::waiting_instances;
 use crate::controller::status::{Outcome, PLACED};
 use tessera_core::api::{
     DEVICES_ANNOTATION, InvalidSpec, ModelInstance, ModelInstanceStatus, PlannedShard,
-    ReplicaCount, SHARD_ANNOTATION,
+    ReplicaCount, SHARD_ANNOTATION, limits,
 };
 use tessera_core::measure::correction::Observation;
 use tessera_core::placement::Unsatisfiable;
 
 /// What validate and decide settled on: one entry per wanted replica, in
-/// replica order (a single entry for all of them when the spec is invalid).
+/// the order they were decided (a single entry for all of them when the
+/// spec is invalid).
 pub(crate) struct Decided {
     pub(crate) replicas: Vec<ReplicaDecided>,
     /// A replica being moved, when one is.
@@ -51,6 +52,8 @@ pub(crate) struct Decided {
 
 /// One replica's outcome.
 pub(crate) struct ReplicaDecided {
+    /// Its number: its pods' names and labels carry it.
+    pub(crate) replica: u32,
     pub(crate) outcome: Outcome,
     /// Shards of a degraded plan that lost their devices, with why: kept in
     /// the plan, but no pod is made for them.
@@ -90,6 +93,7 @@ pub(crate) fn refuse(
     }
     Decided {
         replicas: vec![ReplicaDecided {
+            replica: 0,
             outcome: Outcome::Invalid {
                 problems: invalid.problems,
             },
@@ -128,16 +132,23 @@ pub(crate) async fn plan(
             .spec
             .replica_count(followed.as_ref().and_then(|d| d.planned)),
     };
-    // Slots for every replica the instance may have; the decision says how
-    // many it gets (the fixed count, or what the demand needs).
-    let most = mi.spec.most_replicas();
     let current_plan: Vec<PlannedShard> = previous.map(|s| s.plan.clone()).unwrap_or_default();
+    // Slots for every replica the instance may have or has (a smaller count
+    // chooses which go); the decision says how many it gets (the fixed
+    // count, or what the demand needs).
+    let slots = current_plan
+        .iter()
+        .map(|shard| shard.replica)
+        // A number no count reaches (a status edited by hand) is no slot.
+        .filter(|replica| *replica < limits::REPLICAS.max)
+        .map(|replica| replica + 1)
+        .fold(mi.spec.most_replicas(), u32::max);
     let failed = failed_admissions(&observed.mine, &current_plan);
     let known: Vec<Option<(u64, Unsatisfiable)>> = {
         let mut cache = lock(&ctx.unsatisfiable);
         // Replicas scaled away leave nothing behind.
-        cache.retain(|(uid, replica), _| uid != &instance.uid || *replica < most);
-        (0..most)
+        cache.retain(|(uid, replica), _| uid != &instance.uid || *replica < slots);
+        (0..slots)
             .map(|replica| cache.get(&(instance.uid.clone(), replica)).cloned())
             .collect()
     };
@@ -147,7 +158,7 @@ pub(crate) async fn plan(
     // shards keeps the rest.
     let keep = current_hash.as_deref() == Some(instance.placement_hash.as_str());
     // Each wanted replica's current shards, split once.
-    let by_replica: Vec<Vec<PlannedShard>> = (0..most)
+    let by_replica: Vec<Vec<PlannedShard>> = (0..slots)
         .map(|replica| replica_plan(&current_plan, replica))
         .collect();
     let held_by_others = held.clone();
@@ -182,16 +193,20 @@ pub(crate) async fn plan(
     };
     let planning = Instant::now();
     let Counted {
+        replicas: numbers,
         decisions,
         capacities,
     } = tokio::task::spawn_blocking(job)
         .await
         .map_err(|e| Error::Planning(e.to_string()))?;
     let wanted = decisions.len();
-    let kept: Vec<bool> = decisions
-        .iter()
-        .map(|(decision, _)| *decision == PlanDecision::Keep)
-        .collect();
+    // By replica number: whether a wanted replica keeps its plan.
+    let mut kept = vec![false; by_replica.len()];
+    for (replica, (decision, _)) in numbers.iter().zip(&decisions) {
+        if let Some(slot) = kept.get_mut(*replica as usize) {
+            *slot = *decision == PlanDecision::Keep;
+        }
+    }
     if decisions
         .iter()
         .any(|(decision, _)| *decision != PlanDecision::Keep)
@@ -200,18 +215,19 @@ pub(crate) async fn plan(
             .plan_seconds
             .observe(planning.elapsed().as_secs_f64());
     }
-    let mut replicas: Vec<ReplicaDecided> = decisions
+    let mut replicas: Vec<ReplicaDecided> = numbers
         .into_iter()
-        .zip(capacities)
-        .enumerate()
-        .map(|(index, ((decision, broken), capacity))| {
-            let replica = index as u32;
+        .zip(decisions.into_iter().zip(capacities))
+        .map(|(replica, ((decision, broken), capacity))| {
             let mut replica_notes = Vec::new();
             let decided = replica_decided(
                 ctx,
                 (instance, replica),
                 previous,
-                by_replica[index].clone(),
+                by_replica
+                    .get(replica as usize)
+                    .cloned()
+                    .unwrap_or_default(),
                 (decision, broken, capacity),
                 keep,
                 &mut replica_notes,
@@ -287,7 +303,7 @@ fn move_step(
         && let Some(ReplicaDecided {
             outcome: Outcome::Placed { plan, .. },
             ..
-        }) = replicas.get_mut(replica as usize)
+        }) = replicas.iter_mut().find(|r| r.replica == replica)
     {
         *plan = to;
     }
@@ -339,6 +355,7 @@ fn replica_decided(
     };
     match decision {
         PlanDecision::Keep => ReplicaDecided {
+            replica,
             outcome: Outcome::Placed {
                 // Kept plans keep their prediction; one replica's share of the total.
                 tokens_per_second: previous
@@ -375,6 +392,7 @@ fn replica_decided(
                 });
             }
             ReplicaDecided {
+                replica,
                 outcome: Outcome::Placed {
                     plan: new.plan,
                     tokens_per_second: new.tokens_per_second,
@@ -401,6 +419,7 @@ fn replica_decided(
             }
             lock(&ctx.unsatisfiable).insert(key, (tried, explanation));
             ReplicaDecided {
+                replica,
                 outcome: Outcome::Unsatisfiable {
                     explanation: text,
                     plan: if keep { current_plan } else { Vec::new() },
@@ -436,7 +455,7 @@ fn failed_admissions(
     mine.values()
         .filter(|p| apply::failed_admission(p))
         .filter_map(|p| {
-            let (replica, shard) = (replica_of(p), shard_of(p)?);
+            let (replica, shard) = (replica_of(p)?, shard_of(p)?);
             let planned = current_plan
                 .iter()
                 .find(|s| s.replica == replica && s.shard == shard)?;
@@ -452,12 +471,4 @@ fn shard_of(pod: &Pod) -> Option<u32> {
         .as_ref()
         .and_then(|a| a.get(SHARD_ANNOTATION))
         .and_then(|s| s.parse().ok())
-}
-
-/// The replica a shard pod belongs to (the first one's carry no label).
-fn replica_of(pod: &Pod) -> u32 {
-    pod.labels()
-        .get(REPLICA_LABEL)
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0)
 }

@@ -46,11 +46,10 @@ pub(crate) fn for_blocked(
     let unplaced = decided
         .replicas
         .iter_mut()
-        .enumerate()
-        .find_map(|(index, r)| match &mut r.outcome {
+        .find_map(|r| match &mut r.outcome {
             Outcome::Unsatisfiable {
                 explanation, plan, ..
-            } if plan.is_empty() => Some((index as u32, explanation)),
+            } if plan.is_empty() => Some((r.replica, explanation)),
             _ => None,
         });
     let Some((replica, explanation)) = unplaced else {

@@ -9,11 +9,12 @@ use std::collections::BTreeSet;
 use super::{ConditionText, ShardCounts, Verdict};
 use tessera_core::api::Phase;
 
-pub(super) fn verdict(mut replicas: Vec<(Verdict, ShardCounts)>) -> Verdict {
+/// `numbers` holds each replica's number, in the order of `replicas`.
+pub(super) fn verdict(mut replicas: Vec<(Verdict, ShardCounts)>, numbers: &[u32]) -> Verdict {
     match replicas.len() {
         0 => scaled_to_zero(),
         1 => replicas.remove(0).0,
-        _ => several(replicas),
+        _ => several(replicas, numbers),
     }
 }
 
@@ -41,7 +42,7 @@ fn rank(phase: Phase) -> u8 {
     }
 }
 
-fn several(replicas: Vec<(Verdict, ShardCounts)>) -> Verdict {
+fn several(replicas: Vec<(Verdict, ShardCounts)>, numbers: &[u32]) -> Verdict {
     let total = replicas.len();
     let placed_count = replicas
         .iter()
@@ -58,9 +59,9 @@ fn several(replicas: Vec<(Verdict, ShardCounts)>) -> Verdict {
     let first = |wanted: &dyn Fn(&Verdict) -> bool| {
         replicas
             .iter()
-            .enumerate()
-            .find(|(_, (verdict, _))| wanted(verdict))
-            .map(|(index, (verdict, _))| (index, verdict))
+            .zip(numbers)
+            .find(|((verdict, _), _)| wanted(verdict))
+            .map(|((verdict, _), number)| (number, verdict))
     };
 
     let placed: ConditionText = match first(&|verdict| verdict.placed.0 != "True") {

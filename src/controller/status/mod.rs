@@ -74,6 +74,8 @@ impl Outcome {
 
 /// One replica's outcome and the states of its shards (in shard order).
 pub(crate) struct ReplicaStatus<'a> {
+    /// The replica's number.
+    pub(crate) replica: u32,
     pub(crate) outcome: &'a Outcome,
     pub(crate) shards: &'a [ShardState],
 }
@@ -111,16 +113,13 @@ pub(crate) struct StatusInputs<'a> {
 }
 
 pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
+    let numbers: Vec<u32> = inputs.replicas.iter().map(|r| r.replica).collect();
     let replicas: Vec<(Verdict, ShardCounts)> = inputs
         .replicas
         .iter()
-        .enumerate()
-        .map(|(index, replica)| {
+        .map(|replica| {
             let counts = ShardCounts::of(replica.shards);
-            (
-                replica_verdict(index as u32, replica, &counts, inputs),
-                counts,
-            )
+            (replica_verdict(replica, &counts, inputs), counts)
         })
         .collect();
     let replica_count = replicas.len() as u32;
@@ -153,13 +152,13 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
     let replica_predictions = replicas
         .iter()
         .zip(&capacities)
-        .enumerate()
-        .filter_map(|(index, ((verdict, _), capacity))| {
+        .zip(&numbers)
+        .filter_map(|(((verdict, _), capacity), &replica)| {
             Some(ReplicaPrediction {
-                replica: index as u32,
+                replica,
                 tokens_per_second: tenths(verdict.tokens_per_second?),
                 capacity: capacity.cloned(),
-                measured: measured.replicas.remove(&(index as u32)),
+                measured: measured.replicas.remove(&replica),
             })
         })
         .collect();
@@ -170,7 +169,7 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
     } else {
         instance_capacity(&placed_capacities, inputs.demand)
     };
-    let verdict = merge::verdict(replicas);
+    let verdict = merge::verdict(replicas, &numbers);
     let previous_conditions = inputs
         .previous
         .map(|status| status.conditions.as_slice())
@@ -182,7 +181,12 @@ pub(crate) fn compute(inputs: &StatusInputs) -> ModelInstanceStatus {
     ]
     .into_iter()
     .chain(replica_failure(inputs))
-    .chain(demand_met(inputs, capacity.as_ref(), &capacities, &ready))
+    .chain(demand_met(
+        inputs,
+        capacity.as_ref(),
+        (&numbers, &capacities),
+        &ready,
+    ))
     .chain(
         inputs
             .cordoned
@@ -281,7 +285,7 @@ fn replica_failure(inputs: &StatusInputs) -> Option<(&'static str, ConditionText
 fn demand_met(
     inputs: &StatusInputs,
     capacity: Option<&InstanceCapacity>,
-    per_replica: &[Option<&ReplicaCapacity>],
+    (numbers, per_replica): (&[u32], &[Option<&ReplicaCapacity>]),
     ready: &[bool],
 ) -> Option<(&'static str, ConditionText)> {
     let demand = inputs.demand?;
@@ -323,9 +327,9 @@ fn demand_met(
             ),
         ));
     }
-    let why = per_replica
+    let why = numbers
         .iter()
-        .enumerate()
+        .zip(per_replica)
         .find_map(|(index, capacity)| match capacity {
             None => Some(format!("replica {index} has no plan or no prediction")),
             Some(c) => c
@@ -352,12 +356,7 @@ fn demand_met(
 }
 
 /// One replica's verdict from its outcome and shards.
-fn replica_verdict(
-    replica: u32,
-    status: &ReplicaStatus,
-    counts: &ShardCounts,
-    inputs: &StatusInputs,
-) -> Verdict {
+fn replica_verdict(status: &ReplicaStatus, counts: &ShardCounts, inputs: &StatusInputs) -> Verdict {
     match status.outcome {
         Outcome::Invalid { problems } => invalid(problems),
         Outcome::Unsatisfiable {
@@ -374,7 +373,7 @@ fn replica_verdict(
             // Only a replica that had pods before can have been serving.
             let had_plan = inputs
                 .previous
-                .is_some_and(|status| status.plan.iter().any(|s| s.replica == replica));
+                .is_some_and(|previous| previous.plan.iter().any(|s| s.replica == status.replica));
             placed(
                 plan,
                 *tokens_per_second,
@@ -645,7 +644,11 @@ mod tests {
             previous,
             generation: Some(3),
             placement_hash: Some("h".into()),
-            replicas: &[ReplicaStatus { outcome, shards }],
+            replicas: &[ReplicaStatus {
+                replica: 0,
+                outcome,
+                shards,
+            }],
             selector: None,
             restarts: Vec::new(),
             waiting: Vec::new(),
@@ -748,6 +751,7 @@ mod tests {
                 generation: Some(3),
                 placement_hash: Some("h".into()),
                 replicas: &[ReplicaStatus {
+                    replica: 0,
                     outcome: &outcome,
                     shards,
                 }],
@@ -793,7 +797,12 @@ mod tests {
     ) -> ModelInstanceStatus {
         let statuses: Vec<ReplicaStatus> = replicas
             .iter()
-            .map(|(outcome, shards)| ReplicaStatus { outcome, shards })
+            .zip(0..)
+            .map(|((outcome, shards), replica)| ReplicaStatus {
+                replica,
+                outcome,
+                shards,
+            })
             .collect();
         compute(&StatusInputs {
             previous,
@@ -952,10 +961,12 @@ mod tests {
                 placement_hash: Some("h".into()),
                 replicas: &[
                     ReplicaStatus {
+                        replica: 0,
                         outcome: &first,
                         shards: &shards,
                     },
                     ReplicaStatus {
+                        replica: 1,
                         outcome: &second,
                         shards: second_shards,
                     },

@@ -28,6 +28,7 @@ pub(crate) async fn write_status(
         .iter()
         .zip(&applied.replicas)
         .map(|(replica, applied)| ReplicaStatus {
+            replica: replica.replica,
             outcome: &replica.outcome,
             shards: &applied.states,
         })

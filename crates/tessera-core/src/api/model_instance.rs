@@ -1066,6 +1066,15 @@ impl PlannedShard {
     pub fn layers(&self) -> String {
         layer_range(self.layer_start, self.layer_end)
     }
+
+    /// The GPUs the shard holds: its devices, a memory share as its
+    /// fraction of the GPU.
+    pub fn gpus(&self) -> f64 {
+        match &self.share {
+            Some(share) if share.kind == ShareKind::Memory => share.memory_fraction.unwrap_or(1.0),
+            _ => self.devices.len() as f64,
+        }
+    }
 }
 
 /// Layers `start` to `end` (exclusive, as the API keeps them) as people read

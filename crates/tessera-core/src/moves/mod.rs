@@ -62,15 +62,7 @@ impl RunningReplica<'_> {
 
     /// GPUs it holds, a memory share as its fraction of the GPU.
     pub(crate) fn gpus(&self) -> f64 {
-        self.shards
-            .iter()
-            .map(|shard| match &shard.share {
-                Some(share) if share.kind == crate::api::ShareKind::Memory => {
-                    share.memory_fraction.unwrap_or(1.0)
-                }
-                _ => shard.devices.len() as f64,
-            })
-            .sum()
+        self.shards.iter().map(PlannedShard::gpus).sum()
     }
 
     /// What moving it costs: its GPUs, half for a replica not yet serving.
