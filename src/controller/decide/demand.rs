@@ -423,23 +423,7 @@ mod tests {
         nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>],
         measured: Option<f64>,
     ) -> Counted {
-        let spec = instance("m", spec).spec;
-        let current = vec![Vec::new(); spec.most_replicas() as usize];
-        let held = Held::new();
-        let replicas = Replicas {
-            spec: &spec,
-            tolerations: &[],
-            current: &current,
-            placement_hash: None,
-            keep_when_unsatisfiable: false,
-            failed_admission: &[],
-            known_unsatisfiable: &[],
-        };
-        decide_count(
-            &replicas,
-            &inputs(nodes, &held),
-            spec.replica_count(measured),
-        )
+        count_with(spec, nodes, &[], measured)
     }
 
     fn served(counted: &Counted) -> Vec<f64> {
