@@ -337,7 +337,7 @@ async fn admit(pods: &Api<Pod>, name: &str) {
 
 /// Scales the one-GPU `served` instance through `/scale`: up, past what the
 /// test nodes hold (the placed replicas stay, the rest wait with a reason),
-/// and down to one (the newest replicas go).
+/// and down to one (the costliest per request go).
 async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &str, run: &str) {
     let mut served = example("llama-7b.yaml", ns, run);
     served.metadata.name = Some("served".into());
@@ -414,7 +414,35 @@ async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &st
         );
     }
 
-    // Down to one: replicas 1.. go, replica 0 stays as it was.
+    // Down to one: the replica that serves the most requests/s on its one
+    // GPU stays as it was (the lowest number of those within 1%), the
+    // costlier ones go.
+    let placed = instances
+        .get("served")
+        .await
+        .expect("GET served")
+        .status
+        .expect("served's status")
+        .replica_predictions;
+    let best = placed
+        .iter()
+        .filter_map(|p| p.capacity.as_ref().map(|c| c.requests_per_second))
+        .fold(0.0, f64::max);
+    let stays = placed
+        .iter()
+        .filter(|p| {
+            p.capacity
+                .as_ref()
+                .is_some_and(|c| c.requests_per_second >= best * 0.99)
+        })
+        .map(|p| p.replica)
+        .min()
+        .expect("a placed replica with a capacity");
+    let stays_pod = match stays {
+        0 => "served-shard-0".to_string(),
+        r => format!("served-r{r}-shard-0"),
+    };
+    let before = bound_pods(pods, "served").await.expect("pods");
     instances
         .patch_scale("served", &PatchParams::default(), &Patch::Merge(&patch(1)))
         .await
@@ -430,11 +458,15 @@ async fn scale_replicas(instances: &Api<ModelInstance>, pods: &Api<Pod>, ns: &st
         (left.items.len() == 1).then_some(())
     })
     .await;
+    let mi = instances.get("served").await.expect("GET served");
+    let plan = mi.status.expect("served's status").plan;
+    assert_eq!(plan[0].replica, stays, "{placed:?}");
     let left = bound_pods(pods, "served").await.expect("pods");
+    assert!(before.contains_key(&stays_pod), "{before:?}");
     assert_eq!(
-        left.get("served-shard-0"),
-        three.get("served-shard-0"),
-        "replica 0 was recreated while scaling down"
+        left.get(&stays_pod),
+        before.get(&stays_pod),
+        "replica {stays} was recreated while scaling down"
     );
 }
 
