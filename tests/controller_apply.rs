@@ -1009,6 +1009,8 @@ async fn scaling_down_removes_the_costliest_replica_per_request_whatever_its_num
     assert_eq!(names, ["llama-shard-0"]);
     let status = written_status(&calls);
     assert_eq!(node_of_replica(&status, 0).as_deref(), Some("slow"));
+    let order: Vec<u32> = status.plan.iter().map(|s| s.replica).collect();
+    assert_eq!(order, [0, 1], "the plan lists replicas by number");
 }
 
 /// A ResourceSlice of the driver for node `name`: device `<name>-g<i>` named `dev-<i>`.

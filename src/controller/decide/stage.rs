@@ -34,9 +34,8 @@ use tessera_core::api::{
 use tessera_core::measure::correction::Observation;
 use tessera_core::placement::Unsatisfiable;
 
-/// What validate and decide settled on: one entry per wanted replica, in
-/// the order they were decided (a single entry for all of them when the
-/// spec is invalid).
+/// What validate and decide settled on: one entry per wanted replica, by
+/// its number (a single entry for all of them when the spec is invalid).
 pub(crate) struct Decided {
     pub(crate) replicas: Vec<ReplicaDecided>,
     /// A replica being moved, when one is.
@@ -241,6 +240,8 @@ pub(crate) async fn plan(
             decided
         })
         .collect();
+    // A new replica may take a number below those that stay.
+    replicas.sort_by_key(|r| r.replica);
     let moving = move_step(
         ctx,
         (mi, instance),
