@@ -18,8 +18,8 @@ pub struct Replicas<'a> {
     pub(crate) spec: &'a ModelInstanceSpec,
     pub(crate) tolerations: &'a [Toleration],
     /// Each replica's current shards by its number, a slot for every
-    /// replica the instance may have (`ModelInstanceSpec::most_replicas`),
-    /// empty for one it has not.
+    /// replica the instance may have (`ModelInstanceSpec::most_replicas`) or
+    /// still has, empty for one it has not.
     pub(crate) current: &'a [Vec<PlannedShard>],
     /// The placement hash the current plan was made for.
     pub(crate) placement_hash: Option<&'a str>,
