@@ -2,6 +2,7 @@
 //! for a new instance (Service, shard pod, binding, status, events), retries
 //! of conflicts and server errors, and no writes at all for a settled one.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1011,6 +1012,69 @@ async fn scaling_down_removes_the_costliest_replica_per_request_whatever_its_num
     assert_eq!(node_of_replica(&status, 0).as_deref(), Some("slow"));
     let order: Vec<u32> = status.plan.iter().map(|s| s.replica).collect();
     assert_eq!(order, [0, 1], "the plan lists replicas by number");
+}
+
+#[tokio::test]
+async fn a_replica_number_added_again_is_told_again_why_it_waits() {
+    let (service, mut api) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let mi = with_replicas(2);
+    // One controller throughout: what it remembers of unsatisfiable attempts
+    // carries from one reconcile to the next.
+    let ctx = context(
+        World {
+            nodes: vec![node("a", 1)],
+            pods: vec![],
+            services: vec![],
+            instances: vec![mi.clone()],
+        },
+        client,
+    );
+    let told = |calls: &[(Method, String, Value)]| {
+        calls
+            .iter()
+            .filter(|(_, path, body)| path.contains("/events") && body["reason"] == "Unsatisfiable")
+            .count()
+    };
+    let mut status = {
+        let calls = serve_reconcile(
+            &mut api,
+            tokio::spawn(reconcile(Arc::new(mi.clone()), ctx.clone())),
+        )
+        .await;
+        written_status(&calls)
+    };
+    // Replica 1 holds the one GPU and replica 0 has none, as numbers stand
+    // once replicas came and went.
+    for shard in &mut status.plan {
+        shard.replica = 1;
+    }
+    let mut reconciled = async |replicas: u32, status: &ModelInstanceStatus| {
+        let mut mi = with_replicas(replicas);
+        mi.status = Some(status.clone());
+        let calls =
+            serve_reconcile(&mut api, tokio::spawn(reconcile(Arc::new(mi), ctx.clone()))).await;
+        let written = calls
+            .iter()
+            .any(|(_, path, _)| path.contains("/modelinstances/") && path.contains("/status?"));
+        let status = if written {
+            written_status(&calls)
+        } else {
+            status.clone()
+        };
+        (told(&calls), status)
+    };
+    let (first, status) = reconciled(2, &status).await;
+    assert_eq!(first, 1, "replica 0 is told why it waits");
+    let (repeated, status) = reconciled(2, &status).await;
+    assert_eq!(repeated, 0, "and not told twice");
+    // Scaled to one, replica 0 (no plan) goes; scaled to two again, the new
+    // replica 0 waits for the same reason, and is told again.
+    let (_, one) = reconciled(1, &status).await;
+    let numbers: BTreeSet<u32> = one.plan.iter().map(|s| s.replica).collect();
+    assert_eq!(numbers, BTreeSet::from([1]));
+    let (again, _) = reconciled(2, &one).await;
+    assert_eq!(again, 1, "replica 0 is told again");
 }
 
 /// A ResourceSlice of the driver for node `name`: device `<name>-g<i>` named `dev-<i>`.

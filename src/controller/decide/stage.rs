@@ -144,9 +144,7 @@ pub(crate) async fn plan(
         .fold(mi.spec.most_replicas(), u32::max);
     let failed = failed_admissions(&observed.mine, &current_plan);
     let known: Vec<Option<(u64, Unsatisfiable)>> = {
-        let mut cache = lock(&ctx.unsatisfiable);
-        // Replicas scaled away leave nothing behind.
-        cache.retain(|(uid, replica), _| uid != &instance.uid || *replica < slots);
+        let cache = lock(&ctx.unsatisfiable);
         (0..slots)
             .map(|replica| cache.get(&(instance.uid.clone(), replica)).cloned())
             .collect()
@@ -198,6 +196,9 @@ pub(crate) async fn plan(
     } = tokio::task::spawn_blocking(job)
         .await
         .map_err(|e| Error::Planning(e.to_string()))?;
+    // Replicas scaled away leave nothing behind.
+    lock(&ctx.unsatisfiable)
+        .retain(|(uid, replica), _| uid != &instance.uid || numbers.contains(replica));
     let wanted = decisions.len();
     // By replica number: whether a wanted replica keeps its plan.
     let mut kept = vec![false; by_replica.len()];
