@@ -193,9 +193,7 @@ inject_fault() {
   done
   fault_key="$key"
   fault_original="$original"
-  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
-    -p "$(jq -n --arg k "$key" --arg v "$faulty" '{data: {($k): $v}}')" >/dev/null
-  refresh_fake_gpus
+  patch_fake_gpus "$(jq -n --arg k "$key" --arg v "$faulty" '{data: {($k): $v}}')"
 }
 restore_fault() {
   [[ -n "$fault_key" ]] || return 0
@@ -205,16 +203,17 @@ restore_fault() {
   else
     patch=$(jq -n --arg k "$fault_key" '{data: {($k): null}}')
   fi
-  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge -p "$patch" >/dev/null
+  patch_fake_gpus "$patch"
   fault_key=""
-  refresh_fake_gpus
 }
-# refresh_fake_gpus: kubelet brings a changed ConfigMap into the pods that mount it at
-# its next sync of each pod (up to a minute or so); a change of a pod's annotations
-# syncs that pod now (Kubernetes' ConfigMap documentation). The agents' pods get one;
-# with none (uninstalled, or being replaced) there is nothing to hurry: a pod that
-# starts mounts the ConfigMap as it is.
-refresh_fake_gpus() {
+# patch_fake_gpus PATCH: the fake GPUs' ConfigMap merge-patched, and the agents told.
+# kubelet brings a changed ConfigMap into the pods that mount it at its next sync of
+# each pod (up to a minute or so); a change of a pod's annotations syncs that pod now
+# (Kubernetes' ConfigMap documentation). The agents' pods get one; with none
+# (uninstalled, or being replaced) there is nothing to hurry: a pod that starts mounts
+# the ConfigMap as it is.
+patch_fake_gpus() {
+  kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge -p "$1" >/dev/null
   kubectl -n "$TESSERA_NAMESPACE" annotate pods -l app.kubernetes.io/component=agent --overwrite \
     "e2e.tessera.dev/fake-gpus-changed=$(date +%s%N)" >/dev/null 2>&1 || true
 }

@@ -268,9 +268,7 @@ new_layout="gpus:
   - {profile: H100-80GiB${first:+, $first}}
   - {profile: H100-80GiB${second:+, $second}}
   - {profile: H100-80GiB, mig: {partitions: [3g.40gb, 2g.20gb, 1g.10gb]}}"
-kubectl patch configmap "$FAKE_CONFIGMAP" -n "$TESSERA_NAMESPACE" --type merge \
-  -p "$(jq -n --arg k "$cm_key" --arg v "$new_layout" '{data: {($k): $v}}')" >/dev/null
-refresh_fake_gpus
+patch_fake_gpus "$(jq -n --arg k "$cm_key" --arg v "$new_layout" '{data: {($k): $v}}')"
 wait_until "$TIMEOUT" "the switched GPU's two partitions published (1 whole, 5 partitions, 2 counter sets)" \
   pool_shows 1 5 2
 moved() {

@@ -71,9 +71,10 @@ impl Counted {
             };
             (plan.is_empty(), step, gpus, self.replicas[index])
         };
+        let keys: Vec<_> = (0..self.len()).map(key).collect();
         let mut order: Vec<usize> = (0..self.len()).collect();
         order.sort_by(|&a, &b| {
-            let (a, b) = (key(a), key(b));
+            let (a, b) = (&keys[a], &keys[b]);
             b.0.cmp(&a.0)
                 .then(b.1.cmp(&a.1))
                 .then(b.2.total_cmp(&a.2))

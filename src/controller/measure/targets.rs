@@ -8,10 +8,11 @@
 use std::collections::BTreeMap;
 
 use crate::controller::apply::ready;
+use crate::controller::desired::replica_of;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use tessera_core::api::{INSTANCE_LABEL, ModelInstance, REPLICA_LABEL, Runtime, SHARD_ANNOTATION};
+use tessera_core::api::{INSTANCE_LABEL, ModelInstance, Runtime, SHARD_ANNOTATION};
 
 /// The port names looked for, in order.
 pub(crate) const PORT_NAMES: [&str; 2] = ["metrics", "http"];
@@ -52,12 +53,8 @@ pub(crate) fn targets<'a>(
         let Some(instance) = labels.get(INSTANCE_LABEL) else {
             continue;
         };
-        let replica = match labels.get(REPLICA_LABEL) {
-            None => 0,
-            Some(r) => match r.parse() {
-                Ok(r) => r,
-                Err(_) => continue,
-            },
+        let Some(replica) = replica_of(pod) else {
+            continue;
         };
         let key = (
             pod.namespace().unwrap_or_default(),
@@ -129,6 +126,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use tessera_core::api::REPLICA_LABEL;
 
     fn pod(name: &str, labels: serde_json::Value, ready: bool, ip: &str, created: &str) -> Pod {
         serde_json::from_value(json!({
