@@ -244,6 +244,16 @@ fn out_of_range_model_numbers_are_bad_input() {
             &["model.overheadGiB: 1e12 is outside"][..],
         ),
         (
+            "weights-smaller-than-one-bit.yaml",
+            "name: m, parametersBillions: 7, layers: 32, weightsGiB: 0.5",
+            &["model.weightsGiB: 0.5 GiB is 0.077 bytes a parameter of 7 billion"][..],
+        ),
+        (
+            "weights-in-words.yaml",
+            "name: m, parametersBillions: 7, layers: 32, weightsGiB: thirteen",
+            &["weightsGiB"][..],
+        ),
+        (
             "long-model-name.yaml",
             &format!(
                 "name: {}, parametersBillions: 7, layers: 32",

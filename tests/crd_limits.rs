@@ -243,6 +243,28 @@ fn cases() -> Vec<Case> {
             field: "Heads".into(),
         });
     }
+    // A checkpoint's own size holds one bit to four bytes a parameter (the
+    // base's 7 billion: 0.815 to 26.08 GiB).
+    for (weights, valid) in [
+        (json!(13.0), true),
+        (json!(0.9), true),
+        (json!(26), true),
+        (Value::Null, true),
+        (json!(0.8), false),
+        (json!(26.2), false),
+        (json!(0), false),
+        (json!(-1.5), false),
+        (json!("13Gi"), false),
+    ] {
+        let mut object = base();
+        object["spec"]["model"]["weightsGiB"] = weights.clone();
+        out.push(Case {
+            what: format!("weightsGiB {weights} for 7 billion parameters"),
+            object,
+            valid,
+            field: "weightsGiB".into(),
+        });
+    }
     // The first token takes at least one decode step.
     for (tpot, ttft, valid) in [
         (50.0, 2000.0, true),

@@ -60,6 +60,12 @@ pub const KV_CACHE_GIB: Bounds<f64> = Bounds {
     min: 0.0,
     max: 1_000_000.0,
 };
+/// Bytes a parameter of `model.weightsGiB` may take: one bit (the narrowest
+/// quantisations) to fp32. Its range in GiB follows from the parameters'.
+pub const WEIGHT_BYTES_PER_PARAMETER: Bounds<f64> = Bounds {
+    min: 0.125,
+    max: 4.0,
+};
 /// `model.overheadGiB`.
 pub const OVERHEAD_GIB: Bounds<f64> = Bounds {
     min: 0.0,

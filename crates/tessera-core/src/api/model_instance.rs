@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::limits::{
     self, DEADLINE_MS, DEMAND_REPLICAS, HEADS, HIDDEN_SIZE, KV_CACHE_GIB, LAYERS,
     MAX_TEMPERATURE_C, MIN_TOKENS_PER_SECOND, MODEL_NAME_LENGTH, OVERHEAD_GIB, PARAMETERS_BILLIONS,
-    PIPELINE, REPLICAS, TENSOR, WEIGHT,
+    PIPELINE, REPLICAS, TENSOR, WEIGHT, WEIGHT_BYTES_PER_PARAMETER,
 };
 use super::{
     GIB, KvCacheDtype, MeasuredDemand, MeasuredServing, MoveInFlight, ServingCorrection,
@@ -149,6 +149,25 @@ fn check_heads(model: &ModelSpec, problems: &mut Vec<String>) {
     }
 }
 
+/// `model.weightsGiB`: a size the parameters can take.
+fn check_weights(model: &ModelSpec, problems: &mut Vec<String>) {
+    let Some(gib) = model.weights_gib else {
+        return;
+    };
+    let parameters = model.parameters_billions * 1e9;
+    if !(parameters.is_finite() && parameters > 0.0) {
+        return; // parametersBillions has its own problem
+    }
+    let per_parameter = gib * GIB / parameters;
+    let bounds = WEIGHT_BYTES_PER_PARAMETER;
+    if !(bounds.min..=bounds.max).contains(&per_parameter) {
+        problems.push(format!(
+            "model.weightsGiB: {gib} GiB is {per_parameter:.3} bytes a parameter of {} billion; {WEIGHTS_MESSAGE}",
+            model.parameters_billions
+        ));
+    }
+}
+
 impl ModelInstanceSpec {
     /// How the replica count is decided while a measured demand is
     /// followed; `measured` is the demand it is planned for now (the
@@ -240,6 +259,10 @@ const HEADS_DIVIDE_HIDDEN_MESSAGE: &str =
 /// Grouped-query attention: every KV head serves the same number of heads.
 const KV_HEADS_RULE: &str = "!has(self.kvHeads) || !has(self.attentionHeads) || (self.kvHeads <= self.attentionHeads && self.attentionHeads % self.kvHeads == 0)";
 const KV_HEADS_MESSAGE: &str = "model.kvHeads must be at most model.attentionHeads and divide it (each KV head serves the same number of attention heads)";
+/// A checkpoint's size says how its parameters are stored: one bit to fp32
+/// each (`WEIGHT_BYTES_PER_PARAMETER`; GiB = 1073741824 bytes).
+const WEIGHTS_RULE: &str = "!has(self.weightsGiB) || (self.weightsGiB * 1073741824.0 >= self.parametersBillions * 125000000.0 && self.weightsGiB * 1073741824.0 <= self.parametersBillions * 4000000000.0)";
+const WEIGHTS_MESSAGE: &str = "model.weightsGiB must hold 0.125 to 4 bytes a parameter (1-bit to fp32) of model.parametersBillions";
 
 /// How the controller repairs a replica that lost a shard pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -276,6 +299,7 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(HEADS_DIVIDE_HIDDEN_RULE).message(HEADS_DIVIDE_HIDDEN_MESSAGE))]
 #[x_kube(validation = Rule::new(KV_HEADS_RULE).message(KV_HEADS_MESSAGE))]
+#[x_kube(validation = Rule::new(WEIGHTS_RULE).message(WEIGHTS_MESSAGE))]
 pub struct ModelSpec {
     /// Model name, for people and for the shard runtime (e.g. `meta-llama/Llama-3.1-70B`).
     #[schemars(length(min = MODEL_NAME_LENGTH.min, max = MODEL_NAME_LENGTH.max))]
@@ -292,6 +316,20 @@ pub struct ModelSpec {
     /// formats dequantised to 16 bits.
     #[serde(default)]
     pub dtype: DType,
+    /// The checkpoint's weights in GiB, where they are not parametersBillions
+    /// × dtype's bytes: a checkpoint that keeps some layers unquantised
+    /// (Meta's Llama-3.1-405B-FP8 keeps attention and its first and last
+    /// layers in BF16: 454 GiB, not the 378 of 405.9 billion FP8 parameters).
+    /// Sets the memory a shard's weights take and what a decode step reads;
+    /// dtype still sets the rate the matrix multiplications run at. 0.125 to
+    /// 4 bytes a parameter (1-bit to fp32). Unset: parametersBillions ×
+    /// dtype's bytes.
+    #[serde(
+        default,
+        rename = "weightsGiB",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub weights_gib: Option<f64>,
     /// Hidden size, used for the activation transfer between stages. Estimated
     /// from the parameter and layer counts when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -366,8 +404,13 @@ impl DType {
 }
 
 impl ModelSpec {
+    /// The checkpoint's weights: `weightsGiB` where set, else the
+    /// parameters at dtype's bytes.
     pub fn weight_bytes(&self) -> f64 {
-        self.parameters_billions * 1e9 * self.dtype.bytes_per_parameter()
+        match self.weights_gib {
+            Some(gib) => gib * GIB,
+            None => self.parameters_billions * 1e9 * self.dtype.bytes_per_parameter(),
+        }
     }
 
     pub fn weight_bytes_per_layer(&self) -> f64 {
@@ -1158,6 +1201,7 @@ impl ModelInstanceSpec {
             KV_CACHE_GIB.check("model.kvCacheGiB", kv_cache_gib, &mut problems);
         }
         OVERHEAD_GIB.check("model.overheadGiB", model.overhead_gib, &mut problems);
+        check_weights(model, &mut problems);
 
         REPLICAS.check("replicas", self.replicas, &mut problems);
         if let Some(serving) = &self.serving {
@@ -1718,6 +1762,49 @@ model:
             bandwidth: 0.0,
         };
         assert!(s.validate().unwrap_err().to_string().contains("above zero"));
+    }
+
+    #[test]
+    fn a_checkpoints_own_size_replaces_parameters_times_dtype() {
+        // Meta's Llama-3.1-405B-FP8: attention and the outer layers in BF16.
+        let meta = parse(
+            "model:\n  name: m\n  parametersBillions: 405.9\n  layers: 126\n  dtype: fp8\n  weightsGiB: 454\n",
+        )
+        .unwrap();
+        assert_eq!(meta.validate(), Ok(()));
+        assert_eq!(meta.model.weight_bytes(), 454.0 * GIB);
+        assert_eq!(meta.model.weight_bytes_per_layer(), 454.0 * GIB / 126.0);
+        // Left out when unset, so the placement hash of older specs stays.
+        let written = serde_json::to_value(parse(MINIMAL).unwrap()).unwrap();
+        assert!(written["model"].get("weightsGiB").is_none(), "{written}");
+        // 7 billion parameters: 0.82 GiB is 1 bit each, 26.1 GiB fp32.
+        for (gib, needle) in [
+            ("0", "model.weightsGiB: 0 GiB is 0.000 bytes"),
+            ("-3", "model.weightsGiB: -3 GiB is -0.460 bytes"),
+            (".nan", "model.weightsGiB: NaN GiB is NaN bytes"),
+            ("2e6", "306783.378 bytes a parameter of 7 billion"),
+            ("0.5", "0.077 bytes a parameter of 7 billion"),
+            ("40", "6.136 bytes a parameter of 7 billion"),
+        ] {
+            let spec = parse(&with_model(&format!("  weightsGiB: {gib}\n"))).unwrap();
+            let problems = spec.validate().unwrap_err().problems;
+            assert!(
+                problems.iter().any(|p| p.contains(needle)),
+                "{gib}: {problems:?}"
+            );
+            assert_eq!(problems.len(), 1, "{gib}: {problems:?}");
+        }
+        for (gib, fine) in [("0.9", true), ("26", true), ("0.8", false), ("26.2", false)] {
+            let spec = parse(&with_model(&format!("  weightsGiB: {gib}\n"))).unwrap();
+            assert_eq!(spec.validate().is_ok(), fine, "{gib}");
+        }
+        for bad in ["  weightsGiB: much\n", "  weightsGiB: [1]\n"] {
+            let err = parse(&with_model(bad)).unwrap_err();
+            assert!(
+                err.contains("weightsGiB") || err.contains("invalid"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -265,6 +265,36 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_larger_than_its_dtype_leaves_less_cache_and_reads_more() {
+        // A 70B FP8 checkpoint that keeps attention in BF16 (as Meta's 405B
+        // FP8 does): some 77 GiB, not the 65.8 of its parameters in FP8.
+        let on_two = |weights_gib| {
+            let mut model = llama("70b", DType::Fp8);
+            model.spec.weights_gib = weights_gib;
+            let mut input = input(h100(), 2, model, Runtime::Vllm);
+            input.workload.input_tokens = 128.0;
+            input.workload.output_tokens = 2048.0;
+            Replica::new(&input).expect("it fits")
+        };
+        let (as_dtype, as_stored) = (on_two(None), on_two(Some(77.0)));
+        let (cache, stored_cache) = (
+            as_dtype.concurrency().kv_cache_bytes,
+            as_stored.concurrency().kv_cache_bytes,
+        );
+        // The cache loses what the weights gained.
+        let gained = 77.0 * GIB - 70.6e9;
+        assert!(
+            ((cache - stored_cache) - gained).abs() < 0.02 * gained,
+            "{cache} {stored_cache} {gained}"
+        );
+        assert!(as_stored.concurrency().max < as_dtype.concurrency().max);
+        // A decode step of one sequence reads the larger weights.
+        let step = |replica: &Replica| replica.at(1).tpot_ms;
+        let ratio = step(&as_stored) / step(&as_dtype);
+        assert!(ratio > 1.05 && ratio < 77.0 * GIB / 70.6e9, "{ratio}");
+    }
+
+    #[test]
     fn the_runtime_cap_or_the_cache_bounds_the_concurrency() {
         let mut small = input(h100(), 1, llama("8b", DType::Bf16), Runtime::Vllm);
         small.workload.input_tokens = 100.0;

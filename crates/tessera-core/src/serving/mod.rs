@@ -389,6 +389,11 @@ fn validate(input: &ServingInput) -> Result<(), Refusal> {
             spec.parameters_billions
         ));
     }
+    if let Some(gib) = spec.weights_gib
+        && !positive(gib)
+    {
+        return invalid(format!("weightsGiB must be above 0, not {gib}"));
+    }
     if spec.hidden_size == Some(0) {
         return invalid("hiddenSize must be above 0".into());
     }
@@ -485,6 +490,7 @@ pub(crate) mod testutil {
                 kv_cache_dtype: None,
                 kv_cache_gib: None,
                 overhead_gib: 1.5,
+                weights_gib: None,
             },
             head_dim: None,
         }
@@ -554,6 +560,8 @@ mod tests {
         case(&|input| input.model.spec.layers = 0);
         case(&|input| input.model.spec.hidden_size = Some(0));
         case(&|input| input.model.spec.overhead_gib = f64::NAN);
+        case(&|input| input.model.spec.weights_gib = Some(0.0));
+        case(&|input| input.model.spec.weights_gib = Some(f64::INFINITY));
         case(&|input| input.model.spec.kv_heads = Some(0));
         case(&|input| input.workload.output_tokens = 0.0);
         case(&|input| input.workload.input_tokens = f64::NAN);

@@ -47,6 +47,9 @@ pub(crate) struct Shape {
     hidden_size: u32,
     attention_heads: u32,
     kv_heads: u32,
+    /// The checkpoint's size where it is not parameters × dtype's bytes.
+    #[serde(default, rename = "weightsGiB")]
+    weights_gib: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
@@ -165,6 +168,7 @@ fn model(name: &str, shape: &Shape, dtype: DType) -> ServingModel {
             kv_cache_dtype: None,
             kv_cache_gib: None,
             overhead_gib: 1.5,
+            weights_gib: shape.weights_gib,
         },
         head_dim: None,
     }
