@@ -178,8 +178,8 @@ const CHAT_AND_BIG: &str = "tests/fixtures/moves/chat-and-big.yaml";
 fn improve_shows_the_continuous_moves_that_raise_what_the_cluster_serves() {
     // The 8B took the H200 first; the 70B runs on an H100 with little KV
     // cache. The 8B making way to the free H100 and the 70B taking the H200
-    // gain a tenth of what the two serve in raw requests/s (3.20 + 1.01 ->
-    // 2.57 + 2.01), but two thirds weighed by work: a 70B request costs
+    // gain a tenth of what the two serve in raw requests/s (3.22 + 1.03 ->
+    // 2.59 + 2.10), but seven tenths weighed by work: a 70B request costs
     // 8.75 times an 8B one.
     let args = ["place", "-c", MIXED_CLUSTER, "-f", CHAT_AND_BIG];
     let (code, table, stderr) = run(&[&args[..], &["--improve"]].concat(), None);
@@ -197,7 +197,7 @@ fn improve_shows_the_continuous_moves_that_raise_what_the_cluster_serves() {
         "{shown}"
     );
     assert!(
-        shown.contains("246.2 -> 412.4 TFLOP/s of model work at the targets"),
+        shown.contains("249.8 -> 429.7 TFLOP/s of model work at the targets"),
         "{shown}"
     );
     // Twice what they serve is not reached.
@@ -292,7 +292,7 @@ fn a_small_model_moves_to_a_slower_gpu_so_a_large_one_is_placed() {
     let (code, table, _) = run(&["place", "-c", cluster, "-f", instances], None);
     assert_eq!(code, 2, "refused until the move is made: {table}");
     assert!(
-        table.contains("1. ml/small: n n-g0 -> n n-g4 (38.46 -> 18.28 requests/s at its target)")
+        table.contains("1. ml/small: n n-g0 -> n n-g4 (39.03 -> 18.71 requests/s at its target)")
             && table.contains("then ml/big: n n-g0,n-g1,n-g2,n-g3"),
         "{table}"
     );
@@ -304,7 +304,7 @@ fn a_small_model_moves_to_a_slower_gpu_so_a_large_one_is_placed() {
     let path = dir.file("demanding.yaml", &demanding);
     let (_, table, _) = run(&["place", "-c", cluster, "-f", &path], None);
     assert!(
-        table.contains("no moves make room: ml/big fits on n by moving 1 replica(s) (ml/small), but ml/small would fall short of its demand elsewhere: it would serve 18.28 requests/s at the target, below its demand of 25.00 (it serves 38.46)"),
+        table.contains("no moves make room: ml/big fits on n by moving 1 replica(s) (ml/small), but ml/small would fall short of its demand elsewhere: it would serve 18.71 requests/s at the target, below its demand of 25.00 (it serves 39.03)"),
         "{table}"
     );
 }

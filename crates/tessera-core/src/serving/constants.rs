@@ -42,8 +42,8 @@ impl Constants {
     /// The fit on every published source (tests/serving_calibration).
     pub const FITTED: Constants = Constants {
         compiled_efficiency: 0.64,
-        pytorch_efficiency: 0.40,
-        other_vendor_compute_share: 0.50,
+        pytorch_efficiency: 0.42,
+        other_vendor_compute_share: 0.45,
         all_reduce_bandwidth_share: 0.30,
     };
 

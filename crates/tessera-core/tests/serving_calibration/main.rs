@@ -30,7 +30,7 @@ use predict::{Row, compare, share, table};
 const HELD_OUT_FLOOR: &[(&str, f64)] = &[
     ("dstack", 0.636),
     ("lmdeploy", 1.0),
-    ("rocmvllm010", 0.857),
+    ("rocmvllm010", 0.928),
     ("sglang", 1.0),
     ("trt090dli", 0.969),
     ("trtllm017", 0.973),
@@ -38,7 +38,7 @@ const HELD_OUT_FLOOR: &[(&str, f64)] = &[
 ];
 /// Where the share of all figures, each predicted without its source,
 /// stands (the target is 90%).
-const HELD_OUT_OVERALL_FLOOR: f64 = 0.940;
+const HELD_OUT_OVERALL_FLOOR: f64 = 0.944;
 /// Where the share of all figures within 25% with the committed constants
 /// stands.
 const FITTED_FLOOR: f64 = 0.957;
