@@ -115,10 +115,13 @@ pub(crate) fn decide_count(
             .take((count as usize).saturating_sub(planned.len()));
         planned.iter().copied().chain(new).collect()
     };
+    // A replica's cost is its own, so one order serves every removal.
     let fewer = |counted: &mut Counted, count: u32| {
-        while counted.len() > count as usize {
-            let costliest = counted.costliest_first(replicas)[0];
-            counted.remove(costliest);
+        let excess = counted.len().saturating_sub(count as usize);
+        let mut out: Vec<usize> = counted.costliest_first(replicas)[..excess].to_vec();
+        out.sort_unstable_by(|a, b| b.cmp(a));
+        for index in out {
+            counted.remove(index);
         }
     };
     let first = |wanted: Vec<u32>| {
@@ -161,11 +164,12 @@ pub(crate) fn decide_count(
     }
     let kept = counted.len();
     loop {
-        if served_together(&counted.served()) >= demand {
+        let served = counted.served();
+        if served_together(&served) >= demand {
             return counted;
         }
         // Fewer of the replicas added here may do; the ones kept above stay.
-        if let Some(enough) = replicas_meeting(demand, &counted.served())
+        if let Some(enough) = replicas_meeting(demand, &served)
             && enough > kept
         {
             counted.truncate(enough);
@@ -179,7 +183,7 @@ pub(crate) fn decide_count(
             counted.truncate(first_unplaced + 1);
             return counted;
         }
-        let slowest = counted.served().into_iter().fold(f64::INFINITY, f64::min);
+        let slowest = served.into_iter().fold(f64::INFINITY, f64::min);
         let count = counted.len() as u32;
         if count >= most || slowest <= 0.0 || !slowest.is_finite() {
             return counted;
@@ -319,11 +323,11 @@ mod tests {
         let current = slow_first(&nodes);
         let spec =
             format!("{SMALL}\nserving: {{demand: Measured, minReplicas: 1, maxReplicas: 2}}");
-        let fast = served(&count_with(&spec, &nodes, &current, Some(0.0)));
+        let fast = count_with(&spec, &nodes, &current, Some(0.0)).served();
         let one = count_with(&spec, &nodes, &current, Some(0.0));
         assert_eq!(one.replicas, [1], "{fast:?}");
         // A demand the H100 alone does not serve keeps both.
-        let each = served(&count_with(&spec, &nodes, &current, Some(1e6)));
+        let each = count_with(&spec, &nodes, &current, Some(1e6)).served();
         let both = count_with(&spec, &nodes, &current, Some(each[1] * 1.5));
         assert_eq!(both.replicas, [0, 1], "{each:?}");
     }
@@ -382,7 +386,7 @@ mod tests {
                     let index = counted.replicas.iter().position(|r| *r == replica);
                     let plan = &current[replica as usize];
                     let served = match index {
-                        Some(i) => served(&counted)[i],
+                        Some(i) => counted.served()[i],
                         None => plan_served(&nodes, plan),
                     };
                     plan.iter().map(PlannedShard::gpus).sum::<f64>() / served
@@ -411,7 +415,7 @@ mod tests {
             &[plan.to_vec()],
             None,
         );
-        served(&alone)[0]
+        alone.served()[0]
     }
 
     fn count(spec: &str, nodes: &[std::sync::Arc<crate::controller::nodes::NodeInfo>]) -> Counted {
@@ -427,18 +431,10 @@ mod tests {
         count_with(spec, nodes, &[], measured)
     }
 
-    fn served(counted: &Counted) -> Vec<f64> {
-        counted
-            .capacities
-            .iter()
-            .map(|c| c.as_ref().map_or(0.0, |c| c.capacity.requests_per_second))
-            .collect()
-    }
-
     #[test]
     fn a_demand_gets_the_fewest_replicas_that_serve_it() {
         let nodes = infos(&[node("a", 8, H100)]);
-        let one = served(&count(SMALL, &nodes));
+        let one = count(SMALL, &nodes).served();
         assert_eq!(one.len(), 1, "no demand: one replica");
         let each = one[0];
         assert!(each > 0.0, "{one:?}");
@@ -447,7 +443,7 @@ mod tests {
             &format!("{SMALL}\nserving: {{requestsPerSecond: {demand}, replicasFromDemand: true}}"),
             &nodes,
         );
-        assert_eq!(counted.decisions.len(), 3, "{:?}", served(&counted));
+        assert_eq!(counted.decisions.len(), 3, "{:?}", counted.served());
         let devices: BTreeSet<String> = counted
             .decisions
             .iter()
@@ -494,7 +490,7 @@ mod tests {
     #[test]
     fn a_measured_demand_gets_what_it_needs_within_its_bounds() {
         let nodes = infos(&[node("a", 8, H100)]);
-        let each = served(&count(SMALL, &nodes))[0];
+        let each = count(SMALL, &nodes).served()[0];
         let spec =
             format!("{SMALL}\nserving: {{demand: Measured, minReplicas: 2, maxReplicas: 4}}");
         for (planned, wanted) in [(0.0, 2), (each * 2.5, 3), (each * 100.0, 4)] {
